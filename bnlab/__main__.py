@@ -1,0 +1,5 @@
+import sys
+
+from bnlab.cli import main
+
+sys.exit(main())

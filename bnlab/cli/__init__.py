@@ -1,0 +1,50 @@
+"""The ``bnlab`` command line: parse, validate, call the library, print.
+
+Each command lives in its own module ``bnlab/cli/_cmd_<name>.py`` exposing
+``add_parser(subparsers)``; the parser's ``func`` default is called with the
+parsed arguments and returns the process exit code.  Modules are discovered
+here, so adding a command touches no other file.  No computation lives in the
+CLI: every command calls a public function of the library.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from bnlab import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="bnlab",
+        description="Batch normalization theory, simulation and experiments.",
+    )
+    parser.add_argument("--version", action="version", version=f"bnlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    package = importlib.import_module(__name__)
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name.startswith("_cmd_"):
+            importlib.import_module(f"{__name__}.{info.name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as exc:
+        # Bad input is reported as a usage error with the library's message.
+        parser.exit(2, f"bnlab {args.command}: error: {exc}\n")
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
