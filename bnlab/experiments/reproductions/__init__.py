@@ -1,0 +1,1 @@
+"""The papers' figures and tables, one module per figure, each exposing ``EXPERIMENTS``."""

@@ -1,0 +1,80 @@
+"""How a paper reproduction is declared (the contract between reproductions and the sweep engine).
+
+A reproduction is declared once, as an :class:`Experiment`: a grid of cells per
+scale, a function that runs one cell, a function that plots finished records,
+and a function that tabulates what the paper reports beside what bnlab
+measured.  Reproductions live in :mod:`bnlab.experiments.reproductions`, one
+module per figure/table, each exposing ``EXPERIMENTS: list[Experiment]``.
+The sweep engine runs the cells (Dask), stores records (SQLite), and the
+report calls ``plot`` and ``compare``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["Experiment", "Record", "Comparison", "SCALES"]
+
+#: ``small``: minutes on 2 CPU cores (used by ``bnlab report`` and tests);
+#: ``paper``: the paper's sizes (a GPU or a Dask cluster).
+SCALES = ("small", "paper")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One finished cell: its parameters (including ``seed``) and the metrics ``run_cell`` returned."""
+
+    params: Mapping[str, Any]
+    metrics: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One row of a reproduction's report table."""
+
+    quantity: str
+    paper: str  # what the paper reports, as text (e.g. "π/(π−1) ≈ 1.467")
+    bnlab: str  # what bnlab computed or measured, as text
+    agrees: bool | None = None  # None when there is no sharp criterion
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A paper figure or table as a sweep.
+
+    Attributes
+    ----------
+    name:
+        Command-line name, e.g. ``"yang2019-fig3a"``.
+    paper, figure, title, claim:
+        Which paper and figure, a short title, and one paragraph saying what
+        the paper claims (shown in the report).
+    grid:
+        ``grid(scale) -> list[dict]``: the cells of the sweep at ``scale``
+        (one of :data:`SCALES`); every dict is JSON-serializable and carries a
+        ``"seed"``.
+    run_cell:
+        ``run_cell(params) -> dict``: runs one cell and returns its metrics
+        (JSON-serializable; deterministic given ``params``).  It must be a
+        module-level function (picklable for Dask workers).
+    plot:
+        ``plot(records, outdir) -> list[Path]``: writes PNG/SVG figures of the
+        finished records into ``outdir`` and returns their paths.
+    compare:
+        ``compare(records) -> list[Comparison]``: the paper's numbers beside
+        bnlab's, for the report table.
+    uses_gpu:
+        Whether cells benefit from CUDA (the engine gives them a GPU when present).
+    """
+
+    name: str
+    paper: str
+    figure: str
+    title: str
+    claim: str
+    grid: Callable[[str], list[dict]]
+    run_cell: Callable[[dict], dict]
+    plot: Callable[[Sequence[Record], Path], list[Path]]
+    compare: Callable[[Sequence[Record]], list[Comparison]] = field(default=lambda records: [])
+    uses_gpu: bool = False
