@@ -1,0 +1,27 @@
+"""Datasets from offline sources, verified by checksums: MNIST, Fashion-MNIST, CIFAR-10/100, digits.
+
+See :mod:`bnlab.data.datasets` and ``docs/data.md``.
+"""
+from bnlab.data.datasets import (
+    DATASET_NAMES,
+    ChecksumError,
+    Dataset,
+    DatasetNotFoundError,
+    data_dir,
+    download_cifar,
+    list_datasets,
+    load_dataset,
+    standardize,
+)
+
+__all__ = [
+    "Dataset",
+    "load_dataset",
+    "list_datasets",
+    "data_dir",
+    "download_cifar",
+    "standardize",
+    "DatasetNotFoundError",
+    "ChecksumError",
+    "DATASET_NAMES",
+]

@@ -1,0 +1,126 @@
+"""HTTP download with progress, resume and an atomic, verified rename.
+
+The file is written to ``<target>.part``.  If a ``.part`` is already there (an earlier
+download was interrupted), the request asks for the missing bytes (``Range``); a server
+that ignores the header answers 200 and the file is fetched from the start.  Only after
+the complete file's checksum matches is it renamed to ``target`` (``os.replace`` is
+atomic on one filesystem), so ``target`` is either absent or verified.  A mismatch deletes
+the ``.part`` so that nothing corrupt is left behind or resumed later.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from bnlab.data._integrity import ChecksumError, verify_digest
+
+__all__ = ["download_file"]
+
+_CHUNK = 1 << 16
+
+
+def _hash_existing(path: Path, hashers) -> int:
+    size = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            size += len(chunk)
+            for h in hashers:
+                h.update(chunk)
+    return size
+
+
+def download_file(
+    url: str,
+    target: Path,
+    *,
+    sha256: str,
+    md5: str | None = None,
+    progress: bool = True,
+    timeout: float = 60.0,
+) -> Path:
+    """Download ``url`` to ``target`` and verify it; return ``target``.
+
+    Parameters
+    ----------
+    url : str
+        ``http://``, ``https://`` or ``file://`` address.
+    target : Path
+        Final path; its folder is created.
+    sha256 : str
+        Expected SHA-256 (hex) of the complete file.
+    md5 : str, optional
+        Also check this MD5 (the checksum CIFAR's authors publish).
+    progress : bool
+        Show a tqdm progress bar on stderr.
+
+    Raises
+    ------
+    ChecksumError
+        The downloaded file's hash differs; the partial file is removed.
+    OSError
+        Network or file-system failure; a partial ``.part`` file is kept for resuming.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    sha = hashlib.sha256()
+    md = hashlib.md5() if md5 else None
+    hashers = [h for h in (sha, md) if h is not None]
+
+    have = _hash_existing(part, hashers) if part.exists() else 0
+    request = urllib.request.Request(url, headers={"User-Agent": "bnlab"})
+    if have:
+        request.add_header("Range", f"bytes={have}-")
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and have:  # requested range starts at/after the end: the .part is complete
+            response = None
+        else:
+            raise OSError(f"download of {url} failed: HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        raise OSError(f"download of {url} failed: {exc.reason}") from None
+
+    if response is not None:
+        with response:
+            status = getattr(response, "status", 200)
+            if have and status != 206:
+                # The server ignored the Range request: start over.
+                have = 0
+                sha = hashlib.sha256()
+                md = hashlib.md5() if md5 else None
+                hashers = [h for h in (sha, md) if h is not None]
+            length = response.headers.get("Content-Length")
+            total = have + int(length) if length is not None and length.isdigit() else None
+            bar = None
+            if progress:
+                from tqdm.auto import tqdm
+
+                bar = tqdm(total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024,
+                           desc=target.name, file=sys.stderr, leave=True)
+            try:
+                with open(part, "ab" if have else "wb") as out:
+                    for chunk in iter(lambda: response.read(_CHUNK), b""):
+                        out.write(chunk)
+                        for h in hashers:
+                            h.update(chunk)
+                        if bar is not None:
+                            bar.update(len(chunk))
+                    out.flush()
+                    os.fsync(out.fileno())
+            finally:
+                if bar is not None:
+                    bar.close()
+    try:
+        verify_digest(f"download of {url}", sha.hexdigest(), sha256)
+        if md is not None:
+            verify_digest(f"download of {url}", md.hexdigest(), md5, "md5")
+    except ChecksumError:
+        part.unlink(missing_ok=True)
+        raise
+    os.replace(part, target)
+    return target

@@ -1,0 +1,274 @@
+"""Finding each dataset on disk, verifying it and decoding it to uint8 arrays.
+
+Each ``_load_<name>(root, split, download)`` returns ``(images_uint8 (N,C,H,W), labels_uint8,
+classes, source_description)``.  Missing data raises :class:`DatasetNotFoundError` whose
+message is the exact command or call that provides it.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bnlab.data import _registry as reg
+from bnlab.data._formats import (
+    decode_mnist_pickle,
+    idx_bytes,
+    read_cifar_archive,
+    read_cifar_dir,
+    read_idx_file,
+)
+from bnlab.data._integrity import ChecksumError, file_digest, verify_digest
+
+__all__ = ["DatasetNotFoundError", "locate", "load_uint8", "cifar_archive_trusted_sha256"]
+
+_IDX_STEMS = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset is not on this machine; the message says how to get it."""
+
+
+# ------------------------------------------------------------------------------ cache
+def _cache_file(root: Path, name: str, split: str, source_sha: str) -> Path:
+    return root / "cache" / f"{name}-{split}-{source_sha[:16]}.npz"
+
+
+def _cache_read(path: Path):
+    """Return (x, y, classes) from a cache file whose recorded SHA-256 still matches, else None."""
+    stamp = path.with_suffix(".sha256")
+    try:
+        expected = stamp.read_text().strip()
+        if file_digest(path) != expected:
+            return None
+        with np.load(path, allow_pickle=False) as z:
+            return z["x"], z["y"], tuple(str(c) for c in z["classes"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _cache_write(path: Path, x: np.ndarray, y: np.ndarray, classes: tuple[str, ...]) -> None:
+    """Write atomically (temp file + rename) so concurrent readers never see half a file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, x=x, y=y, classes=np.array(classes, dtype=str))
+        digest = file_digest(tmp)
+        fd2, tmp2 = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        os.chmod(tmp2, 0o644)
+        with os.fdopen(fd2, "w") as f:
+            f.write(digest + "\n")
+        os.replace(tmp, path)
+        os.replace(tmp2, path.with_suffix(".sha256"))
+    except OSError:
+        # A read-only data directory only costs the decoding time on the next load.
+        for t in (locals().get("tmp"), locals().get("tmp2")):
+            if t and os.path.exists(t):
+                os.unlink(t)
+
+
+# ------------------------------------------------------------------------------ MNIST
+def _mnist_installed_pickle() -> Path | None:
+    try:
+        dist = importlib.metadata.distribution(reg.MNIST_PIP_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    path = Path(dist.locate_file(reg.MNIST_PICKLE_IN_PACKAGE))
+    return path if path.is_file() else None
+
+
+def _mnist_pickle(root: Path) -> Path | None:
+    user = root / "mnist" / "mnist.pkl.gz"
+    if user.is_file():
+        return user
+    return _mnist_installed_pickle()
+
+
+def _mnist_missing(root: Path) -> DatasetNotFoundError:
+    return DatasetNotFoundError(
+        f"MNIST is not installed. Install the offline copy with:  {reg.MNIST_INSTALL}  "
+        f"(or copy that package's {reg.MNIST_PICKLE_IN_PACKAGE} to {root / 'mnist' / 'mnist.pkl.gz'})"
+    )
+
+
+def _load_mnist(root: Path, split: str, download: bool):
+    pkl = _mnist_pickle(root)
+    if pkl is None:
+        raise _mnist_missing(root)
+    hint = f"Reinstall it with:  {reg.MNIST_INSTALL} --force-reinstall"
+    # The source hash is checked on every load (17 MB, ~40 ms): a cache never outlives its source.
+    verify_digest(f"MNIST pickle ({pkl})", file_digest(pkl), reg.MNIST_PICKLE_SHA256, hint=hint)
+    cache = _cache_file(root, "mnist", split, reg.MNIST_PICKLE_SHA256)
+    hit = _cache_read(cache)
+    if hit is None:
+        splits = decode_mnist_pickle(pkl, reg.MNIST_PICKLE_SHA256, hint=hint)
+        for s, (x, y) in splits.items():
+            # The decoded arrays must be byte-identical to LeCun's original IDX files.
+            img_stem, lab_stem = _IDX_STEMS[s]
+            verify_digest(f"MNIST {s} images rebuilt as IDX", hashlib.sha256(idx_bytes(x[:, 0])).hexdigest(),
+                          reg.MNIST_IDX_SHA256[img_stem], hint=hint)
+            verify_digest(f"MNIST {s} labels rebuilt as IDX", hashlib.sha256(idx_bytes(y)).hexdigest(),
+                          reg.MNIST_IDX_SHA256[lab_stem], hint=hint)
+            _cache_write(_cache_file(root, "mnist", s, reg.MNIST_PICKLE_SHA256), x, y, reg.MNIST_CLASSES)
+        hit = (*splits[split], reg.MNIST_CLASSES)
+    return hit[0], hit[1], reg.MNIST_CLASSES, f"pip package {reg.MNIST_PIP_PACKAGE} ({pkl})"
+
+
+# ---------------------------------------------------------------------- Fashion-MNIST
+def _fashion_dir(root: Path) -> Path | None:
+    for folder in (root / "fashion-mnist", Path(reg.FASHION_SYSTEM_DIR)):
+        if all(_idx_path(folder, stem) is not None for pair in _IDX_STEMS.values() for stem in pair):
+            return folder
+    return None
+
+
+def _idx_path(folder: Path, stem: str) -> Path | None:
+    for candidate in (folder / f"{stem}.gz", folder / stem):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _load_fashion(root: Path, split: str, download: bool):
+    folder = _fashion_dir(root)
+    if folder is None:
+        raise DatasetNotFoundError(
+            f"Fashion-MNIST is not installed. Install the offline copy with:  {reg.FASHION_INSTALL}  "
+            f"(it provides {reg.FASHION_SYSTEM_DIR}/; or put the four IDX files, gzipped or not, in "
+            f"{root / 'fashion-mnist'})"
+        )
+    hint = f"Reinstall with:  sudo apt-get install --reinstall {reg.FASHION_APT_PACKAGE}"
+    img_stem, lab_stem = _IDX_STEMS[split]
+    x = read_idx_file(_idx_path(folder, img_stem), reg.FASHION_IDX_SHA256[img_stem], "Fashion-MNIST images", hint)
+    y = read_idx_file(_idx_path(folder, lab_stem), reg.FASHION_IDX_SHA256[lab_stem], "Fashion-MNIST labels", hint)
+    return x[:, None], y, reg.FASHION_CLASSES, f"IDX files in {folder}"
+
+
+# ---------------------------------------------------------------------------- digits
+def digits_split_indices(labels: np.ndarray) -> dict[str, np.ndarray]:
+    """The fixed, seeded, stratified train/test split of the 1797 sklearn digits.
+
+    Within each class the images are shuffled by ``numpy.random.default_rng(20191201)``
+    (one permutation of all indices, then a stable sort by label) and the first
+    ``round(0.2 * n_class)`` go to the test split; both splits keep the original order.
+    """
+    rng = np.random.default_rng(reg.DIGITS_SPLIT_SEED)
+    perm = rng.permutation(labels.size)
+    grouped = perm[np.argsort(labels[perm], kind="stable")]
+    counts = np.bincount(labels, minlength=10)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.arange(labels.size) - np.repeat(starts, counts)
+    n_test = np.rint(reg.DIGITS_TEST_FRACTION * counts).astype(int)
+    is_test = rank < np.repeat(n_test, counts)
+    return {"test": np.sort(grouped[is_test]), "train": np.sort(grouped[~is_test])}
+
+
+def _load_digits(root: Path, split: str, download: bool):
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = bunch.images
+    if not np.array_equal(images, np.rint(images)) or images.min() < 0 or images.max() > 16:
+        raise ChecksumError("sklearn digits: pixel values are not integers in 0..16")
+    x = images.astype(np.uint8)
+    y = bunch.target.astype(np.uint8)
+    verify_digest("sklearn digits images", hashlib.sha256(x.tobytes()).hexdigest(), reg.DIGITS_IMAGES_SHA256)
+    verify_digest("sklearn digits labels", hashlib.sha256(y.tobytes()).hexdigest(), reg.DIGITS_LABELS_SHA256)
+    idx = digits_split_indices(y)[split]
+    return x[idx, None], y[idx], reg.DIGITS_CLASSES, "scikit-learn's bundled digits (sklearn.datasets.load_digits)"
+
+
+# ----------------------------------------------------------------------------- CIFAR
+def cifar_archive_trusted_sha256(archive: Path, source) -> set[str]:
+    """Hashes accepted for an archive: the pinned one, plus one recorded by download_cifar(sha256=...)."""
+    trusted = {source.archive_sha256}
+    stamp = archive.with_name(archive.name + ".sha256")
+    if stamp.is_file():
+        trusted.add(stamp.read_text().split()[0].lower())
+    return trusted
+
+
+def _cifar_locations(root: Path, source) -> tuple[Path | None, Path | None]:
+    folder = None
+    for candidate in (root / source.folder, root):
+        if (candidate / source.meta_file).is_file():
+            folder = candidate
+            break
+    archive = root / source.archive
+    return folder, (archive if archive.is_file() else None)
+
+
+def cifar_missing_message(root: Path, source) -> str:
+    return (
+        f"{source.name.upper()} is not in {root}. Download it (170 MB, checksum-verified) with:  "
+        f"bnlab data download {source.name} --data-dir {root}   or in Python:  "
+        f"bnlab.data.download_cifar({source.name!r}, data_dir={str(root)!r})   "
+        f"(or load_dataset({source.name!r}, download=True)); or place {source.archive} or the extracted "
+        f"{source.folder}/ folder in {root}"
+    )
+
+
+def _load_cifar(name: str, root: Path, split: str, download: bool):
+    source = reg.CIFAR[name]
+    folder, archive = _cifar_locations(root, source)
+    if folder is None and archive is None:
+        if not download:
+            raise DatasetNotFoundError(cifar_missing_message(root, source))
+        from bnlab.data.datasets import download_cifar
+
+        archive = download_cifar(name, root)
+    hint = f"Delete it and run:  bnlab data download {name} --data-dir {root}"
+    if folder is not None:
+        x, y, classes = read_cifar_dir(folder, source, split, hint)
+        return x, y, classes, f"extracted folder {folder}"
+    digest = file_digest(archive)
+    trusted = cifar_archive_trusted_sha256(archive, source)
+    if digest not in trusted:
+        verify_digest(f"{name} archive ({archive})", digest, source.archive_sha256, hint=hint)
+    cache = _cache_file(root, name, split, digest)
+    hit = _cache_read(cache)
+    if hit is None:
+        hit = read_cifar_archive(archive, source, split)
+        _cache_write(cache, *hit)
+    return (*hit, f"archive {archive}")
+
+
+# --------------------------------------------------------------------------- dispatch
+def load_uint8(name: str, root: Path, split: str, download: bool):
+    if name == "mnist":
+        return _load_mnist(root, split, download)
+    if name == "fashion_mnist":
+        return _load_fashion(root, split, download)
+    if name == "digits":
+        return _load_digits(root, split, download)
+    return _load_cifar(name, root, split, download)
+
+
+def locate(name: str, root: Path) -> tuple[bool, str]:
+    """(available here?, where it is or how to get it) — existence checks only, no hashing."""
+    if name == "mnist":
+        pkl = _mnist_pickle(root)
+        return (True, f"pip package {reg.MNIST_PIP_PACKAGE}: {pkl}") if pkl else (False, str(_mnist_missing(root)))
+    if name == "fashion_mnist":
+        folder = _fashion_dir(root)
+        if folder:
+            return True, f"IDX files in {folder}"
+        return False, f"not installed: {reg.FASHION_INSTALL}"
+    if name == "digits":
+        return True, "scikit-learn's bundled 8x8 digits (1797 images)"
+    source = reg.CIFAR[name]
+    folder, archive = _cifar_locations(root, source)
+    if folder is not None:
+        return True, f"extracted folder {folder}"
+    if archive is not None:
+        return True, f"archive {archive}"
+    return False, cifar_missing_message(root, source)
