@@ -102,7 +102,10 @@ def _decode_names(values: Iterable) -> tuple[str, ...]:
 
 
 def _cifar_batch(blob: bytes, label_key: str, what: str) -> tuple[np.ndarray, np.ndarray]:
-    d = safe_unpickle(blob)
+    try:
+        d = safe_unpickle(blob)
+    except ValueError as exc:
+        raise type(exc)(f"{what}: {exc}") from None
     if not isinstance(d, dict):
         raise ValueError(f"{what}: expected a pickled dict, got {type(d).__name__}")
     d = _normalize_keys(d)
@@ -119,7 +122,13 @@ def _cifar_batch(blob: bytes, label_key: str, what: str) -> tuple[np.ndarray, np
 def _cifar_assemble(blobs: dict[str, bytes], source, split: str, where: str):
     files = source.train_files if split == "train" else source.test_files
     parts = [_cifar_batch(blobs[f], source.label_key, f"{where}/{f}") for f in files]
-    meta = _normalize_keys(safe_unpickle(blobs[source.meta_file]))
+    try:
+        meta = safe_unpickle(blobs[source.meta_file])
+    except ValueError as exc:
+        raise type(exc)(f"{where}/{source.meta_file}: {exc}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where}/{source.meta_file}: expected a pickled dict, got {type(meta).__name__}")
+    meta = _normalize_keys(meta)
     if source.names_key not in meta:
         raise ValueError(f"{where}/{source.meta_file}: missing key {source.names_key!r}")
     classes = _decode_names(meta[source.names_key])

@@ -18,13 +18,17 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-__all__ = ["ChecksumError", "file_digest", "verify_digest", "safe_unpickle"]
+__all__ = ["ChecksumError", "UnsafePickleError", "file_digest", "verify_digest", "safe_unpickle"]
 
 _CHUNK = 1 << 20
 
 
 class ChecksumError(ValueError):
     """A file's hash does not match the pinned (or given) value."""
+
+
+class UnsafePickleError(pickle.UnpicklingError, ValueError):
+    """A pickle asked for a global outside the NumPy-array allow-list (it was not loaded)."""
 
 
 def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
@@ -83,4 +87,9 @@ def safe_unpickle(stream: BinaryIO | bytes, *, encoding: str = "bytes") -> Any:
     """
     if isinstance(stream, (bytes, bytearray)):
         stream = io.BytesIO(stream)
-    return _RestrictedUnpickler(stream, encoding=encoding).load()
+    try:
+        return _RestrictedUnpickler(stream, encoding=encoding).load()
+    except pickle.UnpicklingError as exc:
+        raise UnsafePickleError(str(exc)) from None
+    except (EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+        raise ValueError(f"not a readable pickle ({type(exc).__name__}: {exc})") from None
