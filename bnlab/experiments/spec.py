@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["Experiment", "Record", "Comparison", "SCALES"]
+__all__ = ["Experiment", "Record", "Comparison", "SCALES", "cell_device"]
 
 #: ``small``: minutes on 2 CPU cores (used by ``bnlab report`` and tests);
 #: ``paper``: the paper's sizes (a GPU or a Dask cluster).
@@ -65,7 +65,9 @@ class Experiment:
         ``compare(records) -> list[Comparison]``: the paper's numbers beside
         bnlab's, for the report table.
     uses_gpu:
-        Whether cells benefit from CUDA (the engine gives them a GPU when present).
+        Whether cells benefit from CUDA.  On a cluster whose workers declare
+        a ``GPU`` resource the engine sends these cells only there; inside
+        ``run_cell`` call :func:`cell_device` to get the device to use.
     """
 
     name: str
@@ -78,3 +80,32 @@ class Experiment:
     plot: Callable[[Sequence[Record], Path], list[Path]]
     compare: Callable[[Sequence[Record]], list[Comparison]] = field(default=lambda records: [])
     uses_gpu: bool = False
+
+
+def cell_device() -> str:
+    """The torch device a cell should use: ``"cuda:<i>"`` when CUDA is present, else ``"cpu"``.
+
+    ``BNLAB_DEVICE`` (e.g. ``cpu``, ``cuda:1``) overrides the choice.  Inside
+    a Dask worker whose name is an integer (a ``LocalCluster``), worker ``i``
+    gets GPU ``i mod (number of GPUs)``, so several local workers spread over
+    the GPUs instead of all using GPU 0.  Imports torch (call it inside
+    ``run_cell``, not at module import).
+    """
+    import os
+
+    forced = os.environ.get("BNLAB_DEVICE")
+    if forced:
+        return forced
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    index = 0
+    try:
+        from distributed import get_worker
+
+        name = get_worker().name
+        index = int(name) % torch.cuda.device_count()
+    except (ImportError, ValueError, TypeError):
+        index = 0
+    return f"cuda:{index}"

@@ -1,0 +1,56 @@
+"""``bnlab report``: one self-contained HTML page with every reproduction's claim, figure and table."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from bnlab.cli._common import print_json, print_table
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="run (or reuse) every reproduction and write the HTML report")
+    p.add_argument("--out", default="bnlab-report", help="output directory (default bnlab-report)")
+    p.add_argument("--scale", default="small", choices=["small", "paper"], help="grid size (default small)")
+    p.add_argument("--results-dir", default=None, help="results stores to reuse (default $BNLAB_RESULTS or bnlab-results)")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="only these reproductions")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="an existing Dask cluster")
+    p.add_argument("--workers", type=int, default=None, help="worker processes of the local cluster (default: cores)")
+    p.add_argument("--serial", action="store_true", help="run the cells in this process (debugging)")
+    p.add_argument("--no-retry-failed", action="store_true", help="keep cells recorded as failed instead of rerunning them")
+    p.add_argument("--strict", action="store_true", help="exit 1 unless every reproduction is ok")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bnlab.experiments.report import build_report
+
+    rep = build_report(
+        args.out,
+        scale=args.scale,
+        results_dir=args.results_dir,
+        only=args.only,
+        scheduler=args.scheduler,
+        workers=args.workers,
+        serial=args.serial,
+        retry_failed=not args.no_retry_failed,
+        progress=not args.no_progress,
+    )
+    if args.json:
+        print_json(
+            {
+                "index": str(rep.index),
+                "scale": rep.scale,
+                "ok": rep.ok,
+                "seconds": rep.seconds,
+                "sections": [dataclasses.asdict(s) for s in rep.sections],
+                "broken_modules": rep.broken_modules,
+            }
+        )
+    else:
+        print_table([(s.name, s.status, s.done, s.failed, s.total) for s in rep.sections]
+                    + [(m, "error (import)", "-", "-", "-") for m in rep.broken_modules],
+                    header=["reproduction", "status", "done", "failed", "cells"])
+        print(f"\nreport: {rep.index} ({rep.seconds:.1f} s)")
+    return 1 if (args.strict and not rep.ok) else 0

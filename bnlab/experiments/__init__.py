@@ -1,0 +1,46 @@
+"""The papers' figures as declared sweeps: Dask engine, resumable SQLite results store, HTML report.
+
+Declare an :class:`Experiment` (grid × seeds, ``run_cell``, ``plot``,
+``compare``) in a module of :mod:`bnlab.experiments.reproductions`; run it with
+:func:`run_sweep` (or ``bnlab sweep run NAME``), continue it after an
+interruption with :func:`resume_sweep`, inspect it with :func:`sweep_status`,
+export it with :func:`export_sweep`, and write the report of every
+reproduction with :func:`build_report` (``bnlab report``).  See
+``docs/experiments.md``.
+"""
+from __future__ import annotations
+
+from bnlab.experiments.registry import get_experiment, list_experiments, register_experiment
+from bnlab.experiments.report import build_report
+from bnlab.experiments.spec import SCALES, Comparison, Experiment, Record, cell_device
+from bnlab.experiments.store import ResultsStore, cell_key
+from bnlab.experiments.sweep import (
+    SweepStatus,
+    SweepSummary,
+    export_sweep,
+    resume_sweep,
+    run_sweep,
+    store_path,
+    sweep_status,
+)
+
+__all__ = [
+    "Experiment",
+    "Record",
+    "Comparison",
+    "SCALES",
+    "cell_device",
+    "run_sweep",
+    "resume_sweep",
+    "sweep_status",
+    "export_sweep",
+    "store_path",
+    "SweepSummary",
+    "SweepStatus",
+    "ResultsStore",
+    "cell_key",
+    "list_experiments",
+    "get_experiment",
+    "register_experiment",
+    "build_report",
+]

@@ -1,0 +1,130 @@
+"""What runs on a Dask worker (or in-process in serial mode): one cell, measured and never raising.
+
+Kept free of heavy imports so that unpickling a task on a fresh worker is cheap.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import socket
+import time
+import traceback
+from typing import Any, Callable
+
+__all__ = ["execute_cell", "library_versions", "jsonable_metrics"]
+
+_VERSION_PACKAGES = ("numpy", "scipy", "torch", "dask", "distributed", "pandas")
+_versions_cache: dict | None = None
+_threads_limited = False
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of python, bnlab and the numerical libraries (read from package metadata, no imports)."""
+    global _versions_cache
+    if _versions_cache is None:
+        import platform
+        from importlib import metadata
+
+        out = {"python": platform.python_version(), "platform": platform.platform()}
+        for pkg in ("bnlab",) + _VERSION_PACKAGES:
+            try:
+                out[pkg] = metadata.version(pkg)
+            except metadata.PackageNotFoundError:
+                out[pkg] = None
+        _versions_cache = out
+    return dict(_versions_cache)
+
+
+def _limit_threads() -> None:
+    """One BLAS/OpenMP/torch thread per worker process: the cluster's parallelism is its workers.
+
+    Without this, n workers × n cores threads oversubscribe the machine.  The
+    environment variables matter for libraries imported later (torch reads
+    them at import); ``torch.set_num_threads`` for a torch already imported.
+    """
+    global _threads_limited
+    if _threads_limited:
+        return
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+    _threads_limited = True
+
+
+def _jsonable(obj: Any) -> Any:
+    # NumPy scalars/arrays and tuples become plain JSON values; anything else must already be one.
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (str, bool, int, float)) or obj is None:
+        return obj
+    tolist = getattr(obj, "tolist", None)  # numpy scalars and arrays, torch tensors
+    if callable(tolist):
+        if hasattr(obj, "detach"):
+            obj = obj.detach().cpu()
+            tolist = obj.tolist
+        return _jsonable(tolist())
+    raise TypeError(f"metric value {obj!r} of type {type(obj).__name__} is not JSON-serializable")
+
+
+def jsonable_metrics(metrics: Any) -> dict:
+    """``run_cell``'s return value as a JSON-ready dict (NaN/inf allowed); TypeError otherwise."""
+    if not isinstance(metrics, dict):
+        raise TypeError(f"run_cell must return a dict of metrics, returned {type(metrics).__name__}: {metrics!r}")
+    out = _jsonable(metrics)
+    json.dumps(out)  # fail here, on the worker, rather than in the driver's commit
+    return out
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _worker_name() -> str:
+    import sys
+
+    distributed = sys.modules.get("distributed")  # never import it just to ask (serial mode stays light)
+    if distributed is not None:
+        try:
+            w = distributed.get_worker()
+            return f"{w.name}@{w.address}"
+        except ValueError:  # not inside a worker
+            pass
+    return f"pid{os.getpid()}"
+
+
+def execute_cell(run_cell: Callable[[dict], dict], params: dict, limit_threads: bool = True) -> dict:
+    """Run ``run_cell(params)`` and return the outcome; exceptions become ``{"ok": False, "error": traceback}``.
+
+    The returned dict has ``ok``, ``metrics`` or ``error``, ``started``,
+    ``finished`` (ISO-8601 UTC), ``duration`` (seconds, monotonic clock),
+    ``worker``, ``host``, ``pid`` and ``versions``.
+    """
+    if limit_threads:
+        _limit_threads()
+    started = _now()
+    t0 = time.perf_counter()
+    out: dict[str, Any]
+    try:
+        metrics = jsonable_metrics(run_cell(dict(params)))
+        out = {"ok": True, "metrics": metrics, "error": None}
+    except Exception:  # a failing cell is a result, not a crash of the sweep
+        out = {"ok": False, "metrics": None, "error": traceback.format_exc()}
+    duration = time.perf_counter() - t0
+    out.update(
+        started=started,
+        finished=_now(),
+        duration=duration if math.isfinite(duration) else None,
+        worker=_worker_name(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        versions=library_versions(),
+    )
+    return out

@@ -1,0 +1,332 @@
+"""The report: every reproduction's claim, figure and paper-vs-bnlab table on one self-contained HTML page.
+
+:func:`build_report` runs (or reuses from the results stores) the sweep of
+each registered reproduction at one scale, calls its ``plot`` and
+``compare``, and writes ``<out>/index.html``.  The page loads nothing from
+the network: the CSS is inline and every figure is embedded as a ``data:``
+URI (the PNG/SVG files also stay in ``<out>/figures/<name>/``).  A
+reproduction whose module fails to import, whose grid raises, whose cells
+fail, or whose ``plot``/``compare`` raises is shown with its error; it never
+stops the report.  ``<out>/report.json`` holds the same content for scripts.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as _dt
+import json
+import os
+import re
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterable, Sequence
+
+from bnlab._validation import check_choice
+from bnlab.experiments._worker import library_versions
+from bnlab.experiments.registry import discovery_errors, get_experiment, list_experiments
+from bnlab.experiments.spec import SCALES, Comparison, Experiment
+from bnlab.experiments.store import ResultsStore, cell_key
+from bnlab.experiments.sweep import open_client, run_sweep, store_path
+
+__all__ = ["build_report", "reproduce", "Report", "ReportSection"]
+
+_MAX_FAILURES_SHOWN = 10
+_MIME = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
+
+
+@dataclass
+class ReportSection:
+    """One reproduction on the page."""
+
+    name: str
+    paper: str
+    figure: str
+    title: str
+    claim: str
+    status: str  # ok | partial (some cells failed) | failed (no figure or nothing done) | error
+    total: int = 0
+    done: int = 0
+    failed: int = 0
+    reused: int = 0
+    store: str = ""
+    figures: list[str] = field(default_factory=list)  # file paths
+    comparisons: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)  # {"what", "text"}
+    failures: list[dict] = field(default_factory=list)  # {"key", "params", "error"}
+
+
+@dataclass
+class Report:
+    """What :func:`build_report` wrote."""
+
+    index: Path
+    scale: str
+    sections: list[ReportSection]
+    broken_modules: dict[str, str]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.broken_modules and all(s.status == "ok" for s in self.sections)
+
+
+def _anchor(name: str) -> str:
+    return "exp-" + re.sub(r"[^A-Za-z0-9_-]+", "-", name)
+
+
+def _data_uri(path: Path) -> str:
+    mime = _MIME.get(path.suffix.lower())
+    if mime is None:
+        raise ValueError(f"figure {str(path)!r} is not PNG/SVG/JPEG/GIF")
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+
+
+def _needs_run(exp: Experiment, scale: str, path: Path, retry_failed: bool) -> bool:
+    """Whether the store lacks a committed outcome for some cell of the current grid (cheap check, read-only)."""
+    if not path.is_file():
+        return True
+    keys = {cell_key(p) for p in exp.grid(scale)}
+    try:
+        with ResultsStore(path, readonly=True) as st:
+            rows = st.cells(keys=list(keys))
+    except ValueError:
+        return True
+    finished = {"done", "failed"} if not retry_failed else {"done"}
+    return len(rows) < len(keys) or any(r.status not in finished for r in rows)
+
+
+def _section(
+    exp: Experiment, scale: str, results_dir, outdir: Path, retry_failed: bool, get_client, serial: bool,
+    progress,
+) -> ReportSection:
+    path = store_path(exp.name, scale, results_dir)
+    sec = ReportSection(name=exp.name, paper=exp.paper, figure=exp.figure, title=exp.title, claim=exp.claim,
+                        status="ok", store=str(path))
+    reused = None
+    try:
+        if _needs_run(exp, scale, path, retry_failed):
+            kwargs = {"serial": True} if serial else {"client": get_client()}
+            summary = run_sweep(exp, scale, store=path, retry_failed=retry_failed, progress=progress, **kwargs)
+            reused = summary.reused
+        keys = [cell_key(p) for p in exp.grid(scale)]
+        with ResultsStore(path, readonly=True) as st:
+            rows = st.cells(keys=keys)
+        sec.reused = reused if reused is not None else sum(r.status == "done" for r in rows)
+    except KeyboardInterrupt:
+        raise
+    except Exception:
+        sec.status = "error"
+        sec.errors.append({"what": "The sweep could not run.", "text": traceback.format_exc()})
+        return sec
+    sec.total = len(keys)
+    done = [r for r in rows if r.status == "done"]
+    failed = [r for r in rows if r.status == "failed"]
+    sec.done, sec.failed = len(done), len(failed)
+    sec.failures = [{"key": r.key, "params": r.params, "error": r.error or ""} for r in failed]
+    records = [r.to_record() for r in done]
+    figdir = outdir / "figures" / re.sub(r"[^A-Za-z0-9_.-]+", "_", exp.name)
+    figdir.mkdir(parents=True, exist_ok=True)
+    if not records:
+        sec.status = "failed"
+        sec.errors.append({"what": "No cell finished, so there is no figure.",
+                           "text": "see the failed cells below" if failed else "the grid is empty"})
+        return sec
+    try:
+        import matplotlib.pyplot as plt
+
+        try:
+            figures = [Path(p) for p in (exp.plot(records, figdir) or [])]
+        finally:
+            plt.close("all")
+        missing = [str(p) for p in figures if not p.is_file()]
+        if missing:
+            raise ValueError(f"plot returned paths that do not exist: {missing}")
+        for p in figures:
+            _data_uri(p)  # validates the type before the page is written
+        sec.figures = [str(p) for p in figures]
+    except Exception:
+        sec.errors.append({"what": "plot() raised.", "text": traceback.format_exc()})
+    try:
+        comps = list(exp.compare(records) or [])
+        for c in comps:
+            if not isinstance(c, Comparison):
+                raise ValueError(f"compare() returned {c!r}, which is not a Comparison")
+        sec.comparisons = [asdict(c) for c in comps]
+    except Exception:
+        sec.errors.append({"what": "compare() raised.", "text": traceback.format_exc()})
+    if sec.errors:
+        sec.status = "failed" if not sec.figures else "partial"
+    elif failed:
+        sec.status = "partial"
+    return sec
+
+
+def _render(report: Report, generated: str) -> str:
+    import jinja2
+
+    templates = Path(__file__).with_name("templates")
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates)),
+        autoescape=jinja2.select_autoescape(["html"]),
+        undefined=jinja2.StrictUndefined,
+    )
+    by_paper: dict[str, list[dict]] = {}
+    views = []
+    for s in report.sections:
+        judged = [c for c in s.comparisons if c["agrees"] is not None]
+        view = {
+            **asdict(s),
+            "anchor": _anchor(s.name),
+            "n_judged": len(judged),
+            "n_agree": sum(bool(c["agrees"]) for c in judged),
+            "figures": [{"name": Path(p).name, "src": _data_uri(Path(p))} for p in s.figures],
+            "failures": [
+                {
+                    "params": json.dumps(f["params"], sort_keys=True),
+                    "last_line": f["error"].strip().splitlines()[-1] if f["error"].strip() else "error",
+                    "error": f["error"],
+                }
+                for f in s.failures[:_MAX_FAILURES_SHOWN]
+            ],
+            "failures_hidden": max(0, len(s.failures) - _MAX_FAILURES_SHOWN),
+        }
+        views.append(view)
+        by_paper.setdefault(s.paper, []).append(view)
+    broken = [{"module": m, "error": e, "anchor": _anchor(m)} for m, e in sorted(report.broken_modules.items())]
+    versions = {k: (v or "—") for k, v in library_versions().items()}
+    return env.get_template("report.html").render(
+        css=(templates / "report.css").read_text(),
+        scale=report.scale,
+        generated=generated,
+        total_seconds=report.seconds,
+        versions=versions,
+        sections=views,
+        papers=list(by_paper.items()),
+        broken=broken,
+    )
+
+
+def build_report(
+    out: str | os.PathLike = "bnlab-report",
+    *,
+    scale: str = "small",
+    results_dir: str | os.PathLike | None = None,
+    only: Sequence[str] | None = None,
+    experiments: Iterable[Experiment] | None = None,
+    client: Any = None,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    serial: bool = False,
+    retry_failed: bool = True,
+    progress: bool | IO = True,
+) -> Report:
+    """Run or reuse every reproduction's sweep at ``scale`` and write ``<out>/index.html``.
+
+    Parameters
+    ----------
+    out:
+        Output directory (created): ``index.html``, ``report.json`` and ``figures/<name>/``.
+    scale:
+        ``"small"`` (default; minutes on 2 cores) or ``"paper"``.
+    results_dir:
+        Where the sweeps' stores are (default ``$BNLAB_RESULTS`` or ``bnlab-results``):
+        finished cells are reused, missing ones computed.
+    only:
+        Names of the reproductions to include (default: all registered).
+    experiments:
+        Explicit experiments instead of the registry (used by tests).
+    client, scheduler, workers, serial:
+        Where cells run (see :func:`~bnlab.experiments.sweep.run_sweep`).  One
+        cluster serves every reproduction; none is started when every cell is
+        already in the stores.
+    retry_failed:
+        Run cells recorded ``failed`` again (default True: after a fix, the
+        report shows the fixed reproduction).
+    progress:
+        Progress bars on stderr (True), none (False), or on a given stream.
+
+    Returns
+    -------
+    Report
+        The sections (status, counts, figures, comparisons, errors) and the page's path.
+    """
+    check_choice("scale", scale, SCALES)
+    os.environ.setdefault("MPLBACKEND", "Agg")  # figures are files; never open a window
+    t0 = time.perf_counter()
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    if experiments is not None:
+        exps = list(experiments)
+        broken: dict[str, str] = {}
+    else:
+        if only:
+            exps = [get_experiment(n) for n in only]
+        else:
+            exps = list(list_experiments().values())
+        broken = {} if only else discovery_errors()
+    with contextlib.ExitStack() as stack:
+        holder: dict[str, Any] = {"client": client}
+
+        def get_client():
+            if holder["client"] is None:  # started only when some cell has to run
+                holder["client"] = stack.enter_context(open_client(scheduler, workers))
+            return holder["client"]
+
+        sections = [
+            _section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress) for exp in exps
+        ]
+    report = Report(index=outdir / "index.html", scale=scale, sections=sections, broken_modules=broken,
+                    seconds=time.perf_counter() - t0)
+    generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    report.index.write_text(_render(report, generated), encoding="utf-8")
+    (outdir / "report.json").write_text(
+        json.dumps(
+            {
+                "scale": scale,
+                "generated": generated,
+                "seconds": report.seconds,
+                "ok": report.ok,
+                "sections": [asdict(s) for s in sections],
+                "broken_modules": broken,
+            },
+            indent=2,
+            default=str,
+        ),
+        encoding="utf-8",
+    )
+    return report
+
+
+def reproduce(
+    experiment: str | Experiment,
+    *,
+    scale: str = "small",
+    out: str | os.PathLike = "bnlab-figures",
+    results_dir: str | os.PathLike | None = None,
+    client: Any = None,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    serial: bool = False,
+    retry_failed: bool = True,
+    progress: bool | IO = True,
+) -> ReportSection:
+    """Run (or reuse) one reproduction's sweep, write its figures to ``<out>/figures/<name>/``, tabulate it.
+
+    Same arguments as :func:`build_report`; returns the section the report
+    would show (status, counts, figure paths, comparisons, errors).
+    """
+    check_choice("scale", scale, SCALES)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    exp = get_experiment(experiment)
+    outdir = Path(out)
+    with contextlib.ExitStack() as stack:
+        holder: dict[str, Any] = {"client": client}
+
+        def get_client():
+            if holder["client"] is None:
+                holder["client"] = stack.enter_context(open_client(scheduler, workers))
+            return holder["client"]
+
+        return _section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress)

@@ -1,0 +1,501 @@
+"""The sweep engine: run an experiment's grid on Dask, one committed result per cell, resumable.
+
+The driver (the process calling :func:`run_sweep`) is the only writer of the
+store.  It opens the sweep's SQLite file, adds the grid's cells, returns any
+cell a previous driver left ``running`` to ``pending``, submits every pending
+cell to a Dask client (``client.submit`` of a module-level function, so cells
+travel by reference), and commits each outcome as it arrives
+(``as_completed``).  Hence:
+
+* stopping the driver (Ctrl-C, SIGTERM, ``kill -9``) loses no finished cell
+  and a resume runs only the cells without a committed result;
+* a worker that dies (out of memory, segfault, ``kill``) loses only the cell
+  it was running: Dask's scheduler reruns it on another worker (up to
+  ``distributed.scheduler.allowed-failures`` deaths, default 3, after which
+  the cell is recorded ``failed`` with ``KilledWorker``);
+* a cell whose ``run_cell`` raises is recorded ``failed`` with its traceback
+  and the sweep goes on.
+
+Clusters: by default a ``LocalCluster`` of one single-threaded worker process
+per available core (``threads_per_worker=1, processes=True``; each worker also
+limits OpenMP/MKL/torch to one thread so n workers use n cores, not n²);
+``scheduler="tcp://host:8786"`` connects to an existing cluster (e.g. SLURM
+via dask-jobqueue, see ``docs/experiments.md``); ``serial=True`` runs the
+cells in-process, for debugging.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterator, Sequence
+
+from bnlab._validation import check_choice, check_int
+from bnlab.experiments._progress import SweepProgress
+from bnlab.experiments._worker import execute_cell, library_versions
+from bnlab.experiments.registry import experiment_module, get_experiment
+from bnlab.experiments.spec import SCALES, Experiment
+from bnlab.experiments.store import ResultsStore
+
+__all__ = [
+    "run_sweep",
+    "resume_sweep",
+    "sweep_status",
+    "export_sweep",
+    "SweepSummary",
+    "SweepStatus",
+    "default_results_dir",
+    "store_path",
+    "resolve_store",
+    "open_client",
+]
+
+_KILLED_HINT = (
+    "the worker running this cell died repeatedly (distributed.scheduler.allowed-failures); "
+    "typical causes: out of memory, a crash in native code, a job killed by the batch system"
+)
+
+
+def default_results_dir() -> Path:
+    """``$BNLAB_RESULTS`` if set, else ``bnlab-results`` in the current directory."""
+    return Path(os.environ.get("BNLAB_RESULTS") or "bnlab-results")
+
+
+def store_path(name: str, scale: str, results_dir: str | os.PathLike | None = None) -> Path:
+    """The store of (experiment ``name``, ``scale``): ``<results_dir>/<name>-<scale>.sqlite``."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    return Path(results_dir if results_dir is not None else default_results_dir()) / f"{safe}-{scale}.sqlite"
+
+
+def resolve_store(target: str | os.PathLike, scale: str = "small", results_dir: str | os.PathLike | None = None) -> Path:
+    """A store path from either a ``.sqlite`` path or an experiment name (+ ``scale``, ``results_dir``)."""
+    p = Path(target)
+    if p.suffix == ".sqlite" or p.is_file():
+        return p
+    check_choice("scale", scale, SCALES)
+    return store_path(str(target), scale, results_dir)
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """What a :func:`run_sweep` call did."""
+
+    experiment: str
+    scale: str
+    store: Path
+    total: int  # cells in the grid
+    done: int  # cells done now (including earlier runs)
+    failed: int
+    pending: int  # cells without a result (only after an interruption)
+    executed: int  # cells whose outcome this call committed
+    reused: int  # cells already done before this call
+    wall_time: float  # seconds
+
+    @property
+    def complete(self) -> bool:
+        return self.pending == 0
+
+
+@dataclass(frozen=True)
+class SweepStatus:
+    """The state of a sweep's store (see :func:`sweep_status`)."""
+
+    experiment: str
+    scale: str
+    store: Path
+    module: str | None
+    created: str
+    updated: str
+    total: int
+    counts: dict[str, int]
+    cell_seconds: float  # sum of run_cell durations of finished cells
+    mean_cell_seconds: float | None
+    failures: list[dict] = field(default_factory=list)  # key, params, error (last line), attempts
+    versions: dict = field(default_factory=dict)
+
+
+# -- clusters ------------------------------------------------------------------------------------------
+
+
+def _available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def open_client(scheduler: str | None = None, workers: int | None = None) -> Iterator[Any]:
+    """A Dask ``Client``: connected to ``scheduler`` if given, else to a new ``LocalCluster``.
+
+    The local cluster has ``workers`` (default: the available cores) worker
+    processes of one thread each, environment ``OMP_NUM_THREADS=1`` etc., no
+    dashboard; it is shut down on exit.  An existing cluster is left running.
+    """
+    from distributed import Client, LocalCluster
+
+    if scheduler is not None:
+        if not isinstance(scheduler, str) or not scheduler:
+            raise ValueError(f"scheduler must be an address like 'tcp://host:8786', got {scheduler!r}")
+        if workers is not None:
+            raise ValueError("workers applies to a local cluster only; an existing cluster (scheduler=) has its own")
+        try:
+            client = Client(scheduler, timeout="30s")
+        except (OSError, TimeoutError) as exc:
+            raise ValueError(f"cannot connect to the Dask scheduler at {scheduler!r}: {exc}") from None
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    n = _available_cores() if workers is None else check_int("workers", workers, minimum=1)
+    cluster = LocalCluster(
+        n_workers=n,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        silence_logs=logging.ERROR,
+        env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+    )
+    client = Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+def _gpu_resources(client, experiment: Experiment) -> dict | None:
+    # Ask for a GPU only where workers advertise one; otherwise the cells would wait forever.
+    if not experiment.uses_gpu:
+        return None
+    workers = client.scheduler_info(n_workers=-1).get("workers", {}) if _accepts_n_workers(client) else client.scheduler_info().get("workers", {})
+    if any(w.get("resources", {}).get("GPU", 0) >= 1 for w in workers.values()):
+        return {"GPU": 1}
+    return None
+
+
+def _accepts_n_workers(client) -> bool:
+    import inspect
+
+    try:
+        return "n_workers" in inspect.signature(client.scheduler_info).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+
+
+# -- the engine ----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Within the main thread, SIGTERM stops the sweep like Ctrl-C (clean requeue of running cells)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _commit(store: ResultsStore, key: str, outcome: dict, progress: SweepProgress) -> None:
+    meta = {k: outcome.get(k) for k in ("started", "finished", "duration", "worker", "host", "versions")}
+    if outcome["ok"]:
+        store.record_done(key, outcome["metrics"], **meta)
+    else:
+        store.record_failed(key, outcome["error"], **meta)
+        last = outcome["error"].strip().splitlines()[-1] if outcome["error"].strip() else "error"
+        progress.write(f"cell {key} failed: {last}")
+    progress.update(outcome["ok"])
+
+
+def _run_serial(experiment: Experiment, rows, store: ResultsStore, progress: SweepProgress) -> int:
+    executed = 0
+    for row in rows:
+        store.mark_submitted([row.key])
+        outcome = execute_cell(experiment.run_cell, row.params, limit_threads=False)
+        _commit(store, row.key, outcome, progress)
+        executed += 1
+    return executed
+
+
+def _run_dask(experiment: Experiment, rows, store: ResultsStore, progress: SweepProgress, client, retries: int) -> int:
+    from distributed import as_completed
+
+    resources = _gpu_resources(client, experiment)
+    store.mark_submitted([r.key for r in rows])
+    futures = {}
+    tag = uuid.uuid4().hex[:8]
+    for row in rows:
+        fut = client.submit(
+            execute_cell,
+            experiment.run_cell,
+            row.params,
+            True,
+            key=f"bnlab-{experiment.name}-{row.key}-{tag}",
+            pure=False,
+            retries=retries,
+            resources=resources,
+        )
+        futures[fut] = row.key
+    executed = 0
+    try:
+        for fut in as_completed(list(futures)):
+            key = futures.pop(fut)
+            try:
+                outcome = fut.result()
+            except Exception as exc:  # the task itself failed: KilledWorker, unpicklable cell, ...
+                hint = f"\n{_KILLED_HINT}" if type(exc).__name__ == "KilledWorker" else ""
+                outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}{hint}"}
+            _commit(store, key, outcome, progress)
+            fut.release()
+            executed += 1
+    finally:
+        if futures:  # interrupted: nothing more will be committed for these
+            client.cancel(list(futures))
+    return executed
+
+
+def run_sweep(
+    experiment: str | Experiment,
+    scale: str = "small",
+    *,
+    results_dir: str | os.PathLike | None = None,
+    store: str | os.PathLike | None = None,
+    client: Any = None,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    serial: bool = False,
+    retries: int = 0,
+    retry_failed: bool = False,
+    progress: bool | IO = True,
+) -> SweepSummary:
+    """Run (or continue) the sweep of ``experiment`` at ``scale``; return what happened.
+
+    Parameters
+    ----------
+    experiment:
+        An :class:`~bnlab.experiments.spec.Experiment`, a registered name, or
+        ``"package.module:NAME"`` (see :func:`~bnlab.experiments.registry.get_experiment`).
+    scale:
+        ``"small"`` or ``"paper"``.
+    results_dir, store:
+        The store file is ``store`` if given, else
+        ``<results_dir>/<name>-<scale>.sqlite`` (``results_dir`` defaults to
+        ``$BNLAB_RESULTS`` or ``bnlab-results``).  An existing store is
+        continued: its done cells are reused, never recomputed.
+    client, scheduler, workers, serial:
+        Where cells run: an existing Dask ``client``; else a client connected
+        to ``scheduler``; else a new ``LocalCluster`` of ``workers`` processes
+        (default: available cores); ``serial=True`` runs in this process.
+    retries:
+        Dask ``retries=`` for a task that fails outside ``run_cell`` (a
+        ``run_cell`` exception is a recorded result, not retried).  Worker
+        deaths are retried by the scheduler independently of this.
+    retry_failed:
+        Run cells recorded ``failed`` again (e.g. after fixing a bug).
+    progress:
+        Show the progress bar on stderr (True), not at all (False), or on the given stream.
+
+    Returns
+    -------
+    SweepSummary
+
+    Raises
+    ------
+    ValueError
+        Bad arguments, an unknown experiment, a grid that is not a list of
+        JSON-serializable dicts, a store of another sweep, a store being
+        written by another live process.
+    KeyboardInterrupt
+        On Ctrl-C or SIGTERM, after committing every finished cell and
+        returning the cells in flight to ``pending``.
+    """
+    exp = get_experiment(experiment)
+    check_choice("scale", scale, SCALES)
+    retries = check_int("retries", retries, minimum=0)
+    if workers is not None:
+        workers = check_int("workers", workers, minimum=1)
+    if serial and (client is not None or scheduler is not None):
+        raise ValueError("serial=True runs in this process; do not also give client= or scheduler=")
+    cells = exp.grid(scale)
+    if not isinstance(cells, (list, tuple)) or not all(isinstance(c, dict) for c in cells):
+        raise ValueError(f"{exp.name}.grid({scale!r}) must return a list of dicts, got {type(cells).__name__}")
+    path = Path(store) if store is not None else store_path(exp.name, scale, results_dir)
+    t0 = time.perf_counter()
+    with ResultsStore(path) as st:
+        keys = st.initialize(exp.name, scale, cells, module=experiment_module(exp), versions=library_versions())
+        st.requeue_running()
+        if retry_failed:
+            st.requeue_failed(keys)
+        before = st.counts(keys)
+        rows = st.cells(status="pending", keys=keys)
+        stream = progress if (progress is not True and progress is not False) else None
+        bar = SweepProgress(len(keys), before["done"], before["failed"], desc=f"{exp.name} [{scale}]",
+                            file=stream, enabled=progress is not False)
+        executed = 0
+        try:
+            with _sigterm_as_interrupt():
+                if not rows:
+                    pass
+                elif serial:
+                    executed = _run_serial(exp, rows, st, bar)
+                elif client is not None:
+                    executed = _run_dask(exp, rows, st, bar, client, retries)
+                else:
+                    with open_client(scheduler, workers) as own:
+                        executed = _run_dask(exp, rows, st, bar, own, retries)
+        except KeyboardInterrupt:
+            requeued = st.requeue_running()
+            bar.write(
+                f"interrupted: {bar.done} cells done are saved in {path}; {requeued} cells in flight returned to "
+                f"pending; continue with: bnlab sweep resume {path}"
+            )
+            raise
+        finally:
+            bar.close()
+        after = st.counts(keys)
+    return SweepSummary(
+        experiment=exp.name,
+        scale=scale,
+        store=path,
+        total=len(keys),
+        done=after["done"],
+        failed=after["failed"],
+        pending=after["pending"] + after["running"],
+        executed=executed,
+        reused=before["done"],
+        wall_time=time.perf_counter() - t0,
+    )
+
+
+def _read_info(path: Path) -> dict:
+    with ResultsStore(path, readonly=True) as st:
+        info = st.sweep_info()
+    if info is None:
+        raise ValueError(f"results store {str(path)!r} holds no sweep yet")
+    return info
+
+
+def resume_sweep(store: str | os.PathLike, **kwargs: Any) -> SweepSummary:
+    """Continue the sweep stored in ``store`` (same keyword arguments as :func:`run_sweep`).
+
+    The experiment is found by the name recorded in the store (or imported
+    from the recorded module); its current grid is used, done cells are reused.
+    """
+    path = Path(store)
+    info = _read_info(path)
+    exp = get_experiment(info["experiment"], module=info.get("module"))
+    kwargs.pop("results_dir", None)
+    return run_sweep(exp, info["scale"], store=path, **kwargs)
+
+
+def sweep_status(store: str | os.PathLike) -> SweepStatus:
+    """Counts per status, time spent, and the failed cells with the last line of their error."""
+    path = Path(store)
+    with ResultsStore(path, readonly=True) as st:
+        info = st.sweep_info()
+        if info is None:
+            raise ValueError(f"results store {str(path)!r} holds no sweep yet")
+        counts = st.counts()
+        done = st.cells(status="done")
+        failed = st.cells(status="failed")
+    durations = [r.duration for r in done if r.duration is not None]
+    failures = [
+        {
+            "key": r.key,
+            "params": r.params,
+            "attempts": r.attempts,
+            "error": (r.error or "").strip().splitlines()[-1] if (r.error or "").strip() else "",
+        }
+        for r in failed
+    ]
+    return SweepStatus(
+        experiment=info["experiment"],
+        scale=info["scale"],
+        store=path,
+        module=info.get("module"),
+        created=info["created"],
+        updated=info["updated"],
+        total=sum(counts.values()),
+        counts=counts,
+        cell_seconds=float(sum(durations)),
+        mean_cell_seconds=(sum(durations) / len(durations)) if durations else None,
+        failures=failures,
+        versions=info["versions"],
+    )
+
+
+def export_sweep(store: str | os.PathLike, output: str | os.PathLike, format: str | None = None) -> Path:
+    """Write every cell of the store as one table row to CSV or Parquet; return the output path.
+
+    Columns: ``experiment``, ``scale``, ``key``, ``idx``, ``status``,
+    ``attempts``, ``started``, ``finished``, ``duration``, ``worker``,
+    ``host``, ``error``, ``versions`` (JSON), then ``param.<name>`` and
+    ``metric.<name>`` per parameter and metric.  Scalar values stay scalars;
+    lists, dicts and columns mixing types are written as JSON text.
+    ``format`` is ``"csv"`` or ``"parquet"`` (default: from the suffix of ``output``).
+    """
+    import json
+
+    import pandas as pd
+
+    out = Path(output)
+    if format is None:
+        suffix = out.suffix.lower().lstrip(".")
+        format = {"csv": "csv", "parquet": "parquet", "pq": "parquet"}.get(suffix)
+        if format is None:
+            raise ValueError(f"cannot tell the format from {str(out)!r}; give format='csv' or 'parquet'")
+    check_choice("format", format, ("csv", "parquet"))
+    path = Path(store)
+    with ResultsStore(path, readonly=True) as st:
+        info = st.sweep_info() or {"experiment": None, "scale": None}
+        rows = st.cells()
+    records = []
+    for r in rows:
+        rec: dict[str, Any] = {
+            "experiment": info["experiment"],
+            "scale": info["scale"],
+            "key": r.key,
+            "idx": r.idx,
+            "status": r.status,
+            "attempts": r.attempts,
+            "started": r.started,
+            "finished": r.finished,
+            "duration": r.duration,
+            "worker": r.worker,
+            "host": r.host,
+            "error": r.error,
+            "versions": None if r.versions is None else json.dumps(r.versions, sort_keys=True),
+        }
+        for k, v in r.params.items():
+            rec[f"param.{k}"] = v
+        for k, v in (r.metrics or {}).items():
+            rec[f"metric.{k}"] = v
+        records.append(rec)
+    df = pd.DataFrame.from_records(records)
+    for col in df.columns:
+        if col.startswith(("param.", "metric.")):
+            values = [v for v in df[col] if v is not None and not (isinstance(v, float) and v != v)]
+            kinds = {bool if isinstance(v, bool) else (float if isinstance(v, (int, float)) else type(v)) for v in values}
+            if len(kinds) > 1 or kinds & {list, dict}:
+                df[col] = [None if v is None else json.dumps(v, sort_keys=True) for v in df[col]]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if format == "csv":
+        df.to_csv(out, index=False)
+    else:
+        df.to_parquet(out, index=False)
+    return out

@@ -1,0 +1,120 @@
+"""Test experiments for the sweep engine (importable by Dask workers and by ``bnlab`` subprocesses).
+
+Every execution of a cell leaves marker files in ``$BNLAB_TEST_MARKERS`` (when
+set): ``start-<i>-<pid>-<uuid>`` when it begins, ``done-<i>-<pid>-<uuid>``
+when its work finished.  Counting them tells the tests how often each cell
+really ran, independently of what the store says.  The grid is configured by
+environment variables (read at call time, so the driver and a resume see the
+same grid when given the same environment):
+
+* ``BNLAB_TEST_CELLS`` — number of cells (default 6)
+* ``BNLAB_TEST_SLEEP`` — seconds each cell sleeps (default 0.02)
+* ``BNLAB_TEST_FAIL`` — comma-separated indices of cells that raise
+* ``BNLAB_TEST_SLOW`` — ``index:seconds`` pairs overriding the sleep of some cells
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from bnlab.experiments.spec import Comparison, Experiment
+
+
+def _ints(var: str) -> set[int]:
+    text = os.environ.get(var, "").strip()
+    return {int(t) for t in text.split(",") if t.strip()}
+
+
+def _slow() -> dict[int, float]:
+    text = os.environ.get("BNLAB_TEST_SLOW", "").strip()
+    return {int(a): float(b) for a, b in (t.split(":") for t in text.split(",") if t.strip())}
+
+
+def grid(scale: str) -> list[dict]:
+    n = int(os.environ.get("BNLAB_TEST_CELLS", "6")) * (2 if scale == "paper" else 1)
+    sleep = float(os.environ.get("BNLAB_TEST_SLEEP", "0.02"))
+    fail, slow = _ints("BNLAB_TEST_FAIL"), _slow()
+    return [{"i": i, "seed": 1000 + i, "sleep": slow.get(i, sleep), "fail": i in fail} for i in range(n)]
+
+
+def _mark(kind: str, i: int) -> None:
+    d = os.environ.get("BNLAB_TEST_MARKERS")
+    if d:
+        Path(d, f"{kind}-{i}-{os.getpid()}-{uuid.uuid4().hex}").touch()
+
+
+def run_cell(params: dict) -> dict:
+    i = params["i"]
+    _mark("start", i)
+    time.sleep(params["sleep"])
+    if params["fail"]:
+        raise ValueError(f"cell {i} fails on purpose")
+    rng = np.random.default_rng(params["seed"])
+    _mark("done", i)
+    # NumPy types on purpose: the engine must turn them into JSON.
+    return {"i": i, "square": np.int64(i * i), "noise": rng.standard_normal(), "vector": np.arange(3) * i}
+
+
+def plot(records, outdir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = sorted(r.metrics["i"] for r in records)
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot(xs, [x * x for x in xs], "o-")
+    ax.set_xlabel("i")
+    ax.set_ylabel("i²")
+    paths = [Path(outdir) / "squares.png", Path(outdir) / "squares.svg"]
+    for p in paths:
+        fig.savefig(p)
+    plt.close(fig)
+    return paths
+
+
+def compare(records) -> list[Comparison]:
+    measured = sum(r.metrics["square"] for r in records)
+    expected = sum(r.params["i"] ** 2 for r in records)
+    return [
+        Comparison("sum of squares", paper=str(expected), bnlab=str(measured), agrees=measured == expected),
+        Comparison("cells finished", paper="all", bnlab=str(len(records)), agrees=None),
+    ]
+
+
+def plot_raises(records, outdir: Path) -> list[Path]:
+    raise RuntimeError("this plot is broken on purpose")
+
+
+def _experiment(name: str, **kw) -> Experiment:
+    base = dict(
+        name=name,
+        paper="Test et al. 2024",
+        figure="Fig. 1",
+        title="squares of integers",
+        claim="The square of i is i·i <b>(escaped)</b>.",
+        grid=grid,
+        run_cell=run_cell,
+        plot=plot,
+        compare=compare,
+    )
+    base.update(kw)
+    return Experiment(**base)
+
+
+SWEEP = _experiment("bnlab-test-sweep")
+PLOT_FAILS = _experiment("bnlab-test-plotfail", figure="Fig. 2", plot=plot_raises)
+EXPERIMENTS = [SWEEP, PLOT_FAILS]
+
+
+def markers(directory: Path, kind: str) -> dict[int, list[str]]:
+    """``{cell index: [pid, ...]}`` of the executions that left a ``kind`` marker."""
+    out: dict[int, list[str]] = {}
+    for p in Path(directory).glob(f"{kind}-*"):
+        _, i, pid, _ = p.name.split("-")
+        out.setdefault(int(i), []).append(pid)
+    return out
