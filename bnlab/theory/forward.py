@@ -1,0 +1,584 @@
+"""Linearized forward dynamics of batchnorm networks at the BSB1 fixed point (Yang et al. 2019, §3.1.1).
+
+Definition
+----------
+Near the BSB1 fixed point Σ* = q*((1−c*)I + c*11ᵀ) of Σ ↦ V_Bφ(Σ), the
+deviation evolves by the Jacobian; its nonzero eigenvalues are those of
+``G^{⊗2} ∘ Ĵ ∘ G^{⊗2}`` (Lemma F.17), an ultrasymmetric operator (Thm 3.6,
+E.62) with three eigenspaces on H_B^G:
+
+* ``RG``: λ_G↑ = 0 (batchnorm removes the overall scale in one step);
+* ``L = {D^G : D diagonal, tr D = 0}``: λ_L↑ (fluctuation of the norms);
+* ``M = {Σ : Σ^G = Σ, Diag Σ = 0}``: λ_M↑ (the correlations).
+
+With μ* = q*(1 − c*) (so GΣ*G = μ*G) and u uniform on the unit sphere of the
+sum-zero hyperplane W, the Gaussian integration-by-parts identity
+``∂_Σ E f(h) = ½E[f(h)(Σ⁺hhᵀΣ⁺ − Σ⁺)]`` on W gives, for Δ ∈ H_B^G,
+
+    Ĵ{Δ} = (2μ*)⁻¹ E_u[φ(√B u)φ(√B u)ᵀ ((B−1) uᵀΔu − tr Δ)]          (App. F.3.1, Eq. 46)
+
+Methods
+-------
+``"sphere"`` (App. F.3.1): the ten ultrasymmetric brackets of Ĵ reduced to
+2-d integrals over (u_1, u_2) (the other coordinates enter polynomially and
+are integrated in closed form) and evaluated by the quadrature of
+:func:`sphere_grid`; eigenvalues from Thm E.62.  Accuracy ≈ 1e-10 relative
+(see :func:`sphere_grid`).  Any φ; B ≤ 2048.
+
+``"gegenbauer"`` (Thm 3.8 with the coefficients of Thms F.22, F.24, as
+corrected below): ratios of quadratic forms in the Gegenbauer coefficients
+a_l of φ(√(B−1)x), computed here by Gauss–Jacobi quadrature of
+a_l = E_t[φ(√(B−1)t) C_l(t)/C_l(1)].  Accuracy: spectral for smooth φ
+(1e-10 with the default number of terms); for φ with a kink (relu) the series
+converges algebraically (≈1e-6 relative with 4000 terms at B = 32).  B ≤ 2048.
+
+``"closed"``: Thm 3.7 for relu; for the identity λ_L↑ = λ_M↑ = (B−1)/(B+1)
+(fourth moments of the uniform sphere measure).  Exact to rounding, any B ≥ 4.
+
+``"montecarlo"``: the same expectations estimated from uniform samples of
+the sphere, with standard errors; an independent check, not a production route.
+
+``"auto"`` = closed when available, else sphere.  ``laplace`` and ``fourier``
+(App. F.3.3, E.2) are not implemented for the dynamics: they raise ``ValueError``.
+
+Errata found while checking the printed formulas numerically
+------------------------------------------------------------
+* Thm F.22 (printed): the cross term is written ``a_1 a_{l+2} u_{B−1,l}``; it is
+  ``a_l a_{l+2} u_{B−1,l}`` as in Thm 3.8 (with a_1 the result is wrong for tanh).
+* Thm F.33 proof, Item 2: the result is labelled λ_L↑; it is λ_M↑.
+(Further errata are listed where they are used: :mod:`bnlab.theory.backward`,
+:mod:`bnlab.theory.cross_batch`.)
+
+References
+----------
+Yang, Pennington, Rao, Sohl-Dickstein, Schoenholz (2019), "A Mean Field Theory
+of Batch Normalization", ICLR: §3.1.1, Thms 3.6–3.8, E.61, E.62, F.22, F.24,
+F.33, App. F.3.1.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from scipy import special
+
+from bnlab._validation import check_choice, check_int
+from bnlab.theory._checks import check_batch_size
+from bnlab.theory.ultrasymmetric import projected_eigenvalues
+
+__all__ = ["ForwardEigenvalues", "forward_eigenvalues", "FORWARD_METHODS"]
+
+#: Methods accepted by :func:`forward_eigenvalues`.
+FORWARD_METHODS = ("auto", "closed", "sphere", "gegenbauer", "montecarlo")
+_ALL_METHODS = ("auto", "closed", "laplace", "fourier", "sphere", "gegenbauer", "montecarlo")
+
+MAX_QUADRATURE_BATCH = 2048  # the Gauss–Jacobi weights (∝ 2^{(B−5)/2}) overflow beyond this
+
+
+@dataclass(frozen=True)
+class ForwardEigenvalues:
+    """Eigenvalues of the linearized forward dynamics G^{⊗2}∘Ĵ∘G^{⊗2} at the BSB1 fixed point.
+
+    ``lambda_G`` (= 0, on RG), ``lambda_L`` (on L), ``lambda_M`` (on M; None
+    for B = 3 where M is empty), ``method`` (the route used), ``stderr``
+    (Monte Carlo standard errors of (λ_L, λ_M), else None).
+    """
+
+    lambda_G: float
+    lambda_L: float
+    lambda_M: float | None
+    method: str
+    stderr: tuple[float, float] | None = None
+
+
+# ---------------------------------------------------------------------------
+# shared numerical engine (also used by backward.py and cross_batch.py)
+# ---------------------------------------------------------------------------
+def _tanh_sinh_unit(h: float):
+    """Tanh–sinh nodes on [0, 1]: (x, 1 − x, weights), without cancellation near 1."""
+    kmax = int(math.ceil(3.3 / h))
+    t = h * np.arange(-kmax, kmax + 1)
+    e = np.pi * np.sinh(t)
+    x = special.expit(e)
+    xc = special.expit(-e)
+    w = h * np.pi * np.cosh(t) * x * xc
+    keep = (w > 1e-300) & (x > 0) & (xc > 0)
+    return x[keep], xc[keep], w[keep]
+
+
+@dataclass(frozen=True)
+class _SphereGrid:
+    """Nodes (x, y) = (u_1, u_2), weights w (Σw = 1) and squared whitened radius s.
+
+    The Jacobi rule carries a factor s^beta in its weight: integrands must be
+    divided by ``s**beta`` (see :meth:`expect`).
+    """
+
+    batch_size: int
+    beta: float
+    x: np.ndarray
+    y: np.ndarray
+    w: np.ndarray
+    s: np.ndarray
+
+    def expect(self, values: np.ndarray) -> np.ndarray:
+        if self.beta != 0.0:
+            values = values / self.s**self.beta
+        return values @ self.w
+
+
+@lru_cache(maxsize=64)
+def _sphere_grid(batch_size: int, beta: float = 0.0, n_s: int = 48, h_theta: float = 1.0 / 12) -> _SphereGrid:
+    """Quadrature for E over u uniform on S^{B−2} ⊂ W of functions of (u_1, u_2) (and, via
+    :func:`_conditional_moments`, quadratic in the other coordinates).
+
+    (u_1, u_2) = M^{1/2} √s (cos θ, sin θ) with M = I_2 − 11ᵀ/B; the density is
+    (a+1)(1−s)^a ds dθ/2π with a = (B−5)/2 (projection of the uniform measure
+    on S^{n−1}, n = B−1, onto a 2-plane).  s: Gauss–Jacobi with weight
+    (1−s)^a s^beta (exact for s^beta·polynomial: positive-homogeneous φ).
+    θ: the circle is cut where u_1 = 0 or u_2 = 0 (the kinks of relu-like φ)
+    and each arc is integrated by tanh–sinh quadrature, which converges
+    exponentially even with algebraic endpoint singularities (relu^α, its
+    derivative); arcs 3, 4 are arcs 1, 2 shifted by π with the same relative
+    nodes, so the rule is symmetric under u → −u and smooth integrands are
+    smooth functions of s.  B = 3: the circle, s ≡ 1.
+    """
+    b = int(batch_size)
+    if b > MAX_QUADRATURE_BATCH:
+        raise ValueError(
+            f"batch_size={b} is not allowed for the quadrature methods: expected batch_size <= "
+            f"{MAX_QUADRATURE_BATCH} (method='closed' covers relu and identity at any B)"
+        )
+    r1 = math.sqrt(1.0 - 2.0 / b)
+    msq = 0.5 * np.array([[r1 + 1.0, r1 - 1.0], [r1 - 1.0, r1 + 1.0]])
+    ta, tb = sorted(math.atan2(row[0], -row[1]) % math.pi for row in msq)
+    xs, xcs, ws = _tanh_sinh_unit(h_theta)
+    thetas, tw = [], []
+    for shift in (0.0, math.pi):
+        for lo, hi in ((ta, tb), (tb, ta + math.pi)):
+            length = hi - lo
+            thetas.append(np.where(xs <= 0.5, lo + length * xs, hi - length * xcs) + shift)
+            tw.append(ws * length)
+    theta = np.concatenate(thetas)
+    wtheta = np.concatenate(tw) / (2.0 * math.pi)
+    if b == 3:
+        s, w_s = np.array([1.0]), np.array([1.0])
+        beta = 0.0
+    else:
+        if beta <= -1.0:
+            raise ValueError(f"the radial exponent {beta} makes the spherical integral diverge")
+        a = (b - 5) / 2.0
+        z, wz = special.roots_jacobi(n_s, a, beta)
+        s = 0.5 * (z + 1.0)
+        # Jacobi weight (1−z)^a (1+z)^β dz = 2^{a+β+1} (1−s)^a s^β ds; density (a+1)(1−s)^a
+        w_s = wz * math.exp(-(a + beta + 1) * math.log(2.0)) * (a + 1.0)
+    uv = msq @ np.stack([np.cos(theta), np.sin(theta)])
+    rs = np.sqrt(s)
+    return _SphereGrid(
+        b,
+        float(beta),
+        np.outer(rs, uv[0]).ravel(),
+        np.outer(rs, uv[1]).ravel(),
+        np.outer(w_s, wtheta).ravel(),
+        np.repeat(s, theta.size),
+    )
+
+
+def _conditional_moments(x, y, batch_size: int):
+    """E[u_3 | u_1, u_2], E[u_3² | ·], E[u_3 u_4 | ·] for u uniform on S^{B−2} ⊂ W.
+
+    The other m = B − 2 coordinates w satisfy Σw = σ := −(x + y) and
+    |w|² = 1 − x² − y²; w = σ/m·1 + z with z uniform on a sphere of radius ρ,
+    ρ² = 1 − x² − y² − σ²/m, in the (m−1)-dim space 1^⊥, so
+    E z_i z_j = ρ²/(m−1)·(δ_ij − 1/m).
+    """
+    m = batch_size - 2
+    sig = -(x + y)
+    rho2 = 1.0 - x * x - y * y - sig * sig / m
+    e3 = sig / m
+    e33 = e3 * e3 + rho2 / m
+    e34 = e3 * e3 - rho2 / (m * (m - 1)) if m > 1 else np.zeros_like(e3)
+    return e3, e33, e34
+
+
+def _radial_inverse_moment(batch_size: int, power: float) -> float:
+    """E[r^{−p}] for r ~ χ_{B−1}: 2^{−p/2} Γ((n−p)/2)/Γ(n/2), n = B − 1 (inf when p ≥ n)."""
+    n = batch_size - 1
+    if power >= n:
+        return math.inf
+    return math.exp(-0.5 * power * math.log(2.0) + special.gammaln((n - power) / 2.0) - special.gammaln(n / 2.0))
+
+
+def _sample_sphere(batch_size: int, n_samples: int, rng: np.random.Generator) -> np.ndarray:
+    """n × B samples of u uniform on the unit sphere of the sum-zero hyperplane."""
+    z = rng.standard_normal((n_samples, batch_size))
+    z -= z.mean(axis=1, keepdims=True)
+    return z / np.linalg.norm(z, axis=1, keepdims=True)
+
+
+def _ratio_stats(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
+    """Ratio of means and its delta-method standard error."""
+    n = num.size
+    r = num.mean() / den.mean()
+    resid = num - r * den
+    return float(r), float(resid.std(ddof=1) / (abs(den.mean()) * math.sqrt(n)))
+
+
+def _resolve(phi, gamma: float = 1.0, beta: float = 0.0):
+    from bnlab.activations import Activation, get_activation
+
+    if isinstance(phi, Activation) and gamma == 1.0 and beta == 0.0:
+        return phi
+    return get_activation(phi, gamma=gamma, beta=beta)
+
+
+def _homogeneity(act) -> float | None:
+    return act.homogeneity
+
+
+def _closed_kind(act) -> str | None:
+    """'relu' or 'identity' (up to a positive scale, which batchnorm ignores) or None."""
+    if act.homogeneity != 1.0 or act.homogeneous_coeffs is None:
+        return None
+    a, b = act.homogeneous_coeffs
+    if a > 0 and b == 0.0:
+        return "relu"
+    if a > 0 and b == a:
+        return "identity"
+    return None
+
+
+def _check_method(method, allowed, what: str) -> str:
+    method = check_choice("method", method, _ALL_METHODS)
+    if method not in allowed:
+        raise ValueError(
+            f"method={method!r} is not allowed for {what}: the paper's {method} method is only developed for the "
+            f"fixed point here; expected one of {', '.join(map(repr, allowed))}"
+        )
+    return method
+
+
+def _montecarlo_samples(n_samples, seed):
+    n = check_int("n_samples", n_samples, minimum=100)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    return n, rng
+
+
+# ---------------------------------------------------------------------------
+# Gegenbauer coefficients (paper normalization)
+# ---------------------------------------------------------------------------
+def _normalized_gegenbauer(n_terms: int, lam: float, t: np.ndarray) -> np.ndarray:
+    """P_l(t) = C_l^{(λ)}(t)/C_l^{(λ)}(1), l < n_terms, by the stable recurrence
+    P_{l+1} = (2(l+λ) t P_l − l P_{l−1})/(l + 2λ) (λ = 0: Chebyshev)."""
+    t = np.asarray(t, dtype=np.float64)
+    out = np.empty((n_terms,) + t.shape)
+    out[0] = 1.0
+    if n_terms > 1:
+        out[1] = t
+    for l in range(1, n_terms - 1):
+        if lam == 0.0:
+            out[l + 1] = 2.0 * t * out[l] - out[l - 1]
+        else:
+            out[l + 1] = (2.0 * (l + lam) * t * out[l] - l * out[l - 1]) / (l + 2.0 * lam)
+    return out
+
+
+def _log_harmonic_dimension(l: np.ndarray, batch_size: int) -> np.ndarray:
+    """log N_l with N_l = c_{B−1,l}⁻¹ C_l^{((B−3)/2)}(1) = (B−3+2l)/(B−3) · (B−3)_l / l!
+    (the dimension of degree-l spherical harmonics on S^{B−2}); B = 3: N_0 = 1, N_l = 2."""
+    l = np.asarray(l, dtype=np.float64)
+    if batch_size == 3:
+        return np.where(l == 0, 0.0, math.log(2.0))
+    lam2 = batch_size - 3.0
+    logc1 = special.gammaln(l + lam2) - special.gammaln(lam2) - special.gammaln(l + 1.0)
+    return np.log((lam2 + 2.0 * l) / lam2) + logc1
+
+
+def _gegenbauer_a(act, batch_size: int, n_terms: int, n_nodes: int | None = None) -> np.ndarray:
+    """a_l, l < n_terms, with φ(√(B−1)x) = Σ a_l c_{B−1,l}⁻¹ C_l^{((B−3)/2)}(x) (Yang et al. 2019, Thm 3.4).
+
+    Identity used: a_l = E_t[φ(√(B−1)t) P_l(t)] where t has density
+    ∝ (1−t²)^{(B−4)/2} on [−1, 1] (the law of √(B/(B−1)) u_1) and
+    P_l = C_l/C_l(1): indeed E[P_l²] = 1/N_l = c_{B−1,l}/C_l(1).
+    Quadrature: Gauss–Jacobi on [−1, 0] and [0, 1] separately (so a kink of φ
+    at 0 costs nothing), with the endpoint weight (1−|t|)^{(B−4)/2} exact and,
+    for positive-homogeneous φ of degree α, the factor |t|^α at 0 exact.
+    """
+    b = batch_size
+    lam = (b - 3) / 2.0
+    if n_nodes is None:
+        n_nodes = max(2 * n_terms + 40, 200)
+    alpha_end = (b - 4) / 2.0  # (1 − t)^{(B−4)/2} at t = 1
+    hom = act.homogeneity
+    beta0 = float(hom) if hom is not None else 0.0
+    z, wz = special.roots_jacobi(n_nodes, alpha_end, beta0)
+    tp = 0.5 * (z + 1.0)  # in [0, 1]; weight ∝ (1−t)^{alpha_end} t^{beta0}
+    # full weight on [0,1]: (1−t²)^{(B−4)/2} = (1−t)^{(B−4)/2} (1+t)^{(B−4)/2}
+    wt = wz * (1.0 + tp) ** alpha_end / tp**beta0
+    sc = math.sqrt(b - 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fp = act(sc * tp)
+        fm = act(-sc * tp)
+    # normalization: Z = 2 ∫_0^1 (1−t²)^{(B−4)/2} dt = Beta(1/2, (B−2)/2)
+    wt = wt * 2.0 ** (-(alpha_end + beta0 + 1.0))  # back to ds-measure on [0,1] (t^{beta0} included)
+    z_norm = math.exp(special.betaln(0.5, (b - 2) / 2.0))
+    wt = wt / z_norm
+    p = _normalized_gegenbauer(n_terms, lam, tp)
+    sign = np.where(np.arange(n_terms) % 2 == 0, 1.0, -1.0)  # P_l(−t) = (−1)^l P_l(t)
+    return p @ (wt * fp) + sign * (p @ (wt * fm))
+
+
+def _gegenbauer_energy(act, batch_size: int, n_terms: int):
+    """(a_l, log N_l, b_l = a_l √N_l, P_l(−1/(B−1))) for l < n_terms."""
+    a = _gegenbauer_a(act, batch_size, n_terms)
+    l = np.arange(n_terms)
+    logn = _log_harmonic_dimension(l, batch_size)
+    bcoef = a * np.exp(0.5 * logn)
+    pxi = _normalized_gegenbauer(n_terms, (batch_size - 3) / 2.0, np.array(-1.0 / (batch_size - 1)))
+    return a, logn, bcoef, pxi
+
+
+def _default_terms(act, batch_size: int) -> int:
+    # smooth φ: coefficients decay geometrically; kinks (homogeneous φ) decay algebraically
+    return 2000 if act.homogeneity is not None else 160
+
+
+# ---------------------------------------------------------------------------
+# brackets of Ĵ by spherical integration / Monte Carlo
+# ---------------------------------------------------------------------------
+def _forward_moments_sphere(act, batch_size: int):
+    """Moments E[f_k f_l · (u-monomial)] of f = φ(√B u) needed by the brackets of Ĵ."""
+    b = batch_size
+    hom = act.homogeneity
+    grid = _sphere_grid(b, float(hom) if hom is not None else 0.0)
+    x, y = grid.x, grid.y
+    sb = math.sqrt(b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f1 = act(sb * x)
+        f2 = act(sb * y)
+    e3, e33, e34 = _conditional_moments(x, y, b)
+    f11 = f1 * f1
+    f12 = f1 * f2
+    rows = np.stack(
+        [f11, f12, f11 * x * x, f11 * y * y, f11 * x * y, f11 * y * e3,
+         f12 * x * x, f12 * e33, f12 * x * y, f12 * x * e3, f12 * e34]
+    )
+    return grid.expect(rows)
+
+
+def _forward_brackets(moments: np.ndarray, batch_size: int):
+    """The ten brackets of Ĵ (Thm E.62 order) and (q*, q*c*, μ*) from the moments."""
+    b = batch_size
+    q, qc, m1111, m1122, m1112, m1123, m1211, m1233, m1212, m1213, m1234 = moments
+    mu = q - qc
+    k = 1.0 / (2.0 * mu)
+    d = 1.0 - 1.0 / b
+    brackets = np.array(
+        [
+            k * ((b - 1) * m1111 - d * q),
+            k * ((b - 1) * m1122 - d * q),
+            k * ((b - 1) * m1112 + q / b),
+            k * ((b - 1) * m1123 + q / b),
+            k * ((b - 1) * m1211 - d * qc),
+            k * ((b - 1) * m1233 - d * qc),
+            k * ((b - 1) * m1212 + qc / b),
+            k * ((b - 1) * m1212 + qc / b),
+            k * ((b - 1) * m1213 + qc / b),
+            k * ((b - 1) * m1234 + qc / b),
+        ]
+    )
+    return brackets, (q, qc, mu)
+
+
+def _forward_sphere(act, batch_size: int):
+    moments = _forward_moments_sphere(act, batch_size)
+    brackets, _ = _forward_brackets(moments, batch_size)
+    return projected_eigenvalues(brackets, batch_size)
+
+
+def _forward_montecarlo(act, batch_size: int, n_samples: int, rng, chunk: int = 20000):
+    """λ_L, λ_M as ratios of means over u ~ Unif(S^{B−2} ⊂ W), with delta-method errors.
+
+    tr(P_S ∘ G^{⊗2}Ĵ ∘ P_S) over S = L, M uses the orthogonal projector onto L:
+    ⟨P_L(A), uuᵀ⟩ = Σ_i c_i u_i², c = (diag A − mean)/(1 − 2/B) for A ∈ H_B^G.
+    """
+    b = batch_size
+    num_l, num_m, den = [], [], []
+    done = 0
+    while done < n_samples:
+        n = min(chunk, n_samples - done)
+        u = _sample_sphere(b, n, rng)
+        f = act(math.sqrt(b) * u)
+        gf = f - f.mean(axis=1, keepdims=True)
+        dg = gf * gf
+        c = (dg - dg.mean(axis=1, keepdims=True)) / (1.0 - 2.0 / b)
+        pl = (c * u * u).sum(axis=1)
+        tot = dg.sum(axis=1)
+        fu = (gf * u).sum(axis=1)
+        num_l.append((b - 1) * pl)
+        num_m.append((b - 1) * (fu * fu - tot / (b - 1) - pl))
+        den.append(2.0 * tot / (b - 1))  # 2μ* = 2 E|Gf|²/(B−1)
+        done += n
+    num_l, num_m, den = map(np.concatenate, (num_l, num_m, den))
+    lam_l, se_l = _ratio_stats(num_l / (b - 1), den)
+    if b > 3:
+        dim_m = b * (b - 3) / 2.0
+        lam_m, se_m = _ratio_stats(num_m / dim_m, den)
+    else:
+        lam_m, se_m = None, math.nan
+    return lam_l, lam_m, (se_l, se_m)
+
+
+# ---------------------------------------------------------------------------
+# closed forms
+# ---------------------------------------------------------------------------
+def _arccos_kernel(c):
+    """J_1(c) = (√(1−c²) + (π − arccos c) c)/π and J_1'(c) = (π − arccos c)/π (Cho & Saul 2009)."""
+    return (math.sqrt(1.0 - c * c) + (math.pi - math.acos(c)) * c) / math.pi, (math.pi - math.acos(c)) / math.pi
+
+
+def _forward_closed(kind: str, b: int):
+    if kind == "identity":
+        lam = (b - 1.0) / (b + 1.0)
+        return lam, lam
+    j1, dj1 = _arccos_kernel(-1.0 / (b - 1))
+    mu = 0.5 * (1.0 - j1)
+    lam_l = ((b - 2) * (1.0 - j1) + b / (b - 1.0) * dj1) / (2.0 * (b + 1) * mu)  # Thm 3.7, Eq. 13
+    lam_m = b * dj1 / (2.0 * (b + 1) * mu)  # Thm 3.7, Eq. 14
+    return lam_l, lam_m
+
+
+# ---------------------------------------------------------------------------
+# Gegenbauer form (Thm 3.8, F.22, F.24)
+# ---------------------------------------------------------------------------
+def _forward_gegenbauer(act, b: int, n_terms: int):
+    a, logn, bc, pxi = _gegenbauer_energy(act, b, n_terms + 3)
+    l = np.arange(n_terms, dtype=np.float64)
+    L = n_terms
+    c = lambda k: (b - 3.0) / (b - 3.0 + 2.0 * k)  # noqa: E731  c_{B−1,k}
+    kk = 2.0 * (b - 1.0) / (b - 2.0)
+    xi_p = pxi[:L]
+    bl, bl2 = bc[:L], bc[2 : L + 2]
+    # denominator Σ a_l² v_l, v_l = N_l (1 − P_l(ξ))
+    den = np.sum(bl * bl * (1.0 - xi_p))
+    # F.22: w_l = l(B−3+l)(B−3)/((B−5+2l)(B−1+2l)) c_l⁻¹ (C_l(1) − k C_l(ξ)),  a_l² w_l = b_l² (...)(1 − k P_l(ξ))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        wl = np.where(l == 0, 0.0, l * (b - 3 + l) * (b - 3) / ((b - 5 + 2 * l) * (b - 1 + 2 * l)))
+    num_l = np.sum(bl * bl * wl * (1.0 - kk * xi_p))
+    # cross term a_l a_{l+2} u_l with C_j(1)/√(N_l N_{l+2}) = c_j N_j/√(N_l N_{l+2})
+    r = np.exp(0.5 * (logn[2 : L + 2] - logn[:L]))  # √(N_{l+2}/N_l)
+    ul = 0.5 * (b - 1) * (
+        (b - 3 + l) * (b - 2 + l) / ((b - 3) * (b - 1 + 2 * l)) * c(l) / r * (1.0 - kk * xi_p)
+        + (l + 1) * (l + 2) / ((b - 3) * (b - 1 + 2 * l)) * c(l + 2) * r * (1.0 - kk * pxi[2 : L + 2])
+    )
+    num_l += np.sum(bl * bl2 * ul)
+    lam_l = num_l / den
+    # λ_M: Thm F.24 as printed does not reproduce the spherical values for l ≥ 2 (see the
+    # module errata); we use the paper's own reduction (proof of Thm F.24)
+    #   λ_M = (B−1)/((B−3)μ*) (−Σ*_12/(B−2) + 2(B−1)/(B−2) Ã_12(11) + (B−1) Ã_12(12))
+    # with Ã_12(12) = E φ_1 φ_2 u_1 u_2 (Lemma F.23) and Ã_12(11) = E φ_1 φ_2 u_1² (Eq. 49), both
+    # expanded by the addition theorem E_v F(ê_1·v) H(ê_2·v) = Σ_l F_l H_l N_l P_l(ξ), the
+    # coefficients of tφ and t²φ obtained from a_l by the three-term recurrence (Prop. E.43).
+    n_all = a.size
+    lf = np.arange(n_all, dtype=np.float64)
+    am1 = np.concatenate([[0.0], a[:-1]])
+    ap1 = np.concatenate([a[1:], [0.0]])
+    d = am1 * lf / (b + 2 * lf - 3) + ap1 * (b + lf - 3) / (b + 2 * lf - 3)  # coefficients of t φ
+    dm1 = np.concatenate([[0.0], d[:-1]])
+    dp1 = np.concatenate([d[1:], [0.0]])
+    e = dm1 * lf / (b + 2 * lf - 3) + dp1 * (b + lf - 3) / (b + 2 * lf - 3)  # coefficients of t² φ
+    if b == 3:
+        return lam_l, None
+    sl = slice(0, L)  # the last coefficients are contaminated by the truncation of the recurrence
+    npx = np.exp(logn[sl]) * pxi[sl]  # N_l P_l(ξ)
+    mu = den
+    qc = np.sum(a[sl] ** 2 * npx)
+    a12 = (b - 1.0) / b * np.sum(d[sl] ** 2 * npx)
+    a11 = (b - 1.0) / b * np.sum(a[sl] * e[sl] * npx)
+    lam_m = (b - 1.0) / ((b - 3.0) * mu) * (-qc / (b - 2.0) + 2.0 * (b - 1.0) / (b - 2.0) * a11 + (b - 1.0) * a12)
+    return lam_l, lam_m
+
+
+# ---------------------------------------------------------------------------
+# public API
+# ---------------------------------------------------------------------------
+def forward_eigenvalues(
+    phi,
+    batch_size: int,
+    *,
+    method: str = "auto",
+    n_terms: int | None = None,
+    n_samples: int = 200_000,
+    seed=0,
+) -> ForwardEigenvalues:
+    """Eigenvalues λ_G↑ (= 0), λ_L↑, λ_M↑ of the linearized forward dynamics at the BSB1 fixed point.
+
+    Parameters
+    ----------
+    phi : str, callable or Activation
+        The nonlinearity (anything :func:`bnlab.activations.get_activation` accepts).
+    batch_size : int
+        B ≥ 3 (B = 2 raises: the dynamics are constant; B = 3 warns and λ_M is None).
+    method : {"auto", "closed", "sphere", "gegenbauer", "montecarlo"}
+        See the module docstring; "laplace" and "fourier" raise ``ValueError``.
+    n_terms : int, optional
+        Number of Gegenbauer coefficients (method="gegenbauer").
+    n_samples, seed :
+        Monte Carlo sample size and seed (int or ``numpy.random.Generator``).
+
+    Returns
+    -------
+    ForwardEigenvalues
+
+    Accuracy
+    --------
+    closed: rounding.  sphere: ≈1e-10 relative (kinks at 0 included).
+    gegenbauer: ≈1e-12 for smooth φ; relu ≈ 3e-8; relu^α (α ∉ ℕ) ≈ 1e-5 at B = 128.
+    montecarlo: the returned standard errors.
+
+    References
+    ----------
+    Yang et al. 2019, Thms 3.6–3.8, E.62, F.22, F.24, F.33; App. F.3.1.
+    """
+    act = _resolve(phi)
+    b = check_batch_size(batch_size)
+    method = _check_method(method, FORWARD_METHODS, "the forward eigenvalues")
+    kind = _closed_kind(act)
+    if method == "auto":
+        method = "closed" if kind is not None and b >= 4 else "sphere"
+    stderr = None
+    if method == "closed":
+        if kind is None:
+            raise ValueError(
+                f"method='closed' is not available for phi={act.spec!r}: closed forms exist for relu and identity "
+                "(Thm 3.7); use method='sphere' or 'gegenbauer'"
+            )
+        if b < 4:
+            raise ValueError("method='closed' needs batch_size >= 4 (Thm 3.7 assumes B > 3)")
+        lam_l, lam_m = _forward_closed(kind, b)
+    elif method == "sphere":
+        ev = _forward_sphere(act, b)
+        lam_l, lam_m = ev.lambda_L, ev.lambda_M
+    elif method == "gegenbauer":
+        if b > MAX_QUADRATURE_BATCH:
+            raise ValueError(f"batch_size={b} is not allowed for method='gegenbauer': expected <= {MAX_QUADRATURE_BATCH}")
+        nt = _default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
+        lam_l, lam_m = _forward_gegenbauer(act, b, nt)
+    else:  # montecarlo
+        n, rng = _montecarlo_samples(n_samples, seed)
+        lam_l, lam_m, stderr = _forward_montecarlo(act, b, n, rng)
+    if b == 3:
+        lam_m = None
+    _check_finite(act, b, method, lam_l, lam_m)
+    return ForwardEigenvalues(0.0, float(lam_l), None if lam_m is None else float(lam_m), method, stderr)
+
+
+def _check_finite(act, b, method, *values):
+    for v in values:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(
+                f"the eigenvalues for phi={act.spec!r}, batch_size={b} by method={method!r} are not finite: "
+                "φ is not square-integrable against the spherical measure (Thm 3.9 assumptions)"
+            )
