@@ -271,4 +271,5 @@ def locate(name: str, root: Path) -> tuple[bool, str]:
         return True, f"extracted folder {folder}"
     if archive is not None:
         return True, f"archive {archive}"
-    return False, cifar_missing_message(root, source)
+    return False, (f"bnlab data download {source.name} --data-dir {root}  (or place {source.archive} "
+                   f"or {source.folder}/ there)")

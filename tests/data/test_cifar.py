@@ -136,7 +136,7 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
 def _serve(directory, supports_range=True):
     handler = type("H", (_RangeHandler,), {"seen": [], "supports_range": supports_range})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(directory)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", handler.seen
