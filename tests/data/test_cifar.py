@@ -251,3 +251,13 @@ def test_download_unreachable_server_is_an_oserror(tmp_path):
         pass  # the server is closed again: the port refuses connections
     with pytest.raises(OSError, match="download of"):
         bd.download_cifar("cifar10", tmp_path / "d", url=f"{base}/nothing.tar.gz", sha256="0" * 64, progress=False)
+
+
+def test_cifar_incomplete_folder_says_how_to_get_it(tmp_path, monkeypatch):
+    fx = make_cifar("cifar10")
+    folder = fx.write_dir(tmp_path)
+    _pin(monkeypatch, fx)
+    (folder / "data_batch_3").unlink()
+    bd.load_dataset("cifar10", "test", data_dir=tmp_path)  # the test split does not need it
+    with pytest.raises(bd.DatasetNotFoundError, match=r"data_batch_3 is missing.*bnlab data download cifar10"):
+        bd.load_dataset("cifar10", "train", data_dir=tmp_path)

