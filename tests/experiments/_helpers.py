@@ -9,7 +9,8 @@ same grid when given the same environment):
 
 * ``BNLAB_TEST_CELLS`` — number of cells (default 6)
 * ``BNLAB_TEST_SLEEP`` — seconds each cell sleeps (default 0.02)
-* ``BNLAB_TEST_FAIL`` — comma-separated indices of cells that raise
+* ``BNLAB_TEST_FAIL`` — comma-separated indices of cells that raise (read when the cell runs, so it is
+  not part of the parameters: "fixing" a failure keeps the cell's key, as fixing a bug in code would)
 * ``BNLAB_TEST_SLOW`` — ``index:seconds`` pairs overriding the sleep of some cells
 """
 from __future__ import annotations
@@ -37,8 +38,8 @@ def _slow() -> dict[int, float]:
 def grid(scale: str) -> list[dict]:
     n = int(os.environ.get("BNLAB_TEST_CELLS", "6")) * (2 if scale == "paper" else 1)
     sleep = float(os.environ.get("BNLAB_TEST_SLEEP", "0.02"))
-    fail, slow = _ints("BNLAB_TEST_FAIL"), _slow()
-    return [{"i": i, "seed": 1000 + i, "sleep": slow.get(i, sleep), "fail": i in fail} for i in range(n)]
+    slow = _slow()
+    return [{"i": i, "seed": 1000 + i, "sleep": slow.get(i, sleep)} for i in range(n)]
 
 
 def _mark(kind: str, i: int) -> None:
@@ -51,7 +52,7 @@ def run_cell(params: dict) -> dict:
     i = params["i"]
     _mark("start", i)
     time.sleep(params["sleep"])
-    if params["fail"]:
+    if i in _ints("BNLAB_TEST_FAIL"):
         raise ValueError(f"cell {i} fails on purpose")
     rng = np.random.default_rng(params["seed"])
     _mark("done", i)
@@ -72,7 +73,7 @@ def plot(records, outdir: Path) -> list[Path]:
     ax.set_ylabel("i²")
     paths = [Path(outdir) / "squares.png", Path(outdir) / "squares.svg"]
     for p in paths:
-        fig.savefig(p)
+        fig.savefig(p, bbox_inches="tight")
     plt.close(fig)
     return paths
 

@@ -1,5 +1,4 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,7 @@ def helpers():
 
 
 @pytest.fixture
-def subprocess_env():
+def subprocess_env(test_env):
     env = dict(os.environ)
     env["PYTHONPATH"] = helper_pythonpath()
     env["OMP_NUM_THREADS"] = "1"
@@ -46,5 +45,3 @@ def helper_ref():
     """``module:NAME`` reference of the main test experiment, valid in subprocesses with ``subprocess_env``."""
     return f"{_helpers.__name__}:{_helpers.SWEEP.name}"
 
-
-_ = sys

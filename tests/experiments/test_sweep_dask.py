@@ -1,0 +1,124 @@
+"""The engine on a real Dask LocalCluster: SIGKILL of the driver + resume, and a worker killed mid-sweep.
+
+How often each cell really ran is read from the marker files the test
+experiment writes per execution (start and done), which the engine does not
+touch: that is the independent route against the store's own bookkeeping.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from bnlab.experiments import ResultsStore, run_sweep
+from bnlab.experiments.sweep import open_client
+
+N_CELLS = 10
+
+
+def _done_indices(store):
+    if not store.is_file():
+        return {}
+    try:
+        with ResultsStore(store, readonly=True) as st:
+            return {r.params["i"]: r for r in st.cells(status="done")}
+    except Exception:  # the writer is creating the schema right now
+        return {}
+
+
+def test_sigkill_driver_then_resume_runs_nothing_twice(tmp_path, subprocess_env, helper_ref, helpers):
+    env = dict(subprocess_env, BNLAB_TEST_CELLS=str(N_CELLS), BNLAB_TEST_SLEEP="0.4", BNLAB_TEST_FAIL="7")
+    markers = tmp_path / "markers"
+    store = tmp_path / "bnlab-test-sweep-small.sqlite"
+    cmd = [sys.executable, "-m", "bnlab", "sweep"]
+    proc = subprocess.Popen(
+        cmd + ["run", helper_ref, "--results-dir", str(tmp_path), "--workers", "2", "--no-progress"],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while len(_done_indices(store)) < 3:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "the sweep never finished 3 cells"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)  # the driver dies without any cleanup
+        proc.wait(timeout=30)
+    finally:
+        # The killed driver's worker processes are in its session: end them too (they were started by this test).
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == -signal.SIGKILL
+    time.sleep(0.5)
+    before = _done_indices(store)
+    assert 3 <= len(before) < N_CELLS - 1, "the kill must land mid-sweep"
+    finished_before = {i: r.finished for i, r in before.items()}
+
+    out = subprocess.run(cmd + ["resume", str(store), "--workers", "2", "--no-progress", "--json"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert (summary["total"], summary["done"], summary["failed"], summary["pending"]) == (N_CELLS, N_CELLS - 1, 1, 0)
+    assert summary["reused"] == len(before) and summary["executed"] == N_CELLS - len(before)
+
+    with ResultsStore(store, readonly=True) as st:
+        rows = st.cells()
+    assert sorted(r.params["i"] for r in rows) == list(range(N_CELLS))  # every cell exactly once
+    assert {r.params["i"]: r.status for r in rows} == {i: ("failed" if i == 7 else "done") for i in range(N_CELLS)}
+    starts = helpers.markers(markers, "start")
+    dones = helpers.markers(markers, "done")
+    for i, finished in finished_before.items():
+        assert len(starts[i]) == 1, f"cell {i} was finished before the kill but ran again"
+        assert next(r for r in rows if r.params["i"] == i).finished == finished  # its record is untouched
+    for i in range(N_CELLS):
+        assert len(starts.get(i, [])) >= 1
+        if i != 7:
+            assert len(dones.get(i, [])) >= 1
+
+
+def test_worker_killed_mid_sweep_its_cell_is_retried(tmp_path, test_env, helpers, monkeypatch):
+    monkeypatch.setenv("BNLAB_TEST_CELLS", "6")
+    monkeypatch.setenv("BNLAB_TEST_SLEEP", "0.1")
+    monkeypatch.setenv("BNLAB_TEST_SLOW", "2:4.0")  # cell 2 runs long enough to be killed while running
+    killed = {}
+
+    def killer():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            pids = helpers.markers(test_env, "start").get(2)
+            if pids:
+                killed["pid"] = pids[0]
+                os.kill(int(pids[0]), signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    with open_client(workers=2) as client:
+        t = threading.Thread(target=killer, daemon=True)
+        t.start()
+        s = run_sweep(helpers.SWEEP, results_dir=tmp_path, client=client, progress=False)
+        t.join(timeout=5)
+    assert "pid" in killed, "cell 2 never started"
+    assert (s.done, s.failed, s.pending) == (6, 0, 0)
+    starts = helpers.markers(test_env, "start")
+    dones = helpers.markers(test_env, "done")
+    assert len(starts[2]) == 2 and killed["pid"] in starts[2]  # killed once, run again elsewhere
+    assert dones[2] == [p for p in starts[2] if p != killed["pid"]]  # finished by the new attempt only
+    assert set(dones) == set(range(6))
+    with ResultsStore(s.store, readonly=True) as st:
+        row = next(r for r in st.cells() if r.params["i"] == 2)
+    assert row.status == "done" and row.metrics["square"] == 4 and row.attempts == 1
+
+
+def test_failing_cells_on_dask_are_recorded(tmp_path, test_env, helpers, monkeypatch):
+    n_fail = 2
+    monkeypatch.setenv("BNLAB_TEST_FAIL", "0,5")
+    s = run_sweep(helpers.SWEEP, results_dir=tmp_path, workers=2, progress=False)
+    assert (s.done, s.failed) == (6 - n_fail, n_fail)
+    with ResultsStore(s.store, readonly=True) as st:
+        failed = st.cells(status="failed")
+        done = st.cells(status="done")
+    assert all("fails on purpose" in r.error and "Traceback" in r.error for r in failed)
+    assert all("@tcp://" in r.worker for r in done)  # ran on Dask workers, not in the driver
