@@ -1,0 +1,484 @@
+"""Ensembles of random finite-width networks, batched over networks, with per-layer measurements.
+
+The network (Yang et al. 2019, Eq. 7: batchnorm *before* φ)::
+
+    h^1 = x W^1 + b^1
+    h^l = φ(γ·N(h^{l−1}) + β) W^l + b^l                  (l = 2..L)
+    h^l = h^{l−1} + r·(φ(γ·N(h^{l−1}) + β) W^l + b^l)    (residual variant, r = residual_scale)
+
+with rows = samples, N the per-neuron batch normalization
+
+* ``"batch"``: N(h)_{iα} = (h_{iα} − μ_α)/sqrt(σ²_α + ε), μ_α, σ²_α the batch mean and
+  *biased* batch variance of neuron α (1/B, as in Eq. 8: √B·Gh/‖Gh‖);
+* ``"batch_no_mean"``: N(h)_{iα} = h_{iα}/sqrt(mean_i h²_{iα} + ε) (BN without mean
+  subtraction, Daneshmand et al. 2020, Eq. 2 and Fig. 7);
+* ``"none"``: no normalization (vanilla MLP, h^l = φ(h^{l−1}) W^l + b^l).
+
+A linear network is ``phi="identity"``.  Weights come from
+:func:`bnlab.sim.init.init_weights` (variance σ_w²/fan_in), biases are
+N(0, σ_b²).  Every network gets its own iid N(0, 1) input batch of dimension
+``input_dim`` unless ``inputs`` is given (then shared by all networks); with
+``num_batches = k ≥ 2`` the network is applied to k batches, each normalized
+with its own statistics (Yang et al. 2019, §3.2, Eq. 20), batch j ≥ 1 being
+``ρ₀·x₀ + sqrt(1 − ρ₀²)·z_j`` (ρ₀ = ``input_correlation``).
+
+The loss is a random linear readout of the last pre-activations,
+L = Σ_{b,i,α} v_{biα} h^L_{biα} with v iid N(0, 1), and δ^l = ∂L/∂h^l is computed
+by true reverse-mode autograd through the batch statistics (no gradient
+independence assumption, cf. Yang et al. 2019, App. B).
+
+Vectorization: one layer of a chunk of networks is one ``torch.bmm`` of
+(networks, k·B, d_in) × (networks, d_in, N); the Python loop runs over layers
+only, and over chunks of networks only when the autograd graph of all
+networks would not fit ``max_memory_bytes`` (the weights of every layer are
+kept for the backward pass: networks·depth·width²·itemsize bytes).
+
+Errata (Yang et al. 2019)
+-------------------------
+* Eq. (7) prints σ²_α = sqrt(var + ε); the normalization divides by
+  σ_α = sqrt(var + ε) (the simulator matches ``torch.nn.BatchNorm1d`` in
+  training mode, tests/sim/test_networks.py).
+* Cor. I.6 / Thm 3.11 print λ_M̃ = ((B−1)/2)·P(B/2, 1/2)^{−2} for φ = id with P
+  the Pochhammer-type ratio P(a, b) = Γ(a+b)/Γ(a) (not a Beta function); this
+  equals (B−1)·Beta(B/2, 1/2)²/(2π) and is confirmed by simulation
+  (tests/sim/test_theory_agreement.py).  Thm H.14 prints the denominator as
+  "P(B/2, α/2)² J_φ(1) − J_φ(−1/(B−1))"; the square of P multiplies the whole
+  difference J_φ(1) − J_φ(−1/(B−1)) (checked against φ = id and by simulation for relu).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from bnlab._validation import check_choice, check_int, check_real
+from bnlab.sim import measure as _m
+from bnlab.sim.fit import RateFit, fit_geometric_rate
+from bnlab.sim.init import INITS, _draw, fill_
+
+__all__ = ["NORMALIZATIONS", "EnsembleResult", "simulate", "resolve_device", "resolve_dtype"]
+
+#: Per-neuron normalizations :func:`simulate` accepts.
+NORMALIZATIONS = ("batch", "batch_no_mean", "none")
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def resolve_device(device: Any) -> torch.device:
+    """``device`` as a torch.device, or ValueError (unknown, or CUDA requested without CUDA)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not allowed: {exc}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} is not allowed: CUDA is not available on this machine; use device='cpu'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not allowed: expected 'cpu' or 'cuda'")
+    return dev
+
+
+def resolve_dtype(dtype: Any) -> torch.dtype:
+    """'float32'/'float64' (or the torch dtypes) → torch dtype, else ValueError."""
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    return _DTYPES[check_choice("dtype", dtype, tuple(_DTYPES))]
+
+
+@dataclass(frozen=True)
+class EnsembleResult:
+    """Per-network, per-layer measurements of one simulated ensemble (float64 NumPy arrays).
+
+    Layer l = 1..L is column l − 1.  Statistics of the batch covariance Σ^l = H Hᵀ/N
+    are averaged over the k batches (they are exchangeable).
+
+    Attributes
+    ----------
+    config : dict
+        The arguments of :func:`simulate` (JSON-serializable).
+    q, c : (networks, L)
+        BSB1 projection of Σ^l: mean diagonal q and (mean off-diagonal)/q.
+    bsb1_residual_sq : (networks, L)
+        ‖Σ^l − BSB1(q, c)‖²_F (distance to the nearest BSB1 matrix, squared).
+    diag_var, offdiag_var : (networks, L)
+        Variance of the diagonal / off-diagonal entries of Σ^l divided by q²
+        (Yang et al. 2019, Fig. 1c: large when the fixed point breaks symmetry).
+    mean_covariance : (L, B, B)
+        Σ^l averaged over networks and batches.
+    final_covariance : (networks, B, B)
+        Σ^L of the first batch of every network (Fig. 1d examples).
+    grad_norm_sq, weight_grad_norm_sq : (networks, L) or None
+        ‖∂L/∂h^l‖²_F and ‖∂L/∂W^l‖²_F of one batch's readout loss, averaged over batches.
+    cross_batch_corr : (networks, L) or None
+        Centered correlation between batch 0 and batch j, averaged over j = 1..k−1
+        (the pairs are exchangeable; see :mod:`bnlab.sim.measure`).
+    cross_batch_cov : (networks, L) or None
+        Mean entry of the cross-batch block Ξ^l = H₀H_jᵀ/N, averaged over j ≥ 1 (its fixed
+        point is c*_CB, Eq. 21).
+    """
+
+    config: dict
+    q: np.ndarray
+    c: np.ndarray
+    bsb1_residual_sq: np.ndarray
+    diag_var: np.ndarray
+    offdiag_var: np.ndarray
+    mean_covariance: np.ndarray
+    final_covariance: np.ndarray
+    grad_norm_sq: np.ndarray | None = None
+    weight_grad_norm_sq: np.ndarray | None = None
+    cross_batch_corr: np.ndarray | None = None
+    cross_batch_cov: np.ndarray | None = None
+    chunks: int = field(default=1)
+
+    @property
+    def networks(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def depth(self) -> int:
+        return self.q.shape[1]
+
+    def bsb1_distance(self, q_star: float, c_star: float) -> np.ndarray:
+        """Relative distance ‖Σ^l − Σ*‖_F/‖Σ*‖_F per network and layer, Σ* = BSB1(q*, c*).
+
+        Exact from the stored projection: Σ − Σ* splits Frobenius-orthogonally into
+        Σ − BSB1(q, c) and BSB1(q, c) − BSB1(q*, c*).
+        """
+        b = self.config["batch_size"]
+        q_star = check_real("q_star", q_star, minimum=0.0, strict_minimum=True)
+        c_star = check_real("c_star", c_star)
+        d_diag = self.q - q_star
+        d_off = self.q * self.c - q_star * c_star
+        num = self.bsb1_residual_sq + b * d_diag**2 + b * (b - 1) * d_off**2
+        den = b * q_star**2 + b * (b - 1) * (q_star * c_star) ** 2
+        return np.sqrt(num / den)
+
+    def default_fit_layers(self) -> tuple[int, int]:
+        """Layers fitted by default: drop ~10% (≥ 2) at each end (forward transient at the
+        input, backward transient next to the readout)."""
+        depth = self.depth
+        skip = max(2, int(round(0.1 * depth)))
+        first, last = 1 + skip, depth - skip
+        if last - first < 1:
+            raise ValueError(f"depth={depth} is too small to fit a rate past the transients: use depth >= 6")
+        return first, last
+
+    def grad_explosion_rate(
+        self, first_layer: int | None = None, last_layer: int | None = None, *, weights: bool = False, **kw
+    ) -> RateFit:
+        """λ_G: per-layer growth of E‖∂L/∂h^l‖² towards the input (Yang et al. 2019, Thm 3.9/3.10),
+        or of the weight gradients with ``weights=True`` (same rate, §3.1 "Weight Gradient")."""
+        g = self.weight_grad_norm_sq if weights else self.grad_norm_sq
+        if g is None:
+            raise ValueError("measure_gradients=False: this ensemble has no gradient measurements")
+        f0, f1 = self.default_fit_layers()
+        kw.setdefault("seed", self.config["seed"])
+        return fit_geometric_rate(g, first_layer or f0, last_layer or f1, invert=True, **kw)
+
+    def cross_batch_window(self, *, upper: float = 0.5, snr: float = 8.0, skip: int = 2) -> tuple[int, int]:
+        """Layers where the mean cross-batch correlation is in the linear regime and above noise.
+
+        From layer ``skip + 1`` on, the contiguous run of layers whose ensemble mean ρ̄_l is
+        ≤ ``upper`` (linearization of Eq. 20 valid) and ≥ ``snr`` standard errors (across networks).
+        """
+        rho = self.cross_batch_corr
+        if rho is None:
+            raise ValueError("num_batches=1: this ensemble has no cross-batch measurements")
+        mean = rho.mean(0)
+        se = rho.std(0, ddof=1) / math.sqrt(rho.shape[0]) if rho.shape[0] > 1 else np.abs(mean) * 0
+        ok = (mean <= upper) & (mean >= snr * se) & (mean > 0)
+        ok[:skip] = False
+        idx = np.flatnonzero(ok)
+        if idx.size < 2:
+            raise ValueError("the cross-batch correlation has fewer than 2 layers in its linear regime above noise")
+        start = idx[0]
+        end = start
+        while end + 1 < len(ok) and ok[end + 1]:
+            end += 1
+        if end == start:
+            raise ValueError("the cross-batch correlation has fewer than 2 consecutive layers in its linear regime")
+        return int(start + 1), int(end + 1)
+
+    def cross_batch_rate(self, first_layer: int | None = None, last_layer: int | None = None, **kw) -> RateFit:
+        """λ_M̃: per-layer decay of the centered cross-batch correlation (Yang et al. 2019, Thm 3.11/H.13)."""
+        if first_layer is None or last_layer is None:
+            f0, f1 = self.cross_batch_window()
+            first_layer, last_layer = first_layer or f0, last_layer or f1
+        kw.setdefault("seed", self.config["seed"])
+        if self.cross_batch_corr is None:
+            raise ValueError("num_batches=1: this ensemble has no cross-batch measurements")
+        return fit_geometric_rate(self.cross_batch_corr, first_layer, last_layer, **kw)
+
+
+def _normalize(h: torch.Tensor, k: int, mode: str, eps: float) -> torch.Tensor:
+    n, kb, width = h.shape
+    hv = h.view(n, k, kb // k, width)
+    if mode == "batch":
+        hv = hv - hv.mean(2, keepdim=True)
+    # biased variance (mean of squares of the centered values), as torch BatchNorm1d in training mode
+    scale = torch.rsqrt(hv.pow(2).mean(2, keepdim=True) + eps)
+    return (hv * scale).view(n, kb, width)
+
+
+def _network_generators(seed: int, start: int, n: int, dev: torch.device) -> list[torch.Generator]:
+    # one stream per network, derived from (seed, network index): a network's weights,
+    # inputs and readout do not depend on the chunking or on the other networks
+    states = [np.random.SeedSequence([seed, start + i]).generate_state(1, dtype=np.uint64)[0] for i in range(n)]
+    return [torch.Generator(device=dev).manual_seed(int(s % (2**63 - 1))) for s in states]
+
+
+def simulate(
+    phi,
+    batch_size: int,
+    width: int,
+    depth: int,
+    networks: int,
+    *,
+    normalization: str = "batch",
+    init: str = "gaussian",
+    eps: float = 0.0,
+    sigma_w2: float = 1.0,
+    sigma_b2: float = 0.0,
+    bn_gamma: float = 1.0,
+    bn_beta: float = 0.0,
+    residual_scale: float | None = None,
+    num_batches: int = 1,
+    input_correlation: float = 0.9,
+    input_dim: int | None = None,
+    inputs=None,
+    measure_gradients: bool = True,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float64",
+    max_memory_bytes: int = 1 << 30,
+    _trace: list | None = None,
+) -> EnsembleResult:
+    """Simulate ``networks`` random networks of the given ``width`` and ``depth`` together.
+
+    Parameters
+    ----------
+    phi : str or Activation
+        Nonlinearity (anything :func:`bnlab.activations.get_activation` accepts;
+        needs a torch implementation).
+    batch_size : int
+        B ≥ 2 samples per batch.
+    width, depth, networks : int
+        N ≥ 1 neurons per layer, L ≥ 1 layers, ≥ 1 independent networks.
+    normalization : {"batch", "batch_no_mean", "none"}
+        See the module docstring.
+    init : {"gaussian", "orthogonal", "uniform", "asymmetric_uniform"}
+        Weight initialization (:mod:`bnlab.sim.init`).
+    eps, sigma_w2, sigma_b2, bn_gamma, bn_beta : float
+        BN ε ≥ 0, weight and bias variances, and the BN affine constants γ, β
+        (φ is applied to γ·N(h) + β).
+    residual_scale : float or None
+        If given, the residual variant h^l = h^{l−1} + r·(layer l).
+    num_batches : int
+        k ≥ 1 batches pushed through the same networks (k ≥ 2 enables the
+        cross-batch measurements between batch 0 and the others).
+    input_correlation : float
+        ρ₀ ∈ [−1, 1] between the default random input batches.
+    input_dim : int, optional
+        Dimension of the default random inputs (default: ``width``).
+    inputs : array (B, d) or (k, B, d), optional
+        Fixed inputs shared by all networks (overrides the random inputs).
+    measure_gradients : bool
+        Backpropagate the readout loss (needs memory for the autograd graph).
+    seed : int
+        Same seed and arguments → same result (on the same device).  Network i
+        draws its inputs, weights and readout from its own generator seeded by
+        (seed, i), so results do not depend on the chunking (``max_memory_bytes``).
+    device : {"cpu", "cuda", ...}
+    dtype : {"float32", "float64"}
+    max_memory_bytes : int
+        Bound on the working memory; the networks are processed in chunks below it.
+
+    Returns
+    -------
+    EnsembleResult
+
+    Accuracy
+    --------
+    Exact computation of the finite networks up to rounding of ``dtype``; as
+    estimates of the mean field limit the per-layer means carry a Monte Carlo
+    error O(1/sqrt(networks·width)) and a bias O(1/width) (measured in
+    ``bnlab.experiments.reproductions.yang2019_width``).
+    """
+    from bnlab.activations import get_activation
+
+    act = get_activation(phi)
+    batch_size = check_int("batch_size", batch_size, minimum=2)
+    width = check_int("width", width, minimum=1)
+    depth = check_int("depth", depth, minimum=1)
+    networks = check_int("networks", networks, minimum=1)
+    normalization = check_choice("normalization", normalization, NORMALIZATIONS)
+    init = check_choice("init", init, INITS)
+    eps = check_real("eps", eps, minimum=0.0)
+    sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
+    sigma_b2 = check_real("sigma_b2", sigma_b2, minimum=0.0)
+    bn_gamma = check_real("bn_gamma", bn_gamma)
+    bn_beta = check_real("bn_beta", bn_beta)
+    if residual_scale is not None:
+        residual_scale = check_real("residual_scale", residual_scale)
+    k = check_int("num_batches", num_batches, minimum=1)
+    rho0 = check_real("input_correlation", input_correlation, minimum=-1.0, maximum=1.0)
+    seed = check_int("seed", seed, minimum=0)
+    max_memory_bytes = check_int("max_memory_bytes", max_memory_bytes, minimum=1)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype)
+    if normalization == "batch" and eps == 0.0 and batch_size < 2:
+        raise ValueError("batch_size must be >= 2 for batch normalization")
+    fixed_inputs = None
+    if inputs is not None:
+        arr = np.asarray(inputs, dtype=np.float64)
+        if arr.ndim == 2:
+            arr = arr[None]
+        if arr.ndim != 3 or arr.shape[1] != batch_size or not np.all(np.isfinite(arr)):
+            raise ValueError(
+                f"inputs is not allowed: expected a finite (B, d) or (k, B, d) array with B={batch_size}, "
+                f"got shape {np.shape(inputs)}"
+            )
+        if arr.shape[0] != k:
+            if arr.shape[0] == 1:
+                raise ValueError(f"inputs is not allowed: it has 1 batch but num_batches={k}")
+            k = arr.shape[0]
+        fixed_inputs = torch.as_tensor(arr, dtype=dt, device=dev)
+        d0 = arr.shape[2]
+    else:
+        d0 = width if input_dim is None else check_int("input_dim", input_dim, minimum=1)
+    config = dict(
+        phi=act.to_config() if act.name != "callable" else act.spec,
+        batch_size=batch_size, width=width, depth=depth, networks=networks, normalization=normalization,
+        init=init, eps=eps, sigma_w2=sigma_w2, sigma_b2=sigma_b2, bn_gamma=bn_gamma, bn_beta=bn_beta,
+        residual_scale=residual_scale, num_batches=k, input_correlation=rho0, input_dim=d0,
+        fixed_inputs=fixed_inputs is not None, measure_gradients=bool(measure_gradients), seed=seed,
+        device=str(dev), dtype=str(dt).replace("torch.", ""),
+    )
+
+    itemsize = torch.finfo(dt).bits // 8
+    rows = k * batch_size
+    # bytes per network: weights kept by autograd (all layers) + ~8 activation-sized tensors per layer
+    per_layer = (max(d0, width) * width + 8 * rows * width) * itemsize
+    per_network = per_layer * (depth if measure_gradients else 1) + 4 * rows * max(d0, width) * itemsize
+    chunk = max(1, min(networks, max_memory_bytes // per_network))
+    parts = []
+    for ci, start in enumerate(range(0, networks, chunk)):
+        n = min(chunk, networks - start)
+        gen = _network_generators(seed, start, n, dev)
+        parts.append(
+            _simulate_chunk(
+                act, n, batch_size, k, width, depth, d0, normalization, init, eps, sigma_w2, sigma_b2,
+                bn_gamma, bn_beta, residual_scale, rho0, fixed_inputs, bool(measure_gradients), gen, dev, dt,
+                _trace,
+            )
+        )
+    cat = {key: np.concatenate([p[key] for p in parts]) for key in parts[0] if key != "cov_sum" and parts[0][key] is not None}
+    mean_cov = sum(p["cov_sum"] for p in parts) / networks
+    return EnsembleResult(
+        config=config,
+        q=cat["q"], c=cat["c"], bsb1_residual_sq=cat["res"], diag_var=cat["dvar"], offdiag_var=cat["ovar"],
+        mean_covariance=mean_cov,
+        final_covariance=cat["final"],
+        grad_norm_sq=cat.get("g"), weight_grad_norm_sq=cat.get("wg"),
+        cross_batch_corr=cat.get("rho"), cross_batch_cov=cat.get("xcov"),
+        chunks=len(parts),
+    )
+
+
+def _simulate_chunk(
+    act, n, b, k, width, depth, d0, normalization, init, eps, sigma_w2, sigma_b2, bn_gamma, bn_beta,
+    residual_scale, rho0, fixed_inputs, grads, gen, dev, dt, trace,
+) -> dict:
+    rows = k * b
+    if fixed_inputs is not None:
+        x = fixed_inputs.reshape(1, rows, d0).expand(n, rows, d0).contiguous()
+    else:
+        z = fill_(torch.empty((n, k, b, d0), dtype=torch.float32, device=dev), gen, "normal").to(dt)
+        if k > 1:
+            z[:, 1:] = rho0 * z[:, :1] + math.sqrt(max(0.0, 1.0 - rho0 * rho0)) * z[:, 1:]
+        x = z.reshape(n, rows, d0)
+    record = {"inputs": x.detach().clone(), "weights": [], "biases": []} if trace is not None else None
+
+    q, c, res, dvar, ovar = (torch.empty((n, depth), dtype=torch.float64, device=dev) for _ in range(5))
+    rho = torch.empty((n, depth), dtype=torch.float64, device=dev) if k > 1 else None
+    xcov = torch.empty((n, depth), dtype=torch.float64, device=dev) if k > 1 else None
+    cov_sum = torch.zeros((depth, b, b), dtype=torch.float64, device=dev)
+    eye = torch.eye(b, dtype=torch.bool, device=dev)
+    off_count = b * (b - 1)
+
+    hs, ins = [], []
+    with torch.set_grad_enabled(grads):
+        a = x
+        h_prev = None
+        for layer in range(depth):
+            d_in = d0 if layer == 0 else width
+            w = _draw(init, n, d_in, width, sigma_w2, gen, dt, dev)
+            h = torch.bmm(a, w)
+            bias = None
+            if sigma_b2 > 0:
+                bias = torch.empty((n, 1, width), dtype=torch.float32, device=dev)
+                bias = fill_(bias, gen, "normal", 0.0, math.sqrt(sigma_b2)).to(dt)
+                h = h + bias
+            if record is not None:
+                record["weights"].append(w.detach().clone())
+                record["biases"].append(None if bias is None else bias.detach().clone())
+            if residual_scale is not None and h_prev is not None:
+                h = h_prev + residual_scale * h
+            if grads and layer == 0:
+                h.requires_grad_(True)  # the graph starts at h^1 (the inputs need no gradient)
+            hs.append(h)
+            ins.append(a)
+            # ---- measurements of Σ^l (no autograd) ----
+            hd = h.detach().view(n, k, b, width)
+            cov = _m.batch_covariance(hd).to(torch.float64)  # (n, k, B, B)
+            qq, cc, rr = _m.bsb1_projection(cov)
+            diag = torch.diagonal(cov, dim1=-2, dim2=-1)
+            offd = cov.masked_select(~eye).view(n, k, off_count)
+            q[:, layer] = qq.mean(1)
+            c[:, layer] = cc.mean(1)
+            res[:, layer] = rr.mean(1)
+            dvar[:, layer] = (diag.var(-1, unbiased=False) / qq**2).mean(1)
+            ovar[:, layer] = (offd.var(-1, unbiased=False) / qq**2).mean(1)
+            cov_sum[layer] += cov.mean(1).sum(0)
+            if k > 1:
+                # pairs (0, j), j = 1..k-1: exchangeable, averaged to reduce the Monte Carlo error
+                rho[:, layer] = _m.cross_batch_correlation(hd[:, :1], hd[:, 1:]).mean(1).to(torch.float64)
+                sums = hd.sum(2)  # (n, k, N)
+                xcov[:, layer] = (sums[:, :1] * sums[:, 1:]).sum(-1).mean(1).to(torch.float64) / (width * b * b)
+            if layer == depth - 1:
+                final = cov[:, 0].clone()
+                break
+            u = h if normalization == "none" else _normalize(h, k, normalization, eps)
+            if normalization != "none" and (bn_gamma != 1.0 or bn_beta != 0.0):
+                u = bn_gamma * u + bn_beta
+            a = act.torch(u)
+            h_prev = h if residual_scale is not None else None
+            if not grads:
+                hs.clear()
+                ins.clear()
+
+    out = dict(q=q, c=c, res=res, dvar=dvar, ovar=ovar, final=final, rho=rho, xcov=xcov, g=None, wg=None)
+    if grads:
+        v = fill_(torch.empty((n, rows, width), dtype=torch.float32, device=dev), gen, "normal").to(dt)
+        if record is not None:
+            record["readout"] = v.clone()
+        loss = (v * hs[-1]).sum()
+        deltas = torch.autograd.grad(loss, hs)
+        g = torch.empty((n, depth), dtype=torch.float64, device=dev)
+        wg = torch.empty((n, depth), dtype=torch.float64, device=dev)
+        for layer, (delta, a_in) in enumerate(zip(deltas, ins)):
+            dv = delta.view(n, k, b, width)
+            g[:, layer] = dv.pow(2).sum((2, 3)).mean(1).to(torch.float64)
+            av = a_in.detach().view(n, k, b, a_in.shape[-1])
+            wg[:, layer] = _m.weight_gradient_norm_sq(av, dv).mean(1).to(torch.float64)
+            if residual_scale is not None and layer > 0:
+                wg[:, layer] *= residual_scale**2  # h^l = h^{l-1} + r·(a W^l): ∂L/∂W^l = r·aᵀδ^l
+        out["g"], out["wg"] = g, wg
+    if record is not None:
+        trace.append(record)
+    out = {key: (None if val is None else val.detach().cpu().numpy()) for key, val in out.items()}
+    out["cov_sum"] = cov_sum.cpu().numpy()
+    return out

@@ -1,0 +1,227 @@
+"""The batched simulator against an independent one-network-at-a-time implementation, and its contracts."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bnlab.activations import get_activation
+from bnlab.sim import (
+    EnsembleResult,
+    bsb1_projection,
+    cross_batch_correlation,
+    init_weights,
+    simulate,
+    weight_gradient_norm_sq,
+)
+
+
+def _naive(trace, phi, k, b, eps, normalization="batch", residual_scale=None):
+    """One network at a time, torch.nn.BatchNorm1d (training mode) and explicit ops, float64.
+
+    Returns per-network, per-layer q, c, ‖δ‖², ‖∂L/∂W‖² (mean over batches, each with its own
+    loss and its own W.grad from autograd) and the centered cross-batch correlation (pairs (0, j))."""
+    act = get_activation(phi)
+    rec = trace[0]
+    x_all, ws, v_all = rec["inputs"], rec["weights"], rec["readout"]
+    n, rows, _ = x_all.shape
+    depth = len(ws)
+    out = {key: np.zeros((n, depth)) for key in ("q", "c", "g", "wg", "rho")}
+    width = ws[0].shape[-1]
+    for i in range(n):
+        per_batch = []
+        for j in range(k):
+            wl = [w[i].detach().clone().double().requires_grad_(True) for w in ws]
+            x = x_all[i, j * b : (j + 1) * b].double()
+            # torch refuses eps = 0 in training mode; 1e-14 changes 1/sqrt(var) by ~1e-14 relative
+            bn = torch.nn.BatchNorm1d(width, affine=False, eps=max(eps, 1e-14), momentum=None,
+                                      dtype=torch.float64).train()
+            hs = []
+            a = x
+            for layer in range(depth):
+                h = a @ wl[layer]
+                if residual_scale is not None and layer > 0:
+                    h = hs[-1] + residual_scale * h
+                h.retain_grad()
+                hs.append(h)
+                if normalization == "batch":
+                    u = bn(h)
+                else:
+                    u = h
+                a = act.torch(u)
+            loss = (v_all[i, j * b : (j + 1) * b].double() * hs[-1]).sum()
+            loss.backward()
+            per_batch.append((hs, wl))
+        for layer in range(depth):
+            qs, cs, gs, wgs = [], [], [], []
+            for hs, wl in per_batch:
+                h = hs[layer].detach()
+                cov = h @ h.T / width
+                qq = cov.diagonal().mean()
+                off = (cov.sum() - cov.diagonal().sum()) / (b * (b - 1))
+                qs.append(qq.item())
+                cs.append((off / qq).item())
+                gs.append(hs[layer].grad.pow(2).sum().item())
+                wgs.append(wl[layer].grad.pow(2).sum().item())
+            out["q"][i, layer] = np.mean(qs)
+            out["c"][i, layer] = np.mean(cs)
+            out["g"][i, layer] = np.mean(gs)
+            out["wg"][i, layer] = np.mean(wgs)
+            if k > 1:
+                h0 = per_batch[0][0][layer].detach()
+                rhos = []
+                for hs, _ in per_batch[1:]:
+                    h1 = hs[layer].detach()
+                    c0, c1 = h0 - h0.mean(0), h1 - h1.mean(0)
+                    rhos.append(((c0 * c1).sum() / torch.sqrt((c0 * c0).sum() * (c1 * c1).sum())).item())
+                out["rho"][i, layer] = np.mean(rhos)
+    return out
+
+
+@pytest.mark.parametrize(
+    "phi,eps,k,normalization,residual",
+    [("relu", 0.0, 2, "batch", None), ("tanh", 1e-3, 3, "batch", None), ("relu", 0.0, 1, "none", None),
+     ("identity", 0.0, 2, "batch", 0.5)],
+)
+def test_matches_naive_per_network_loop(phi, eps, k, normalization, residual):
+    # Both routes compute the same finite networks in float64; they differ only in the order
+    # of floating-point operations, so they agree to ~1e-12 relative (tolerance 1e-9).
+    b, width, depth, n = 5, 12, 4, 3
+    trace = []
+    res = simulate(phi, b, width, depth, n, eps=eps, num_batches=k, normalization=normalization,
+                   residual_scale=residual, seed=3, dtype="float64", _trace=trace)
+    ref = _naive(trace, phi, k, b, eps, normalization, residual)
+    np.testing.assert_allclose(res.q, ref["q"], rtol=1e-9)
+    np.testing.assert_allclose(res.c, ref["c"], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(res.grad_norm_sq, ref["g"], rtol=1e-9)
+    np.testing.assert_allclose(res.weight_grad_norm_sq, ref["wg"], rtol=1e-9)
+    if k > 1:
+        np.testing.assert_allclose(res.cross_batch_corr, ref["rho"], rtol=1e-9, atol=1e-12)
+
+
+def test_same_seed_same_numbers_and_chunking_invariant():
+    kw = dict(num_batches=2, seed=11, dtype="float64")
+    a = simulate("relu", 6, 16, 5, 7, **kw)
+    b = simulate("relu", 6, 16, 5, 7, **kw)
+    # a memory bound forcing one network per chunk: per-network generators give the same networks
+    c = simulate("relu", 6, 16, 5, 7, max_memory_bytes=1, **kw)
+    assert c.chunks == 7 and a.chunks == 1
+    for field in ("q", "c", "grad_norm_sq", "weight_grad_norm_sq", "cross_batch_corr"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+        np.testing.assert_allclose(getattr(a, field), getattr(c, field), rtol=1e-12)
+    d = simulate("relu", 6, 16, 5, 7, num_batches=2, seed=12, dtype="float64")
+    assert not np.allclose(a.q, d.q)
+
+
+def test_float32_matches_float64():
+    # Same networks (weights are drawn in float32 for both); float32 rounding (2^-24 ≈ 6e-8) grows
+    # through depth 8 and the gradient explosion by at most a few hundred ulps: rtol 1e-4.
+    kw = dict(num_batches=2, seed=5)
+    a = simulate("tanh", 8, 64, 8, 4, dtype="float64", **kw)
+    b = simulate("tanh", 8, 64, 8, 4, dtype="float32", **kw)
+    for field in ("q", "grad_norm_sq", "weight_grad_norm_sq", "cross_batch_corr"):
+        np.testing.assert_allclose(getattr(b, field), getattr(a, field), rtol=1e-4)
+    np.testing.assert_allclose(b.c, a.c, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_matches_cpu_statistically():
+    # Different random streams on the two devices: compare ensemble statistics, not numbers.
+    # The Monte Carlo error of the mean of c over 64 networks x 256 neurons is ~ 3e-3.
+    a = simulate("relu", 8, 256, 10, 64, seed=0, device="cpu", dtype="float32")
+    b = simulate("relu", 8, 256, 10, 64, seed=0, device="cuda", dtype="float32")
+    assert b.q[:, -1].mean() == pytest.approx(a.q[:, -1].mean(), abs=0.02)
+    assert b.c[:, -1].mean() == pytest.approx(a.c[:, -1].mean(), abs=0.02)
+
+
+def test_gram_trick_weight_gradient_equals_autograd(rng):
+    a = torch.tensor(rng.standard_normal((3, 5, 7)))
+    w = torch.tensor(rng.standard_normal((3, 7, 4)), requires_grad=True)
+    v = torch.tensor(rng.standard_normal((3, 5, 4)))
+    h = torch.bmm(a, w)
+    h.retain_grad()
+    (v * torch.tanh(h)).sum().backward()
+    expected = w.grad.pow(2).sum((1, 2))
+    torch.testing.assert_close(weight_gradient_norm_sq(a, h.grad), expected, rtol=1e-12, atol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.integers(2, 9), q=st.floats(0.1, 5), c=st.floats(-0.1, 0.9), noise=st.floats(0, 1))
+def test_bsb1_projection_is_orthogonal(b, q, c, noise):
+    gen = np.random.default_rng(b)
+    e = gen.standard_normal((b, b)) * noise
+    e = e + e.T
+    cov = q * ((1 - c) * np.eye(b) + c * np.ones((b, b))) + e
+    qq, cc, res = bsb1_projection(torch.tensor(cov))
+    proj = qq.item() * ((1 - cc.item()) * np.eye(b) + cc.item() * np.ones((b, b)))
+    # residual orthogonal to the BSB1 space spanned by I and 11ᵀ
+    r = cov - proj
+    assert abs(np.trace(r)) < 1e-9 * (1 + abs(cov).sum())
+    assert abs(r.sum()) < 1e-9 * (1 + abs(cov).sum())
+    assert res.item() == pytest.approx((r**2).sum(), rel=1e-9, abs=1e-12)
+
+
+def test_cross_batch_correlation_of_identical_and_independent_batches(rng):
+    h = torch.tensor(rng.standard_normal((2, 8, 4000)))
+    assert cross_batch_correlation(h, 3.0 * h + 1.0).numpy() == pytest.approx(1.0)
+    z = torch.tensor(rng.standard_normal((2, 8, 4000)))
+    # independent: mean 0, sd ≈ 1/sqrt(7·4000) ≈ 0.006 → |ρ| < 0.04 (6 sd)
+    assert np.all(np.abs(cross_batch_correlation(h, z).numpy()) < 0.04)
+
+
+@pytest.mark.parametrize("init", ["gaussian", "orthogonal", "uniform", "asymmetric_uniform"])
+def test_init_moments(init):
+    g = torch.Generator().manual_seed(0)
+    w = init_weights(init, 4, 200, 100, sigma_w2=2.0, generator=g, dtype=torch.float64)
+    assert w.shape == (4, 200, 100)
+    # 80000 entries: the sample variance has relative sd ≈ sqrt(2/80000) ≈ 0.005 (0.004 for
+    # uniform); tolerance 0.03 = 6 sd.
+    if init == "asymmetric_uniform":
+        # U[0, 2σ_w/sqrt(d)]: mean σ_w/sqrt(d), variance σ_w²/(3d)
+        assert w.min() >= 0
+        assert w.mean().item() == pytest.approx(math.sqrt(2.0 / 200), rel=0.01)
+        assert w.var().item() == pytest.approx(2.0 / (3 * 200), rel=0.03)
+    else:
+        assert abs(w.mean().item()) < 6 * math.sqrt(2.0 / 200 / 80000)
+        assert w.var().item() == pytest.approx(2.0 / 200, rel=0.03)
+    if init == "orthogonal":
+        gram = w.transpose(1, 2) @ w  # orthonormal columns scaled by σ_w
+        torch.testing.assert_close(gram, 2.0 * torch.eye(100, dtype=torch.float64).expand(4, 100, 100))
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(width=0), "width"),
+        (dict(depth=0), "depth"),
+        (dict(networks=0), "networks"),
+        (dict(init="xavier"), "init"),
+        (dict(device="cuda"), "device"),
+        (dict(device="tpu"), "device"),
+        (dict(dtype="float16"), "dtype"),
+        (dict(batch_size=1), "batch_size"),
+        (dict(eps=-1.0), "eps"),
+        (dict(normalization="layer"), "normalization"),
+        (dict(inputs=np.zeros((3, 5))), "inputs"),
+        (dict(phi="nonsense_fn(x)"), "phi"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_argument(kwargs, name):
+    if name == "device" and kwargs["device"] == "cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    args = dict(phi="relu", batch_size=4, width=8, depth=3, networks=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name if name != "phi" else None):
+        simulate(**args)
+
+
+def test_bsb1_distance_decomposition():
+    res = simulate("relu", 6, 32, 4, 3, seed=0, measure_gradients=False)
+    assert isinstance(res, EnsembleResult) and res.grad_norm_sq is None
+    # recompute ‖Σ^L − Σ*‖/‖Σ*‖ directly from the stored final covariances of batch 0
+    q_star, c_star = 0.5, 0.25
+    target = q_star * ((1 - c_star) * np.eye(6) + c_star * np.ones((6, 6)))
+    direct = np.linalg.norm(res.final_covariance - target, axis=(1, 2)) / np.linalg.norm(target)
+    np.testing.assert_allclose(res.bsb1_distance(q_star, c_star)[:, -1], direct, rtol=1e-10)
