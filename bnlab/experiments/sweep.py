@@ -358,10 +358,12 @@ def run_sweep(
                 else:
                     with open_client(scheduler, workers) as own:
                         executed = _run_dask(exp, rows, st, bar, own, retries)
-        except KeyboardInterrupt:
+        except BaseException as exc:
+            # Ctrl-C, SIGTERM, a lost scheduler...: what finished is committed; what was in flight runs again later.
             requeued = st.requeue_running()
+            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
             bar.write(
-                f"interrupted: {bar.done} cells done are saved in {path}; {requeued} cells in flight returned to "
+                f"{what}: {bar.done} cells done are saved in {path}; {requeued} cells in flight returned to "
                 f"pending; continue with: bnlab sweep resume {path}"
             )
             raise

@@ -122,3 +122,32 @@ def test_failing_cells_on_dask_are_recorded(tmp_path, test_env, helpers, monkeyp
         done = st.cells(status="done")
     assert all("fails on purpose" in r.error and "Traceback" in r.error for r in failed)
     assert all("@tcp://" in r.worker for r in done)  # ran on Dask workers, not in the driver
+
+
+def test_ctrl_c_keeps_finished_cells_and_requeues_the_rest(tmp_path, subprocess_env, helper_ref, helpers):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C does: exit 130, nothing left 'running'."""
+    env = dict(subprocess_env, BNLAB_TEST_CELLS=str(N_CELLS), BNLAB_TEST_SLEEP="0.4")
+    store = tmp_path / "bnlab-test-sweep-small.sqlite"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bnlab", "sweep", "run", helper_ref, "--results-dir", str(tmp_path), "--workers", "2"],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while len(_done_indices(store)) < 2:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the sweep never finished 2 cells"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted:" in err and "bnlab sweep resume" in err
+    with ResultsStore(store, readonly=True) as st:
+        counts = st.counts()
+    assert counts["running"] == 0 and counts["done"] >= 2 and counts["pending"] >= 1
+    assert counts["done"] + counts["pending"] == N_CELLS
