@@ -1,0 +1,107 @@
+"""Simulated finite networks against the mean field theory (Yang et al. 2019).
+
+References are the closed forms and the Gegenbauer quadrature of tests/sim/_reference.py
+(independent of the simulator), and bnlab.theory where it is present.
+
+Tolerances
+----------
+A simulated rate differs from the mean field value by (i) Monte Carlo error of the finite
+ensemble, quantified by its bootstrap CI over networks, and (ii) a finite-width bias O(1/N).
+The bias was measured with the 1/width scan (yang2019_width and the runs recorded in
+docs/sim.md): |λ_G(N) − λ_G| ≈ 2/N at worst among relu/tanh at B ∈ {8, 32} (tanh, B = 32:
++0.019 at N = 128, +0.0078 at N = 256, +0.0035 at N = 512).  The default-run tests allow the
+CI half-width plus 4/N (twice the measured bias).  The slow tests use width 1000, where
+4/N = 0.4 %, and assert the 3 % criterion of the brief; they also report whether the
+theory lies inside the CI.
+"""
+import numpy as np
+import pytest
+
+from bnlab.sim import simulate
+from tests.sim import _reference as ref
+
+
+def _theory_grad_rate(phi, b):
+    if phi == "relu":
+        return ref.relu_grad_rate(b)
+    return ref.gegenbauer_theory(np.tanh, b)["grad_rate"]
+
+
+def _check_rate(fit, theory, width):
+    half = max(fit.rate - fit.ci_low, fit.ci_high - fit.rate)
+    tol = half + 4.0 / width
+    assert abs(fit.rate - theory) <= tol, (fit, theory, tol)
+
+
+@pytest.mark.parametrize("phi", ["relu", "tanh"])
+@pytest.mark.parametrize("b", [8, 32])
+def test_gradient_explosion_rate_small(phi, b):
+    width = 256
+    res = simulate(phi, b, width, 16, 16, seed=100 + b, dtype="float32")
+    fit = res.grad_explosion_rate()
+    _check_rate(fit, _theory_grad_rate(phi, b), width)
+    # App. L / §3.1: the weight gradients explode at the same rate
+    _check_rate(res.grad_explosion_rate(weights=True), _theory_grad_rate(phi, b), width)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phi", ["relu", "tanh"])
+@pytest.mark.parametrize("b", [8, 32])
+def test_gradient_explosion_rate_width_1000(phi, b):
+    # Criterion: within 3 % of the theory (the brief's alternative criterion); being inside
+    # the CI is reported, not asserted, since the O(1/N) bias is not in the CI.
+    res = simulate(phi, b, 1000, 30, 100, seed=7 + b, dtype="float32")
+    fit = res.grad_explosion_rate()
+    theory = _theory_grad_rate(phi, b)
+    print(f"{phi} B={b}: simulated {fit.rate:.4f} CI {fit.ci} theory {theory:.4f} "
+          f"inside CI: {fit.ci_low <= theory <= fit.ci_high}")
+    assert abs(fit.rate / theory - 1) < 0.03
+
+
+@pytest.mark.parametrize(
+    "phi,b,width,networks,depth,rho0,theory",
+    [
+        ("identity", 8, 256, 16, 30, 0.3, ref.identity_cross_batch_rate(8)),
+        ("relu", 32, 512, 32, 12, 0.1, ref.relu_cross_batch_rate(32)),
+    ],
+)
+def test_cross_batch_correlation_decays_at_theory_rate(phi, b, width, networks, depth, rho0, theory):
+    # The centered cross-batch correlation is the M̃ mode of the linearized Eq. 20 (Thm H.13).
+    # Inputs start weakly correlated (ρ₀) so the fit window (ρ̄ ≤ 0.5 and ≥ 8 standard errors)
+    # is in the linear regime (relu: the quadratic term of J_1 is ρ/π relative, < 3 % for ρ < 0.1).
+    # 8 batches per network give 7 exchangeable pairs (0, j) for the average.
+    res = simulate(phi, b, width, depth, networks, num_batches=8, input_correlation=rho0,
+                   measure_gradients=False, seed=3, dtype="float32")
+    fit = res.cross_batch_rate()
+    assert fit.last_layer - fit.first_layer >= 3
+    assert abs(fit.rate / theory - 1) < 0.05, (fit, theory)
+
+
+@pytest.mark.parametrize("phi,b", [("relu", 8), ("tanh", 8), ("relu", 32)])
+def test_covariance_approaches_bsb1_fixed_point(phi, b):
+    if phi == "relu":
+        q_star, c_star = ref.relu_bsb1(b)
+    else:
+        g = ref.gegenbauer_theory(np.tanh, b)
+        q_star, c_star = g["q_star"], g["c_star"]
+    width, n = 512, 16
+    res = simulate(phi, b, width, 12, n, measure_gradients=False, seed=1, dtype="float32")
+    # Past the transient (layers 6..12): average over 7 layers × 16 networks.  Each Σ^l entry has
+    # sd ≈ q·sqrt(2/N) ≈ 0.06q; the mean of q over B diagonal entries and 112 samples has
+    # sd ≈ 0.06q/sqrt(112·B) < 2e-3 q, the bias is O(B/N) (≈ 0.3 % at B=8, 1 % at B=32 for c).
+    q_sim = res.q[:, 5:].mean()
+    c_sim = res.c[:, 5:].mean()
+    assert q_sim == pytest.approx(q_star, rel=0.01 + 0.5 * b / width)
+    assert c_sim == pytest.approx(c_star, abs=0.005 + 0.5 * b / width * abs(c_star))
+    d = res.bsb1_distance(q_star, c_star).mean(0)
+    # converges from the input covariance (≈ I) to a fluctuation floor ~ sqrt(2B²/N)/‖Σ*‖ relative
+    assert d[-1] < 0.5 * d[0]
+    assert d[-1] < 2.0 * np.sqrt(2.0 / width) * q_star * b / np.sqrt(b * q_star**2 + b * (b - 1) * (q_star * c_star) ** 2)
+
+
+def test_agrees_with_theory_engine_when_present():
+    theory = pytest.importorskip("bnlab.theory.backward")
+    rate = theory.gradient_explosion_rate("relu", 8)
+    assert rate == pytest.approx(ref.relu_grad_rate(8), rel=1e-8)
+    res = simulate("relu", 8, 256, 20, 16, seed=9, dtype="float32")
+    _check_rate(res.grad_explosion_rate(), rate, 256)
