@@ -12,8 +12,11 @@ Provenance of the pins
   *uncompressed* original IDX files; the loader rebuilds those byte streams from the
   pickle and checks them, so the decoded data is bit-identical to LeCun's MNIST.
 * Fashion-MNIST: SHA-256 of the uncompressed IDX files as published with the dataset
-  (zalandoresearch/fashion-mnist) — checked after gunzip, so a re-compressed ``.gz``
-  (as in the Debian package ``dataset-fashion-mnist``) is accepted when its content is.
+  (zalandoresearch/fashion-mnist) — checked after gunzip.  The Debian package
+  ``dataset-fashion-mnist`` re-compressed the files: its ``.gz`` MD5s (e.g. train images
+  ``cf8536b0…``) differ from the upstream ``.gz`` MD5s (``8d4fb7e6…``) that torchvision
+  pins, while the uncompressed bytes match the published SHA-256 exactly; hashing the
+  compressed files would therefore wrongly reject the Debian copy.
 * CIFAR-10/100: archive MD5 published on https://www.cs.toronto.edu/~kriz/cifar.html, the
   archive SHA-256 pinned by Keras/torchvision prototypes, and the per-file MD5 of the
   extracted batches pinned by torchvision (used for a user-provided extracted directory).

@@ -176,6 +176,14 @@ def load_dataset(
     Exact: the decoded MNIST is re-encoded as IDX and matches the SHA-256 of LeCun's
     original files; Fashion-MNIST is hashed after decompression against the published
     SHA-256; pixels are ``uint8 / 255`` rounded once to float32.
+
+    References
+    ----------
+    LeCun, Cortes & Burges, "The MNIST database of handwritten digits" (1998), IDX format.
+    Xiao, Rasul & Vollgraf, "Fashion-MNIST" (2017), arXiv:1708.07747.
+    Krizhevsky, "Learning Multiple Layers of Features from Tiny Images" (2009), §3 and the
+    python-version layout on https://www.cs.toronto.edu/~kriz/cifar.html.
+    Alpaydin & Kaynak, UCI Optical Recognition of Handwritten Digits (1998) — sklearn digits.
     """
     name = check_choice("name", name, DATASET_NAMES)
     split = check_choice("split", split, reg.SPLITS)
