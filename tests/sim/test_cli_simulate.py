@@ -1,0 +1,40 @@
+"""``bnlab simulate``: JSON contract, agreement with the library call, clean errors."""
+import json
+
+import numpy as np
+import pytest
+
+from bnlab.cli import main
+from bnlab.sim import simulate
+from tests.sim import _reference as ref
+
+
+def test_json_output_keys_and_values(capsys):
+    argv = ["simulate", "--batch-size", "8", "--width", "64", "--depth", "12", "--networks", "6",
+            "--seed", "4", "--num-batches", "2", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("grad_explosion_rate", "grad_explosion_rate_ci", "theory_grad_explosion_rate",
+                "per_layer_grad_norm_sq", "per_layer_cross_batch_corr"):
+        assert key in out
+    assert len(out["per_layer_grad_norm_sq"]) == 12 and len(out["per_layer_cross_batch_corr"]) == 12
+    lo, hi = out["grad_explosion_rate_ci"]
+    assert lo <= out["grad_explosion_rate"] <= hi
+    # the CLI only calls the library: same arguments, same numbers
+    res = simulate("relu", 8, 64, 12, 6, num_batches=2, input_correlation=0.1, seed=4, dtype="float32")
+    assert out["grad_explosion_rate"] == pytest.approx(res.grad_explosion_rate().rate, rel=1e-12)
+    np.testing.assert_allclose(out["per_layer_grad_norm_sq"], res.grad_norm_sq.mean(0), rtol=1e-12)
+    if out["theory_grad_explosion_rate"] is not None:
+        assert out["theory_grad_explosion_rate"] == pytest.approx(ref.relu_grad_rate(8), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [(["--width", "0"], "width"), (["--depth", "0"], "depth"), (["--networks", "0"], "networks"),
+     (["--init", "he"], "init"), (["--dtype", "int8"], "dtype")],
+)
+def test_bad_input_exits_2_naming_argument(extra, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--width", "4", "--depth", "3", "--networks", "1", *extra])
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
