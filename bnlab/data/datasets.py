@@ -181,7 +181,7 @@ def load_dataset(
     ----------
     LeCun, Cortes & Burges, "The MNIST database of handwritten digits" (1998), IDX format.
     Xiao, Rasul & Vollgraf, "Fashion-MNIST" (2017), arXiv:1708.07747.
-    Krizhevsky, "Learning Multiple Layers of Features from Tiny Images" (2009), §3 and the
+    Krizhevsky, "Learning Multiple Layers of Features from Tiny Images" (2009, tech. report) and the
     python-version layout on https://www.cs.toronto.edu/~kriz/cifar.html.
     Alpaydin & Kaynak, UCI Optical Recognition of Handwritten Digits (1998) — sklearn digits.
     """

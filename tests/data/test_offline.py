@@ -15,7 +15,6 @@ import gzip
 import hashlib
 import os
 import pickle
-import shutil
 import struct
 
 import numpy as np
