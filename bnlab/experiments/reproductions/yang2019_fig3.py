@@ -1,0 +1,418 @@
+"""Yang et al. 2019, Fig. 3a–d: batch normalization limits the maximum trainable depth.
+
+ReLU networks with BN (γ = 1, β = 0, ε = 1e-3) are trained at every (depth,
+batch size B) of a grid and their test accuracy is shown as a heatmap with the
+mean field prediction of the maximum trainable depth, 16ξ with
+ξ = 1/log λ_G↓(B) (Yang et al. 2019, §4 and Thm 3.10), as a white dashed line.
+
+* ``yang2019-fig3a``: SGD on MNIST (the flagship end-to-end reproduction);
+* ``yang2019-fig3b``: fixed training batch, BN statistics over sub-batches of
+  size B ("ghost batches");
+* ``yang2019-fig3c``: RMSProp on MNIST;
+* ``yang2019-fig3d``: SGD on CIFAR-10 (cells are reported as skipped when
+  CIFAR-10 is not on the machine: ``bnlab data download cifar10``).
+
+Deviations at ``small`` scale (2 CPU cores, minutes) and why
+------------------------------------------------------------
+The paper trains width N = 384 for 10 epochs (MNIST; 50 for CIFAR-10) with
+η = 1e-5·B, i.e. 600 000 samples per cell and up to 75 000 steps at B = 8.
+At ``small`` scale every cell takes a fixed budget of 200 steps on the first
+10 000 training images with width 128, and η = 3e-3·B: the learning rate keeps
+the paper's proportionality to B but is 300× larger, so that 200 steps move
+the network as far as the paper's η does in ~60 000 (η·steps is what matters
+for plain SGD on BN networks, whose output is invariant to the weight scale).
+Fewer steps favour shallow networks (deeper ones train more slowly even below
+16ξ), so at ``small`` scale the measured maximum trainable depth lies somewhat
+below 16ξ at small B; the claim that remains visible is the one of the paper:
+accuracy collapses to chance beyond roughly 16ξ, whatever B, while shallower
+networks train.  Fig. 3b uses a training batch of 128 (not 1000), 120 steps and
+B ∈ {4, 8, 16, 32, 64} at ``small`` scale; Fig. 3c uses B ∈ {8, 32, 128}
+and η = 1e-4·B (RMSProp steps are ~η per coordinate whatever the gradient
+scale, so the SGD compensation factor does not apply).  ``paper`` scale uses the paper's sizes.
+
+"Trainable" in :func:`compare` means a test accuracy above
+chance + ½·(best accuracy of the sweep − chance); the measured maximum
+trainable depth at a B is the deepest grid depth that is trainable.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from bnlab.experiments.spec import Comparison, Experiment, Record
+
+__all__ = ["EXPERIMENTS", "run_trainability_cell", "CIFAR_MISSING"]
+
+CIFAR_MISSING = "CIFAR-10 not present: bnlab data download cifar10 (170 MB, checksum-verified), then re-run"
+
+#: metric keys returned by :func:`run_trainability_cell`
+METRIC_KEYS = ("test_accuracy", "diverged", "diverged_at_step", "steps", "final_train_loss", "chance", "skipped")
+
+
+# --------------------------------------------------------------------------- cells
+@functools.lru_cache(maxsize=4)
+def _load(dataset: str, n_train: int, n_test: int):
+    """The first n_train / n_test images (flattened) of a dataset, cached per worker process."""
+    from bnlab.data import load_dataset
+
+    tr = load_dataset(dataset, "train")
+    te = load_dataset(dataset, "test")
+    n_train = min(n_train, tr.x.shape[0])
+    n_test = min(n_test, te.x.shape[0])
+    xtr = tr.x[:n_train].reshape(n_train, -1).contiguous()
+    xte = te.x[:n_test].reshape(n_test, -1).contiguous()
+    return (xtr, tr.y[:n_train].clone()), (xte, te.y[:n_test].clone()), tr.num_classes
+
+
+def run_trainability_cell(params: dict) -> dict:
+    """Train one BN-MLP of a trainability sweep and return its test accuracy.
+
+    ``params`` keys: ``dataset``, ``phi``, ``gamma``, ``beta``, ``eps``,
+    ``depth``, ``width``, ``bn_batch`` (B of the BN statistics),
+    ``batch_size`` (training batch, a multiple of ``bn_batch``),
+    ``optimizer``, ``lr``, ``steps`` or ``epochs``, ``n_train``, ``n_test``,
+    ``seed``; optional ``device`` (default ``"cpu"``).
+
+    Returns the metrics ``test_accuracy``, ``diverged``, ``diverged_at_step``,
+    ``steps``, ``final_train_loss``, ``chance`` and ``skipped`` (False), or
+    ``{"skipped": True, "skip_reason": …}`` when the dataset is not on the
+    machine (CIFAR-10 without ``bnlab data download cifar10``).
+    """
+    import torch
+
+    from bnlab.sim.train import BNMLP, train_classifier
+
+    torch.set_num_threads(1)
+    try:
+        train, test, num_classes = _load(params["dataset"], int(params["n_train"]), int(params["n_test"]))
+    except Exception as exc:  # DatasetNotFoundError: report, don't fail the sweep
+        if type(exc).__name__ != "DatasetNotFoundError":
+            raise
+        reason = CIFAR_MISSING if params["dataset"] == "cifar10" else f"{params['dataset']} not present: {exc}"
+        return {"skipped": True, "skip_reason": reason}
+    bn_batch = int(params["bn_batch"])
+    batch_size = int(params["batch_size"])
+    model = BNMLP(
+        train[0].shape[1],
+        num_classes,
+        depth=int(params["depth"]),
+        width=int(params["width"]),
+        phi=params.get("phi", "relu"),
+        gamma=float(params.get("gamma", 1.0)),
+        beta=float(params.get("beta", 0.0)),
+        eps=float(params.get("eps", 1e-3)),
+        sub_batch_size=None if bn_batch == batch_size else bn_batch,
+        seed=int(params["seed"]),
+    )
+    length = {"steps": int(params["steps"])} if "steps" in params else {"epochs": float(params["epochs"])}
+    result = train_classifier(
+        model,
+        train,
+        test,
+        optimizer=params.get("optimizer", "sgd"),
+        lr=float(params["lr"]),
+        batch_size=batch_size,
+        seed=int(params["seed"]),
+        device=params.get("device", "cpu"),
+        **length,
+    )
+    out = result.to_dict()
+    out["skipped"] = False
+    return out
+
+
+# --------------------------------------------------------------------------- theory
+@functools.lru_cache(maxsize=512)
+def theory_max_depth(phi: str, batch_size: int, eps: float = 0.0, gamma: float = 1.0, beta: float = 0.0) -> float | None:
+    """16ξ, ξ = 1/log λ_G↓ from ``bnlab.theory.analyze`` (Yang et al. 2019 §4); None if unavailable.
+
+    Infinite (returned as ``inf``) when λ_G↓ ≤ 1 (no gradient explosion).
+    """
+    try:
+        from bnlab.theory import analyze
+    except (ImportError, AttributeError):
+        return None
+    try:
+        res = analyze(phi, int(batch_size), eps=float(eps), gamma=float(gamma), beta=float(beta))
+    except (ImportError, AttributeError, ModuleNotFoundError):
+        return None
+    val = float(res.max_trainable_depth)
+    return val if math.isfinite(val) else math.inf
+
+
+def theory_unavailable_reason() -> str:
+    try:
+        from bnlab.theory import analyze  # noqa: F401
+    except Exception as exc:  # pragma: no cover - depends on the other modules' progress
+        return f"bnlab.theory.analyze unavailable ({type(exc).__name__}: {exc})"
+    return ""
+
+
+# --------------------------------------------------------------------------- records → tables
+def _usable(records: Sequence[Record]) -> list[Record]:
+    return [r for r in records if not r.metrics.get("skipped", False)]
+
+
+def _accuracy_table(records: Sequence[Record], xkey: str):
+    """(xs, depths, mean accuracy array [depth, x]) over seeds; NaN where missing."""
+    recs = _usable(records)
+    xs = sorted({float(r.params[xkey]) for r in recs})
+    depths = sorted({int(r.params["depth"]) for r in recs})
+    acc = np.full((len(depths), len(xs)), np.nan)
+    sums: dict[tuple[int, int], list[float]] = {}
+    for r in recs:
+        key = (depths.index(int(r.params["depth"])), xs.index(float(r.params[xkey])))
+        sums.setdefault(key, []).append(float(r.metrics["test_accuracy"]))
+    for (i, j), v in sums.items():
+        acc[i, j] = float(np.mean(v))
+    return np.array(xs), np.array(depths), acc
+
+
+def trainable_threshold(records: Sequence[Record]) -> float:
+    """chance + ½·(best accuracy − chance): the accuracy above which a cell counts as trained."""
+    recs = _usable(records)
+    chance = float(np.mean([r.metrics["chance"] for r in recs]))
+    best = max(float(r.metrics["test_accuracy"]) for r in recs)
+    return chance + 0.5 * (best - chance)
+
+
+def measured_max_depth(depths: np.ndarray, acc_column: np.ndarray, threshold: float) -> int | None:
+    """Deepest grid depth whose accuracy exceeds ``threshold`` (None if none does)."""
+    ok = [int(d) for d, a in zip(depths, acc_column) if np.isfinite(a) and a > threshold]
+    return max(ok) if ok else None
+
+
+def _edges(v: np.ndarray, log: bool) -> np.ndarray:
+    t = np.log(v) if log else v.astype(float)
+    if len(t) == 1:
+        e = np.array([t[0] - 0.5, t[0] + 0.5])
+    else:
+        mid = 0.5 * (t[1:] + t[:-1])
+        e = np.concatenate([[t[0] - (mid[0] - t[0])], mid, [t[-1] + (t[-1] - mid[-1])]])
+    return np.exp(e) if log else e
+
+
+def heatmap(
+    records: Sequence[Record],
+    outdir: Path,
+    *,
+    name: str,
+    xkey: str,
+    xlabel: str,
+    xlog: bool,
+    title: str,
+    theory_curve,
+) -> list[Path]:
+    """Write ``<name>.png``: accuracy over (x, depth) with the white dashed 16ξ curve.
+
+    ``theory_curve(x_fine) -> array`` gives 16ξ at the x values (NaN where unknown).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    path = outdir / f"{name}.png"
+    fig, ax = plt.subplots(figsize=(5.2, 4.2), dpi=110)
+    recs = _usable(records)
+    if not recs:
+        reasons = sorted({str(r.metrics.get("skip_reason", "no records")) for r in records}) or ["no records"]
+        ax.text(0.5, 0.5, "skipped:\n" + "\n".join(reasons), ha="center", va="center", wrap=True, fontsize=8)
+        ax.set_axis_off()
+        ax.set_title(title, fontsize=9)
+        fig.savefig(path)
+        plt.close(fig)
+        return [path]
+    xs, depths, acc = _accuracy_table(recs, xkey)
+    xe, ye = _edges(xs, xlog), _edges(depths.astype(float), False)
+    mesh = ax.pcolormesh(xe, ye, acc, cmap="viridis", vmin=0.0, vmax=1.0, shading="flat")
+    fig.colorbar(mesh, ax=ax, label="test accuracy")
+    if xlog:
+        ax.set_xscale("log", base=2)
+    x_fine = np.geomspace(xe[0], xe[-1], 60) if xlog else np.linspace(xe[0], xe[-1], 60)
+    y = np.asarray(theory_curve(x_fine), dtype=float)
+    if np.any(np.isfinite(y)):
+        ax.plot(x_fine, np.minimum(y, ye[-1] * 10), "w--", lw=2, label="16ξ (theory)")
+        ax.legend(loc="upper right", fontsize=8, framealpha=0.3)
+    else:
+        ax.text(0.02, 0.98, "16ξ unavailable: " + theory_unavailable_reason(), transform=ax.transAxes,
+                va="top", fontsize=6, color="w", wrap=True)
+    ax.set_ylim(ye[0], ye[-1])
+    ax.set_xlim(xe[0], xe[-1])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("depth L")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
+
+
+def compare_depths(records: Sequence[Record], *, xkey: str, xname: str, theory_at) -> list[Comparison]:
+    """Rows "max trainable depth at x: paper ≈ 16ξ = …, bnlab: deepest trainable depth = …".
+
+    ``agrees`` is True when the measured boundary interval [deepest trainable
+    depth, next grid depth] overlaps [16ξ/1.6, 1.6·16ξ] (the small-scale
+    budget biases the boundary low, see the module docstring); None when the
+    theory is unavailable.
+    """
+    recs = _usable(records)
+    if not recs:
+        reasons = sorted({str(r.metrics.get("skip_reason", "")) for r in records}) or ["no records"]
+        return [Comparison("max trainable depth", "≈ 16ξ", "skipped: " + "; ".join(reasons), None)]
+    xs, depths, acc = _accuracy_table(recs, xkey)
+    thr = trainable_threshold(recs)
+    rows = []
+    n_agree = n_known = 0
+    for j, x in enumerate(xs):
+        d = measured_max_depth(depths, acc[:, j], thr)
+        t = theory_at(x)
+        xs_txt = f"{x:g}"
+        if d is None:
+            meas = f"no depth trains (accuracy ≤ {thr:.2f})"
+            lo, hi = 0.0, float(depths[0])
+        else:
+            k = int(np.searchsorted(depths, d))
+            nxt = float(depths[k + 1]) if k + 1 < len(depths) else math.inf
+            meas = f"deepest depth with accuracy > {thr:.2f} = {d}" + (f" (fails at {int(nxt)})" if math.isfinite(nxt) else " (deepest in grid)")
+            lo, hi = float(d), nxt
+        if t is None:
+            rows.append(Comparison(f"max trainable depth at {xname}={xs_txt}", "≈ 16ξ (theory unavailable)", meas, None))
+            continue
+        agree = bool(lo <= 1.6 * t and hi >= t / 1.6)
+        n_known += 1
+        n_agree += agree
+        paper = "16ξ = ∞ (no explosion)" if not math.isfinite(t) else f"≈ 16ξ = {t:.1f}"
+        rows.append(Comparison(f"max trainable depth at {xname}={xs_txt}", paper, meas, agree))
+    # the qualitative claim: far beyond 16ξ nothing trains, well below it nets train
+    above = below = above_ok = below_ok = 0
+    for j, x in enumerate(xs):
+        t = theory_at(x)
+        if t is None or not math.isfinite(t):
+            continue
+        for i, d in enumerate(depths):
+            if not np.isfinite(acc[i, j]):
+                continue
+            if d >= 2 * t:
+                above += 1
+                above_ok += acc[i, j] <= thr
+            elif d <= t / 2:
+                below += 1
+                below_ok += acc[i, j] > thr
+    if above:
+        rows.append(Comparison("cells with depth ≥ 2·16ξ that fail to train", "all", f"{above_ok}/{above}", above_ok == above))
+    if below:
+        rows.append(Comparison("cells with depth ≤ 16ξ/2 that train", "all", f"{below_ok}/{below}", below_ok >= 0.8 * below))
+    return rows
+
+
+# --------------------------------------------------------------------------- grids
+_SMALL = dict(width=128, n_train=10_000, n_test=2_000, steps=200, lr_per_b=3e-3)
+_PAPER = dict(width=384, n_train=60_000, n_test=10_000, lr_per_b=1e-5)
+_SMALL_DEPTHS = [4, 8, 12, 16, 24, 32, 48, 64]
+_PAPER_DEPTHS = [2, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 60, 70, 80, 90, 100, 120]
+_SMALL_B = [8, 16, 32, 64, 128]
+_PAPER_B = [4, 8, 16, 32, 64, 128, 256, 512]
+
+
+def _grid(scale: str, *, dataset: str, optimizer: str, ghost: bool) -> list[dict]:
+    from bnlab._validation import check_choice
+
+    from bnlab.experiments.spec import SCALES
+
+    check_choice("scale", scale, SCALES)
+    small = scale == "small"
+    cfg = _SMALL if small else _PAPER
+    depths = _SMALL_DEPTHS if small else _PAPER_DEPTHS
+    bs = _SMALL_B if small else _PAPER_B
+    if ghost:
+        # the paper's fixed batch of 1000 needs sub-batch sizes that divide it
+        bs = [4, 8, 16, 32, 64] if small else [4, 5, 8, 10, 20, 25, 40, 50, 100, 125, 200, 250, 500]
+        depths = [4, 8, 16, 24, 32, 48] if small else depths
+    fixed_batch = (128 if small else 1000) if ghost else None
+    if optimizer == "rmsprop" and small:
+        bs = [8, 32, 128]
+    n_train = cfg["n_train"] if dataset == "mnist" or small else 50_000
+    cells = []
+    for b in bs:
+        for d in depths:
+            p: dict[str, Any] = dict(
+                dataset=dataset, phi="relu", gamma=1.0, beta=0.0, eps=1e-3, depth=d, width=cfg["width"],
+                bn_batch=b, batch_size=fixed_batch or b, optimizer=optimizer,
+                lr=cfg["lr_per_b"] * b, n_train=n_train, n_test=cfg["n_test"], seed=0,
+            )
+            if optimizer == "rmsprop":
+                # RMSProp's step is ~lr per coordinate whatever the gradient scale, so the
+                # SGD-compensating factor of the small scale would be far too large here.
+                p["lr"] = (1e-5 if not small else 1e-4) * b
+            if small:
+                p["steps"] = cfg["steps"] if not ghost else 120
+            else:
+                p["epochs"] = 50 if dataset == "cifar10" else 10
+            cells.append(p)
+    return cells
+
+
+def _relu_theory_at(b: float) -> float | None:
+    return theory_max_depth("relu", int(round(b)), 0.0)
+
+
+def _relu_theory(x_values, eps: float = 0.0) -> np.ndarray:
+    # B must be an integer ≥ 4 for the theory: evaluate at the nearest integer.
+    # ε = 1e-3 is ≪ the pre-activation variance (≈ 1), so the ε = 0 theory
+    # (Thm 3.10) is used, as in the paper's Fig. 3.
+    out = []
+    for x in np.atleast_1d(x_values):
+        b = int(round(float(x)))
+        t = theory_max_depth("relu", b, eps) if b >= 4 else None
+        out.append(np.nan if t is None else t)
+    return np.array(out)
+
+
+def _make(letter: str, *, dataset: str, optimizer: str, ghost: bool, title: str, claim: str) -> Experiment:
+    name = f"yang2019-fig3{letter}"
+    xlabel = "BN sub-batch size B (training batch fixed)" if ghost else "batch size B"
+
+    return Experiment(
+        name=name,
+        paper="Yang et al. 2019 (ICLR), A Mean Field Theory of Batch Normalization",
+        figure=f"Fig. 3{letter}",
+        title=title,
+        claim=claim,
+        grid=functools.partial(_grid, dataset=dataset, optimizer=optimizer, ghost=ghost),
+        run_cell=run_trainability_cell,
+        plot=functools.partial(
+            heatmap, name=name, xkey="bn_batch", xlabel=xlabel, xlog=True, title=f"Yang et al. 2019 Fig. 3{letter}: {title}",
+            theory_curve=_relu_theory,
+        ),
+        compare=functools.partial(
+            compare_depths, xkey="bn_batch", xname="B", theory_at=_relu_theory_at
+        ),
+        uses_gpu=True,
+    )
+
+
+_COMMON_CLAIM = (
+    "ReLU networks with batch normalization (γ=1, β=0, ε=1e-3) have gradients that explode at "
+    "the rate λ_G↓(B) per layer (Thm 3.10); networks deeper than about 16ξ, ξ = 1/log λ_G↓, "
+    "are untrainable regardless of batch size (about 50 layers), shallower ones train."
+)
+
+EXPERIMENTS = [
+    _make("a", dataset="mnist", optimizer="sgd", ghost=False, title="ReLU BN-MLP, SGD on MNIST: test accuracy over depth × B",
+          claim=_COMMON_CLAIM + " (a) SGD on MNIST."),
+    _make("b", dataset="mnist", optimizer="sgd", ghost=True,
+          title="fixed training batch, BN statistics over sub-batches of size B",
+          claim=_COMMON_CLAIM + " (b) With the training batch fixed and BN statistics over sub-batches of size B "
+          "the trainable region is nearly identical (so it is not an effect of gradient noise)."),
+    _make("c", dataset="mnist", optimizer="rmsprop", ghost=False, title="RMSProp on MNIST",
+          claim=_COMMON_CLAIM + " (c) Training with RMSProp gives a nearly identical trainable region."),
+    _make("d", dataset="cifar10", optimizer="sgd", ghost=False, title="SGD on CIFAR-10",
+          claim=_COMMON_CLAIM + " (d) On CIFAR-10 (50 epochs) the trainable region is nearly identical."),
+]
