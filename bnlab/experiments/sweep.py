@@ -237,29 +237,30 @@ def _run_dask(experiment: Experiment, rows, store: ResultsStore, progress: Sweep
 
     resources = _gpu_resources(client, experiment)
     store.mark_submitted([r.key for r in rows])
-    futures = {}
     tag = uuid.uuid4().hex[:8]
-    for row in rows:
-        fut = client.submit(
-            execute_cell,
-            experiment.run_cell,
-            row.params,
-            True,
-            key=f"bnlab-{experiment.name}-{row.key}-{tag}",
-            pure=False,
-            retries=retries,
-            resources=resources,
-        )
-        futures[fut] = row.key
+    # One map call submits the whole grid in one message; the function travels by reference.
+    futs = client.map(
+        execute_cell,
+        [experiment.run_cell] * len(rows),
+        [r.params for r in rows],
+        [True] * len(rows),
+        key=[f"bnlab-{experiment.name}-{r.key}-{tag}" for r in rows],
+        pure=False,
+        retries=retries,
+        resources=resources,
+    )
+    futures = {f: r.key for f, r in zip(futs, rows)}
     executed = 0
     try:
-        for fut in as_completed(list(futures)):
+        # with_results: results are gathered by the client's event loop as they arrive, not one round trip each.
+        for fut, result in as_completed(futs, with_results=True, raise_errors=False):
             key = futures.pop(fut)
-            try:
-                outcome = fut.result()
-            except Exception as exc:  # the task itself failed: KilledWorker, unpicklable cell, ...
+            if fut.status == "error":  # the task itself failed: KilledWorker, unpicklable cell, ...
+                exc = result[1]
                 hint = f"\n{_KILLED_HINT}" if type(exc).__name__ == "KilledWorker" else ""
                 outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}{hint}"}
+            else:
+                outcome = result
             _commit(store, key, outcome, progress)
             fut.release()
             executed += 1
