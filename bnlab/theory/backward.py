@@ -1,0 +1,350 @@
+"""Gradient backpropagation in batchnorm networks at the BSB1 fixed point (Yang et al. 2019, §3.1.2, App. G, L).
+
+Definition
+----------
+Under gradient independence the covariance Π^l of the backpropagated
+gradients obeys Π^l = V_{B_φ'}(Σ*)†{Π^{l+1}} = G^{⊗2} ∘ F(Σ*){Π^{l+1}}
+(Eqs. 17, 18), with F(Σ*) ultrasymmetric; G^{⊗2}∘F has eigenspaces RG, L, M
+(Thm 3.6, E.62) with eigenvalues λ_G↓ (the *gradient explosion rate*: the
+gradient norm squared grows as λ_G↓^L with depth L), λ_L↓, λ_M↓.
+
+Writing |Gh| = √μ* r, n(Gh) = √B u (r ~ χ_{B−1} independent of u uniform on
+the unit sphere of the sum-zero hyperplane), d(φ∘n)/dz = √B/(√μ* r)·D P_u with
+D = diag φ'(√B u), P_u = G − uuᵀ, and E[r⁻²] = 1/(B−3):
+
+    G^{⊗2}∘F{Π} = B/((B−3)μ*) · E_u[P_u D Π D P_u]          (App. G.1.1)
+
+Methods
+-------
+``"sphere"`` (App. G.1.1): the ten brackets of F reduced to 2-d integrals
+and Thm E.62 (≈1e-10 relative; needs φ' square integrable, e.g. relu^α with α > 1/2).
+``"gegenbauer"``: λ_G↓ by Thm 3.9 / G.5 (λ_L↓, λ_M↓ have no Gegenbauer form in
+the paper: they are returned as None).  ``"closed"``: relu (Thm 3.10 for λ_G↓,
+Thm G.12 with α = 1 for λ_L↓, λ_M↓) and identity (λ_G↓ = (B−2)/(B−3),
+λ_L↓ = λ_M↓ = (B² − 2B − 1)/(B² − 2B − 3), from the sphere's fourth moments).
+``"montecarlo"``: traces of u ↦ P_u D · D P_u over each eigenspace, from
+uniform samples of the sphere, with standard errors.  ``"auto"``: closed when
+available, else sphere.  For ε > 0 :func:`gradient_explosion_rate` delegates to
+:func:`bnlab.theory.epsilon.epsilon_analysis`.
+
+B = 3: E[r⁻²] = ∞ for r ~ χ_2, so the mean field backward map diverges (the
+paper conjectures, from simulations, explosion similar to B = 4; App. J): a
+``ValueError`` explains it.
+
+Errata found while checking the printed formulas numerically
+------------------------------------------------------------
+(see ``tests/theory/test_backward.py`` for the checks)
+* Thm 3.10 / Eq. 19 and Thm G.12 (α = 1) agree with the spherical integral
+  to 1e-12 for 4 ≤ B ≤ 128.
+* App. L states the weight-gradient norm as ⟨Π^l, μ*G⟩ = μ* tr Π^l; this holds
+  for Π^l ∈ H_B^G, i.e. from the second backward step on (Π^L itself need not
+  be G-projected).
+
+References
+----------
+Yang et al. 2019, §3.1.2, Thms 3.9, 3.10, G.5, G.12, App. G.1.1, App. L.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from bnlab._validation import check_int, check_real
+from bnlab.theory._checks import check_batch_size
+from bnlab.theory.forward import (
+    MAX_QUADRATURE_BATCH,
+    _arccos_kernel,
+    _check_finite,
+    _check_method,
+    _closed_kind,
+    _conditional_moments,
+    _default_terms,
+    _gegenbauer_energy,
+    _gegenbauer_series,
+    _montecarlo_samples,
+    _ratio_stats,
+    _resolve,
+    _sample_sphere,
+    _sphere_grid,
+)
+from bnlab.theory.ultrasymmetric import projected_eigenvalues
+
+__all__ = [
+    "BackwardEigenvalues",
+    "backward_eigenvalues",
+    "gradient_explosion_rate",
+    "weight_gradient_norms",
+    "BACKWARD_METHODS",
+]
+
+BACKWARD_METHODS = ("auto", "closed", "sphere", "gegenbauer", "montecarlo")
+
+
+@dataclass(frozen=True)
+class BackwardEigenvalues:
+    """Eigenvalues of G^{⊗2}∘F(Σ*) on RG (``lambda_G`` = gradient explosion rate λ_G↓), L and M.
+
+    ``lambda_L``/``lambda_M`` are None when the method does not give them
+    (gegenbauer) or M is empty; ``stderr`` holds Monte Carlo standard errors
+    of (λ_G, λ_L, λ_M).
+    """
+
+    lambda_G: float
+    lambda_L: float | None
+    lambda_M: float | None
+    method: str
+    stderr: tuple[float, float, float] | None = None
+
+
+def _require_b4(b: int):
+    if b < 4:
+        raise ValueError(
+            f"batch_size={b} is not allowed for the backward dynamics: with B = 3, E[|Gh|⁻²] diverges "
+            "(r ~ χ_2), so the mean field gradient covariance is infinite (Yang et al. 2019, App. J); "
+            "use batch_size >= 4"
+        )
+
+
+def _check_derivative_integrable(act):
+    hom = act.homogeneity
+    if hom is not None and hom <= 0.5:
+        raise ValueError(
+            f"phi={act.spec!r} has a derivative of degree {hom - 1:g} that is not square integrable "
+            "(Thm 3.9 needs φ'(√(B−1)x) ∈ L²): the gradient explosion rate is infinite; use a degree > 1/2"
+        )
+
+
+# -- sphere -------------------------------------------------------------------
+def _backward_moments_sphere(act, b: int):
+    hom = act.homogeneity
+    grid = _sphere_grid(b, float(hom) - 1.0 if hom is not None else 0.0)
+    x, y = grid.x, grid.y
+    sb = math.sqrt(b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        g1 = act.derivative(sb * x)
+        g2 = act.derivative(sb * y)
+    e3, e33, e34 = _conditional_moments(x, y, b)
+    g11, g12 = g1 * g1, g1 * g2
+    ox, oy = 1.0 - x * x, 1.0 - y * y
+    rows = np.stack(
+        [
+            g11 * ox * ox,  # [11|11]
+            g11 * x * x * y * y,  # [11|22]
+            -g12 * ox * x * y,  # [11|12]
+            g12 * x * y * e33,  # [11|23]
+            -g11 * ox * x * y,  # [12|11]
+            g11 * x * x * y * e3,  # [12|33]
+            g12 * ox * oy,  # [12|12]
+            g12 * x * x * y * y,  # [12|21]
+            -g12 * ox * y * e3,  # [12|13]
+            g12 * x * y * e34,  # [12|34]
+            g12 * x * x * y * e3,  # [12|31] = E g_1 g_3 P_13 P_12 (≠ [12|13] here: see ultrasymmetric errata)
+        ]
+    )
+    return grid.expect(rows)
+
+
+def _mu_star_sphere(act, b: int) -> float:
+    from bnlab.theory.forward import _forward_moments_sphere
+
+    m = _forward_moments_sphere(act, b)
+    return float(m[0] - m[1])
+
+
+def _backward_sphere(act, b: int):
+    k = b / ((b - 3.0) * _mu_star_sphere(act, b))
+    return projected_eigenvalues(k * _backward_moments_sphere(act, b), b)
+
+
+# -- Monte Carlo -----------------------------------------------------------------
+def _backward_montecarlo(act, b: int, n_samples: int, rng, chunk: int = 4000):
+    """Traces of X ↦ Ã X Ãᵀ (Ã = P_u D G) over RG, L, M per sample; ratio to E|Gφ(√B u)|²."""
+    sums = {"G": [], "L": [], "M": [], "den": []}
+    g_mat = np.eye(b) - 1.0 / b
+    done = 0
+    while done < n_samples:
+        n = min(chunk, n_samples - done)
+        u = _sample_sphere(b, n, rng)
+        d = act.derivative(math.sqrt(b) * u)
+        f = act(math.sqrt(b) * u)
+        gf = f - f.mean(axis=1, keepdims=True)
+        p = g_mat[None] - u[:, :, None] * u[:, None, :]
+        at = (p * d[:, None, :]) @ g_mat  # P D G
+        fro = np.einsum("nij,nij->n", at, at)
+        tr = np.einsum("nii->n", at)
+        tr2 = np.einsum("nij,nji->n", at, at)
+        diag2 = np.einsum("nii->ni", at) ** 2
+        t_h = 0.5 * (tr * tr + tr2)
+        t_g = fro / (b - 1)
+        t_l = (diag2.sum(axis=1) - fro / b) / (1.0 - 2.0 / b)
+        sums["G"].append(t_g)
+        sums["L"].append(t_l)
+        sums["M"].append(t_h - t_g - t_l)
+        sums["den"].append((gf * gf).sum(axis=1) / (b - 1))  # μ*
+        done += n
+    arr = {k: np.concatenate(v) for k, v in sums.items()}
+    k = b / (b - 3.0)
+    dims = {"G": 1.0, "L": b - 1.0, "M": b * (b - 3) / 2.0}
+    out, err = [], []
+    for s in ("G", "L", "M"):
+        r, e = _ratio_stats(k * arr[s] / dims[s], arr["den"])
+        out.append(r)
+        err.append(e)
+    return out, tuple(err)
+
+
+# -- closed forms ------------------------------------------------------------------
+def _backward_closed(kind: str, b: int):
+    if kind == "identity":
+        lam_g = (b - 2.0) / (b - 3.0)
+        lam = (b * b - 2.0 * b - 1.0) / (b * b - 2.0 * b - 3.0)
+        return lam_g, lam, lam
+    j1, dj1 = _arccos_kernel(-1.0 / (b - 1))
+    lam_g = ((b - 1.0 + dj1) / (1.0 - j1) - 1.0) / (b - 3.0)  # Thm 3.10, Eq. 19
+    # Thm G.12 with α = 1, J_φ = J_1 (J_1(1) = 1)
+    alpha = 1.0
+    den = 1.0 - j1
+    lam_l = (
+        -2 * alpha**2 * (b - 2) * (b - 1 + alpha) / ((b - 3) * (b - 1) * (b - 1 + 2 * alpha))
+        + 2
+        * (alpha**2 * (3 * b - 4) + alpha * (3 * b * b - 11 * b + 8) + (b - 3) * (b - 1) ** 2)
+        / ((b - 3) * (b - 1) ** 2 * (b - 1 + 2 * alpha))
+        * dj1
+        / den
+        + alpha**2 * (b - 2) * (b - 3 + 2 * alpha) / ((2 * alpha - 1) * (b - 3) * (b - 1)) / den
+    )
+    lam_m = (
+        b * (b * b + 2 * (alpha - 2) * b + 2 * (alpha - 3) * alpha + 3) / ((b - 3) * (b - 1) * (b - 1 + 2 * alpha)) * dj1 / den
+    )
+    return lam_g, lam_l, lam_m
+
+
+# -- Gegenbauer ----------------------------------------------------------------------
+def _gradient_rate_gegenbauer(act, b: int, n_terms: int) -> float:
+    """Thm 3.9 / G.5: λ_G↓ = Σ (l+B−3)l/(B−3) a_l² v_l / Σ a_l² v_l, v_l = N_l(1 − P_l(−1/(B−1)))."""
+    _, _, bc, pxi = _gegenbauer_energy(act, b, n_terms)
+    l = np.arange(n_terms, dtype=np.float64)
+    v = bc * bc * (1.0 - pxi)
+    return float(np.sum((l + b - 3.0) * l / (b - 3.0) * v) / np.sum(v))
+
+
+# -- public ---------------------------------------------------------------------------
+def backward_eigenvalues(
+    phi,
+    batch_size: int,
+    *,
+    method: str = "auto",
+    n_terms: int | None = None,
+    n_samples: int = 200_000,
+    seed=0,
+) -> BackwardEigenvalues:
+    """Eigenvalues λ_G↓ (gradient explosion rate), λ_L↓, λ_M↓ of the backward dynamics at the BSB1 fixed point.
+
+    Parameters
+    ----------
+    phi : str, callable or Activation
+    batch_size : int
+        B ≥ 4 (B = 3: the mean field backward map diverges, ``ValueError``).
+    method : {"auto", "closed", "sphere", "gegenbauer", "montecarlo"}
+    n_terms, n_samples, seed :
+        Gegenbauer truncation; Monte Carlo sample size and seed.
+
+    Returns
+    -------
+    BackwardEigenvalues
+
+    Accuracy
+    --------
+    closed: rounding; sphere: ≈1e-10 relative; gegenbauer: ≈1e-12 (smooth φ),
+    ≈1e-7 (relu); montecarlo: the returned standard errors.
+
+    References
+    ----------
+    Yang et al. 2019, Thms 3.9, 3.10, G.5, G.12, App. G.1.1.
+    """
+    act = _resolve(phi)
+    b = check_batch_size(batch_size)
+    _require_b4(b)
+    method = _check_method(method, BACKWARD_METHODS, "the backward eigenvalues")
+    _check_derivative_integrable(act)
+    kind = _closed_kind(act)
+    if method == "auto":
+        method = "closed" if kind is not None else "sphere"
+    stderr = None
+    if method == "closed":
+        if kind is None:
+            raise ValueError(
+                f"method='closed' is not available for phi={act.spec!r}: closed forms exist for relu and identity "
+                "(Thm 3.10, G.12); use method='sphere' or 'gegenbauer'"
+            )
+        lam_g, lam_l, lam_m = _backward_closed(kind, b)
+    elif method == "sphere":
+        ev = _backward_sphere(act, b)
+        lam_g, lam_l, lam_m = ev.lambda_G, ev.lambda_L, ev.lambda_M
+    elif method == "gegenbauer":
+        if b > MAX_QUADRATURE_BATCH:
+            raise ValueError(f"batch_size={b} is not allowed for method='gegenbauer': expected <= {MAX_QUADRATURE_BATCH}")
+        nt = _default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
+        lam_g = _gegenbauer_series(lambda k: _gradient_rate_gegenbauer(act, b, k), act, nt)
+        lam_l, lam_m = None, None
+    else:
+        n, rng = _montecarlo_samples(n_samples, seed)
+        (lam_g, lam_l, lam_m), stderr = _backward_montecarlo(act, b, n, rng)
+    _check_finite(act, b, method, lam_g, lam_l, lam_m)
+    f = lambda v: None if v is None else float(v)  # noqa: E731
+    return BackwardEigenvalues(float(lam_g), f(lam_l), f(lam_m), method, stderr)
+
+
+def gradient_explosion_rate(
+    phi, batch_size: int, *, eps: float = 0.0, sigma_w2: float = 1.0, method: str = "auto"
+) -> float:
+    """The gradient explosion rate λ_G↓: E|∇_{h^l} L|² grows as λ_G↓^{L−l} (Yang et al. 2019, Thm 3.9).
+
+    Parameters
+    ----------
+    phi, batch_size, method :
+        As in :func:`backward_eigenvalues`.
+    eps : float
+        Batchnorm ε ≥ 0.  For ε > 0 the fixed point and rate depend on σ_w²
+        and the computation is delegated to
+        :func:`bnlab.theory.epsilon.epsilon_analysis` (§3.1.2 "Effect of ε").
+    sigma_w2 : float
+        Weight variance σ_w² > 0 (irrelevant when ε = 0: batchnorm is scale invariant).
+
+    Returns
+    -------
+    float
+        λ_G↓ > 1 for every non-constant φ with a BSB1 fixed point (Thm 3.9);
+        relu: decreases to π/(π−1) ≈ 1.467 (Thm 3.10); identity: (B−2)/(B−3).
+    """
+    eps = check_real("eps", eps, minimum=0.0)
+    sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
+    if eps > 0.0:
+        from bnlab.theory.epsilon import epsilon_analysis
+
+        res = epsilon_analysis(phi, batch_size, eps, sigma_w2=sigma_w2)
+        return float(res.grad_explosion_rate)
+    return backward_eigenvalues(phi, batch_size, method=method).lambda_G
+
+
+def weight_gradient_norms(phi, batch_size: int, depth: int, *, method: str = "auto") -> np.ndarray:
+    """Predicted per-layer weight-gradient second moments relative to the last layer (Yang et al. 2019, App. L).
+
+    Definition: for a depth-``depth`` network at the BSB1 fixed point,
+    E[(∂L/∂W^l_{αβ})²] = ⟨Π^l, Σ*⟩ = μ* tr Π^l (App. L), and since the trace
+    of Π only sees its RG component, which G^{⊗2}∘F multiplies by λ_G↓,
+    tr Π^l = λ_G↓^{depth−l} tr Π^{depth} once Π is G-projected (from the
+    second-to-last layer on).  Returns the array
+    ``r[l−1] = E(∂L/∂W^l)² / E(∂L/∂W^depth)² = λ_G↓^{depth−l}`` for
+    l = 1, …, depth (so r[-1] = 1 and r[0] = λ_G↓^{depth−1}), assuming
+    Π^{depth} ∈ H_B^G.
+
+    Returns
+    -------
+    numpy.ndarray of shape (depth,), float64 (overflows to inf only beyond ~1e308).
+    """
+    d = check_int("depth", depth, minimum=1)
+    rate = gradient_explosion_rate(phi, batch_size, method=method)
+    return np.power(rate, np.arange(d - 1, -1, -1, dtype=np.float64))
