@@ -1,0 +1,299 @@
+"""Everything the mean field theory of batchnorm says about (φ, B, ε) in one call (Yang et al. 2019).
+
+:func:`analyze` returns a :class:`TheoryResult`: the BSB1 fixed point (q*, c*),
+the forward eigenvalues λ_G↑ = 0, λ_L↑, λ_M↑ (§3.1.1), the backward eigenvalues
+λ_G↓ (gradient explosion rate), λ_L↓, λ_M↓ (§3.1.2), the cross-batch fixed
+point c_CB* and rate λ_M̃ (§3.2), the depth scale ξ = 1/log λ_G↓ and the
+maximum trainable depth 16ξ (§4), and whether the BSB1 fixed point is the
+attractor at all (``fixed_point_kind``; App. J, K).
+
+Methods (``method``):
+
+* ``"auto"``: the most accurate available route for each quantity (closed
+  forms for relu/identity, Gegenbauer/closed fixed point from
+  :func:`bnlab.theory.bsb1_fixed_point`, spherical integration otherwise);
+* ``"closed"``: closed forms only (relu, identity; else ``ValueError``);
+* ``"laplace"``: the Laplace method, i.e. positive-homogeneous φ: fixed point
+  by :mod:`bnlab.theory.laplace`, dynamics by the Laplace-method closed forms
+  (Thms 3.7, 3.10, G.12, H.6), available for relu and identity;
+  ``ValueError`` for other φ;
+* ``"fourier"``: fixed point by the Fourier method (App. E.2); the paper
+  develops no Fourier form of the dynamics, so they come from spherical
+  integration — recorded in ``methods_used`` and in ``warnings``;
+* ``"sphere"``, ``"gegenbauer"``, ``"montecarlo"``: that route everywhere
+  (Gegenbauer has no form of λ_L↓, λ_M↓: those come from the sphere, recorded).
+
+``methods_used`` maps each group of quantities to the route that produced it.
+
+ε > 0: the fixed point and λ_G↓ come from :func:`bnlab.theory.epsilon_analysis`
+(which depends on σ_w²); the other eigenvalues are only developed for ε = 0
+and are returned as None with a warning.
+
+Symmetry breaking: when the BSB1 fixed point is not attracting
+(:func:`bnlab.theory.fixed_point_kind` says ``"BSB2"``, e.g. relu^α with α = 2
+at B = 8), no BSB1 quantity is returned (all None) and ``warnings`` says why.
+"""
+from __future__ import annotations
+
+import math
+import warnings as _warnings
+from dataclasses import asdict, dataclass, field
+
+from bnlab._validation import check_choice, check_real
+from bnlab.theory._checks import SmallBatchWarning, check_batch_size
+
+__all__ = ["METHODS", "TheoryResult", "analyze", "depth_scale", "max_trainable_depth", "TRAINABLE_DEPTH_FACTOR"]
+
+METHODS = ("auto", "closed", "laplace", "fourier", "sphere", "gegenbauer", "montecarlo")
+
+#: Yang et al. 2019 §4 overlays 16ξ on the measured trainability (Figs. 3, 5): an
+#: empirical constant (not derived in the paper).  Over 16ξ layers the gradient
+#: norm squared grows by e^16 ≈ 8.9e6, beyond which training failed in their runs.
+TRAINABLE_DEPTH_FACTOR = 16.0
+
+
+def depth_scale(rate: float) -> float:
+    """ξ = 1/log(λ): number of layers over which the gradient norm squared grows by e (Yang et al. 2019, §4).
+
+    Parameters
+    ----------
+    rate : float
+        Per-layer growth factor λ_G↓ > 0 of the gradient norm squared.
+
+    Returns
+    -------
+    float
+        1/log(rate) for rate > 1.  For 0 < rate ≤ 1 gradients do not explode
+        and there is no depth limit from gradient explosion: ``math.inf`` is
+        returned (:func:`analyze` adds a warning saying so).  rate ≤ 0, NaN or
+        inf raise ``ValueError``.
+    """
+    r = check_real("rate", rate, minimum=0.0, strict_minimum=True)
+    if r <= 1.0:
+        return math.inf
+    return 1.0 / math.log(r)
+
+
+def max_trainable_depth(rate: float) -> float:
+    """16ξ = 16/log(λ_G↓): the maximum trainable depth predicted in Yang et al. 2019, §4 (Figs. 3, 5).
+
+    The factor 16 is the paper's empirical constant (:data:`TRAINABLE_DEPTH_FACTOR`).
+    Returns ``math.inf`` when rate ≤ 1 (see :func:`depth_scale`).
+    """
+    return TRAINABLE_DEPTH_FACTOR * depth_scale(rate)
+
+
+@dataclass(frozen=True)
+class TheoryResult:
+    """What the mean field theory says about (φ, B, ε).  None marks a quantity that does not apply (see ``warnings``)."""
+
+    phi: str
+    batch_size: int
+    eps: float
+    sigma_w2: float
+    method: str
+    methods_used: dict = field(default_factory=dict)
+    fixed_point_kind: str | None = None
+    q_star: float | None = None
+    c_star: float | None = None
+    forward_lambda_G: float | None = None
+    forward_lambda_L: float | None = None
+    forward_lambda_M: float | None = None
+    grad_explosion_rate: float | None = None
+    backward_lambda_L: float | None = None
+    backward_lambda_M: float | None = None
+    cross_batch_c_star: float | None = None
+    cross_batch_rate: float | None = None
+    depth_scale: float | None = None
+    max_trainable_depth: float | None = None
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        """Plain dict (JSON-ready apart from non-finite floats, which callers map to null)."""
+        d = asdict(self)
+        d["warnings"] = list(self.warnings)
+        d["methods_used"] = dict(self.methods_used)
+        return d
+
+
+def _route(method: str, act, b: int):
+    """Method per group of quantities (fixed point, forward, backward, cross-batch) and notes."""
+    from bnlab.theory.forward import _closed_kind
+
+    kind = _closed_kind(act)
+    notes = []
+    if method == "auto":
+        dyn = "closed" if (kind is not None and b >= 4) else "sphere"
+        return {"fixed_point": "auto", "forward": dyn, "backward": dyn, "cross_batch": dyn}, notes
+    if method in ("closed", "laplace"):
+        if kind is None:
+            what = "closed forms" if method == "closed" else "the Laplace method's closed forms"
+            raise ValueError(
+                f"method={method!r} does not apply to phi={act.spec!r}: {what} of the dynamics exist for relu and "
+                "identity (Thms 3.7, 3.10, G.12, H.6); use method='sphere', 'gegenbauer' or 'auto'"
+            )
+        return {"fixed_point": method, "forward": "closed", "backward": "closed", "cross_batch": "closed"}, notes
+    if method == "fourier":
+        notes.append(
+            "method='fourier': the paper develops the Fourier method for the fixed point only (App. E.2); "
+            "the eigenvalues and cross-batch quantities come from spherical integration"
+        )
+        return {"fixed_point": "fourier", "forward": "sphere", "backward": "sphere", "cross_batch": "sphere"}, notes
+    if method == "gegenbauer":
+        notes.append("method='gegenbauer': λ_L↓ and λ_M↓ have no Gegenbauer form in the paper; they come from spherical integration")
+        return {"fixed_point": "gegenbauer", "forward": "gegenbauer", "backward": "gegenbauer", "cross_batch": "gegenbauer"}, notes
+    return {"fixed_point": method, "forward": method, "backward": method, "cross_batch": method}, notes
+
+
+def analyze(
+    phi,
+    batch_size: int,
+    *,
+    eps: float = 0.0,
+    sigma_w2: float = 1.0,
+    gamma: float = 1.0,
+    beta: float = 0.0,
+    method: str = "auto",
+    **phi_params,
+) -> TheoryResult:
+    """Everything the mean field theory of batchnorm says about (φ, B, ε) (Yang et al. 2019).
+
+    Parameters
+    ----------
+    phi : str, callable or Activation
+        A registered name, an expression in x, a callable or an Activation.
+    batch_size : int
+        B ≥ 3 (B = 2: ``ValueError`` explaining why; B = 3: ``SmallBatchWarning``
+        and the backward quantities are None because the mean field backward map diverges).
+    eps : float
+        Batchnorm ε ≥ 0.
+    sigma_w2 : float
+        Weight variance > 0 (matters only for ε > 0).
+    gamma, beta : float
+        The nonlinearity is x ↦ φ(γx + β) (§3.1.2, Fig. 5).
+    method : one of :data:`METHODS`
+    **phi_params :
+        Parameters of a named family (``alpha=2`` for alpha_relu, ``slope`` for leaky_relu).
+
+    Returns
+    -------
+    TheoryResult
+
+    Accuracy
+    --------
+    That of the routes in ``methods_used`` (see :mod:`bnlab.theory.forward`,
+    :mod:`bnlab.theory.backward`, :mod:`bnlab.theory.cross_batch`): rounding
+    for closed forms, ≈1e-10 for spherical integration, Monte Carlo standard
+    errors for ``"montecarlo"``.
+    """
+    from bnlab.activations import get_activation
+
+    method = check_choice("method", method, METHODS)
+    eps = check_real("eps", eps, minimum=0.0)
+    sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
+    gamma = check_real("gamma", gamma)
+    beta = check_real("beta", beta)
+    act = get_activation(phi, gamma=gamma, beta=beta, **phi_params)
+    notes: list[str] = []
+    with _warnings.catch_warnings(record=True) as caught:
+        _warnings.simplefilter("always", SmallBatchWarning)
+        b = check_batch_size(batch_size)
+    for w in caught:
+        notes.append(str(w.message))
+        _warnings.warn(w.message, w.category, stacklevel=2)
+    routes, route_notes = _route(method, act, b)
+    notes += route_notes
+    with _warnings.catch_warnings():
+        # B = 3 was reported once above; the building blocks would repeat it
+        _warnings.simplefilter("ignore", SmallBatchWarning)
+        return _analyze(act, b, eps, sigma_w2, method, routes, notes)
+
+
+def _analyze(act, b, eps, sigma_w2, method, routes, notes) -> TheoryResult:
+    from bnlab.theory.backward import backward_eigenvalues
+    from bnlab.theory.cross_batch import cross_batch_analysis
+    from bnlab.theory.fixed_point import bsb1_fixed_point
+    from bnlab.theory.forward import forward_eigenvalues
+
+    used: dict[str, str] = {}
+    base = dict(phi=act.spec, batch_size=b, eps=eps, sigma_w2=sigma_w2, method=method)
+
+    # -- is BSB1 the attractor?  (App. J, K)
+    kind = _fixed_point_kind(act, b, notes)
+    used["fixed_point_kind"] = "bsb1_stability (max(λ_L↑, λ_M↑) < 1)"
+    if kind == "BSB2":
+        notes.append(
+            f"the BSB1 fixed point of phi={act.spec!r} at batch_size={b} is not attracting (symmetry breaking, "
+            "Yang et al. 2019 App. J, K): the covariance converges to a BSB2 fixed point, so the BSB1 quantities "
+            "(fixed point, eigenvalues, rates, depth scale) do not describe the network and are not returned"
+        )
+        return TheoryResult(**base, methods_used=used, fixed_point_kind=kind, warnings=tuple(notes))
+
+    out: dict = {}
+    # -- fixed point
+    if eps > 0.0:
+        from bnlab.theory.epsilon import epsilon_analysis
+
+        er = epsilon_analysis(act, b, eps, sigma_w2=sigma_w2)
+        out.update(q_star=er.q_star, c_star=er.c_star, grad_explosion_rate=er.grad_explosion_rate)
+        used["fixed_point"] = used["backward"] = f"epsilon_analysis ({er.method})"
+        notes.append(
+            f"eps={eps:g} > 0: the fixed point and the gradient explosion rate include ε (bnlab.theory.epsilon); "
+            "the other eigenvalues and the cross-batch quantities are developed for ε = 0 only and are not returned"
+        )
+    else:
+        fp_method = {"montecarlo": "montecarlo", "closed": "closed"}.get(routes["fixed_point"], routes["fixed_point"])
+        if fp_method == "gegenbauer" and b < 4:
+            fp_method = "sphere"
+        fp = bsb1_fixed_point(act, b, method=fp_method)
+        out.update(q_star=fp.q_star, c_star=fp.c_star)
+        used["fixed_point"] = fp.method
+        # -- forward
+        fw = forward_eigenvalues(act, b, method=routes["forward"])
+        out.update(forward_lambda_G=fw.lambda_G, forward_lambda_L=fw.lambda_L, forward_lambda_M=fw.lambda_M)
+        used["forward"] = fw.method
+        # -- backward
+        if b < 4:
+            notes.append("batch_size=3: E|Gh|⁻² diverges, so the mean field backward quantities are infinite (App. J); not returned")
+        else:
+            try:
+                bw = backward_eigenvalues(act, b, method=routes["backward"])
+            except ValueError as exc:
+                if "not square integrable" not in str(exc):
+                    raise
+                notes.append(str(exc))
+                bw = None
+            if bw is not None:
+                lam_l, lam_m = bw.lambda_L, bw.lambda_M
+                used["backward"] = bw.method
+                if lam_l is None and b >= 4:
+                    sb = backward_eigenvalues(act, b, method="sphere")
+                    lam_l, lam_m = sb.lambda_L, sb.lambda_M
+                    used["backward_L_M"] = "sphere"
+                out.update(grad_explosion_rate=bw.lambda_G, backward_lambda_L=lam_l, backward_lambda_M=lam_m)
+        # -- cross batch
+        cb = cross_batch_analysis(act, b, method=routes["cross_batch"])
+        out.update(cross_batch_c_star=cb.c_star, cross_batch_rate=cb.rate)
+        used["cross_batch"] = cb.method
+    rate = out.get("grad_explosion_rate")
+    if rate is not None:
+        if math.isfinite(rate) and rate > 0:
+            out["depth_scale"] = depth_scale(rate)
+            out["max_trainable_depth"] = max_trainable_depth(rate)
+            if rate <= 1.0:
+                notes.append(f"grad_explosion_rate={rate:.6g} ≤ 1: gradients do not explode; depth_scale is infinite")
+        else:
+            notes.append(f"grad_explosion_rate={rate!r}: the depth scale is 0 (gradients blow up at once)")
+            out["depth_scale"] = 0.0
+            out["max_trainable_depth"] = 0.0
+    return TheoryResult(**base, methods_used=used, fixed_point_kind=kind, warnings=tuple(notes), **out)
+
+
+def _fixed_point_kind(act, b: int, notes: list) -> str:
+    """BSB1 iff the BSB1 fixed point is locally attracting: max(λ_L↑, λ_M↑) < 1 (Thm 3.8 discussion)."""
+    from bnlab.theory.symmetry import fixed_point_kind
+
+    try:
+        return fixed_point_kind(act, b, depth=None)
+    except TypeError:  # pragma: no cover - older signature
+        return fixed_point_kind(act, b)
