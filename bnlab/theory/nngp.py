@@ -112,7 +112,8 @@ def nngp_kernel(
     return_all_layers : bool
         If True return an array of shape (L, B, B) with Σ¹ … Σ^L.
     n_samples : int, optional
-        Samples per layer for the Monte Carlo routes (default 2^18).
+        Samples per layer for the random routes (``montecarlo`` here: default 2^18; the
+        core's defaults otherwise).
     seed : int
         Seed of the Monte Carlo routes (same seed → same result).
 
@@ -142,9 +143,8 @@ def nngp_kernel(
     sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
     sigma_b2 = check_real("sigma_b2", sigma_b2, minimum=0.0)
     method = check_choice("method", method, NNGP_METHODS)
-    if n_samples is None:
-        n_samples = _DEFAULT_SAMPLES
-    n_samples = check_int("n_samples", n_samples, minimum=1000)
+    if n_samples is not None:
+        n_samples = check_int("n_samples", n_samples, minimum=1000)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed={seed!r} is not allowed: expected an integer")
     seed = check_int("seed", seed, minimum=0)
@@ -169,7 +169,7 @@ def nngp_kernel(
         if core is not None and method != "montecarlo":
             v = np.asarray(core(phi, sigma, method=method, eps=eps, n_samples=n_samples, seed=seed + layer))
         else:
-            v = _bn_map_montecarlo(phi, sigma, eps, n_samples, rng)
+            v = _bn_map_montecarlo(phi, sigma, eps, n_samples or _DEFAULT_SAMPLES, rng)
         sigma = sigma_w2 * v + sigma_b2 * ones
         sigma = 0.5 * (sigma + sigma.T)
         layers.append(sigma)
