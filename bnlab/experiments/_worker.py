@@ -128,3 +128,4 @@ def execute_cell(run_cell: Callable[[dict], dict], params: dict, limit_threads: 
         versions=library_versions(),
     )
     return out
+

@@ -166,6 +166,9 @@ def open_client(scheduler: str | None = None, workers: int | None = None) -> Ite
     )
     client = Client(cluster)
     try:
+        from bnlab.experiments._dask_plugins import IgnoreSigint
+
+        client.register_plugin(IgnoreSigint())
         yield client
     finally:
         client.close()
