@@ -148,3 +148,59 @@ def test_cell_key_is_order_independent_and_value_sensitive(params, rnd):
     assert canonical_json(changed) != canonical_json(params)
     assert cell_key(changed) != cell_key(params)
     assert json.loads(canonical_json(params)) == params
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), st.integers(0, 2)),
+        st.tuples(st.just("done"), st.integers(0, 2), st.integers(0, 9)),
+        st.tuples(st.just("fail"), st.integers(0, 2)),
+        st.tuples(st.just("requeue_running")),
+        st.tuples(st.just("requeue_failed")),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_OPS)
+def test_store_transitions_match_a_reference_model(ops):
+    """Any interleaving of driver events leaves the store where a plain-Python state machine says it should.
+
+    In particular the first committed result of a cell is final: later results, failures and requeues never
+    change it (the store's guarantee that a finished cell is committed once and never recomputed).
+    """
+    import tempfile
+
+    cells = [{"i": i, "seed": i} for i in range(3)]
+    keys = [cell_key(c) for c in cells]
+    model = {k: {"status": "pending", "metrics": None, "attempts": 0} for k in keys}
+    with tempfile.TemporaryDirectory() as tmp, ResultsStore(f"{tmp}/m.sqlite") as s:
+        s.initialize("exp", "small", cells)
+        for op in ops:
+            if op[0] == "submit":
+                k = keys[op[1]]
+                s.mark_submitted([k])
+                if model[k]["status"] == "pending":
+                    model[k].update(status="running", attempts=model[k]["attempts"] + 1)
+            elif op[0] == "done":
+                k = keys[op[1]]
+                expected = model[k]["status"] != "done"
+                assert s.record_done(k, {"v": op[2]}) == expected
+                if expected:
+                    model[k].update(status="done", metrics={"v": op[2]})
+            elif op[0] == "fail":
+                k = keys[op[1]]
+                expected = model[k]["status"] != "done"
+                assert s.record_failed(k, "boom") == expected
+                if expected:
+                    model[k].update(status="failed", metrics=None)
+            else:
+                src = "running" if op[0] == "requeue_running" else "failed"
+                n = s.requeue_running() if src == "running" else s.requeue_failed()
+                assert n == sum(m["status"] == src for m in model.values())
+                for m in model.values():
+                    if m["status"] == src:
+                        m["status"] = "pending"
+        got = {r.key: {"status": r.status, "metrics": r.metrics, "attempts": r.attempts} for r in s.cells()}
+    assert got == model
