@@ -100,8 +100,15 @@ def _worker_name() -> str:
     return f"pid{os.getpid()}"
 
 
-def execute_cell(run_cell: Callable[[dict], dict], params: dict, limit_threads: bool = True) -> dict:
+def execute_cell(
+    run_cell: Callable[[dict], dict], params: dict, limit_threads: bool = True, uses_gpu: bool = False
+) -> dict:
     """Run ``run_cell(params)`` and return the outcome; exceptions become ``{"ok": False, "error": traceback}``.
+
+    For a ``uses_gpu`` experiment whose cell has no ``"device"`` parameter,
+    ``run_cell`` gets ``params["device"] = cell_device()`` (CUDA when present,
+    else CPU); the device is not part of the cell's identity (its key) and is
+    recorded in ``versions["device"]``.
 
     The returned dict has ``ok``, ``metrics`` or ``error``, ``started``,
     ``finished`` (ISO-8601 UTC), ``duration`` (seconds, monotonic clock),
@@ -112,8 +119,14 @@ def execute_cell(run_cell: Callable[[dict], dict], params: dict, limit_threads: 
     started = _now()
     t0 = time.perf_counter()
     out: dict[str, Any]
+    versions = library_versions()
     try:
-        metrics = jsonable_metrics(run_cell(dict(params)))
+        call_params = dict(params)
+        if uses_gpu and "device" not in call_params:
+            from bnlab.experiments.spec import cell_device
+
+            call_params["device"] = versions["device"] = cell_device()
+        metrics = jsonable_metrics(run_cell(call_params))
         out = {"ok": True, "metrics": metrics, "error": None}
     except Exception:  # a failing cell is a result, not a crash of the sweep
         out = {"ok": False, "metrics": None, "error": traceback.format_exc()}
@@ -125,7 +138,7 @@ def execute_cell(run_cell: Callable[[dict], dict], params: dict, limit_threads: 
         worker=_worker_name(),
         host=socket.gethostname(),
         pid=os.getpid(),
-        versions=library_versions(),
+        versions=versions,
     )
     return out
 

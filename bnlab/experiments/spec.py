@@ -65,9 +65,12 @@ class Experiment:
         ``compare(records) -> list[Comparison]``: the paper's numbers beside
         bnlab's, for the report table.
     uses_gpu:
-        Whether cells benefit from CUDA.  On a cluster whose workers declare
-        a ``GPU`` resource the engine sends these cells only there; inside
-        ``run_cell`` call :func:`cell_device` to get the device to use.
+        Whether cells benefit from CUDA (the engine gives them a GPU when
+        present): unless the cell's parameters set ``"device"``, ``run_cell``
+        receives ``params["device"]`` = :func:`cell_device` (``"cuda:<i>"``
+        when CUDA is present, else ``"cpu"``), which is not part of the cell's
+        identity.  On a cluster whose workers declare a ``GPU`` resource the
+        engine sends these cells only there.
     """
 
     name: str

@@ -229,7 +229,7 @@ def _run_serial(experiment: Experiment, rows, store: ResultsStore, progress: Swe
     executed = 0
     for row in rows:
         store.mark_submitted([row.key])
-        outcome = execute_cell(experiment.run_cell, row.params, limit_threads=False)
+        outcome = execute_cell(experiment.run_cell, row.params, False, experiment.uses_gpu)
         _commit(store, row.key, outcome, progress)
         executed += 1
     return executed
@@ -247,6 +247,7 @@ def _run_dask(experiment: Experiment, rows, store: ResultsStore, progress: Sweep
         [experiment.run_cell] * len(rows),
         [r.params for r in rows],
         [True] * len(rows),
+        [experiment.uses_gpu] * len(rows),
         key=[f"bnlab-{experiment.name}-{r.key}-{tag}" for r in rows],
         pure=False,
         retries=retries,

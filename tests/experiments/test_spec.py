@@ -50,3 +50,24 @@ def test_gpu_cells_ask_for_a_gpu_only_where_workers_have_one(helpers):
     assert _gpu_resources(_FakeClient([{}, {"GPU": 1}]), gpu_exp) == {"GPU": 1}
     assert _gpu_resources(_FakeClient([{}, {}]), gpu_exp) is None  # would otherwise wait forever
     assert _gpu_resources(_FakeClient([{"GPU": 1}]), cpu_exp) is None
+
+
+def echo_device(params):
+    return {"device": params.get("device"), "keys": sorted(params)}
+
+
+def test_gpu_experiments_get_a_device_outside_their_identity(tmp_path, monkeypatch):
+    from bnlab.experiments import ResultsStore, cell_key, run_sweep
+
+    monkeypatch.setenv("BNLAB_DEVICE", "cuda:5")  # what cell_device() would pick on a GPU machine
+    grid = lambda scale: [{"seed": 0}, {"seed": 1, "device": "cpu"}]  # noqa: E731
+    for uses_gpu, expected in ((True, ["cuda:5", "cpu"]), (False, [None, "cpu"])):
+        exp = Experiment(name=f"dev-{uses_gpu}", paper="p", figure="f", title="t", claim="c", grid=grid,
+                         run_cell=echo_device, plot=lambda r, o: [], uses_gpu=uses_gpu)
+        s = run_sweep(exp, results_dir=tmp_path, serial=True, progress=False)
+        with ResultsStore(s.store, readonly=True) as st:
+            rows = st.cells()
+        assert [r.metrics["device"] for r in rows] == expected
+        assert [r.key for r in rows] == [cell_key(c) for c in grid("small")]  # stored params unchanged
+        assert rows[0].params == {"seed": 0}
+        assert rows[0].versions.get("device") == (expected[0] if uses_gpu else None)
