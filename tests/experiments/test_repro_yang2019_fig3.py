@@ -125,7 +125,7 @@ def test_theory_line_matches_thm_3_10():
     # 16/log of the closed form of Thm 3.10 (both routes are exact up to
     # quadrature/rounding, so 1e-3 relative is generous).
     try:
-        from bnlab.theory import analyze  # noqa: F401
+        fig3._analyze_fn()
     except Exception as exc:
         pytest.skip(f"bnlab.theory.analyze not available yet: {exc}")
     fig3.theory_max_depth.cache_clear()
