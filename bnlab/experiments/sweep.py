@@ -179,7 +179,9 @@ def _gpu_resources(client, experiment: Experiment) -> dict | None:
     # Ask for a GPU only where workers advertise one; otherwise the cells would wait forever.
     if not experiment.uses_gpu:
         return None
-    workers = client.scheduler_info(n_workers=-1).get("workers", {}) if _accepts_n_workers(client) else client.scheduler_info().get("workers", {})
+    # Recent distributed lists only 5 workers unless asked for all (n_workers=-1).
+    info = client.scheduler_info(n_workers=-1) if _accepts_n_workers(client) else client.scheduler_info()
+    workers = info.get("workers", {})
     if any(w.get("resources", {}).get("GPU", 0) >= 1 for w in workers.values()):
         return {"GPU": 1}
     return None
