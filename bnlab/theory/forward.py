@@ -359,7 +359,7 @@ def _default_terms(act, batch_size: int) -> int:
     return 400 if act.homogeneity is not None else 160
 
 
-def _gegenbauer_series(fn, act, n_terms: int):
+def _gegenbauer_series(fn, act, n_terms: int, richardson_orders: tuple[int, ...] | None = None):
     """fn(n_terms) for smooth φ; for φ with a kink at 0 (positive-homogeneous) the truncation
     error of the series is algebraic, e ≈ C n^{−p} (measured p ≈ 1 for relu), so the values at
     n, 2n, 4n terms are combined by Aitken's Δ² (exact for e = C n^{−p}): relative error
@@ -367,6 +367,10 @@ def _gegenbauer_series(fn, act, n_terms: int):
     if act.homogeneity is None:
         return fn(n_terms)
     s0, s1, s2 = (np.asarray(fn(k * n_terms), dtype=np.float64) for k in (1, 2, 4))
+    if richardson_orders == (1, 2):
+        # known expansion e = C₁/n + C₂/n² (e.g. λ_G↓ for φ' with a jump): eliminate both terms
+        out = (8.0 * s2 - 6.0 * s1 + s0) / 3.0
+        return tuple(out.tolist()) if out.ndim else float(out)
     d1, d2 = s1 - s0, s2 - s1
     den = d2 - d1
     safe = np.abs(den) > 1e-300
