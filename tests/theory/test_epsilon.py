@@ -247,3 +247,34 @@ def test_bad_input(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         epsilon_analysis(args.pop("phi"), args.pop("batch_size"), args.pop("eps"), **args)
+
+
+# ---------------------------------------------------------------- cross-checks with the core modules
+def test_eps0_agrees_with_core_fixed_point_and_backward_rate():
+    # The core computes the ε = 0 fixed point and λ_G↓ by its own routes (Gegenbauer/sphere/closed
+    # forms); both sides claim ≤ 1e-9 for smooth φ → tolerance 1e-7.
+    fixed_point = pytest.importorskip("bnlab.theory.fixed_point")
+    backward = pytest.importorskip("bnlab.theory.backward")
+    for name in ("relu", "tanh"):
+        mine = epsilon_analysis(name, 8, 0.0)
+        fp = fixed_point.bsb1_fixed_point(name, 8)
+        assert mine.q_star == pytest.approx(fp.q_star, rel=1e-7)
+        assert mine.c_star == pytest.approx(fp.c_star, rel=1e-7, abs=1e-9)
+        rate = backward.backward_eigenvalues(name, 8).lambda_G
+        assert mine.grad_explosion_rate == pytest.approx(rate, rel=1e-7)
+
+
+@pytest.mark.parametrize(
+    "name,kw",
+    [("tanh", {}), ("alpha_relu", {"alpha": 1.5}), pytest.param("relu", {"beta": 2.0}, marks=pytest.mark.slow)],
+)
+def test_eps_fixed_point_is_fixed_under_core_transform(name, kw):
+    # σ_w² V_ε(Σ*) + σ_b² = Σ* with V_ε from the core's deterministic isotropic route at ε > 0
+    # (≈1e-13) — an independent quadrature of the same map; my error ≤ 1e-6 (kinked φ) → 1e-5.
+    bm = pytest.importorskip("bnlab.theory.batchnorm_map")
+    phi = get_activation(name, **kw)
+    b, eps, sw2, sb2 = 7, 0.3, 1.7, 0.2
+    r = epsilon_analysis(phi, b, eps, sigma_w2=sw2, sigma_b2=sb2)
+    sigma = _bsb1(b, r.q_star, r.c_star)
+    out = sw2 * np.asarray(bm.batchnorm_transform(phi, sigma, eps=eps)) + sb2
+    assert np.allclose(out, sigma, rtol=1e-5, atol=1e-6 * r.q_star)
