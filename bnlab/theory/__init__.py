@@ -65,3 +65,10 @@ def __getattr__(name: str):
 
 def __dir__():
     return __all__
+
+
+# The function `analyze` shares its name with the submodule `bnlab.theory.analyze`. Importing a
+# submodule binds it as an attribute of the package, which would shadow the lazy lookup above
+# (`bnlab.theory.analyze(...)` would then be a module). Binding the function eagerly, after the
+# submodule has been loaded once, keeps `bnlab.theory.analyze` the function for good.
+from bnlab.theory.analyze import analyze  # noqa: E402
