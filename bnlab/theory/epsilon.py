@@ -53,7 +53,11 @@ P4 = E φ'(u_1)v̂_1 φ'(u_2)v̂_2, u_i = A x_i, v̂_i = √((B−1)/B) x_i (exc
 reduces every B-coordinate sum to one- and two-coordinate expectations).  At ε = 0
 (s = 0, w = 1, E[1/Q] = 1/(B−3)) this is the ε = 0 rate of Thm 3.9/3.10, e.g.
 (B−2)/(B−3) for φ = id; for B = 3 and ε = 0 the expectation E[1/Q] diverges and
-the rate is +inf.  In the collapsed regime λ_G↓ is the limit μ* → 0: K(0)/((B−1) ε/σ_w²), which is
+the rate is +inf, as it is for relu^α with α ≤ 1/2 (E φ'² diverges).
+
+The BSB1 fixed point is computed whether or not it attracts the full dynamics: check
+Assumption 1 of the paper with :func:`bnlab.theory.fixed_point_kind` (e.g. relu^2 at
+B = 8 breaks the symmetry, and its BSB1 point is then unstable).  In the collapsed regime λ_G↓ is the limit μ* → 0: K(0)/((B−1) ε/σ_w²), which is
 σ_w² φ'(0)²/ε for φ differentiable at 0 (for tanh the transition is at ε/σ_w² = 1,
 where λ_G↓ → 1: the "phase transition near ε ~ 1" of Fig. 5c,d).
 
@@ -389,6 +393,9 @@ def _solve_mu(phi: Activation, batch_size: int, eps_ratio: float):
 def _grad_rate(phi: Activation, batch_size: int, eps_ratio: float, mu_unit: float) -> float:
     """λ_G↓ with σ_w² = 1 and ε = eps_ratio, at the fixed point μ*/σ_w² = mu_unit."""
     b = batch_size
+    if _is_homogeneous(phi) and phi.homogeneity <= 0.5:
+        # φ' ~ |x|^{α−1} near 0 and E φ'(u)² ∝ ∫ |x|^{2α−2} dx diverges for α ≤ 1/2
+        return math.inf
     if mu_unit == 0.0:
         # limit μ* → 0 of the formula below: Q + s → s = Bε/μ, w → 0
         return float(_backward_kernel(phi, b, np.array([0.0]))[0]) / ((b - 1) * eps_ratio)

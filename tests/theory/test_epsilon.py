@@ -226,6 +226,8 @@ def test_small_batches():
         r1 = epsilon_analysis("relu", 3, 0.1)
     assert any(issubclass(w.category, SmallBatchWarning) for w in rec)
     assert r0.grad_explosion_rate == math.inf  # E[1/Q], Q ~ χ²_2, diverges
+    # relu^α, α ≤ 1/2: E φ'² = ∫ |x|^{2α−2} diverges
+    assert epsilon_analysis(get_activation("alpha_relu", alpha=0.5), 8, 0.1).grad_explosion_rate == math.inf
     assert math.isfinite(r1.grad_explosion_rate) and r1.grad_explosion_rate > 1
 
 
