@@ -92,22 +92,19 @@ def _c_star_closed(act, b: int) -> float:
     """Thm H.6: c* = (a − b)² (B−1)^α/(4π) (Γ((B−1)/2) Γ((α+1)/2) / Γ((α+B−1)/2))²."""
     alpha = act.homogeneity
     a, bb = act.homogeneous_coeffs
-    log = (
-        alpha * math.log(b - 1.0)
-        - math.log(4 * math.pi)
-        + 2 * (special.gammaln((b - 1) / 2.0) + special.gammaln((alpha + 1) / 2.0) - special.gammaln((alpha + b - 1) / 2.0))
-    )
-    return (a - bb) ** 2 * math.exp(log)
+    # Γ((B−1)/2)/Γ((α+B−1)/2) = 1/P((B−1)/2, α/2) (Pochhammer: accurate for large B)
+    ratio = special.gamma((alpha + 1) / 2.0) / special.poch((b - 1) / 2.0, alpha / 2.0)
+    return (a - bb) ** 2 * (b - 1.0) ** alpha / (4 * math.pi) * ratio * ratio
 
 
 def _rate_closed(kind: str, b: int) -> float:
     if kind == "identity":
-        return math.exp(math.log(2.0) + 2 * special.gammaln(b / 2.0) - math.log(b - 1.0) - 2 * special.gammaln((b - 1) / 2.0))
+        return (b - 1.0) / 2.0 / special.poch(b / 2.0, 0.5) ** 2  # Thm 3.11: (B−1)/2 · P(B/2, 1/2)⁻²
     j1, _ = _arccos_kernel(-1.0 / (b - 1))
     mu = 0.5 * (1.0 - j1)
     kappa = (b - 1.0) / b
     # E[1{t>0} κ(1−t²)] with t ~ (1−t²)^{(B−4)/2}: κ/2 · B(1/2, B/2)/B(1/2, (B−2)/2)
-    e = 0.5 * kappa * math.exp(special.betaln(0.5, b / 2.0) - special.betaln(0.5, (b - 2) / 2.0))
+    e = 0.5 * kappa * special.poch((b - 2) / 2.0, 0.5) / special.poch(b / 2.0, 0.5)
     p = math.sqrt(b) * _radial_inverse_moment(b, 1) * b * e / (math.sqrt(mu) * (b - 1.0))
     return p * p
 

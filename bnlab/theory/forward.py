@@ -208,7 +208,8 @@ def _radial_inverse_moment(batch_size: int, power: float) -> float:
     n = batch_size - 1
     if power >= n:
         return math.inf
-    return math.exp(-0.5 * power * math.log(2.0) + special.gammaln((n - power) / 2.0) - special.gammaln(n / 2.0))
+    # Γ-ratios via the Pochhammer symbol: differences of log-gammas lose ~1e-10 at B ~ 1e5
+    return 2.0 ** (-0.5 * power) / special.poch((n - power) / 2.0, power / 2.0)
 
 
 def _sample_sphere(batch_size: int, n_samples: int, rng: np.random.Generator) -> np.ndarray:

@@ -14,9 +14,13 @@ import math
 
 import numpy as np
 import pytest
-from test_forward import backward_eigen_autograd, eigen_directions
 
 from bnlab.activations import get_activation
+
+try:  # the direct routes live in test_forward.py (works with and without tests/theory/__init__.py)
+    from .test_forward import backward_eigen_autograd, eigen_directions
+except ImportError:
+    from test_forward import backward_eigen_autograd, eigen_directions
 from bnlab.theory import backward_eigenvalues, gradient_explosion_rate, weight_gradient_norms
 from bnlab.theory.ultrasymmetric import dense_ultrasymmetric_operator, bracket_pattern
 
