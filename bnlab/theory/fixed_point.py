@@ -1,0 +1,309 @@
+"""The BSB1 fixed point of the batchnorm covariance dynamics (Yang et al. 2019, §3, Thms 3.4, 3.5, F.5, F.8, F.13).
+
+The dynamics Σ^l = V_Bφ(Σ^{l−1}) (Eq. 43 with ε = 0) have a unique BSB1
+fixed point Σ* = q*[(1−c*)I + c*11ᵀ] = μ*I + ν*11ᵀ.  Because V_Bφ(Σ)
+depends on a BSB1 Σ only through GΣG ∝ G, one application of V_Bφ to *any*
+BSB1 matrix already gives Σ* (proof of Thm F.5).
+
+Parametrizations (:class:`BSB1FixedPoint`):
+
+* q* = Σ*_ii, c* = Σ*_ij/Σ*_ii (§3, Thm 3.4);
+* μ* = q*(1 − c*), ν* = q*c* (App. F: Thm F.5, Thm F.13).  μ* is also the
+  eigenvalue of GΣ*G on im G, i.e. GΣ*G = μ*G (Cor. F.9: "GΣ*G = μ*I_{B−1}"
+  in the basis 𝔢) — the two uses of μ* in App. F agree.
+
+Methods:
+
+``"closed"``     positive-homogeneous φ of degree α: Thm F.8,
+                 q* = K_{α,B} J_φ(1), q*c* = K_{α,B} J_φ(−1/(B−1)),
+                 K_{α,B} = c_α Γ((B−1)/2)/Γ((B−1)/2 + α) ((B−1)/2)^α (Defn F.6),
+                 with the ratio of gammas evaluated as exp of a difference of
+                 log-gammas by ``scipy.special.poch`` (B up to 10⁶ and beyond).
+                 relu: q* = 1/2, c* = J_1(−1/(B−1)) (Thm 3.5).
+``"gegenbauer"`` Thm 3.4 / F.13 with the orthonormal coefficients of
+                 :mod:`.gegenbauer` (B ≥ 4).
+``"sphere"``     Thm F.5, 1-D/2-D angular integrals (:mod:`.spherical`).
+``"fourier"``    App. E.2 isotropic reduction (:mod:`.fourier`).
+``"laplace"``    Thm 3.2 integrated numerically at Σ = G (distinct from "closed",
+                 which has the s-integral done analytically).
+``"iterate"``    iterate V_Bφ from a generic (seeded) Σ⁰ (App. F.1) until
+                 successive iterates agree; raises if the limit is not BSB1
+                 (symmetry breaking, App. J/K) or if it does not converge.
+                 Positive-homogeneous φ: Laplace steps to 1e-10; other φ:
+                 30 layers of the spherical QMC cubature (accuracy ~1e-3).
+``"montecarlo"`` V_Bφ of a BSB1 Σ by direct sampling (the reference; its
+                 ``abs_error`` is 3 standard errors).
+``"auto"``       closed where available, else gegenbauer (B ≥ 4) with the
+                 spherical route as fallback for slowly converging series.
+
+Errata
+------
+* Thm 3.5 / Thm F.8 are consistent with each other and with the numerics:
+  for relu q* = K_{1,B}J_relu(1) = c_1·((B−1)/2)/((B−1)/2)·1 = 1/2.
+* Cor. F.9 writes GΣ*G = μ*I_{B−1}: it is μ*G in R^{B×B} (μ*I_{B−1} is its
+  expression 𝔢ᵀΣ*𝔢 in the basis 𝔢).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+
+from bnlab._validation import check_choice, check_int, check_psd_matrix, check_real
+from bnlab.activations import Activation, get_activation
+from bnlab.theory._checks import check_batch_size
+from bnlab.theory._linalg import bsb1, bsb1_parts, centering_matrix
+
+__all__ = ["BSB1FixedPoint", "bsb1_fixed_point", "iterate_batch_covariance", "FIXED_POINT_METHODS"]
+
+FIXED_POINT_METHODS = ("auto", "closed", "gegenbauer", "sphere", "fourier", "laplace", "iterate", "montecarlo")
+
+
+@dataclass(frozen=True)
+class BSB1FixedPoint:
+    """The BSB1 fixed point Σ* = q*[(1−c*)I + c*11ᵀ] = μ*I + ν*11ᵀ (Yang et al. 2019, §3, App. F).
+
+    Attributes
+    ----------
+    batch_size : B
+    q_star, c_star : diagonal entry and correlation of Σ*
+    mu_star, nu_star : Σ* = μ*I + ν*11ᵀ; GΣ*G = μ*G
+    method : the route that produced it
+    abs_error : estimate of the absolute error of the entries of Σ*
+    """
+
+    batch_size: int
+    q_star: float
+    c_star: float
+    mu_star: float
+    nu_star: float
+    method: str
+    abs_error: float
+
+    def matrix(self) -> np.ndarray:
+        """Σ* as a (B, B) array."""
+        return bsb1(self.batch_size, self.q_star, self.nu_star)
+
+    @classmethod
+    def from_entries(cls, batch_size: int, diagonal: float, off_diagonal: float, method: str, abs_error: float):
+        q = float(diagonal)
+        nu = float(off_diagonal)
+        c = nu / q if q != 0 else float("nan")
+        return cls(int(batch_size), q, c, q - nu, nu, method, float(abs_error))
+
+
+def _k_alpha_b(alpha: float, b: int) -> float:
+    """K_{α,B} = c_α Γ((B−1)/2)/Γ((B−1)/2 + α) ((B−1)/2)^α (Yang et al. 2019, Defn F.6)."""
+    from bnlab.theory.vphi import alpha_relu_second_moment
+
+    h = 0.5 * (b - 1)
+    # log Γ(h+α) − log Γ(h) for large h without cancellation: poch is exact-ratio based
+    ratio = special.poch(h, alpha)
+    return alpha_relu_second_moment(alpha) * math.exp(alpha * math.log(h) - math.log(ratio))
+
+
+def _closed(act: Activation, b: int) -> BSB1FixedPoint:
+    from bnlab.theory.laplace import require_homogeneous
+    from bnlab.theory.vphi import alpha_relu_second_moment, homogeneous_kernel
+
+    alpha = require_homogeneous(act, "method='closed'")
+    k = _k_alpha_b(alpha, b) / alpha_relu_second_moment(alpha)
+    # K_{α,B} J_φ(c) = (K_{α,B}/c_α)·k_φ(c), k_φ = c_α J_φ
+    diag = k * float(homogeneous_kernel(act, 1.0))
+    off = k * float(homogeneous_kernel(act, -1.0 / (b - 1)))
+    return BSB1FixedPoint.from_entries(b, diag, off, "closed", 1e-15 * max(abs(diag), abs(off)))
+
+
+def _gegenbauer(act: Activation, b: int) -> BSB1FixedPoint:
+    from bnlab.theory.gegenbauer import GegenbauerTruncationWarning, _expansion, gegenbauer_quadratic_form
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GegenbauerTruncationWarning)
+        coeffs, q, tail = _expansion(act, b, None, 1e-13, 1024)
+    vals = gegenbauer_quadratic_form(coeffs, b, np.array([1.0, -1.0 / (b - 1)]))
+    err = abs(tail) + 1e-14 * abs(q)
+    if abs(tail) > 1e-9 * abs(q):
+        warnings.warn(
+            f"Gegenbauer series of phi={act.spec!r} at B={b} converges slowly (relative tail {tail / q:.1e}); "
+            "the fixed point's abs_error reflects it",
+            stacklevel=3,
+        )
+    return BSB1FixedPoint.from_entries(b, vals[0], vals[1], "gegenbauer", err)
+
+
+def _sphere(act: Activation, b: int) -> BSB1FixedPoint:
+    from bnlab.theory.spherical import isotropic_transform_entries
+
+    d, o, err = isotropic_transform_entries(act, b)
+    return BSB1FixedPoint.from_entries(b, d, o, "sphere", err)
+
+
+def _fourier(act: Activation, b: int) -> BSB1FixedPoint:
+    from bnlab.theory.fourier import fourier_isotropic_entries
+
+    d, o, err = fourier_isotropic_entries(act, b)
+    return BSB1FixedPoint.from_entries(b, d, o, "fourier", err)
+
+
+def _laplace(act: Activation, b: int) -> BSB1FixedPoint:
+    from bnlab.theory.laplace import laplace_transform, require_homogeneous
+
+    require_homogeneous(act, "method='laplace'")
+    v, err = laplace_transform(act, centering_matrix(b))
+    parts = bsb1_parts(v, rtol=1e-9)
+    d, o = parts if parts is not None else (float(np.mean(np.diag(v))), float(v[0, 1]))
+    return BSB1FixedPoint.from_entries(b, d, o, "laplace", err)
+
+
+def _montecarlo(act: Activation, b: int, n_samples: int, seed) -> BSB1FixedPoint:
+    from bnlab.theory.batchnorm_map import _montecarlo as mc
+
+    mean, se = mc(act, np.eye(b), b, 0.0, n_samples, seed)
+    off_mask = ~np.eye(b, dtype=bool)
+    d = float(np.mean(np.diag(mean)))
+    o = float(np.mean(mean[off_mask]))
+    # entries are correlated, so use the mean per-entry standard error (conservative for the averages)
+    err = 3.0 * float(max(np.mean(np.diag(se)), np.mean(se[off_mask])))
+    return BSB1FixedPoint.from_entries(b, d, o, "montecarlo", err)
+
+
+def _iterate(act: Activation, b: int, seed, max_depth: int = 3000, tol: float = 1e-10) -> BSB1FixedPoint:
+    homogeneous = act.homogeneity is not None and act.homogeneous_coeffs is not None and act.homogeneity > 0
+    if not homogeneous:
+        return _iterate_qmc(act, b, seed)
+    rng = np.random.default_rng(0 if seed is None else seed)
+    a = rng.standard_normal((b, b))
+    sigma = a @ a.T / b + 0.1 * np.eye(b)
+    prev_delta = None
+    err = float("inf")
+    for _ in range(max_depth):
+        new = _laplace_step(act, sigma)
+        delta = float(np.max(np.abs(new - sigma)))
+        sigma = new
+        # geometric convergence at rate r: the remaining error is ≈ delta·r/(1−r)
+        if prev_delta is not None and 0 < delta < prev_delta:
+            r = delta / prev_delta
+            err = delta * r / (1.0 - r)
+            if err <= tol * max(1.0, float(np.max(np.abs(sigma)))):
+                break
+        prev_delta = delta
+    else:
+        raise ValueError(
+            f"method='iterate' did not converge for phi={act.spec!r}, B={b} within {max_depth} layers "
+            f"(last change {delta:.2e})"
+        )
+    return _bsb1_or_raise(act, sigma, 1e-7, err)
+
+
+def _bsb1_or_raise(act, sigma, rtol, err):
+    parts = bsb1_parts(sigma, rtol=rtol)
+    if parts is None:
+        raise ValueError(
+            f"method='iterate': the dynamics for phi={act.spec!r}, B={sigma.shape[0]} converged to a matrix that "
+            "is not BSB1 (symmetry breaking, Yang et al. 2019 App. J/K); there is no attracting BSB1 fixed point"
+        )
+    return BSB1FixedPoint.from_entries(sigma.shape[0], parts[0], parts[1], "iterate", err)
+
+
+def _laplace_step(act, sigma):
+    from bnlab.theory.laplace import laplace_transform
+
+    return laplace_transform(act, sigma)[0]
+
+
+def _iterate_qmc(act: Activation, b: int, seed, max_depth: int = 30, n_points: int = 2**12) -> BSB1FixedPoint:
+    """Iterate with the spherical QMC cubature (common random numbers, so the map is deterministic).
+
+    For φ without an accurate general-Σ route the iteration is only as good as
+    the cubature (~1e-4): the limit is accepted as BSB1 when it is within 1e-2
+    relative of its BSB1 projection, and ``abs_error`` is the larger of the
+    cubature's standard error and the distance to that projection.
+    """
+    from bnlab.theory.spherical import qmc_transform
+
+    rng = np.random.default_rng(0 if seed is None else seed)
+    a = rng.standard_normal((b, b))
+    sigma = a @ a.T / b + 0.1 * np.eye(b)
+    qseed = int(rng.integers(2**31))
+    se = np.zeros((b, b))
+    for _ in range(max_depth):
+        sigma, se = qmc_transform(act, sigma, n_points=n_points, n_replicates=4, seed=qseed)
+        sigma = 0.5 * (sigma + sigma.T)
+    d = float(np.mean(np.diag(sigma)))
+    o = float((sigma.sum() - np.trace(sigma)) / (b * (b - 1)))
+    dist = float(np.max(np.abs(sigma - bsb1(b, d, o))))
+    fp = _bsb1_or_raise(act, sigma, 1e-2, 0.0)
+    return BSB1FixedPoint.from_entries(b, fp.q_star, fp.nu_star, "iterate", max(dist, 3.0 * float(np.max(se))))
+
+
+def bsb1_fixed_point(phi, batch_size, *, method: str = "auto", n_samples: int | None = None, seed=None) -> BSB1FixedPoint:
+    """The BSB1 fixed point of Σ ↦ V_Bφ(Σ) (Yang et al. 2019, Thms 3.4, 3.5, F.5, F.8, F.13).
+
+    Parameters
+    ----------
+    phi : activation spec
+    batch_size : int ≥ 3 (B = 2 is an explanatory ValueError; "gegenbauer" needs B ≥ 4)
+    method : {"auto", "closed", "gegenbauer", "sphere", "fourier", "laplace", "iterate", "montecarlo"}
+    n_samples, seed : for "montecarlo" (default 400 000 samples) and the random start of "iterate"
+
+    Returns
+    -------
+    BSB1FixedPoint
+
+    Accuracy
+    --------
+    closed ≈1e-15 relative; sphere, fourier, laplace ≈1e-12; gegenbauer ≈1e-13 for
+    analytic φ (its abs_error includes the Parseval tail for kinked φ); iterate:
+    the last change between layers; montecarlo: 3 standard errors.
+    """
+    method = check_choice("method", method, FIXED_POINT_METHODS)
+    act = get_activation(phi)
+    b = check_batch_size(batch_size)
+    if method == "auto":
+        if act.homogeneity is not None and act.homogeneous_coeffs is not None and act.homogeneity > 0:
+            method = "closed"
+        elif b >= 4:
+            method = "gegenbauer"
+        else:
+            method = "sphere"
+    if method == "closed":
+        return _closed(act, b)
+    if method == "gegenbauer":
+        return _gegenbauer(act, b)
+    if method == "sphere":
+        return _sphere(act, b)
+    if method == "fourier":
+        return _fourier(act, b)
+    if method == "laplace":
+        return _laplace(act, b)
+    if method == "montecarlo":
+        n = 400_000 if n_samples is None else check_int("n_samples", n_samples, minimum=2)
+        return _montecarlo(act, b, n, seed)
+    return _iterate(act, b, seed)
+
+
+def iterate_batch_covariance(phi, Sigma0, depth, *, method: str = "auto", eps: float = 0.0, seed=None) -> np.ndarray:
+    """Σ⁰, Σ¹ = V_Bφ(Σ⁰), …, Σ^depth as an array of shape (depth+1, B, B) (Yang et al. 2019, Eq. 43, App. F.1).
+
+    ``method`` is passed to :func:`batchnorm_transform` at every layer; random
+    routes draw their seeds from one ``numpy.random.Generator(seed)`` so the
+    whole trajectory is reproducible.
+    """
+    from bnlab.theory.batchnorm_map import TRANSFORM_METHODS, batchnorm_transform
+
+    act = get_activation(phi)
+    sigma = check_psd_matrix("Sigma0", Sigma0)
+    check_batch_size(sigma.shape[0], name="Sigma0.shape[0] (the batch size B)")
+    depth = check_int("depth", depth, minimum=0)
+    method = check_choice("method", method, ("auto",) + TRANSFORM_METHODS)
+    eps = check_real("eps", eps, minimum=0.0)
+    rng = np.random.default_rng(seed)
+    out = np.empty((depth + 1,) + sigma.shape)
+    out[0] = sigma
+    for l in range(1, depth + 1):
+        nxt = batchnorm_transform(act, out[l - 1], method=method, eps=eps, seed=rng)
+        out[l] = 0.5 * (nxt + nxt.T)
+    return out

@@ -1,0 +1,280 @@
+"""Gegenbauer expansion of φ on the batchnorm sphere (Yang et al. 2019, Thm 3.4, App. E.4, Thm F.13).
+
+Definition (the paper's normalization).  With λ = (B−3)/2 and
+c_{B−1,l} = (B−3)/(B−3+2l) = λ/(λ+l),
+
+    φ(√(B−1) x) = Σ_l a_l (1/c_{B−1,l}) C_l^{(λ)}(x),   x ∈ [−1, 1],
+
+in L²((1−x²)^{λ−1/2}).  Because ‖C_l^{(λ)}‖² = c_{B−1,l} C_l^{(λ)}(1) in the
+*normalized* weight μ_B(dx) ∝ (1−x²)^{(B−4)/2}dx (the law of one coordinate of
+a uniform point of S^{B−2}), the orthonormal coefficients are
+
+    b_l = E_{μ_B}[φ(√(B−1)x) P_l(x)] = a_l √(C_l^{(λ)}(1)/c_{B−1,l}),
+
+with P_l the orthonormal Gegenbauer polynomials, and every quadratic form of
+the theory is a sum of b_l² times the *normalized* Gegenbauer polynomial
+R_l(t) = C_l^{(λ)}(t)/C_l^{(λ)}(1) ∈ [−1, 1]:
+
+    Σ_l a_l² (1/c_{B−1,l}) C_l^{(λ)}(t) = Σ_l b_l² R_l(t)      (Thm 3.4, Thm F.13),
+
+which is how this module evaluates them (no factor C_l(1) ~ binom(l+B−4, l)
+is ever formed, so B = 1024 and beyond work).  Parseval: Σ b_l² = E φ² = q*.
+
+Numerics.  b_l are computed from P_l evaluated by the stable orthonormal
+three-term recurrence x P_l = √β_{l+1} P_{l+1} + √β_l P_{l−1},
+β_l = l(l+2λ−1)/(4(l+λ)(l+λ−1)), on a tanh-sinh rule in θ (x = cos θ) split
+at θ = π/2 (the kink of relu-like φ), whose step is tied to the highest
+degree so that the rule resolves the oscillations of P_l; the weight
+sin^{B−3}θ is normalized with the same rule (see :mod:`.spherical`).  The
+coefficients a_l = b_l √(c_{B−1,l}/C_l(1)) use log-gamma for C_l(1).
+When ``n_terms`` is None the series is truncated at the first n with relative
+Parseval tail (q − Σ_{l<n} b_l²)/q ≤ rtol.  Accuracy: each b_l to ≈1e-14·‖φ‖;
+for analytic φ the coefficients decay geometrically and rtol = 1e-12 is
+reached with tens (B = 8) to a few hundred (B = 1024) terms.  φ with a kink
+(relu: b_l² ~ l^{−3}, tail ~ n^{−2}) converge algebraically: the series is cut
+at ``max_terms`` and a :class:`GegenbauerTruncationWarning` reports the tail
+reached (≈1e-6 relative for relu at 1024 terms).
+
+Errata found in the paper
+-------------------------
+* Defn E.44 / Thm 3.4 use c_{N,l} = (N−2)/(N+2l−2); for B = 3 (N = B−1 = 2)
+  this is 0 for every l ≥ 1 (and 0/0 for l = 0), so the normalization of
+  Thm 3.4 is undefined at B = 3; this module requires B ≥ 4.
+* The relation Σ a_l² c_l⁻¹ C_l(1) = E φ² (Parseval) needs ‖C_l‖² = c_l C_l(1)
+  in the *normalized* weight; with the unnormalized weight (1−x²)^{λ−1/2} of
+  Defn E.40 the factor ω_{B−3}/ω_{B−2} of Lemma E.38 is missing.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from scipy import special
+
+from bnlab._validation import check_int, check_real, check_finite_array
+from bnlab.activations import get_activation
+from bnlab.theory._checks import check_batch_size
+from bnlab.theory._linalg import tanh_sinh_panel
+from bnlab.theory.spherical import _sin_power_weight
+
+__all__ = [
+    "gegenbauer_coefficients",
+    "gegenbauer_orthonormal_coefficients",
+    "gegenbauer_basis_at",
+    "normalized_gegenbauer",
+    "gegenbauer_quadratic_form",
+    "GegenbauerTruncationWarning",
+]
+
+DEFAULT_MAX_TERMS = 1024
+
+
+class GegenbauerTruncationWarning(UserWarning):
+    """The Gegenbauer series of φ did not reach the requested Parseval tolerance."""
+
+
+def _check_b(batch_size) -> int:
+    b = check_batch_size(batch_size)
+    if b < 4:
+        raise ValueError(
+            f"batch_size={b} is not allowed for the Gegenbauer expansion: its normalization "
+            "c_{B-1,l} = (B-3)/(B-3+2l) vanishes at B = 3 (Yang et al. 2019, Thm 3.4); use batch_size >= 4 "
+            "or the spherical method"
+        )
+    return b
+
+
+def _recurrence_beta(lam: float, n: int) -> np.ndarray:
+    l = np.arange(1, n, dtype=np.float64)
+    return l * (l + 2.0 * lam - 1.0) / (4.0 * (l + lam) * (l + lam - 1.0))
+
+
+def _orthonormal_polys(lam: float, n: int, x: np.ndarray) -> np.ndarray:
+    """P_0..P_{n−1} at x (shape (n, len(x))), orthonormal for μ_B."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.empty((n,) + x.shape)
+    out[0] = 1.0
+    if n == 1:
+        return out
+    sb = np.sqrt(_recurrence_beta(lam, n))  # sb[l-1] = √β_l
+    out[1] = x / sb[0]
+    for l in range(1, n - 1):
+        out[l + 1] = (x * out[l] - sb[l - 1] * out[l - 1]) / sb[l]
+    return out
+
+
+def normalized_gegenbauer(batch_size, n_terms, t) -> np.ndarray:
+    """R_l(t) = C_l^{((B−3)/2)}(t)/C_l^{((B−3)/2)}(1), l = 0..n_terms−1; shape (n_terms,) + t.shape.
+
+    Stable recurrence (l + 2λ) R_{l+1} = 2(l+λ) t R_l − l R_{l−1}, |R_l| ≤ 1 on [−1, 1].
+    """
+    b = _check_b(batch_size)
+    n = check_int("n_terms", n_terms, minimum=1)
+    t = check_finite_array("t", t)
+    lam = 0.5 * (b - 3)
+    out = np.empty((n,) + t.shape)
+    out[0] = 1.0
+    if n > 1:
+        out[1] = t
+    for l in range(1, n - 1):
+        out[l + 1] = (2.0 * (l + lam) * t * out[l] - l * out[l - 1]) / (l + 2.0 * lam)
+    return out
+
+
+def _log_c_at_one_over_c(b: int, n: int) -> np.ndarray:
+    """log(C_l(1)/c_{B−1,l}), l = 0..n−1, with C_l(1) = binom(l+2λ−1, l), c = λ/(λ+l)."""
+    lam = 0.5 * (b - 3)
+    l = np.arange(n, dtype=np.float64)
+    log_c1 = special.gammaln(l + 2.0 * lam) - special.gammaln(l + 1.0) - special.gammaln(2.0 * lam)
+    return log_c1 + np.log((lam + l) / lam)
+
+
+def gegenbauer_basis_at(batch_size, n_terms, t) -> np.ndarray:
+    """C_l^{((B−3)/2)}(t)/c_{B−1,l} for l = 0..n_terms−1 (the paper's basis functions of Thm 3.4).
+
+    Computed as R_l(t) · C_l(1)/c_{B−1,l} with log-gamma normalizations.  These
+    grow like binom(l+B−4, l) at t = ±1, so for large B·l they overflow; a
+    ValueError says so (use :func:`normalized_gegenbauer` with the orthonormal
+    coefficients instead, which never overflow).
+    """
+    b = _check_b(batch_size)
+    r = normalized_gegenbauer(b, n_terms, t)
+    logs = _log_c_at_one_over_c(b, r.shape[0])
+    if np.max(logs) > 700.0:
+        raise ValueError(
+            f"gegenbauer_basis_at(batch_size={b}, n_terms={r.shape[0]}) overflows float64 "
+            f"(C_l(1)/c_l reaches e^{np.max(logs):.0f}); use normalized_gegenbauer with "
+            "gegenbauer_orthonormal_coefficients"
+        )
+    return r * np.exp(logs).reshape((-1,) + (1,) * (r.ndim - 1))
+
+
+def _level_for(n: int) -> int:
+    # tanh-sinh middle spacing ≈ 1.23 h on a panel of length π/2; resolving P_l ~ cos(lθ)
+    # needs h ≲ 1.3/l: take two more halvings for margin.
+    return max(5, int(math.ceil(math.log2(max(n, 1) / 1.3))) + 2)
+
+
+def _coefficients_on_rule(phi, b: int, n: int, level: int) -> tuple[np.ndarray, float]:
+    lam = 0.5 * (b - 3)
+    theta, w = tanh_sinh_panel(np.array([0.0, 0.5 * math.pi]), np.array([0.5 * math.pi, math.pi]), level)
+    theta, w = theta.ravel(), w.ravel()
+    w = _sin_power_weight(theta, b - 3.0, w)
+    x = np.cos(theta)
+    f = phi(math.sqrt(b - 1.0) * x)
+    q = float(np.sum(w * f * f))
+    fw = f * w
+    coeffs = np.empty(n)
+    # stream the recurrence so memory stays O(nodes)
+    p_prev = np.ones_like(x)
+    coeffs[0] = float(np.sum(fw))
+    if n > 1:
+        sb = np.sqrt(_recurrence_beta(lam, n))
+        p = x / sb[0]
+        coeffs[1] = float(fw @ p)
+        for l in range(1, n - 1):
+            p_prev, p = p, (x * p - sb[l - 1] * p_prev) / sb[l]
+            coeffs[l + 1] = float(fw @ p)
+    return coeffs, q
+
+
+def gegenbauer_orthonormal_coefficients(
+    phi, batch_size, n_terms=None, *, rtol: float = 1e-12, max_terms: int = DEFAULT_MAX_TERMS
+) -> np.ndarray:
+    """b_l = E_{μ_B}[φ(√(B−1)x) P_l(x)] (orthonormal Gegenbauer coefficients), l = 0..n−1.
+
+    Parameters and truncation as in :func:`gegenbauer_coefficients`; Σ_l b_l² = q* (Parseval).
+    """
+    coeffs, _q, _tail = _expansion(phi, batch_size, n_terms, rtol, max_terms)
+    return coeffs
+
+
+def _expansion(phi, batch_size, n_terms, rtol, max_terms):
+    act = get_activation(phi)
+    b = _check_b(batch_size)
+    rtol = check_real("rtol", rtol, minimum=0.0, strict_minimum=True)
+    max_terms = check_int("max_terms", max_terms, minimum=1)
+    if n_terms is not None:
+        n = check_int("n_terms", n_terms, minimum=1)
+        coeffs, q = _coefficients_on_rule(act, b, n, _level_for(n))
+        tail = q - float(np.sum(coeffs**2))
+        return coeffs, q, tail
+    n = 32
+    while True:
+        n = min(n, max_terms)
+        coeffs, q = _coefficients_on_rule(act, b, n, _level_for(n))
+        partial = np.cumsum(coeffs**2)
+        tails = q - partial
+        ok = np.nonzero(tails <= rtol * abs(q))[0]
+        if ok.size or q == 0.0:
+            k = int(ok[0]) + 1 if ok.size else 1
+            return coeffs[:k], q, float(tails[k - 1])
+        if n >= max_terms:
+            rel = float(tails[-1] / q)
+            warnings.warn(
+                f"the Gegenbauer series of phi={act.spec!r} at batch_size={b} did not reach rtol={rtol:g}: "
+                f"relative Parseval tail {rel:.2e} after max_terms={max_terms} terms (phi is not smooth "
+                "enough for geometric convergence); quadratic forms built from these coefficients are "
+                f"accurate to about {rel:.1e} relative",
+                GegenbauerTruncationWarning,
+                stacklevel=3,
+            )
+            return coeffs, q, float(tails[-1])
+        n *= 2
+
+
+def gegenbauer_coefficients(phi, batch_size, n_terms=None, *, rtol: float = 1e-12, max_terms: int = DEFAULT_MAX_TERMS):
+    """Gegenbauer coefficients a_l of φ(√(B−1)x) in the normalization of Yang et al. 2019, Thm 3.4.
+
+    φ(√(B−1)x) = Σ_l a_l (1/c_{B−1,l}) C_l^{((B−3)/2)}(x),  c_{B−1,l} = (B−3)/(B−3+2l).
+
+    Parameters
+    ----------
+    phi : activation spec
+    batch_size : int, ≥ 4
+    n_terms : int or None
+        Number of coefficients; None chooses the smallest n whose relative
+        Parseval tail is ≤ ``rtol`` (up to ``max_terms``, else a
+        :class:`GegenbauerTruncationWarning` states the tail reached).
+    rtol : float
+        Relative Parseval tolerance for the automatic truncation.
+    max_terms : int
+        Cap on the automatic truncation.
+
+    Returns
+    -------
+    ndarray of shape (n,)
+        a_0 … a_{n−1}.  For large B·l these are tiny (a_l = b_l √(c_l/C_l(1)));
+        for the quadratic forms of the theory prefer
+        :func:`gegenbauer_orthonormal_coefficients` + :func:`normalized_gegenbauer`
+        (or :func:`gegenbauer_quadratic_form`).
+
+    Accuracy
+    --------
+    Each coefficient to ≈1e-14 ‖φ‖ (quadrature); truncation as described in the module docstring.
+
+    References
+    ----------
+    Yang et al. 2019, Thm 3.4, App. E.4 (Defn E.40–E.44), Thm F.13.
+    """
+    b = _check_b(batch_size)
+    coeffs, _q, _tail = _expansion(phi, b, n_terms, rtol, max_terms)
+    logs = _log_c_at_one_over_c(b, coeffs.size)
+    return coeffs * np.exp(-0.5 * logs)
+
+
+def gegenbauer_quadratic_form(coefficients, batch_size, t, *, orthonormal: bool = True) -> np.ndarray:
+    """Σ_l a_l² (1/c_{B−1,l}) C_l(t) = Σ_l b_l² R_l(t), vectorized over t.
+
+    ``coefficients`` are the orthonormal b_l (default) or the paper's a_l
+    (``orthonormal=False``).  With t = 1 and t = −1/(B−1) this gives q* and q*c*
+    (Thm 3.4).
+    """
+    b = _check_b(batch_size)
+    c = check_finite_array("coefficients", coefficients, ndim=1)
+    if not orthonormal:
+        c = c * np.exp(0.5 * _log_c_at_one_over_c(b, c.size))
+    t = check_finite_array("t", t)
+    r = normalized_gegenbauer(b, c.size, t)
+    return np.tensordot(c * c, r, axes=(0, 0))
