@@ -155,6 +155,10 @@ class EpsilonResult:
 # ---------------------------------------------------------------------------
 # quadrature rules
 # ---------------------------------------------------------------------------
+#: above this B the radial rule of :func:`_pair_rule` switches from Gauss–Jacobi to Gauss–Laguerre
+_JACOBI_MAX_B = 400
+
+
 @lru_cache(maxsize=64)
 def _pair_rule(batch_size: int, n_radial: int = 32, n_angular: int = 32):
     """Nodes (x1, x2) and weights for E g(x_1, x_2), x_i = ⟨v, w_i⟩, v ~ Unif(S^{B−2}).
@@ -169,9 +173,15 @@ def _pair_rule(batch_size: int, n_radial: int = 32, n_angular: int = 32):
     if b == 3:
         t_nodes = np.array([1.0])
         t_w = np.array([1.0])
-    else:
+    elif b <= _JACOBI_MAX_B:
         y, wy = special.roots_jacobi(n_radial, (b - 5) / 2.0, 0.0)
         t_nodes = (1.0 + y) / 2.0
+        t_w = wy / wy.sum()
+    else:
+        # Gauss–Jacobi's normalization overflows for huge exponents: use −((B−3)/2) log(1 − T)
+        # ~ Exp(1) and Gauss–Laguerre in that variable (analytic integrand, geometric convergence)
+        y, wy = special.roots_laguerre(n_radial)
+        t_nodes = -np.expm1(-y / ((b - 3) / 2.0))
         t_w = wy / wy.sum()
     c1, c2, thw = _angle_rule(b, n_angular)
     r = np.sqrt(t_nodes)[:, None]
@@ -214,7 +224,11 @@ def _resolve_phi(phi) -> Activation:
         return phi
     if isinstance(phi, str):
         return get_activation(phi)
-    raise ValueError(f"phi={phi!r} is not allowed: expected an Activation or an activation name/expression")
+    if callable(phi):
+        from bnlab.activations import activation_from_callable
+
+        return activation_from_callable(phi)
+    raise ValueError(f"phi={phi!r} is not allowed: expected an Activation, an activation name/expression or a callable")
 
 
 # ---------------------------------------------------------------------------
