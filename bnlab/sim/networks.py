@@ -117,6 +117,10 @@ class EnsembleResult:
     cross_batch_cov : (networks, L) or None
         Mean entry of the cross-batch block Ξ^l = H₀H_jᵀ/N, averaged over j ≥ 1 (its fixed
         point is c*_CB, Eq. 21).
+    chunks : int
+        Number of chunks of networks the simulation was split into (memory bound).
+    hidden : dict
+        ``{l: h^l}`` of the first network, shape (k, B, N), for the requested ``record_layers``.
     """
 
     config: dict
@@ -132,6 +136,7 @@ class EnsembleResult:
     cross_batch_corr: np.ndarray | None = None
     cross_batch_cov: np.ndarray | None = None
     chunks: int = field(default=1)
+    hidden: dict = field(default_factory=dict)
 
     @property
     def networks(self) -> int:
@@ -254,6 +259,7 @@ def simulate(
     device: str = "cpu",
     dtype: str = "float64",
     max_memory_bytes: int = 1 << 30,
+    record_layers=(),
     _trace: list | None = None,
 ) -> EnsembleResult:
     """Simulate ``networks`` random networks of the given ``width`` and ``depth`` together.
@@ -295,6 +301,9 @@ def simulate(
     dtype : {"float32", "float64"}
     max_memory_bytes : int
         Bound on the working memory; the networks are processed in chunks below it.
+    record_layers : sequence of int
+        Layers l (1-based) whose pre-activations h^l of the first network are
+        returned in ``EnsembleResult.hidden`` (e.g. for PCA pictures, Fig. 2a).
 
     Returns
     -------
@@ -327,6 +336,7 @@ def simulate(
     rho0 = check_real("input_correlation", input_correlation, minimum=-1.0, maximum=1.0)
     seed = check_int("seed", seed, minimum=0)
     max_memory_bytes = check_int("max_memory_bytes", max_memory_bytes, minimum=1)
+    record_layers = tuple(check_int("record_layers", l, minimum=1, maximum=depth) for l in record_layers)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype)
     if normalization == "batch" and eps == 0.0 and batch_size < 2:
@@ -372,10 +382,14 @@ def simulate(
             _simulate_chunk(
                 act, n, batch_size, k, width, depth, d0, normalization, init, eps, sigma_w2, sigma_b2,
                 bn_gamma, bn_beta, residual_scale, rho0, fixed_inputs, bool(measure_gradients), gen, dev, dt,
-                _trace,
+                _trace, record_layers if ci == 0 else (),
             )
         )
-    cat = {key: np.concatenate([p[key] for p in parts]) for key in parts[0] if key != "cov_sum" and parts[0][key] is not None}
+    cat = {
+        key: np.concatenate([p[key] for p in parts])
+        for key in parts[0]
+        if key not in ("cov_sum", "hidden") and parts[0][key] is not None
+    }
     mean_cov = sum(p["cov_sum"] for p in parts) / networks
     return EnsembleResult(
         config=config,
@@ -385,12 +399,13 @@ def simulate(
         grad_norm_sq=cat.get("g"), weight_grad_norm_sq=cat.get("wg"),
         cross_batch_corr=cat.get("rho"), cross_batch_cov=cat.get("xcov"),
         chunks=len(parts),
+        hidden=parts[0]["hidden"],
     )
 
 
 def _simulate_chunk(
     act, n, b, k, width, depth, d0, normalization, init, eps, sigma_w2, sigma_b2, bn_gamma, bn_beta,
-    residual_scale, rho0, fixed_inputs, grads, gen, dev, dt, trace,
+    residual_scale, rho0, fixed_inputs, grads, gen, dev, dt, trace, record_layers,
 ) -> dict:
     rows = k * b
     if fixed_inputs is not None:
@@ -410,6 +425,7 @@ def _simulate_chunk(
     off_count = b * (b - 1)
 
     hs, ins = [], []
+    hidden = {}
     with torch.set_grad_enabled(grads):
         a = x
         h_prev = None
@@ -433,6 +449,8 @@ def _simulate_chunk(
             ins.append(a)
             # ---- measurements of Σ^l (no autograd) ----
             hd = h.detach().view(n, k, b, width)
+            if layer + 1 in record_layers:
+                hidden[layer + 1] = hd[0].to(torch.float64).cpu().numpy().copy()
             cov = _m.batch_covariance(hd).to(torch.float64)  # (n, k, B, B)
             qq, cc, rr = _m.bsb1_projection(cov)
             diag = torch.diagonal(cov, dim1=-2, dim2=-1)
@@ -481,4 +499,5 @@ def _simulate_chunk(
         trace.append(record)
     out = {key: (None if val is None else val.detach().cpu().numpy()) for key, val in out.items()}
     out["cov_sum"] = cov_sum.cpu().numpy()
+    out["hidden"] = hidden
     return out

@@ -225,3 +225,20 @@ def test_bsb1_distance_decomposition():
     target = q_star * ((1 - c_star) * np.eye(6) + c_star * np.ones((6, 6)))
     direct = np.linalg.norm(res.final_covariance - target, axis=(1, 2)) / np.linalg.norm(target)
     np.testing.assert_allclose(res.bsb1_distance(q_star, c_star)[:, -1], direct, rtol=1e-10)
+
+
+def test_orthogonal_equals_householder_qr_with_positive_diagonal():
+    # CholeskyQR2 and LAPACK Householder QR (signs fixed so diag R > 0) give the same unique
+    # factor; both are backward stable here (cond ~ 1e2), so they agree to ~1e-12.
+    from bnlab.sim.init import _cholesky_qr
+
+    g = torch.randn(3, 50, 30, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    q, r = torch.linalg.qr(g)
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    torch.testing.assert_close(_cholesky_qr(_cholesky_qr(g)), q, rtol=0, atol=1e-12)
+    # a rank-deficient matrix makes the Cholesky fail: the Householder fallback still returns
+    # orthonormal columns
+    g[0, :, 1] = g[0, :, 0]
+    q2 = _cholesky_qr(g)
+    torch.testing.assert_close(q2.transpose(1, 2) @ q2, torch.eye(30, dtype=torch.float64).expand(3, 30, 30),
+                               rtol=0, atol=1e-12)
