@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import warnings as _warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from bnlab._validation import check_choice, check_real
 from bnlab.theory._checks import SmallBatchWarning, check_batch_size
@@ -203,10 +203,16 @@ def analyze(
         _warnings.warn(w.message, w.category, stacklevel=2)
     routes, route_notes = _route(method, act, b)
     notes += route_notes
-    with _warnings.catch_warnings():
-        # B = 3 was reported once above; the building blocks would repeat it
-        _warnings.simplefilter("ignore", SmallBatchWarning)
-        return _analyze(act, b, eps, sigma_w2, method, routes, notes)
+    with _warnings.catch_warnings(record=True) as inner:
+        # the building blocks' warnings (e.g. slow series convergence) go into the result;
+        # B = 3 was reported once above and is not repeated
+        _warnings.simplefilter("always")
+        res = _analyze(act, b, eps, sigma_w2, method, routes, notes)
+    extra = [str(w.message) for w in inner if not issubclass(w.category, (SmallBatchWarning, DeprecationWarning))]
+    extra = [m for m in dict.fromkeys(extra) if m not in res.warnings]
+    if extra:
+        res = replace(res, warnings=res.warnings + tuple(extra))
+    return res
 
 
 def _analyze(act, b, eps, sigma_w2, method, routes, notes) -> TheoryResult:
