@@ -44,10 +44,17 @@ the sphere, with standard errors; an independent check, not a production route.
 Errata found while checking the printed formulas numerically
 ------------------------------------------------------------
 * Thm F.22 (printed): the cross term is written ``a_1 a_{l+2} u_{B−1,l}``; it is
-  ``a_l a_{l+2} u_{B−1,l}`` as in Thm 3.8 (with a_1 the result is wrong for tanh).
+  ``a_l a_{l+2} u_{B−1,l}`` as in Thm 3.8 (with that reading λ_L↑ agrees with
+  the sphere to 1e-12 for tanh and sin, 4 ≤ B ≤ 128).
+* Thm F.24 (printed w̃_{B−1,l}, ũ_{B−1,l}) does not reproduce λ_M↑ once
+  a_l ≠ 0 for some l ≥ 2 (tanh, B = 4: 0.7327 vs 0.7159 by the sphere, by
+  bnlab's Monte Carlo and by finite differences of V_Bφ).  The reduction in
+  its proof, λ_M↑ = (B−1)/((B−3)μ*)(−Σ*_12/(B−2) + 2(B−1)/(B−2) Ã_12(11)
+  + (B−1) Ã_12(12)), with Lemma F.23 and Eq. 49, is correct and is what the
+  ``"gegenbauer"`` method evaluates (agreement 1e-12 for smooth φ).
 * Thm F.33 proof, Item 2: the result is labelled λ_L↑; it is λ_M↑.
-(Further errata are listed where they are used: :mod:`bnlab.theory.backward`,
-:mod:`bnlab.theory.cross_batch`.)
+* Thms E.61/E.62: see :mod:`bnlab.theory.ultrasymmetric` ([12|13] vs [12|31]).
+* Thm 3.7 (Eqs. 13, 14) for relu is correct (sphere agreement 1e-12).
 
 References
 ----------

@@ -30,10 +30,18 @@ Validation: ``tests/theory/test_ultrasymmetric.py`` builds dense B²×B²
 ultrasymmetric operators from random bracket values, diagonalizes
 ``G^{⊗2}∘T`` on H_B^G numerically and compares.
 
-Errata (checked numerically in the tests): Thm E.61/E.62 as printed agree
-with the dense diagonalization for every B ≥ 4 tested; the M-eigenvalue of
-Thm E.61 uses ``[12|13]`` for the class that also contains ``[12|31]``,
-``[12|23]`` (equal by ultrasymmetry), which the printed proof silently merges.
+Errata (checked numerically in ``tests/theory/test_ultrasymmetric.py``)
+----------------------------------------------------------------------
+* Thms E.61/E.62 use the single bracket ``[12|13]`` for two different
+  equivalence classes of Defn E.53: ``[12|13] = [12|32]`` and
+  ``[12|31] = [12|23]`` are related by the symmetry [ij|kl] = [ji|lk] only
+  within each pair.  They coincide when T{X} depends on X only through
+  X + Xᵀ (the forward Jacobian), but not for the backward operator
+  F{Π} = E[P D Π D P] (there [12|13] = −E g_1g_3(1−u_1²)u_2u_3 and
+  [12|31] = E g_1g_3 u_1²u_2u_3).  Since the BSB1, L and M eigenmatrices are
+  symmetric, the printed formulas are right with [12|13] replaced by
+  ([12|13] + [12|31])/2; with the printed formula the backward eigenvalues
+  are wrong (e.g. λ_G↓ = 2.25 instead of (B−2)/(B−3) = 2 for the identity at B = 4).
 """
 from __future__ import annotations
 
