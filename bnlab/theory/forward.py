@@ -389,8 +389,13 @@ def _gegenbauer_series(fn, act, n_terms: int, richardson_orders: tuple[int, ...]
 # ---------------------------------------------------------------------------
 # brackets of Ĵ by spherical integration / Monte Carlo
 # ---------------------------------------------------------------------------
+@lru_cache(maxsize=32)
 def _forward_moments_sphere(act, batch_size: int):
-    """Moments E[f_k f_l · (u-monomial)] of f = φ(√B u) needed by the brackets of Ĵ."""
+    """Moments E[f_k f_l · (u-monomial)] of f = φ(√B u) needed by the brackets of Ĵ.
+
+    Memoized per (φ, B): the forward, backward (μ*) and cross-batch (μ*) routes share them.
+    The returned array is read-only.
+    """
     b = batch_size
     hom = act.homogeneity
     grid = _sphere_grid(b, float(hom) if hom is not None else 0.0)
@@ -406,7 +411,9 @@ def _forward_moments_sphere(act, batch_size: int):
         [f11, f12, f11 * x * x, f11 * y * y, f11 * x * y, f11 * y * e3,
          f12 * x * x, f12 * e33, f12 * x * y, f12 * x * e3, f12 * e34]
     )
-    return grid.expect(rows)
+    out = grid.expect(rows)
+    out.setflags(write=False)
+    return out
 
 
 def _forward_brackets(moments: np.ndarray, batch_size: int):
