@@ -1,0 +1,100 @@
+"""Achieved FLOP/s of the finite-width simulator as a fraction of plain torch.bmm on the same shapes.
+
+For each configuration the simulator (:func:`bnlab.sim.simulate`, forward +
+autograd backward + all per-layer measurements + weight generation) is timed
+against a loop of bare ``torch.bmm`` calls with exactly the matmul shapes of
+its forward and backward passes, in the same process and with the same
+``torch.set_num_threads``.  Counted FLOPs are those of these matmuls:
+forward 2·rows·d_in·N per layer and network, backward (input gradient) the
+same for layers 2..L (the first layer needs no input gradient); rows = k·B.
+The ratio printed is (simulator FLOP/s) / (bmm FLOP/s) = t_bmm / t_sim.
+
+The time of drawing the N² Gaussian weights per layer and network with
+torch's CPU generator (~5–8 ns per number, single-threaded per generator) is
+also reported: at small B it, not the matmul, bounds the simulator, since a
+matmul uses each weight only 4·rows times.
+
+Usage::
+
+    python benchmarks/bench_sim.py [--threads 2] [--width 1000] [--depth 8] [--networks 8] [--device cpu]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from bnlab.sim import simulate
+from bnlab.sim.init import _draw
+
+
+def _best(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def bench(width, depth, networks, batch_size, num_batches, dtype, device, repeats):
+    dt = {"float32": torch.float32, "float64": torch.float64}[dtype]
+    rows = batch_size * num_batches
+    flops = 2.0 * rows * width * width * networks * (depth + (depth - 1))
+
+    def run_sim():
+        simulate("relu", batch_size, width, depth, networks, num_batches=num_batches, dtype=dtype,
+                 device=device, seed=0, max_memory_bytes=8 << 30)
+
+    a = torch.randn(networks, rows, width, dtype=dt, device=device)
+    w = torch.randn(networks, width, width, dtype=dt, device=device)
+
+    def run_bmm():
+        for _ in range(depth):
+            torch.bmm(a, w)
+        wt = w.transpose(1, 2)
+        for _ in range(depth - 1):
+            torch.bmm(a, wt)
+
+    gens = [torch.Generator(device=device).manual_seed(i) for i in range(networks)]
+
+    def run_rng():
+        for _ in range(depth):
+            _draw("gaussian", networks, width, width, 1.0, gens, dt, device)
+
+    run_sim()  # warm up (thread pools, allocator)
+    t_sim = _best(run_sim, repeats)
+    t_bmm = _best(run_bmm, repeats)
+    t_rng = _best(run_rng, repeats)
+    return dict(t_sim=t_sim, t_bmm=t_bmm, t_rng=t_rng, gflops_sim=flops / t_sim / 1e9, gflops_bmm=flops / t_bmm / 1e9,
+                ratio=t_bmm / t_sim, rng_share=t_rng / t_sim)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--width", type=int, default=1000)
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--networks", type=int, default=8)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} threads, device {args.device}, width {args.width}, "
+          f"depth {args.depth}, {args.networks} networks")
+    header = f"{'dtype':8} {'B':>4} {'k':>3} {'rows':>5} {'sim GF/s':>9} {'bmm GF/s':>9} {'ratio':>6} {'RNG share':>9}"
+    print(header)
+    print("-" * len(header))
+    for dtype in ("float32", "float64"):
+        for b, k in ((32, 1), (32, 4), (128, 1), (64, 8)):
+            r = bench(args.width, args.depth, args.networks, b, k, dtype, args.device, args.repeats)
+            print(f"{dtype:8} {b:>4} {k:>3} {b * k:>5} {r['gflops_sim']:>9.1f} {r['gflops_bmm']:>9.1f} "
+                  f"{r['ratio']:>6.2f} {r['rng_share']:>9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
