@@ -147,7 +147,7 @@ def _resolve_phi(phi) -> Activation:
 
 def _sphere_terms(phi: Activation, b: int):
     """(a1, e1, e12, a12, b12) = E v̂1²φ1², E φ1², E φ1φ2, E v̂1²φ1φ2, E v̂1φ1v̂2φ2."""
-    from bnlab.theory.epsilon import _angle_rule, _is_homogeneous, _pair_rule, _radial_moment
+    from bnlab.theory.epsilon import _angle_rule, _is_homogeneous, _pair_nodes, _radial_moment
 
     vh2 = (b - 1) / b
     root = math.sqrt(b - 1)
@@ -165,7 +165,7 @@ def _sphere_terms(phi: Activation, b: int):
             amp * m1 * vh2 * float(w @ (c1 * c1 * p1 * p2)),
             amp * m1 * vh2 * float(w @ (c1 * p1 * c2 * p2)),
         )
-    x1, x2, w = _pair_rule(b)
+    x1, x2, w = (arr[0] for arr in _pair_nodes(phi, b, np.array([root])))
     p1, p2 = phi(root * x1), phi(root * x2)
     return (
         vh2 * float(w @ (x1 * x1 * p1 * p1)),
@@ -210,8 +210,8 @@ def bsb1_stability(phi, batch_size) -> BSB1Stability:
     Accuracy
     --------
     ≈ 1e−12 for smooth φ and for positive-homogeneous φ of degree ≥ 1 (verified against
-    Thm 3.7 for relu to 1e−14); algebraic for a kink away from 0: for relu(x + 2)
-    measured 1e−6 (λ_L, B = 8) to 9e−5 (λ_M, B = 32) against a 4× finer rule.
+    Thm 3.7 for relu to 1e−14); ≤ 2e−7 for relu(x + 2) (kink-aligned rule, measured
+    against a finer rule at B = 8, 32); algebraic (≈1e−5) for kinks of user-defined φ.
 
     References
     ----------
