@@ -351,3 +351,24 @@ def test_shifted_relu_self_convergence(b, eps, monkeypatch):
     assert coarse.q_star == pytest.approx(fine.q_star, rel=1e-8)
     assert coarse.c_star == pytest.approx(fine.c_star, rel=1e-7)
     assert coarse.grad_explosion_rate == pytest.approx(fine.grad_explosion_rate, rel=1e-5)
+
+
+def test_fixed_point_by_iterating_core_montecarlo_map():
+    # The brief's route (a): iterate σ_w² V_ε(Σ) + σ_b² with the core's batchnorm_transform_montecarlo
+    # from a generic Σ⁰; average the last 4 of 14 layers.  Its stderr (≈1e-3 relative at 1e5 samples)
+    # and the contracted transient (≈0.3^10) give the tolerance 1e-2 relative.
+    bm = pytest.importorskip("bnlab.theory.batchnorm_map")
+    phi = get_activation("tanh")
+    b, eps, sw2, sb2 = 6, 0.25, 1.3, 0.1
+    r = epsilon_analysis(phi, b, eps, sigma_w2=sw2, sigma_b2=sb2)
+    a = np.random.default_rng(8).standard_normal((b, b))
+    sigma = a @ a.T / b + 0.2 * np.eye(b)
+    diags, offs = [], []
+    for layer in range(14):
+        v, _ = bm.batchnorm_transform_montecarlo(phi, sigma, n_samples=100_000, seed=100 + layer, eps=eps)
+        sigma = sw2 * np.asarray(v) + sb2
+        if layer >= 10:
+            diags.append(np.diag(sigma).mean())
+            offs.append(sigma[~np.eye(b, dtype=bool)].mean())
+    assert np.mean(diags) == pytest.approx(r.q_star, rel=1e-2)
+    assert np.mean(offs) == pytest.approx(r.q_star * r.c_star, rel=3e-2, abs=3e-3)
