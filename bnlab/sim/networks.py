@@ -222,10 +222,10 @@ def _normalize(h: torch.Tensor, k: int, mode: str, eps: float) -> torch.Tensor:
     n, kb, width = h.shape
     hv = h.view(n, k, kb // k, width)
     if mode == "batch":
-        hv = hv - hv.mean(2, keepdim=True)
-    # biased variance (mean of squares of the centered values), as torch BatchNorm1d in training mode
-    scale = torch.rsqrt(hv.pow(2).mean(2, keepdim=True) + eps)
-    return (hv * scale).view(n, kb, width)
+        # biased variance, as torch BatchNorm1d in training mode; var_mean is one fused pass
+        var, mean = torch.var_mean(hv, dim=2, keepdim=True, correction=0)
+        return ((hv - mean) * torch.rsqrt(var + eps)).view(n, kb, width)
+    return (hv * torch.rsqrt((hv * hv).mean(2, keepdim=True) + eps)).view(n, kb, width)
 
 
 def _network_generators(seed: int, start: int, n: int, dev: torch.device) -> list[torch.Generator]:
@@ -462,10 +462,15 @@ def _simulate_chunk(
             ovar[:, layer] = (offd.var(-1, unbiased=False) / qq**2).mean(1)
             cov_sum[layer] += cov.mean(1).sum(0)
             if k > 1:
-                # pairs (0, j), j = 1..k-1: exchangeable, averaged to reduce the Monte Carlo error
-                rho[:, layer] = _m.cross_batch_correlation(hd[:, :1], hd[:, 1:]).mean(1).to(torch.float64)
-                sums = hd.sum(2)  # (n, k, N)
-                xcov[:, layer] = (sums[:, :1] * sums[:, 1:]).sum(-1).mean(1).to(torch.float64) / (width * b * b)
+                # pairs (0, j), j = 1..k-1: exchangeable, averaged to reduce the Monte Carlo error.
+                # From the B×B blocks Ξ_0j = H_0 H_jᵀ/N (one small bmm instead of elementwise passes
+                # over (n, k, B, N)): tr(GAG) = tr A − sum(A)/B.
+                xi = torch.matmul(hd[:, :1], hd[:, 1:].transpose(-1, -2)).to(torch.float64) / width
+                xi_sum = xi.sum((-2, -1))
+                cent_x = torch.diagonal(xi, dim1=-2, dim2=-1).sum(-1) - xi_sum / b
+                cent_s = torch.diagonal(cov, dim1=-2, dim2=-1).sum(-1) - cov.sum((-2, -1)) / b
+                rho[:, layer] = (cent_x / torch.sqrt(cent_s[:, :1] * cent_s[:, 1:])).mean(1)
+                xcov[:, layer] = xi_sum.mean(1) / (b * b)
             if layer == depth - 1:
                 final = cov[:, 0].clone()
                 break
@@ -489,7 +494,7 @@ def _simulate_chunk(
         wg = torch.empty((n, depth), dtype=torch.float64, device=dev)
         for layer, (delta, a_in) in enumerate(zip(deltas, ins)):
             dv = delta.view(n, k, b, width)
-            g[:, layer] = dv.pow(2).sum((2, 3)).mean(1).to(torch.float64)
+            g[:, layer] = torch.linalg.vector_norm(dv, dim=(2, 3)).to(torch.float64).pow(2).mean(1)
             av = a_in.detach().view(n, k, b, a_in.shape[-1])
             wg[:, layer] = _m.weight_gradient_norm_sq(av, dv).mean(1).to(torch.float64)
             if residual_scale is not None and layer > 0:
