@@ -57,16 +57,21 @@ the rate is +inf, as it is for relu^α with α ≤ 1/2 (E φ'² diverges).
 
 The BSB1 fixed point is computed whether or not it attracts the full dynamics: check
 Assumption 1 of the paper with :func:`bnlab.theory.fixed_point_kind` (e.g. relu^2 at
-B = 8 breaks the symmetry, and its BSB1 point is then unstable).  In the collapsed regime λ_G↓ is the limit μ* → 0: K(0)/((B−1) ε/σ_w²), which is
-σ_w² φ'(0)²/ε for φ differentiable at 0 (for tanh the transition is at ε/σ_w² = 1,
+B = 8 breaks the symmetry, and its BSB1 point is then unstable).
+
+In the collapsed regime λ_G↓ is the limit μ* → 0: K(0)/((B−1) ε/σ_w²), which is
+σ_w² φ'(0)²/ε for φ differentiable at 0 (for relu it averages relu'² over the sphere) (for tanh the transition is at ε/σ_w² = 1,
 where λ_G↓ → 1: the "phase transition near ε ~ 1" of Fig. 5c,d).
 
 Numerical method and accuracy
 -----------------------------
 * (T, θ): Gauss–Jacobi in T with the exact weight (1 − T)^{(B−5)/2} and
   Gauss–Legendre on the θ-arcs between the zeros of x_1 and x_2 (so kinks of
-  relu-like φ at 0 sit on arc ends).  Spectrally accurate for smooth φ; for
-  φ = relu^α the error is O(n^{−2(α+1)}), < 1e−9 at the default sizes for α ≥ 1.
+  relu-like φ at 0 sit on arc ends).  Spectrally accurate for smooth φ.  For
+  positive-homogeneous φ (relu^α, leaky relu, abs) the radial part is an exact Beta
+  moment E T^p = Γ(1+p)Γ((B−1)/2)/Γ((B−1)/2+p) and only θ is integrated (256 nodes per arc).
+  For B > 400 the radial variable is −((B−3)/2) log(1 − T) ~ Exp(1) (Gauss–Laguerre),
+  because the Gauss–Jacobi normalization overflows.
 * Q: trapezoid rule in log Q on the χ²_{B−1} law (doubly exponentially decaying
   tails, analytic integrand), step min(0.25, 0.5/√(B−1)): error < 1e−12.
 * μ*: bracketing on a log grid, then Brent's method to rtol 1e−12.
