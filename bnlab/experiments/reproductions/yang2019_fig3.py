@@ -146,6 +146,11 @@ def theory_max_depth(phi: str, batch_size: int, eps: float = 0.0, gamma: float =
         # a plot/report must not die on one theory point; say so and leave a gap in the line
         warnings.warn(f"16ξ unavailable for {phi}, B={batch_size}, ε={eps}, γ={gamma}, β={beta}: {exc}", stacklevel=2)
         return None
+    if res.max_trainable_depth is None:
+        # the theory has no rate here (e.g. a non-BSB1 fixed point); its warnings say why
+        warnings.warn(f"16ξ undefined for {phi}, B={batch_size}, ε={eps}, γ={gamma}, β={beta}: "
+                      f"{'; '.join(map(str, getattr(res, 'warnings', ()))) or 'no rate'}", stacklevel=2)
+        return None
     val = float(res.max_trainable_depth)
     return val if math.isfinite(val) else math.inf
 
@@ -251,7 +256,8 @@ def heatmap(
     if xlog:
         ax.set_xscale("log", base=2)
     # 16 theory points: each analyze() call costs ~0.5 s for non-closed-form φ
-    x_fine = np.geomspace(xe[0], xe[-1], 16) if xlog else np.linspace(xe[0], xe[-1], 16)
+    # (over the swept range only: no theory extrapolated beyond the measured cells)
+    x_fine = np.geomspace(xs[0], xs[-1], 16) if xlog else np.linspace(xs[0], xs[-1], 16)
     y = np.asarray(theory_curve(x_fine), dtype=float)
     if np.any(np.isfinite(y)):
         ax.plot(x_fine, np.minimum(y, ye[-1] * 10), "w--", lw=2, label="16ξ (theory)")
