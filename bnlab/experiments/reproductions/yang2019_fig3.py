@@ -26,8 +26,8 @@ Fewer steps favour shallow networks (deeper ones train more slowly even below
 below 16ξ at small B; the claim that remains visible is the one of the paper:
 accuracy collapses to chance beyond roughly 16ξ, whatever B, while shallower
 networks train.  Fig. 3b uses a training batch of 128 (not 1000), 120 steps and
-B ∈ {4, 8, 16, 32, 64} at ``small`` scale; Fig. 3c uses B ∈ {8, 32, 128}
-and η = 1e-4·B (RMSProp steps are ~η per coordinate whatever the gradient
+B ∈ {4, 8, 16, 32, 64} at ``small`` scale; Fig. 3c uses B ∈ {8, 32, 128},
+depths {4, 8, 16, 24, 32, 48} and η = 1e-4·B (RMSProp steps are ~η per coordinate whatever the gradient
 scale, so the SGD compensation factor does not apply).  ``paper`` scale uses the paper's sizes.
 
 "Trainable" in :func:`compare` means a test accuracy above
@@ -360,6 +360,7 @@ def _grid(scale: str, *, dataset: str, optimizer: str, ghost: bool) -> list[dict
     fixed_batch = (128 if small else 1000) if ghost else None
     if optimizer == "rmsprop" and small:
         bs = [8, 32, 128]
+        depths = [4, 8, 16, 24, 32, 48]
     n_train = cfg["n_train"] if dataset == "mnist" or small else 50_000
     cells = []
     for b in bs:

@@ -167,7 +167,8 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
             f"dynamic range of ‖∂L/∂W^l‖ over layers, depth {r.params['depth']}",
             "large at step 0, dramatically smaller after one step",
             f"step 0: {rng[0]:.3g}; steps 1–{len(rng) - 1}: ≤ {after:.3g}",
-            bool(after < rng[0] / 3) if rng[0] > 10 else None,
+            # judged only where step 0 has a large range to collapse (> 100, i.e. deep nets)
+            bool(after < rng[0] / 3) if rng[0] > 100 else None,
         ))
     growth = [float(r.metrics["first_layer_weight_growth"]) for r in recs]
     rows.append(Comparison(
