@@ -154,7 +154,7 @@ def _sphere_terms(phi: Activation, b: int):
     if _is_homogeneous(phi):
         # φ(√(B−1)√T cos θ) = (B−1)^{α/2} T^{α/2} φ(cos θ); each term is T^{α} or T^{α+1}
         a = phi.homogeneity
-        c1, c2, w = _angle_rule(b)
+        c1, c2, w = _angle_rule(b, 256, True)
         p1, p2 = phi(c1), phi(c2)
         amp = (b - 1) ** a
         m0, m1 = _radial_moment(b, a), _radial_moment(b, a + 1)

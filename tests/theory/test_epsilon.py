@@ -372,3 +372,20 @@ def test_fixed_point_by_iterating_core_montecarlo_map():
             offs.append(sigma[~np.eye(b, dtype=bool)].mean())
     assert np.mean(diags) == pytest.approx(r.q_star, rel=1e-2)
     assert np.mean(offs) == pytest.approx(r.q_star * r.c_star, rel=3e-2, abs=3e-3)
+
+
+def test_sub_linear_alpha_relu_rate_converges(monkeypatch):
+    # relu^0.75: φ'² ~ |x|^{-1/2} at the arc ends; the graded angular rule (256 nodes/arc) vs 1024:
+    # measured 2e-9 relative → tolerance 1e-7 (ungraded Gauss–Legendre was 1.4e-3 off).
+    from bnlab.theory import epsilon as E
+
+    phi = get_activation("alpha_relu", alpha=0.75)
+    coarse = epsilon_analysis(phi, 8, 0.1).grad_explosion_rate
+    orig = E._angle_rule
+    monkeypatch.setattr(E, "_angle_rule", lambda b, n=256, graded=False: orig(b, 1024, graded))
+    E._homogeneous_angular.cache_clear()
+    try:
+        fine = epsilon_analysis(phi, 8, 0.1).grad_explosion_rate
+    finally:
+        E._homogeneous_angular.cache_clear()
+    assert coarse == pytest.approx(fine, rel=1e-7)
