@@ -105,3 +105,12 @@ def test_agrees_with_theory_engine_when_present():
     assert rate == pytest.approx(ref.relu_grad_rate(8), rel=1e-8)
     res = simulate("relu", 8, 256, 20, 16, seed=9, dtype="float32")
     _check_rate(res.grad_explosion_rate(), rate, 256)
+
+
+def test_theory_engine_cross_batch_rate_matches_references_when_present():
+    theory = pytest.importorskip("bnlab.theory.cross_batch")
+    for phi, b, expected in (("identity", 8, ref.identity_cross_batch_rate(8)),
+                             ("relu", 32, ref.relu_cross_batch_rate(32))):
+        val = theory.cross_batch_rate(phi, b)
+        val = float(getattr(val, "rate", val))
+        assert val == pytest.approx(expected, rel=1e-6)
