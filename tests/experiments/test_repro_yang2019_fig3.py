@@ -50,9 +50,19 @@ def test_grids_are_json_and_seeded(name, scale):
         assert len({c["batch_size"] for c in cells}) == 1  # fixed training batch
 
 
-def test_bad_scale():
+def test_bad_scale_and_params():
     with pytest.raises(ValueError, match="scale"):
         EXPS["yang2019-fig3a"].grid("huge")
+    p = _tiny()
+    del p["depth"]
+    with pytest.raises(ValueError, match="depth"):
+        fig3.run_trainability_cell(p)
+    with pytest.raises(ValueError, match="steps"):
+        fig3.run_trainability_cell(_tiny(epochs=1))
+    with pytest.raises(ValueError, match="depth"):
+        fig3.run_trainability_cell(_tiny(depth=0))
+    with pytest.raises(ValueError, match="batch_size"):
+        fig3.run_trainability_cell(_tiny(bn_batch=5, batch_size=16))
 
 
 def test_run_cell_metrics_and_determinism():

@@ -70,6 +70,14 @@ def _load(dataset: str, n_train: int, n_test: int):
     return (xtr, tr.y[:n_train].clone()), (xte, te.y[:n_test].clone()), tr.num_classes
 
 
+def _require(params: Any, keys: Sequence[str]) -> None:
+    if not isinstance(params, dict):
+        raise ValueError(f"params={params!r} is not allowed: expected a dict")
+    missing = [k for k in keys if k not in params]
+    if missing:
+        raise ValueError(f"params is missing {', '.join(map(repr, missing))} (got keys {sorted(params)})")
+
+
 def run_trainability_cell(params: dict) -> dict:
     """Train one BN-MLP of a trainability sweep and return its test accuracy.
 
@@ -88,6 +96,9 @@ def run_trainability_cell(params: dict) -> dict:
 
     from bnlab.sim.train import BNMLP, train_classifier
 
+    _require(params, ("dataset", "depth", "width", "bn_batch", "batch_size", "lr", "n_train", "n_test", "seed"))
+    if ("steps" in params) == ("epochs" in params):
+        raise ValueError(f"params={params!r} is not allowed: give exactly one of 'steps' and 'epochs'")
     torch.set_num_threads(1)
     try:
         train, test, num_classes = _load(params["dataset"], int(params["n_train"]), int(params["n_test"]))

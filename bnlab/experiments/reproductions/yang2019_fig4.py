@@ -73,9 +73,10 @@ def run_norms_cell(params: dict) -> dict:
     """
     import torch
 
-    from bnlab.experiments.reproductions.yang2019_fig3 import _load
+    from bnlab.experiments.reproductions.yang2019_fig3 import _load, _require
     from bnlab.sim.train import BNMLP, layer_norm_trajectory
 
+    _require(params, ("dataset", "depth", "width", "batch_size", "lr", "steps", "n_train", "seed"))
     torch.set_num_threads(1)
     train, _, num_classes = _load(params["dataset"], int(params["n_train"]), 1)
     model = BNMLP(
