@@ -37,11 +37,17 @@ _API = {
     # epsilon > 0
     "EpsilonResult": "epsilon",
     "epsilon_analysis": "epsilon",
+    "EPSILON_METHODS": "epsilon",
     # symmetry breaking
     "fixed_point_kind": "symmetry",
     "alpha_transition": "symmetry",
+    "bsb1_stability": "symmetry",
+    "BSB1Stability": "symmetry",
+    "bsb2_fixed_point": "symmetry",
+    "BSB2FixedPoint": "symmetry",
     # infinite-width kernel of a real input batch
     "nngp_kernel": "nngp",
+    "NNGP_METHODS": "nngp",
     # everything at once
     "TheoryResult": "analyze",
     "analyze": "analyze",
