@@ -159,10 +159,12 @@ def _backward_sphere(act, b: int):
 
 
 # -- Monte Carlo -----------------------------------------------------------------
-def _backward_montecarlo(act, b: int, n_samples: int, rng, chunk: int = 4000):
+def _backward_montecarlo(act, b: int, n_samples: int, rng, chunk: int | None = None):
     """Traces of X ↦ Ã X Ãᵀ (Ã = P_u D G) over RG, L, M per sample; ratio to E|Gφ(√B u)|²."""
     sums = {"G": [], "L": [], "M": [], "den": []}
     g_mat = np.eye(b) - 1.0 / b
+    if chunk is None:
+        chunk = max(16, 2_000_000 // (b * b))  # ≈ 16 MB per (chunk, B, B) array
     done = 0
     while done < n_samples:
         n = min(chunk, n_samples - done)
@@ -171,7 +173,8 @@ def _backward_montecarlo(act, b: int, n_samples: int, rng, chunk: int = 4000):
         f = act(math.sqrt(b) * u)
         gf = f - f.mean(axis=1, keepdims=True)
         p = g_mat[None] - u[:, :, None] * u[:, None, :]
-        at = (p * d[:, None, :]) @ g_mat  # P D G
+        pd = p * d[:, None, :]
+        at = pd - pd.mean(axis=2, keepdims=True)  # P D G: right-multiplying by G removes row means, O(B²)
         fro = np.einsum("nij,nij->n", at, at)
         tr = np.einsum("nii->n", at)
         tr2 = np.einsum("nij,nji->n", at, at)
