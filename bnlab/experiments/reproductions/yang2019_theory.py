@@ -121,7 +121,7 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
                 title="Thms 3.9, 3.10: λ_G↓ by method")
     axes[0].legend(fontsize=6, ncol=2)
     axes[1].axhline(16 / math.log(math.pi / (math.pi - 1)), ls="--", c="k", lw=0.8, label="relu, B→∞")
-    axes[1].set(xscale="log", xlabel="batch size B", ylabel="16ξ = 16/log λ_G↓", title="§4: predicted max trainable depth")
+    axes[1].set(xscale="log", yscale="log", xlabel="batch size B", ylabel="16ξ = 16/log λ_G↓", title="§4: predicted max trainable depth")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
     path = outdir / "yang2019_theory_rates.png"
