@@ -25,7 +25,7 @@ Fewer steps favour shallow networks (deeper ones train more slowly even below
 16ξ), so at ``small`` scale the measured maximum trainable depth lies somewhat
 below 16ξ at small B; the claim that remains visible is the one of the paper:
 accuracy collapses to chance beyond roughly 16ξ, whatever B, while shallower
-networks train.  Fig. 3b uses a training batch of 128 (not 1000), 120 steps and
+networks train.  Fig. 3b uses a training batch of 128 (not 1000), 100 steps and
 B ∈ {4, 8, 16, 32, 64} at ``small`` scale; Fig. 3c uses B ∈ {8, 32, 128},
 depths {4, 8, 16, 24, 32, 48} and η = 1e-4·B (RMSProp steps are ~η per coordinate whatever the gradient
 scale, so the SGD compensation factor does not apply).  ``paper`` scale uses the paper's sizes.
@@ -386,7 +386,7 @@ def _grid(scale: str, *, dataset: str, optimizer: str, ghost: bool) -> list[dict
                 # SGD-compensating factor of the small scale would be far too large here.
                 p["lr"] = (1e-5 if not small else 1e-4) * b
             if small:
-                p["steps"] = cfg["steps"] if not ghost else 120
+                p["steps"] = cfg["steps"] if not ghost else 100
             else:
                 p["epochs"] = 50 if dataset == "cifar10" else 10
             cells.append(p)

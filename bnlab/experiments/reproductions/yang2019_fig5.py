@@ -14,7 +14,7 @@ The paper does not state the batch size of Fig. 5; B = 32 is used here (the
 constant).  Deviations at ``small`` scale are those of the small-scale Fig. 3
 (width 128, 10 000 training images, fixed 150 SGD steps, η = 3e-3·B — but
 1e-3·B for the ReLU panels b, d, see ``_SMALL_LR_PER_B``; see
-:mod:`bnlab.experiments.reproductions.yang2019_fig3`) plus a 5-point
+:mod:`bnlab.experiments.reproductions.yang2019_fig3`) plus a 4-point
 hyperparameter grid and depths {5, 10, 20, 40, 60}.
 
 ε sweeps stop at ε = 10 (paper scale) / 1 (small): with σ_w² = 1 the
@@ -53,16 +53,16 @@ _SMALL_LR_PER_B = {"a": 3e-3, "b": 1e-3, "c": 3e-3, "d": 1e-3}
 # letter -> (phi, swept key, fixed settings, small grid, paper grid, axis label, log axis)
 _PANELS: dict[str, dict[str, Any]] = {
     "a": dict(phi="tanh", key="gamma", fixed=dict(beta=0.0, eps=1e-3),
-              small=[0.25, 0.5, 1.0, 1.5, 2.0], paper=[round(0.1 * k, 1) for k in range(1, 21)],
+              small=[0.25, 0.5, 1.0, 2.0], paper=[round(0.1 * k, 1) for k in range(1, 21)],
               xlabel="γ (tanh(γ·h̃))", xlog=False, title="tanh: pre-activation scale γ"),
     "b": dict(phi="relu", key="beta", fixed=dict(gamma=1.0, eps=1e-3),
-              small=[0.0, 0.5, 1.0, 1.5, 2.0], paper=[round(0.2 * k, 1) for k in range(0, 11)],
+              small=[0.0, 0.5, 1.0, 2.0], paper=[round(0.2 * k, 1) for k in range(0, 11)],
               xlabel="β (relu(h̃ + β))", xlog=False, title="ReLU: pre-activation shift β"),
     "c": dict(phi="tanh", key="eps", fixed=dict(gamma=1.0, beta=0.0),
-              small=[1e-3, 1e-2, 1e-1, 0.5, 1.0], paper=[float(f"{v:.3g}") for v in np.logspace(-3, 1, 13)],
+              small=[1e-3, 1e-2, 1e-1, 1.0], paper=[float(f"{v:.3g}") for v in np.logspace(-3, 1, 13)],
               xlabel="ε", xlog=True, title="tanh: BN ε"),
     "d": dict(phi="relu", key="eps", fixed=dict(gamma=1.0, beta=2.0),
-              small=[1e-3, 1e-2, 1e-1, 0.5, 1.0], paper=[float(f"{v:.3g}") for v in np.logspace(-3, 1, 13)],
+              small=[1e-3, 1e-2, 1e-1, 1.0], paper=[float(f"{v:.3g}") for v in np.logspace(-3, 1, 13)],
               xlabel="ε", xlog=True, title="ReLU (β = 2): BN ε"),
 }
 
