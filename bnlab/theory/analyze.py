@@ -13,10 +13,9 @@ Methods (``method``):
   forms for relu/identity, Gegenbauer/closed fixed point from
   :func:`bnlab.theory.bsb1_fixed_point`, spherical integration otherwise);
 * ``"closed"``: closed forms only (relu, identity; else ``ValueError``);
-* ``"laplace"``: the Laplace method, i.e. positive-homogeneous φ: fixed point
-  by :mod:`bnlab.theory.laplace`, dynamics by the Laplace-method closed forms
-  (Thms 3.7, 3.10, G.12, H.6), available for relu and identity;
-  ``ValueError`` for other φ;
+* ``"laplace"``: the Laplace method for positive-homogeneous φ: fixed point
+  by :mod:`bnlab.theory.laplace`, dynamics by the closed forms of Thms F.33,
+  G.12, H.6, H.14 (any degree α with (B−1)/2 > α); ``ValueError`` for other φ;
 * ``"fourier"``: fixed point by the Fourier method (App. E.2); the paper
   develops no Fourier form of the dynamics, so they come from spherical
   integration — recorded in ``methods_used`` and in ``warnings``;
@@ -125,14 +124,21 @@ def _route(method: str, act, b: int):
     if method == "auto":
         dyn = "closed" if (kind is not None and b >= 4) else "sphere"
         return {"fixed_point": "auto", "forward": dyn, "backward": dyn, "cross_batch": dyn}, notes
-    if method in ("closed", "laplace"):
+    if method == "closed":
         if kind is None:
-            what = "closed forms" if method == "closed" else "the Laplace method's closed forms"
             raise ValueError(
-                f"method={method!r} does not apply to phi={act.spec!r}: {what} of the dynamics exist for relu and "
-                "identity (Thms 3.7, 3.10, G.12, H.6); use method='sphere', 'gegenbauer' or 'auto'"
+                f"method='closed' does not apply to phi={act.spec!r}: closed forms of the dynamics exist for relu and "
+                "identity (Thms 3.7, 3.10, G.12, H.6); use method='laplace' (positive-homogeneous φ), 'sphere', "
+                "'gegenbauer' or 'auto'"
             )
         return {"fixed_point": method, "forward": "closed", "backward": "closed", "cross_batch": "closed"}, notes
+    if method == "laplace":
+        if act.homogeneity is None or act.homogeneous_coeffs is None:
+            raise ValueError(
+                f"method='laplace' does not apply to phi={act.spec!r}: the Laplace method needs a positive-homogeneous "
+                "φ (Thms F.33, G.12, H.14); use method='sphere', 'gegenbauer' or 'auto'"
+            )
+        return {"fixed_point": "laplace", "forward": "laplace", "backward": "laplace", "cross_batch": "laplace"}, notes
     if method == "fourier":
         notes.append(
             "method='fourier': the paper develops the Fourier method for the fixed point only (App. E.2); "

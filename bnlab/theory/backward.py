@@ -22,7 +22,8 @@ and Thm E.62 (≈1e-10 relative; needs φ' square integrable, e.g. relu^α with 
 the paper: they are returned as None).  ``"closed"``: relu (Thm 3.10 for λ_G↓,
 Thm G.12 with α = 1 for λ_L↓, λ_M↓) and identity (λ_G↓ = (B−2)/(B−3),
 λ_L↓ = λ_M↓ = (B² − 2B − 1)/(B² − 2B − 3), from the sphere's fourth moments).
-``"montecarlo"``: traces of u ↦ P_u D · D P_u over each eigenspace, from
+``"laplace"``: Thm G.12 for every positive-homogeneous φ of degree α > 1/2
+(≈1e-13).  ``"montecarlo"``: traces of u ↦ P_u D · D P_u over each eigenspace, from
 uniform samples of the sphere, with standard errors.  ``"auto"``: closed when
 available, else sphere.  For ε > 0 :func:`gradient_explosion_rate` delegates to
 :func:`bnlab.theory.epsilon.epsilon_analysis`.
@@ -63,7 +64,9 @@ from bnlab.theory.forward import (
     _default_terms,
     _gegenbauer_energy,
     _gegenbauer_series,
+    _laplace_kernel_values,
     _montecarlo_samples,
+    _require_laplace,
     _ratio_stats,
     _resolve,
     _sample_sphere,
@@ -79,7 +82,7 @@ __all__ = [
     "BACKWARD_METHODS",
 ]
 
-BACKWARD_METHODS = ("auto", "closed", "sphere", "gegenbauer", "montecarlo")
+BACKWARD_METHODS = ("auto", "closed", "laplace", "sphere", "gegenbauer", "montecarlo")
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,24 @@ def _backward_closed(kind: str, b: int):
     return lam_g, lam_l, lam_m
 
 
+def _backward_laplace(act, b: int):
+    """Thm G.12 for φ positive-homogeneous of degree α > 1/2 (verified against the sphere to 1e-13)."""
+    v = _laplace_kernel_values(act, b)
+    al, j1, d = v["alpha"], v["J1"], v["J1"] - v["Jxi"]
+    dj = v["dJxi"]
+    lam_g = ((b - 3 + 2 * al) * ((2 * al - 1) * dj + al**2 * (b - 1) * j1)) / (
+        (2 * al - 1) * (b - 3) * (b - 1) * d
+    ) - al**2 / (b - 3)
+    lam_l = (
+        -2 * al**2 * (b - 2) * (b - 1 + al) / ((b - 3) * (b - 1) * (b - 1 + 2 * al))
+        + 2 * (al**2 * (3 * b - 4) + al * (3 * b * b - 11 * b + 8) + (b - 3) * (b - 1) ** 2)
+        / ((b - 3) * (b - 1) ** 2 * (b - 1 + 2 * al)) * dj / d
+        + al**2 * (b - 2) * (b - 3 + 2 * al) / ((2 * al - 1) * (b - 3) * (b - 1)) * j1 / d
+    )
+    lam_m = b * (b * b + 2 * (al - 2) * b + 2 * (al - 3) * al + 3) / ((b - 3) * (b - 1) * (b - 1 + 2 * al)) * dj / d
+    return lam_g, lam_l, lam_m
+
+
 # -- Gegenbauer ----------------------------------------------------------------------
 def _gradient_rate_gegenbauer(act, b: int, n_terms: int) -> float:
     """Thm 3.9 / G.5: λ_G↓ = Σ (l+B−3)l/(B−3) a_l² v_l / Σ a_l² v_l, v_l = N_l(1 − P_l(−1/(B−1)))."""
@@ -250,7 +271,7 @@ def backward_eigenvalues(
     phi : str, callable or Activation
     batch_size : int
         B ≥ 4 (B = 3: the mean field backward map diverges, ``ValueError``).
-    method : {"auto", "closed", "sphere", "gegenbauer", "montecarlo"}
+    method : {"auto", "closed", "laplace", "sphere", "gegenbauer", "montecarlo"}
     n_terms, n_samples, seed :
         Gegenbauer truncation; Monte Carlo sample size and seed.
 
@@ -283,6 +304,9 @@ def backward_eigenvalues(
                 "(Thm 3.10, G.12); use method='sphere' or 'gegenbauer'"
             )
         lam_g, lam_l, lam_m = _backward_closed(kind, b)
+    elif method == "laplace":
+        _require_laplace(act, b, "the backward eigenvalues")
+        lam_g, lam_l, lam_m = _backward_laplace(act, b)
     elif method == "sphere":
         ev = _backward_sphere(act, b)
         lam_g, lam_l, lam_m = ev.lambda_G, ev.lambda_L, ev.lambda_M

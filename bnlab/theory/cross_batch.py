@@ -24,6 +24,7 @@ Methods
 ``"closed"``: c_CB* for every positive-homogeneous φ (Thm H.6); the rate for
 relu (Beta functions and the arccosine kernel) and the identity
 (λ = 2Γ(B/2)²/((B−1)Γ((B−1)/2)²) = (B−1)/2 · P(B/2, 1/2)⁻², Thm 3.11).
+``"laplace"``: Thms H.6 and H.14 for every positive-homogeneous φ (≈1e-13).
 ``"sphere"``: the one-dimensional spherical integrals above by the quadrature
 of :mod:`bnlab.theory.forward` (≈1e-11 relative).  ``"gegenbauer"``: Thms H.3
 (c* = a_0²) and 3.11.  ``"montecarlo"``: uniform samples of the sphere.
@@ -62,6 +63,8 @@ from bnlab.theory.forward import (
     _forward_moments_sphere,
     _gegenbauer_energy,
     _gegenbauer_series,
+    _laplace_kernel_values,
+    _require_laplace,
     _montecarlo_samples,
     _radial_inverse_moment,
     _resolve,
@@ -71,7 +74,7 @@ from bnlab.theory.forward import (
 
 __all__ = ["CrossBatchResult", "cross_batch_analysis", "cross_batch_fixed_point", "cross_batch_rate", "CROSS_BATCH_METHODS"]
 
-CROSS_BATCH_METHODS = ("auto", "closed", "sphere", "gegenbauer", "montecarlo")
+CROSS_BATCH_METHODS = ("auto", "closed", "laplace", "sphere", "gegenbauer", "montecarlo")
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,13 @@ def cross_batch_analysis(phi, batch_size: int, *, method: str = "auto", n_terms=
                 "relu and identity (Thm 3.11, H.6); use method='sphere' or 'gegenbauer'"
             )
         c, lam = _c_star_closed(act, b), _rate_closed(kind, b)
+    elif method == "laplace":
+        _require_laplace(act, b, "the cross-batch dynamics")
+        v = _laplace_kernel_values(act, b)
+        al = v["alpha"]
+        # Thm H.14: λ = B/2 ((B−1)/2)^{α−1} P(B/2, α/2)⁻² μ*⁻¹ c_α J'_φ(0)
+        lam = b / 2.0 * ((b - 1) / 2.0) ** (al - 1.0) / special.poch(b / 2.0, al / 2.0) ** 2 / v["mu"] * v["c_alpha"] * v["dJ0"]
+        c = _c_star_closed(act, b)
     elif method == "sphere":
         c, lam = _sphere(act, b)
     elif method == "gegenbauer":

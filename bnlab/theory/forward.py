@@ -38,8 +38,13 @@ converges algebraically (≈1e-6 relative with 4000 terms at B = 32).  B ≤ 204
 ``"montecarlo"``: the same expectations estimated from uniform samples of
 the sphere, with standard errors; an independent check, not a production route.
 
-``"auto"`` = closed when available, else sphere.  ``laplace`` and ``fourier``
-(App. F.3.3, E.2) are not implemented for the dynamics: they raise ``ValueError``.
+``"laplace"`` (Thm F.33): closed forms for every positive-homogeneous φ
+(relu^α, leaky relu, abs, ...) in terms of the kernel J_φ of Defn E.9
+(hypergeometric, :mod:`bnlab.theory.vphi`) and its derivative; needs
+(B−1)/2 > α.  Accuracy ≈1e-13.
+
+``"auto"`` = closed when available, else sphere.  ``fourier`` (App. E.2) is
+developed for the fixed point only: it raises ``ValueError`` here.
 
 Errata found while checking the printed formulas numerically
 ------------------------------------------------------------
@@ -78,7 +83,7 @@ from bnlab.theory.ultrasymmetric import projected_eigenvalues
 __all__ = ["ForwardEigenvalues", "forward_eigenvalues", "FORWARD_METHODS"]
 
 #: Methods accepted by :func:`forward_eigenvalues`.
-FORWARD_METHODS = ("auto", "closed", "sphere", "gegenbauer", "montecarlo")
+FORWARD_METHODS = ("auto", "closed", "laplace", "sphere", "gegenbauer", "montecarlo")
 _ALL_METHODS = ("auto", "closed", "laplace", "fourier", "sphere", "gegenbauer", "montecarlo")
 
 MAX_QUADRATURE_BATCH = 2048  # the Gauss–Jacobi weights (∝ 2^{(B−5)/2}) overflow beyond this
@@ -499,6 +504,57 @@ def _forward_closed(kind: str, b: int):
 
 
 # ---------------------------------------------------------------------------
+# Laplace method: positive-homogeneous φ (Thms F.33, G.12, H.6, H.14)
+# ---------------------------------------------------------------------------
+def _laplace_kernel_values(act, b: int) -> dict:
+    """c_α, J_φ(1), J_φ(ξ), J'_φ(ξ), J'_φ(0) (ξ = −1/(B−1)) and μ* for φ = aρ_α − bρ_α(−·).
+
+    c_α J_φ(c) = k_φ(c) = E φ(x)φ(y) for unit Gaussians of correlation c (Defn E.7, E.9,
+    :func:`bnlab.theory.vphi.homogeneous_kernel`, hypergeometric closed form), and by Price's
+    theorem k_φ'(c) = α²((a²+b²) k_{α−1}(c) + 2ab k_{α−1}(−c)) (valid for |c| < 1, α > 0).
+    μ* = q*(1 − c*) from the closed BSB1 fixed point (Thm F.8).
+    """
+    from bnlab.theory.fixed_point import bsb1_fixed_point
+    from bnlab.theory.vphi import alpha_relu_kernel, alpha_relu_second_moment, homogeneous_kernel
+
+    al = float(act.homogeneity)
+    a, bb = act.homogeneous_coeffs
+    ca = alpha_relu_second_moment(al)
+    xi = -1.0 / (b - 1)
+
+    def dk(c):
+        return al * al * ((a * a + bb * bb) * alpha_relu_kernel(al - 1.0, c) + 2 * a * bb * alpha_relu_kernel(al - 1.0, -c))
+
+    fp = bsb1_fixed_point(act, b, method="closed")
+    return dict(
+        alpha=al, c_alpha=ca, J1=float(homogeneous_kernel(act, 1.0)) / ca, Jxi=float(homogeneous_kernel(act, xi)) / ca,
+        dJxi=float(dk(xi)) / ca, dJ0=float(dk(0.0)) / ca, mu=fp.q_star * (1.0 - fp.c_star),
+    )
+
+
+def _require_laplace(act, b: int, what: str):
+    if act.homogeneity is None or act.homogeneous_coeffs is None:
+        raise ValueError(
+            f"method='laplace' does not apply to phi={act.spec!r}: the Laplace method needs a positive-homogeneous φ "
+            f"(relu, leaky_relu, alpha_relu, abs, identity); use method='sphere' or 'gegenbauer' for {what}"
+        )
+    if not (b - 1) / 2.0 > act.homogeneity:
+        raise ValueError(f"method='laplace' needs (B−1)/2 > α (Thm F.33); got batch_size={b}, α={act.homogeneity:g}")
+
+
+def _forward_laplace(act, b: int):
+    """Thm F.33: λ_M↑ = c_α B (B−1)^{α−1} μ*⁻¹ 2^{−α} P((B+1)/2, α)⁻¹ J'_φ(ξ),
+    λ_L↑ = c_α (B−1)^{α−1} μ*⁻¹ 2^{−α} P((B+1)/2, α)⁻¹ ((B−2) α [J_φ(1) − J_φ(ξ)] + B/(B−1) J'_φ(ξ)),
+    P(a, k) = Γ(a+k)/Γ(a).  Verified against the sphere to 1e-13 (relu^0.5, relu^1.5, leaky relu, relu)."""
+    v = _laplace_kernel_values(act, b)
+    al = v["alpha"]
+    pref = v["c_alpha"] * (b - 1.0) ** (al - 1.0) / v["mu"] * 2.0 ** (-al) / special.poch((b + 1) / 2.0, al)
+    lam_m = pref * b * v["dJxi"]
+    lam_l = pref * ((b - 2) * al * (v["J1"] - v["Jxi"]) + b / (b - 1.0) * v["dJxi"])
+    return lam_l, lam_m
+
+
+# ---------------------------------------------------------------------------
 # Gegenbauer form (Thm 3.8, F.22, F.24)
 # ---------------------------------------------------------------------------
 def _forward_gegenbauer(act, b: int, n_terms: int):
@@ -569,8 +625,8 @@ def forward_eigenvalues(
         The nonlinearity (anything :func:`bnlab.activations.get_activation` accepts).
     batch_size : int
         B ≥ 3 (B = 2 raises: the dynamics are constant; B = 3 warns and λ_M is None).
-    method : {"auto", "closed", "sphere", "gegenbauer", "montecarlo"}
-        See the module docstring; "laplace" and "fourier" raise ``ValueError``.
+    method : {"auto", "closed", "laplace", "sphere", "gegenbauer", "montecarlo"}
+        See the module docstring; "fourier" raises ``ValueError``.
     n_terms : int, optional
         Number of Gegenbauer coefficients (method="gegenbauer").
     n_samples, seed :
@@ -606,6 +662,9 @@ def forward_eigenvalues(
         if b < 4:
             raise ValueError("method='closed' needs batch_size >= 4 (Thm 3.7 assumes B > 3)")
         lam_l, lam_m = _forward_closed(kind, b)
+    elif method == "laplace":
+        _require_laplace(act, b, "the forward eigenvalues")
+        lam_l, lam_m = _forward_laplace(act, b)
     elif method == "sphere":
         ev = _forward_sphere(act, b)
         lam_l, lam_m = ev.lambda_L, ev.lambda_M

@@ -55,9 +55,9 @@ def test_tanh_auto_vs_sphere_vs_gegenbauer():
 
 
 def test_phi_forms_and_family_parameters():
-    a = analyze("alpha_relu", 16, alpha=1.5)
-    b = analyze(get_activation("alpha_relu", alpha=1.5), 16)
-    assert a.phi == b.phi == "alpha_relu(alpha=1.5)"
+    a = analyze("alpha_relu", 16, alpha=0.75)
+    b = analyze(get_activation("alpha_relu", alpha=0.75), 16)
+    assert a.phi == b.phi == "alpha_relu(alpha=0.75)" and a.fixed_point_kind == "BSB1"
     assert a.grad_explosion_rate == pytest.approx(b.grad_explosion_rate, rel=1e-14)
     c = analyze("tanh(x)", 8)
     assert c.grad_explosion_rate == pytest.approx(analyze("tanh", 8).grad_explosion_rate, rel=1e-12)
@@ -111,6 +111,12 @@ def test_method_that_does_not_apply_raises():
     for m in ("closed", "laplace"):
         with pytest.raises(ValueError, match="does not apply"):
             analyze("tanh", 8, method=m)
+    with pytest.raises(ValueError, match="closed"):
+        analyze("alpha_relu", 8, alpha=0.75, method="closed")
+    lap = analyze("alpha_relu", 8, alpha=0.75, method="laplace")
+    assert lap.methods_used["forward"] == "laplace"
+    # auto = sphere here; its φ'² ∝ |x|^{−1/2} line singularity limits it to ≈1e-8 (measured 6.5e-9)
+    assert lap.grad_explosion_rate == pytest.approx(analyze("alpha_relu", 8, alpha=0.75).grad_explosion_rate, rel=1e-7)
     with pytest.raises(ValueError, match="method"):
         analyze("relu", 8, method="nope")
     assert set(METHODS) == {"auto", "closed", "laplace", "fourier", "sphere", "gegenbauer", "montecarlo"}

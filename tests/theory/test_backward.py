@@ -36,6 +36,19 @@ def test_closed_forms_agree_with_sphere(name, b):
         assert getattr(closed, f) == pytest.approx(getattr(sphere, f), rel=1e-9), f
 
 
+@pytest.mark.parametrize("b", BATCHES)
+@pytest.mark.parametrize("name,kw", [("relu", {}), ("alpha_relu", {"alpha": 1.5}), ("leaky_relu", {"slope": 0.2})])
+def test_laplace_thm_g12_vs_sphere(name, kw, b):
+    act = get_activation(name, **kw)
+    if not (b - 1) / 2 > act.homogeneity:  # outside Thm F.33/G.12's assumption: a clear refusal
+        with pytest.raises(ValueError, match="needs"):
+            backward_eigenvalues(act, b, method="laplace")
+        return
+    lap, sphere = backward_eigenvalues(act, b, method="laplace"), backward_eigenvalues(act, b, method="sphere")
+    for f in ("lambda_G", "lambda_L", "lambda_M"):
+        assert getattr(lap, f) == pytest.approx(getattr(sphere, f), rel=1e-9), f
+
+
 @pytest.mark.parametrize("b", [4, 5, 8, 32])
 def test_relu_rate_gegenbauer(b):
     closed = gradient_explosion_rate("relu", b, method="closed")

@@ -157,13 +157,27 @@ def test_relu_limits_thm_3_7():
     assert prev.lambda_M == pytest.approx(math.pi / (2 * (math.pi - 1)), abs=1e-5)
 
 
-@pytest.mark.parametrize("b", [4, 5, 8, 32])
-def test_alpha_relu_sphere_vs_gegenbauer(b):
+@pytest.mark.parametrize("b", [4, 5, 8, 32, 128])
+def test_alpha_relu_laplace_closed_form_vs_sphere_and_gegenbauer(b):
+    # Thm F.33 (Laplace method, J_φ hypergeometric) vs two numerical routes
     act = get_activation("alpha_relu", alpha=0.5)
+    lap = forward_eigenvalues(act, b, method="laplace")
     sphere = forward_eigenvalues(act, b, method="sphere")
-    geg = forward_eigenvalues(act, b, method="gegenbauer")
-    assert sphere.lambda_L == pytest.approx(geg.lambda_L, rel=1e-6)
-    assert sphere.lambda_M == pytest.approx(geg.lambda_M, rel=1e-6)
+    assert lap.lambda_L == pytest.approx(sphere.lambda_L, rel=1e-9)
+    assert lap.lambda_M == pytest.approx(sphere.lambda_M, rel=1e-9)
+    if b <= 32:  # the extrapolated series reaches 4e-6 only at B = 128
+        geg = forward_eigenvalues(act, b, method="gegenbauer")
+        assert lap.lambda_L == pytest.approx(geg.lambda_L, rel=1e-6)
+        assert lap.lambda_M == pytest.approx(geg.lambda_M, rel=1e-6)
+
+
+@pytest.mark.parametrize("name,kw", [("relu", {}), ("leaky_relu", {"slope": 0.3}), ("alpha_relu", {"alpha": 1.5}), ("abs", {})])
+def test_laplace_vs_sphere_for_homogeneous_phi(name, kw):
+    act = get_activation(name, **kw)
+    for b in (5, 16):
+        lap, sphere = forward_eigenvalues(act, b, method="laplace"), forward_eigenvalues(act, b, method="sphere")
+        assert lap.lambda_L == pytest.approx(sphere.lambda_L, rel=1e-9)
+        assert lap.lambda_M == pytest.approx(sphere.lambda_M, rel=1e-9)
 
 
 @pytest.mark.parametrize("name", ["tanh", "sin", "gelu", "sigmoid"])
@@ -219,7 +233,9 @@ def test_bad_input():
     with pytest.raises(ValueError, match="closed"):
         forward_eigenvalues("tanh", 8, method="closed")
     with pytest.raises(ValueError, match="laplace"):
-        forward_eigenvalues("relu", 8, method="laplace")
+        forward_eigenvalues("tanh", 8, method="laplace")
+    with pytest.raises(ValueError, match="fourier"):
+        forward_eigenvalues("relu", 8, method="fourier")
     with pytest.raises(ValueError, match="method"):
         forward_eigenvalues("relu", 8, method="bogus")
     with pytest.raises(ValueError, match="batch_size"):
