@@ -137,14 +137,14 @@ def test_rmsprop_trains_and_epochs_count():
 
 
 def test_shallow_trains_very_deep_small_batch_does_not():
-    # ReLU BN at B=4: λ_G = 3.08 (Thm 3.10) so 16ξ = 16/log λ_G ≈ 14; depth 60 ≈ 4×16ξ
-    # (gradients at layer 1 ~ λ^30 ≈ 1e15 times those at the top) cannot train, while
+    # ReLU BN at B=4: λ_G = 3.08 (Thm 3.10) so 16ξ = 16/log λ_G ≈ 14; depth 48 ≈ 3.4×16ξ
+    # (squared gradients at layer 1 ~ λ^48 ≈ 1e23 times those at the top) cannot train, while
     # depth 2 learns the 10-class digits far above chance (0.1) in the same budget.
     lam = _relu_lambda(4)
     assert 16 / math.log(lam) == pytest.approx(14.2, abs=0.1)
     train, test = _digits()
-    shallow = train_classifier(BNMLP(64, 10, depth=2, width=64, seed=0), train, test, lr=0.02, batch_size=4, steps=200, seed=0)
-    deep = train_classifier(BNMLP(64, 10, depth=60, width=64, seed=0), train, test, lr=0.02, batch_size=4, steps=200, seed=0)
+    shallow = train_classifier(BNMLP(64, 10, depth=2, width=64, seed=0), train, test, lr=0.02, batch_size=4, steps=150, seed=0)
+    deep = train_classifier(BNMLP(64, 10, depth=48, width=64, seed=0), train, test, lr=0.02, batch_size=4, steps=150, seed=0)
     print("shallow", shallow.test_accuracy, "deep", deep.test_accuracy, deep.diverged)
     assert shallow.test_accuracy > 0.7
     assert deep.diverged or deep.test_accuracy < 0.3
