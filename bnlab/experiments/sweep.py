@@ -136,8 +136,9 @@ def open_client(scheduler: str | None = None, workers: int | None = None) -> Ite
     """A Dask ``Client``: connected to ``scheduler`` if given, else to a new ``LocalCluster``.
 
     The local cluster has ``workers`` (default: the available cores) worker
-    processes of one thread each, environment ``OMP_NUM_THREADS=1`` etc., no
-    dashboard; it is shut down on exit.  An existing cluster is left running.
+    processes of one thread each, environment ``OMP_NUM_THREADS=1`` etc., its
+    HTTP server on a free port (concurrent sweeps never clash); it is shut
+    down on exit.  An existing cluster is left running.
     """
     from distributed import Client, LocalCluster
 
@@ -160,7 +161,7 @@ def open_client(scheduler: str | None = None, workers: int | None = None) -> Ite
         n_workers=n,
         threads_per_worker=1,
         processes=True,
-        dashboard_address=None,
+        dashboard_address=":0",  # a free port: several sweeps on one machine never collide
         silence_logs=logging.ERROR,
         env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
     )
