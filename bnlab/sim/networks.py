@@ -38,12 +38,12 @@ Errata (Yang et al. 2019)
 * Eq. (7) prints σ²_α = sqrt(var + ε); the normalization divides by
   σ_α = sqrt(var + ε) (the simulator matches ``torch.nn.BatchNorm1d`` in
   training mode, tests/sim/test_networks.py).
-* Cor. I.6 / Thm 3.11 print λ_M̃ = ((B−1)/2)·P(B/2, 1/2)^{−2} for φ = id with P
-  the Pochhammer-type ratio P(a, b) = Γ(a+b)/Γ(a) (not a Beta function); this
-  equals (B−1)·Beta(B/2, 1/2)²/(2π) and is confirmed by simulation
-  (tests/sim/test_theory_agreement.py).  Thm H.14 prints the denominator as
-  "P(B/2, α/2)² J_φ(1) − J_φ(−1/(B−1))"; the square of P multiplies the whole
-  difference J_φ(1) − J_φ(−1/(B−1)) (checked against φ = id and by simulation for relu).
+* Thm H.14 prints the denominator as "P(B/2, α/2)² J_φ(1) − J_φ(−1/(B−1))";
+  the square of P (the Pochhammer symbol Γ(a+b)/Γ(a), App. A) multiplies the whole
+  difference J_φ(1) − J_φ(−1/(B−1)) (checked against Thm 3.11 for φ = id, against the
+  Gegenbauer form Eq. 24 for relu, and by simulation; tests/sim/test_reference.py,
+  tests/sim/test_theory_agreement.py).  Verified without erratum: Thm 3.11 / Cor. I.6,
+  λ_M̃(id) = ((B−1)/2)·P(B/2, 1/2)^−2 = (B−1)·Beta(B/2, 1/2)²/(2π).
 """
 from __future__ import annotations
 

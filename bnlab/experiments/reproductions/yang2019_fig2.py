@@ -20,8 +20,7 @@ random orthogonal weights and minibatches of B = 64:
   batches per network, Gaussian weights (the setting of the theory; orthogonal
   weights agree to O(1/width) but cost a QR per layer); the fitted per-layer
   decay of the mean correlation against λ_M̃ = ((B−1)/2)·P(B/2, 1/2)^−2 ≈
-  0.99210 for B = 64 (P(a, b) = Γ(a+b)/Γ(a); see the erratum in
-  :mod:`bnlab.sim.networks`).  Since λ_M̃ is close to 1 the report also gives
+  0.99210 for B = 64 (P(a, b) = Γ(a+b)/Γ(a), the paper's Pochhammer symbol).  Since λ_M̃ is close to 1 the report also gives
   1 − λ_M̃, the quantity the finite-width bias (≈ B/width relative) shows in:
   at width 256 the simulated 1 − λ is 16 % low, at width 512 3 % low.
 
