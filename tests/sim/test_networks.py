@@ -48,6 +48,8 @@ def _naive(trace, phi, k, b, eps, normalization="batch", residual_scale=None):
                 hs.append(h)
                 if normalization == "batch":
                     u = bn(h)
+                elif normalization == "batch_no_mean":
+                    u = h / torch.sqrt((h * h).mean(0) + eps)  # Daneshmand et al. 2020: no centering
                 else:
                     u = h
                 a = act.torch(u)
@@ -83,15 +85,16 @@ def _naive(trace, phi, k, b, eps, normalization="batch", residual_scale=None):
 @pytest.mark.parametrize(
     "phi,eps,k,normalization,residual",
     [("relu", 0.0, 2, "batch", None), ("tanh", 1e-3, 3, "batch", None), ("relu", 0.0, 1, "none", None),
-     ("identity", 0.0, 2, "batch", 0.5)],
+     ("identity", 0.0, 2, "batch", 0.5), ("identity", 0.0, 2, "batch_no_mean", None)],
 )
 def test_matches_naive_per_network_loop(phi, eps, k, normalization, residual):
     # Both routes compute the same finite networks in float64; they differ only in the order
     # of floating-point operations, so they agree to ~1e-12 relative (tolerance 1e-9).
     b, width, depth, n = 5, 12, 4, 3
     trace = []
+    init = "asymmetric_uniform" if normalization == "batch_no_mean" else "gaussian"
     res = simulate(phi, b, width, depth, n, eps=eps, num_batches=k, normalization=normalization,
-                   residual_scale=residual, seed=3, dtype="float64", _trace=trace)
+                   residual_scale=residual, init=init, seed=3, dtype="float64", _trace=trace)
     ref = _naive(trace, phi, k, b, eps, normalization, residual)
     np.testing.assert_allclose(res.q, ref["q"], rtol=1e-9)
     np.testing.assert_allclose(res.c, ref["c"], rtol=1e-9, atol=1e-12)
