@@ -26,8 +26,8 @@ panel uses the tanh-sinh rule (exponential convergence even for the
 agree to ``tol`` (relative, default 1e-12); their difference is returned as the error estimate.  With
 ε > 0 the norm no longer cancels: the arguments are multiplied by
 s(u) = √(2uμ/(2uμ + Bε)) and averaged over u = ‖x‖²/2 ~ Gamma((B−1)/2)
-with generalized Gauss–Laguerre quadrature (40 nodes, ≲ 1e-13; algebraic
-convergence only for homogeneous φ of non-integer degree).
+with the trapezoid rule in log u (exponentially convergent for every ε > 0,
+≲ 1e-14; see ``_radial_rule``).
 
 **General Σ — randomized quasi-Monte Carlo.**  The change of variables
 v ↦ Lv/‖Lv‖ (L Lᵀ = 𝔢ᵀΣ𝔢) has Jacobian 𝒦(v; Σ), so the spherical integral
@@ -96,28 +96,31 @@ def _sin_power_weight(theta, power: float, quad_w):
     return w / np.sum(w, axis=-1, keepdims=True)
 
 
-def _radial_rule(batch_size: int, mu: float, eps: float, n: int = 40):
+def _radial_rule(batch_size: int, mu: float, eps: float):
     """Nodes s(u) and weights of E_u[f(s(u))], u ~ Gamma((B−1)/2, 1), s(u) = √(2uμ/(2uμ + Bε)).
 
-    Generalized Gauss–Laguerre rule built by Golub–Welsch from the recurrence
-    (diagonal 2j + a + 1, off-diagonal √(j(j + a)), a = k − 1), so the weights
-    come out normalized for any B (scipy's rule overflows for B ≳ 300).  The
-    integrands of V_Bφ are even in s (the sphere is symmetric under v ↦ −v),
-    hence analytic in u for smooth φ and for integer-degree homogeneous φ:
-    40 nodes give ≲ 1e-13.
+    Trapezoid rule in y = log u: the integrand u^k e^{−u} f(s(u)) is analytic
+    in the strip |Im y| < π/2 whatever ε (the pole of s at u = −Bε/(2μ) sits
+    at Im y = π), so the rule converges exponentially, e^{−2π(π/2)/h}, even
+    for tiny ε (a Gauss–Laguerre rule in u converges only as fast as
+    −Bε/(2μ) is far from 0).  Step h = min(1/4, 1/(2√k)) resolves the peak of
+    width 1/√k for large B; nodes with weight < 1e-20 of the largest are
+    dropped; weights are normalized by their sum.  Accuracy ≲ 1e-14.
     """
     if eps == 0.0:
         return np.ones(1), np.ones(1)
-    from scipy.linalg import eigh_tridiagonal
-
-    a = 0.5 * (batch_size - 1) - 1.0
-    j = np.arange(n, dtype=np.float64)
-    diag = 2.0 * j + a + 1.0
-    off = np.sqrt(j[1:] * (j[1:] + a))
-    u, vecs = eigh_tridiagonal(diag, off)
-    w = vecs[0] ** 2
-    w = w / w.sum()
-    u = np.clip(u, 0.0, None)
+    k = 0.5 * (batch_size - 1)
+    h = min(0.25, 0.5 / math.sqrt(k))
+    y_mode = math.log(k)
+    y_lo = y_mode - max(50.0 / k, 14.0 / math.sqrt(k))
+    y_hi = math.log(k + 14.0 * math.sqrt(k) + 50.0)
+    y = np.arange(y_lo, y_hi + h, h)
+    logw = k * y - np.exp(y)
+    logw -= logw.max()
+    keep = logw > math.log(1e-20)
+    u = np.exp(y[keep])
+    w = np.exp(logw[keep])
+    w /= w.sum()
     s = np.sqrt(2.0 * u * mu / (2.0 * u * mu + batch_size * eps))
     return s, w
 
@@ -176,6 +179,13 @@ def isotropic_transform_entries(
     difference between the last two quadrature levels (max over both entries).
     """
     b = int(batch_size)
+    alpha = phi.homogeneity
+    if eps > 0 and alpha is not None and alpha > 0 and phi.homogeneous_coeffs is not None:
+        # φ(s x) = s^α φ(x) for s > 0: the radial average factors out exactly
+        scales, sweights = _radial_rule(b, mu, eps)
+        factor = float(np.sum(sweights * scales ** (2.0 * alpha)))
+        d, o, err = isotropic_transform_entries(phi, b, mu=mu, eps=0.0, tol=tol)
+        return factor * d, factor * o, factor * err
     scales, sweights = _radial_rule(b, mu, eps)
     prev = None
     level = 3
@@ -185,7 +195,8 @@ def isotropic_transform_entries(
         if prev is not None:
             err = max(abs(d - prev[0]), abs(o - prev[1]))
             scale = max(abs(d), abs(o), 1e-300)
-            if err <= tol * scale or level >= _MAX_LEVEL:
+            # with ε > 0 each node also carries the radial rule: cap one level lower
+            if err <= tol * scale or level >= (_MAX_LEVEL if eps == 0 else _MAX_LEVEL - 2):
                 return d, o, err
         prev = (d, o)
         level += 1
