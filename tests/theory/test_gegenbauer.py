@@ -1,0 +1,106 @@
+"""Gegenbauer coefficients (Yang et al. 2019, Thm 3.4, App. E.4) against independent routes."""
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy import special
+
+from bnlab.activations import get_activation
+from bnlab.theory.gegenbauer import (
+    GegenbauerTruncationWarning,
+    gegenbauer_basis_at,
+    gegenbauer_coefficients,
+    gegenbauer_orthonormal_coefficients,
+    gegenbauer_quadratic_form,
+    normalized_gegenbauer,
+)
+from bnlab.theory.spherical import isotropic_transform_entries
+
+
+@pytest.mark.parametrize("b", [4, 7, 16])
+def test_normalized_recurrence_vs_scipy(b):
+    # independent: scipy's eval_gegenbauer; R_l is bounded by 1, so an absolute 1e-12.
+    lam = (b - 3) / 2
+    t = np.linspace(-1, 1, 9)
+    r = normalized_gegenbauer(b, 12, t)
+    ref = np.array([special.eval_gegenbauer(l, lam, t) / special.eval_gegenbauer(l, lam, 1.0) for l in range(12)])
+    assert np.allclose(r, ref, atol=1e-12)
+    basis = gegenbauer_basis_at(b, 12, t)
+    c = lam / (lam + np.arange(12))
+    assert np.allclose(basis, np.array([special.eval_gegenbauer(l, lam, t) for l in range(12)]) / c[:, None], rtol=1e-12)
+
+
+@pytest.mark.parametrize("b", [4, 8, 32])
+def test_identity_coefficients_closed_form(b):
+    # √(B−1)x = a_1 (1/c_1) C_1(x) with C_1 = 2λx, 1/c_1 = (λ+1)/λ  ⇒  a_1 = 1/√(B−1), all other a_l = 0.
+    a = gegenbauer_coefficients("identity", b, n_terms=6)
+    assert a[1] == pytest.approx(1 / math.sqrt(b - 1), rel=1e-13)
+    assert np.allclose(np.delete(a, 1), 0.0, atol=1e-14)
+
+
+@pytest.mark.parametrize("phi", ["tanh", "sin", "gelu", "sigmoid"])
+def test_series_reconstructs_phi(phi):
+    # Σ a_l (1/c_l) C_l(x) = φ(√(B−1)x) pointwise.  The automatic truncation controls the
+    # L²(μ_B) tail only (pointwise error near |x| → 1 is larger, ~1e-6 at 15 terms for gelu, as
+    # the weight is small there); with 40 terms the geometric decay leaves < 1e-11 everywhere.
+    b = 8
+    a = gegenbauer_coefficients(phi, b, n_terms=40)
+    x = np.linspace(-0.95, 0.95, 13)
+    series = a @ gegenbauer_basis_at(b, a.size, x)
+    assert np.allclose(series, get_activation(phi)(math.sqrt(b - 1) * x), atol=1e-11)
+
+
+@pytest.mark.parametrize("phi", ["tanh", "relu"])
+@pytest.mark.parametrize("b", [5, 32])
+def test_parseval_and_quadratic_forms_vs_sphere(phi, b):
+    # Thm 3.4: q* = Σ a_l² C_l(1)/c_l, q*c* = Σ a_l² C_l(−1/(B−1))/c_l, against Thm F.5 (sphere).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GegenbauerTruncationWarning)
+        bl = gegenbauer_orthonormal_coefficients(phi, b)
+        al = gegenbauer_coefficients(phi, b, n_terms=bl.size)
+    d, o, _ = isotropic_transform_entries(get_activation(phi), b)
+    q, qc = gegenbauer_quadratic_form(bl, b, np.array([1.0, -1.0 / (b - 1)]))
+    q2, qc2 = gegenbauer_quadratic_form(al, b, np.array([1.0, -1.0 / (b - 1)]), orthonormal=False)
+    # smooth φ: tail < 1e-12 relative; relu: Parseval tail ~ n^-2 ≈ 1e-8 (B=32) at 1024 terms
+    tol = 1e-11 if phi == "tanh" else 1e-7
+    assert q == pytest.approx(d, rel=tol) and q2 == pytest.approx(d, rel=tol)
+    assert qc == pytest.approx(o, rel=1e-10, abs=1e-12) and qc2 == pytest.approx(o, rel=1e-10, abs=1e-12)
+
+
+def test_large_b_tanh_finite():
+    b = 1024
+    bl = gegenbauer_orthonormal_coefficients("tanh", b)
+    a = gegenbauer_coefficients("tanh", b, n_terms=bl.size)
+    assert np.all(np.isfinite(bl)) and np.all(np.isfinite(a))
+    d, o, _ = isotropic_transform_entries(get_activation("tanh"), b)
+    assert np.sum(bl**2) == pytest.approx(d, rel=1e-11)
+
+
+def test_slow_convergence_warns_with_tail():
+    with pytest.warns(GegenbauerTruncationWarning, match="tail"):
+        c = gegenbauer_coefficients("relu", 8, max_terms=64)
+    assert c.size == 64
+
+
+def test_odd_and_even_symmetry():
+    # tanh is odd: even-degree coefficients vanish; |x| even: odd ones vanish
+    a = gegenbauer_coefficients("tanh", 9, n_terms=10)
+    assert np.allclose(a[0::2], 0.0, atol=1e-15)
+    b = gegenbauer_coefficients("abs", 9, n_terms=10)
+    assert np.allclose(b[1::2], 0.0, atol=1e-15)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: gegenbauer_coefficients("tanh", 3), "B = 3"),
+        (lambda: gegenbauer_coefficients("tanh", 2), "batch_size=2"),
+        (lambda: gegenbauer_coefficients("tanh", 8, rtol=0.0), "rtol"),
+        (lambda: gegenbauer_coefficients("tanh", 8, n_terms=0), "n_terms"),
+        (lambda: gegenbauer_basis_at(1024, 800, np.array([1.0])), "overflows"),
+    ],
+)
+def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
