@@ -76,7 +76,7 @@ def _montecarlo(act, sigma, b, eps, n, seed):
     lmat = psd_sqrt_factor(sigma)
     s1 = np.zeros((b, b))
     s2 = np.zeros((b, b))
-    chunk = max(1, min(n, int(2e6 // b)))
+    chunk = max(1, min(n, int(4e6 // b)))
     done = 0
     while done < n:
         m = min(chunk, n - done)
@@ -85,9 +85,10 @@ def _montecarlo(act, sigma, b, eps, n, seed):
         x = h - h.mean(axis=1, keepdims=True)
         denom = np.sqrt(np.einsum("nb,nb->n", x, x) / b + eps)
         y = act(x / denom[:, None])
-        prod = y[:, :, None] * y[:, None, :]
-        s1 += prod.sum(axis=0)
-        s2 += (prod * prod).sum(axis=0)
+        # Σ_n y_i y_j and Σ_n (y_i y_j)² = Σ_n y_i² y_j² as two BLAS products (no (n, B, B) array)
+        s1 += y.T @ y
+        y2 = y * y
+        s2 += y2.T @ y2
         done += m
     mean = s1 / n
     var = np.clip(s2 / n - mean * mean, 0.0, None) * n / (n - 1)

@@ -111,3 +111,24 @@ def test_homogeneous_kernel_abs_is_even():
 def test_bad_input(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         gaussian_kernel(*args, **kwargs)
+
+
+def test_prop_e23_derivative_erratum():
+    # Prop. E.23 as corrected: J'_φ(c) = (2α+1)(1−c²)^{-1}[(a²+b²)J_{α+1}(c) + 2abJ_{α+1}(−c) − cJ_φ(c)],
+    # J = k/c_α.  Central difference with h = 1e-5 has error ~h² ≈ 1e-10: tolerance 1e-7.
+    from bnlab.theory.vphi import alpha_relu_second_moment as c_
+
+    alpha, a, b, c, h = 1.5, 1.0, 0.3, 0.4, 1e-5
+
+    def j(al, x):
+        return alpha_relu_kernel(al, x) / c_(al)
+
+    def j_phi(x):
+        return (a * a + b * b) * j(alpha, x) - 2 * a * b * j(alpha, -x)
+
+    numeric = (j_phi(c + h) - j_phi(c - h)) / (2 * h)
+    bracket = (a * a + b * b) * j(alpha + 1, c) + 2 * a * b * j(alpha + 1, -c)
+    corrected = (2 * alpha + 1) / (1 - c * c) * (bracket - c * j_phi(c))
+    printed = (2 * alpha + 1) / (1 - c * c) * bracket - c * j_phi(c)
+    assert numeric == pytest.approx(corrected, rel=1e-7)
+    assert abs(numeric - printed) > 1e-2
