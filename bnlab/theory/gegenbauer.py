@@ -75,7 +75,9 @@ class GegenbauerTruncationWarning(UserWarning):
 
 
 def _check_b(batch_size) -> int:
-    b = check_batch_size(batch_size)
+    b = check_int("batch_size", batch_size)
+    if b != 3:
+        b = check_batch_size(b)
     if b < 4:
         raise ValueError(
             f"batch_size={b} is not allowed for the Gegenbauer expansion: its normalization "
