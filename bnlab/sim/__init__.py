@@ -7,6 +7,11 @@ covariance Σ^l and its distance to the BSB1 fixed point, the gradient norms
 correlation, and per-layer rates with bootstrap confidence intervals.
 
 Entry point: :func:`simulate` → :class:`EnsembleResult`.  See ``docs/sim.md``.
+
+Training (the trainability experiments, ``docs/trainability.md``): :class:`BNMLP`
+(BN before φ as in Yang et al. 2019, Eq. 7, with sub-batch statistics),
+:func:`train_classifier` → :class:`TrainResult`, and :func:`layer_norm_trajectory`
+(per-layer norms over the first SGD steps, Fig. 4).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from bnlab.sim.measure import (
     weight_gradient_norm_sq,
 )
 from bnlab.sim.networks import NORMALIZATIONS, EnsembleResult, resolve_device, resolve_dtype, simulate
+from bnlab.sim.train import BNMLP, TrainResult, layer_norm_trajectory, train_classifier
 
 __all__ = [
     "simulate",
@@ -36,4 +42,8 @@ __all__ = [
     "weight_gradient_norm_sq",
     "resolve_device",
     "resolve_dtype",
+    "BNMLP",
+    "TrainResult",
+    "train_classifier",
+    "layer_norm_trajectory",
 ]
