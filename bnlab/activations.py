@@ -57,9 +57,24 @@ _SQRT_2PI = math.sqrt(2.0 * math.pi)
 
 
 def _torch():
+    # torch is imported on first use only: the theory engine is pure NumPy/SciPy and should not pay
+    # torch's multi-second import for `import bnlab` or `bnlab theory`.
     import torch
 
     return torch
+
+
+def _lazy_torch(path: str, **kwargs):
+    """A function x ↦ torch.<path>(x, **kwargs), resolving torch at call time."""
+
+    def fn(x):
+        obj = _torch()
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        return obj(x, **kwargs)
+
+    fn.__name__ = f"torch_{path.replace('.', '_')}"
+    return fn
 
 
 @dataclass(frozen=True, eq=False)
@@ -247,20 +262,17 @@ def _sigmoid(x):
 
 
 def _make_identity():
-    t = _torch()
     return dict(fn=lambda x: x, deriv=np.ones_like, torch_fn=lambda x: x, alpha=1.0, coeffs=(1.0, 1.0))
 
 
 def _make_relu():
-    t = _torch()
-    return dict(fn=_relu, deriv=_heaviside, torch_fn=t.relu, alpha=1.0, coeffs=(1.0, 0.0))
+    return dict(fn=_relu, deriv=_heaviside, torch_fn=_lazy_torch("relu"), alpha=1.0, coeffs=(1.0, 0.0))
 
 
 def _make_alpha_relu(alpha: float):
     alpha = _check_real("alpha", alpha)
     if alpha <= 0:
         raise ValueError(f"alpha={alpha!r} is not allowed: alpha_relu needs alpha > 0")
-    t = _torch()
 
     def fn(x):
         return np.where(x > 0, np.abs(x) ** alpha, 0.0)
@@ -269,53 +281,46 @@ def _make_alpha_relu(alpha: float):
         with np.errstate(divide="ignore"):
             return np.where(x > 0, alpha * np.abs(x) ** (alpha - 1.0), 0.0)
 
-    return dict(fn=fn, deriv=deriv, torch_fn=lambda x: t.relu(x) ** alpha, alpha=alpha, coeffs=(1.0, 0.0))
+    return dict(fn=fn, deriv=deriv, torch_fn=lambda x: _torch().relu(x) ** alpha, alpha=alpha, coeffs=(1.0, 0.0))
 
 
 def _make_leaky_relu(slope: float):
     slope = _check_real("slope", slope)
-    t = _torch()
     return dict(
         fn=lambda x: np.where(x > 0, x, slope * x),
         deriv=lambda x: np.where(x > 0, 1.0, slope),
-        torch_fn=lambda x: t.nn.functional.leaky_relu(x, slope),
+        torch_fn=_lazy_torch("nn.functional.leaky_relu", negative_slope=slope),
         alpha=1.0,
         coeffs=(1.0, slope),  # x⁺ − slope·(−x)⁺
     )
 
 
 def _make_abs():
-    t = _torch()
-    return dict(fn=np.abs, deriv=np.sign, torch_fn=t.abs, alpha=1.0, coeffs=(1.0, -1.0))
+    return dict(fn=np.abs, deriv=np.sign, torch_fn=_lazy_torch("abs"), alpha=1.0, coeffs=(1.0, -1.0))
 
 
 def _make_tanh():
-    t = _torch()
-    return dict(fn=np.tanh, deriv=lambda x: 1.0 / np.cosh(x) ** 2, torch_fn=t.tanh)
+    return dict(fn=np.tanh, deriv=lambda x: 1.0 / np.cosh(x) ** 2, torch_fn=_lazy_torch("tanh"))
 
 
 def _make_sigmoid():
-    t = _torch()
 
     def deriv(x):
         s = _sigmoid(x)
         return s * (1.0 - s)
 
-    return dict(fn=_sigmoid, deriv=deriv, torch_fn=t.sigmoid)
+    return dict(fn=_sigmoid, deriv=deriv, torch_fn=_lazy_torch("sigmoid"))
 
 
 def _make_erf():
-    t = _torch()
-    return dict(fn=special.erf, deriv=lambda x: (2.0 / math.sqrt(math.pi)) * np.exp(-x * x), torch_fn=t.erf)
+    return dict(fn=special.erf, deriv=lambda x: (2.0 / math.sqrt(math.pi)) * np.exp(-x * x), torch_fn=_lazy_torch("erf"))
 
 
 def _make_sin():
-    t = _torch()
-    return dict(fn=np.sin, deriv=np.cos, torch_fn=t.sin)
+    return dict(fn=np.sin, deriv=np.cos, torch_fn=_lazy_torch("sin"))
 
 
 def _make_gelu():
-    t = _torch()
 
     def fn(x):
         return 0.5 * x * special.erfc(-x / _SQRT_2)
@@ -323,42 +328,38 @@ def _make_gelu():
     def deriv(x):
         return 0.5 * special.erfc(-x / _SQRT_2) + x * np.exp(-0.5 * x * x) / _SQRT_2PI
 
-    return dict(fn=fn, deriv=deriv, torch_fn=t.nn.functional.gelu)
+    return dict(fn=fn, deriv=deriv, torch_fn=_lazy_torch("nn.functional.gelu"))
 
 
 def _make_silu():
-    t = _torch()
 
     def deriv(x):
         s = _sigmoid(x)
         return s * (1.0 + x * (1.0 - s))
 
-    return dict(fn=lambda x: x * _sigmoid(x), deriv=deriv, torch_fn=t.nn.functional.silu)
+    return dict(fn=lambda x: x * _sigmoid(x), deriv=deriv, torch_fn=_lazy_torch("nn.functional.silu"))
 
 
 def _make_elu(alpha: float):
     alpha = _check_real("alpha", alpha)
-    t = _torch()
     return dict(
         fn=lambda x: np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0.0))),
         deriv=lambda x: np.where(x > 0, 1.0, alpha * np.exp(np.minimum(x, 0.0))),
-        torch_fn=lambda x: t.nn.functional.elu(x, alpha),
+        torch_fn=_lazy_torch("nn.functional.elu", alpha=alpha),
     )
 
 
 def _make_selu():
-    t = _torch()
     lam, a = _SELU_LAMBDA, _SELU_ALPHA
     return dict(
         fn=lambda x: lam * np.where(x > 0, x, a * np.expm1(np.minimum(x, 0.0))),
         deriv=lambda x: lam * np.where(x > 0, 1.0, a * np.exp(np.minimum(x, 0.0))),
-        torch_fn=t.nn.functional.selu,
+        torch_fn=_lazy_torch("nn.functional.selu"),
     )
 
 
 def _make_softplus():
-    t = _torch()
-    return dict(fn=lambda x: np.logaddexp(0.0, x), deriv=_sigmoid, torch_fn=t.nn.functional.softplus)
+    return dict(fn=lambda x: np.logaddexp(0.0, x), deriv=_sigmoid, torch_fn=_lazy_torch("nn.functional.softplus"))
 
 
 _REGISTRY: dict[str, _Family] = {
@@ -587,7 +588,7 @@ def activation_from_expression(expr: str) -> Activation:
     _validate_expression(expr)
     from simpleeval import SimpleEval
 
-    t = _torch()
+    t = _torch()  # expressions are evaluated with torch so that φ' is exact (autograd)
     evaluator = SimpleEval(
         functions=_expression_functions(),
         names=dict(_EXPRESSION_CONSTANTS),
