@@ -45,7 +45,7 @@ class ReportSection:
     figure: str
     title: str
     claim: str
-    status: str  # ok | partial (some cells failed) | failed (no figure or nothing done) | error
+    status: str  # ok | partial (some cells failed) | failed (no figure or nothing done) | error | skipped
     total: int = 0
     done: int = 0
     failed: int = 0
@@ -54,6 +54,7 @@ class ReportSection:
     figures: list[str] = field(default_factory=list)  # file paths
     comparisons: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)  # {"what", "text"}
+    notes: list[dict] = field(default_factory=list)  # {"what", "text"}: not errors (e.g. skipped cells)
     failures: list[dict] = field(default_factory=list)  # {"key", "params", "error"}
 
 
@@ -69,7 +70,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not self.broken_modules and all(s.status == "ok" for s in self.sections)
+        return not self.broken_modules and all(s.status in ("ok", "skipped") for s in self.sections)
 
 
 def _anchor(name: str) -> str:
@@ -156,10 +157,18 @@ def _section(
         sec.comparisons = [asdict(c) for c in comps]
     except Exception:
         sec.errors.append({"what": "compare() raised.", "text": traceback.format_exc()})
+    # Cells may declare themselves skipped ({"skipped": True, "skip_reason": ...}, e.g. a dataset that is
+    # not on this machine): that is neither a success nor a failure, and the page must say so.
+    skipped = [r for r in records if r.metrics.get("skipped")]
+    if skipped:
+        reasons = sorted({str(r.metrics.get("skip_reason", "no reason given")) for r in skipped})
+        sec.notes.append({"what": f"{len(skipped)} of {len(records)} cells were skipped.", "text": "\n".join(reasons)})
     if sec.errors:
         sec.status = "failed" if not sec.figures else "partial"
     elif failed:
         sec.status = "partial"
+    elif skipped and len(skipped) == len(records):
+        sec.status = "skipped"
     return sec
 
 

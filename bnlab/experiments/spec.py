@@ -57,7 +57,11 @@ class Experiment:
     run_cell:
         ``run_cell(params) -> dict``: runs one cell and returns its metrics
         (JSON-serializable; deterministic given ``params``).  It must be a
-        module-level function (picklable for Dask workers).
+        module-level function (picklable for Dask workers).  A cell that
+        cannot run on this machine for a legitimate reason (a dataset that is
+        not present) returns ``{"skipped": True, "skip_reason": "..."}``; the
+        report shows the reason, and a reproduction whose cells are all
+        skipped has the status ``skipped``.
     plot:
         ``plot(records, outdir) -> list[Path]``: writes PNG/SVG figures of the
         finished records into ``outdir`` and returns their paths.

@@ -132,3 +132,33 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     broken = page.with_name("render-broken.html")
     broken.write_text(re.sub(r'src="data:image/png[^"]*"', 'src="figures/missing.png"', page.read_text(), count=1))
     assert _render_counts(broken, tmp_path) == {"images": 2, "loaded": 1, "sections": 3}
+
+
+def _skipping_cell(params):
+    return {"skipped": True, "skip_reason": "dataset X not present: bnlab data download x"}
+
+
+def _plot_skipped(records, outdir):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.text(0.5, 0.5, records[0].metrics["skip_reason"], ha="center")
+    path = Path(outdir) / "skipped.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
+
+
+def test_all_skipped_cells_give_a_skipped_section_with_the_reason(tmp_path, helpers):
+    # A reproduction whose cells legitimately cannot run here (data absent) is neither ok nor failed.
+    exp = Experiment(name="bnlab-test-skipped", paper="Test et al. 2024", figure="Fig. 9", title="t", claim="c",
+                     grid=lambda scale: [{"seed": 0}, {"seed": 1}], run_cell=_skipping_cell, plot=_plot_skipped)
+    rep = build_report(tmp_path / "out", results_dir=tmp_path / "res", experiments=[exp], serial=True,
+                       progress=False)
+    (sec,) = rep.sections
+    assert sec.status == "skipped" and rep.ok
+    html = rep.index.read_text()
+    assert "2 of 2 cells were skipped." in html and "dataset X not present: bnlab data download x" in html
