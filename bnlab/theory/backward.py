@@ -54,16 +54,18 @@ import numpy as np
 
 from bnlab._validation import check_int, check_real
 from bnlab.theory._checks import check_batch_size
+from bnlab.theory._dynamics_common import (
+    _default_terms,
+    _gegenbauer_energy,
+    _gegenbauer_series,
+    _relu_arccos_kernel,
+)
 from bnlab.theory.forward import (
     MAX_QUADRATURE_BATCH,
-    _arccos_kernel,
     _check_finite,
     _check_method,
     _closed_kind,
     _conditional_moments,
-    _default_terms,
-    _gegenbauer_energy,
-    _gegenbauer_series,
     _laplace_kernel_values,
     _montecarlo_samples,
     _require_laplace,
@@ -207,7 +209,7 @@ def _backward_closed(kind: str, b: int):
         lam_g = (b - 2.0) / (b - 3.0)
         lam = (b * b - 2.0 * b - 1.0) / (b * b - 2.0 * b - 3.0)
         return lam_g, lam, lam
-    j1, dj1 = _arccos_kernel(-1.0 / (b - 1))
+    j1, dj1 = _relu_arccos_kernel(-1.0 / (b - 1))
     lam_g = ((b - 1.0 + dj1) / (1.0 - j1) - 1.0) / (b - 3.0)  # Thm 3.10, Eq. 19
     # Thm G.12 with α = 1, J_φ = J_1 (J_1(1) = 1)
     alpha = 1.0

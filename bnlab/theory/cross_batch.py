@@ -53,16 +53,18 @@ from scipy import special
 
 from bnlab._validation import check_int
 from bnlab.theory._checks import check_batch_size
+from bnlab.theory._dynamics_common import (
+    _default_terms,
+    _gegenbauer_energy,
+    _gegenbauer_series,
+    _relu_arccos_kernel,
+)
 from bnlab.theory.forward import (
     MAX_QUADRATURE_BATCH,
-    _arccos_kernel,
     _check_finite,
     _check_method,
     _closed_kind,
-    _default_terms,
     _forward_moments_sphere,
-    _gegenbauer_energy,
-    _gegenbauer_series,
     _laplace_kernel_values,
     _require_laplace,
     _montecarlo_samples,
@@ -103,7 +105,7 @@ def _c_star_closed(act, b: int) -> float:
 def _rate_closed(kind: str, b: int) -> float:
     if kind == "identity":
         return (b - 1.0) / 2.0 / special.poch(b / 2.0, 0.5) ** 2  # Thm 3.11: (B−1)/2 · P(B/2, 1/2)⁻²
-    j1, _ = _arccos_kernel(-1.0 / (b - 1))
+    j1, _ = _relu_arccos_kernel(-1.0 / (b - 1))
     mu = 0.5 * (1.0 - j1)
     kappa = (b - 1.0) / b
     # E[1{t>0} κ(1−t²)] with t ~ (1−t²)^{(B−4)/2}: κ/2 · B(1/2, B/2)/B(1/2, (B−2)/2)

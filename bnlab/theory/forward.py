@@ -27,8 +27,10 @@ are integrated in closed form) and evaluated by the quadrature of
 
 ``"gegenbauer"`` (Thm 3.8 with the coefficients of Thms F.22, F.24, as
 corrected below): ratios of quadratic forms in the Gegenbauer coefficients
-a_l of φ(√(B−1)x), computed here by Gauss–Jacobi quadrature of
-a_l = E_t[φ(√(B−1)t) C_l(t)/C_l(1)].  Accuracy: spectral for smooth φ
+a_l of φ(√(B−1)x), taken from the core module :mod:`bnlab.theory.gegenbauer`
+(:func:`~bnlab.theory.gegenbauer.gegenbauer_orthonormal_coefficients`,
+:func:`~bnlab.theory.gegenbauer.normalized_gegenbauer`) through
+``bnlab.theory._dynamics_common``.  Accuracy: spectral for smooth φ
 (1e-10 with the default number of terms); for φ with a kink (relu) the series
 converges algebraically (≈1e-6 relative with 4000 terms at B = 32).  B ≤ 2048.
 
@@ -78,6 +80,12 @@ from scipy import special
 
 from bnlab._validation import check_choice, check_int
 from bnlab.theory._checks import check_batch_size
+from bnlab.theory._dynamics_common import (
+    _default_terms,
+    _gegenbauer_energy,
+    _gegenbauer_series,
+    _relu_arccos_kernel,
+)
 from bnlab.theory.ultrasymmetric import projected_eigenvalues
 
 __all__ = ["ForwardEigenvalues", "forward_eigenvalues", "FORWARD_METHODS"]
@@ -280,118 +288,6 @@ def _montecarlo_samples(n_samples, seed):
 
 
 # ---------------------------------------------------------------------------
-# Gegenbauer coefficients (paper normalization)
-# ---------------------------------------------------------------------------
-def _normalized_gegenbauer(n_terms: int, lam: float, t: np.ndarray) -> np.ndarray:
-    """P_l(t) = C_l^{(λ)}(t)/C_l^{(λ)}(1), l < n_terms, by the stable recurrence
-    P_{l+1} = (2(l+λ) t P_l − l P_{l−1})/(l + 2λ) (λ = 0: Chebyshev)."""
-    t = np.asarray(t, dtype=np.float64)
-    out = np.empty((n_terms,) + t.shape)
-    out[0] = 1.0
-    if n_terms > 1:
-        out[1] = t
-    for l in range(1, n_terms - 1):
-        if lam == 0.0:
-            out[l + 1] = 2.0 * t * out[l] - out[l - 1]
-        else:
-            out[l + 1] = (2.0 * (l + lam) * t * out[l] - l * out[l - 1]) / (l + 2.0 * lam)
-    return out
-
-
-def _log_harmonic_dimension(l: np.ndarray, batch_size: int) -> np.ndarray:
-    """log N_l with N_l = c_{B−1,l}⁻¹ C_l^{((B−3)/2)}(1) = (B−3+2l)/(B−3) · (B−3)_l / l!
-    (the dimension of degree-l spherical harmonics on S^{B−2}); B = 3: N_0 = 1, N_l = 2."""
-    l = np.asarray(l, dtype=np.float64)
-    if batch_size == 3:
-        return np.where(l == 0, 0.0, math.log(2.0))
-    lam2 = batch_size - 3.0
-    logc1 = special.gammaln(l + lam2) - special.gammaln(lam2) - special.gammaln(l + 1.0)
-    return np.log((lam2 + 2.0 * l) / lam2) + logc1
-
-
-def _gegenbauer_a(act, batch_size: int, n_terms: int, n_nodes: int | None = None) -> np.ndarray:
-    """a_l, l < n_terms, with φ(√(B−1)x) = Σ a_l c_{B−1,l}⁻¹ C_l^{((B−3)/2)}(x) (Yang et al. 2019, Thm 3.4).
-
-    Identity used: a_l = E_t[φ(√(B−1)t) P_l(t)] where t has density
-    ∝ (1−t²)^{(B−4)/2} on [−1, 1] (the law of √(B/(B−1)) u_1) and
-    P_l = C_l/C_l(1): indeed E[P_l²] = 1/N_l = c_{B−1,l}/C_l(1).
-    Quadrature: Gauss–Jacobi on [−1, 0] and [0, 1] separately (so a kink of φ
-    at 0 costs nothing), with the endpoint weight (1−|t|)^{(B−4)/2} exact and,
-    for positive-homogeneous φ of degree α, the factor |t|^α at 0 exact.
-    """
-    b = batch_size
-    lam = (b - 3) / 2.0
-    if n_nodes is None:
-        n_nodes = max(2 * n_terms + 40, 200)
-    alpha_end = (b - 4) / 2.0  # (1 − t)^{(B−4)/2} at t = 1
-    hom = act.homogeneity
-    beta0 = float(hom) if hom is not None else 0.0
-    z, wz = special.roots_jacobi(n_nodes, alpha_end, beta0)
-    tp = 0.5 * (z + 1.0)  # in [0, 1]; weight ∝ (1−t)^{alpha_end} t^{beta0}
-    # full weight on [0,1]: (1−t²)^{(B−4)/2} = (1−t)^{(B−4)/2} (1+t)^{(B−4)/2}
-    wt = wz * (1.0 + tp) ** alpha_end / tp**beta0
-    sc = math.sqrt(b - 1.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        fp = act(sc * tp)
-        fm = act(-sc * tp)
-    # normalization: Z = 2 ∫_0^1 (1−t²)^{(B−4)/2} dt = Beta(1/2, (B−2)/2)
-    wt = wt * 2.0 ** (-(alpha_end + beta0 + 1.0))  # back to ds-measure on [0,1] (t^{beta0} included)
-    z_norm = math.exp(special.betaln(0.5, (b - 2) / 2.0))
-    wt = wt / z_norm
-    # P_l(−t) = (−1)^l P_l(t): even/odd parts of φ; the recurrence is streamed (O(nodes) memory)
-    even = wt * (fp + fm)
-    odd = wt * (fp - fm)
-    out = np.empty(n_terms)
-    p_prev, p_cur = np.ones_like(tp), tp.copy()
-    out[0] = even.sum()
-    if n_terms > 1:
-        out[1] = p_cur @ odd
-    for l in range(1, n_terms - 1):
-        if lam == 0.0:
-            p_next = 2.0 * tp * p_cur - p_prev
-        else:
-            p_next = (2.0 * (l + lam) * tp * p_cur - l * p_prev) / (l + 2.0 * lam)
-        out[l + 1] = p_next @ (even if (l + 1) % 2 == 0 else odd)
-        p_prev, p_cur = p_cur, p_next
-    return out
-
-
-def _gegenbauer_energy(act, batch_size: int, n_terms: int):
-    """(a_l, log N_l, b_l = a_l √N_l, P_l(−1/(B−1))) for l < n_terms."""
-    a = _gegenbauer_a(act, batch_size, n_terms)
-    l = np.arange(n_terms)
-    logn = _log_harmonic_dimension(l, batch_size)
-    bcoef = a * np.exp(0.5 * logn)
-    pxi = _normalized_gegenbauer(n_terms, (batch_size - 3) / 2.0, np.array(-1.0 / (batch_size - 1)))
-    return a, logn, bcoef, pxi
-
-
-def _default_terms(act, batch_size: int) -> int:
-    # smooth φ: coefficients decay geometrically; kinks (homogeneous φ) decay algebraically and
-    # the truncated sums are extrapolated (see _gegenbauer_series)
-    return 400 if act.homogeneity is not None else 160
-
-
-def _gegenbauer_series(fn, act, n_terms: int, richardson_orders: tuple[int, ...] | None = None):
-    """fn(n_terms) for smooth φ; for φ with a kink at 0 (positive-homogeneous) the truncation
-    error of the series is algebraic, e ≈ C n^{−p} (measured p ≈ 1 for relu), so the values at
-    n, 2n, 4n terms are combined by Aitken's Δ² (exact for e = C n^{−p}): relative error
-    ≈ 1e-9 for relu at B ≤ 32 with n = 400 (vs 1e-3 for the raw sum)."""
-    if act.homogeneity is None:
-        return fn(n_terms)
-    s0, s1, s2 = (np.asarray(fn(k * n_terms), dtype=np.float64) for k in (1, 2, 4))
-    if richardson_orders == (1, 2):
-        # known expansion e = C₁/n + C₂/n² (e.g. λ_G↓ for φ' with a jump): eliminate both terms
-        out = (8.0 * s2 - 6.0 * s1 + s0) / 3.0
-        return tuple(out.tolist()) if out.ndim else float(out)
-    d1, d2 = s1 - s0, s2 - s1
-    den = d2 - d1
-    safe = np.abs(den) > 1e-300
-    out = np.where(safe, s2 - d2 * d2 / np.where(safe, den, 1.0), s2)
-    return tuple(out.tolist()) if out.ndim else float(out)
-
-
-# ---------------------------------------------------------------------------
 # brackets of Ĵ by spherical integration / Monte Carlo
 # ---------------------------------------------------------------------------
 @lru_cache(maxsize=32)
@@ -487,16 +383,11 @@ def _forward_montecarlo(act, batch_size: int, n_samples: int, rng, chunk: int = 
 # ---------------------------------------------------------------------------
 # closed forms
 # ---------------------------------------------------------------------------
-def _arccos_kernel(c):
-    """J_1(c) = (√(1−c²) + (π − arccos c) c)/π and J_1'(c) = (π − arccos c)/π (Cho & Saul 2009)."""
-    return (math.sqrt(1.0 - c * c) + (math.pi - math.acos(c)) * c) / math.pi, (math.pi - math.acos(c)) / math.pi
-
-
 def _forward_closed(kind: str, b: int):
     if kind == "identity":
         lam = (b - 1.0) / (b + 1.0)
         return lam, lam
-    j1, dj1 = _arccos_kernel(-1.0 / (b - 1))
+    j1, dj1 = _relu_arccos_kernel(-1.0 / (b - 1))
     mu = 0.5 * (1.0 - j1)
     lam_l = ((b - 2) * (1.0 - j1) + b / (b - 1.0) * dj1) / (2.0 * (b + 1) * mu)  # Thm 3.7, Eq. 13
     lam_m = b * dj1 / (2.0 * (b + 1) * mu)  # Thm 3.7, Eq. 14
