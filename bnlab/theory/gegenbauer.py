@@ -20,8 +20,8 @@ R_l(t) = C_l^{(λ)}(t)/C_l^{(λ)}(1) ∈ [−1, 1]:
 which is how this module evaluates them (no factor C_l(1) ~ binom(l+B−4, l)
 is ever formed, so B = 1024 and beyond work).  Parseval: Σ b_l² = E φ² = q*.
 
-Numerics.  b_l are computed from P_l evaluated by the stable orthonormal
-three-term recurrence x P_l = √β_{l+1} P_{l+1} + √β_l P_{l−1},
+Numerics.  b_l are computed from P_l √w (P_l alone overflows near x = ±1
+for large B·l) evaluated by the stable orthonormal three-term recurrence x P_l = √β_{l+1} P_{l+1} + √β_l P_{l−1},
 β_l = l(l+2λ−1)/(4(l+λ)(l+λ−1)), on a tanh-sinh rule in θ (x = cos θ) split
 at θ = π/2 (the kink of relu-like φ), whose step is tied to the highest
 degree so that the rule resolves the oscillations of P_l; the weight
@@ -166,18 +166,24 @@ def _coefficients_on_rule(phi, b: int, n: int, level: int) -> tuple[np.ndarray, 
     x = np.cos(theta)
     f = phi(math.sqrt(b - 1.0) * x)
     q = float(np.sum(w * f * f))
-    fw = f * w
+    # P_l itself overflows near x = ±1 for large B·l (P_l(1)² = C_l(1)/c_l ~ binom(l+B−4, l),
+    # e^{1400} at B = 1024, l = 1030), where the weight sin^{B−3}θ underflows: inf·0 = NaN.
+    # The recurrence is linear, so run it on v_l = P_l √w instead: by the Christoffel bound
+    # w_i Σ_{l<n} P_l(x_i)² ≲ 1, |v_l| ≲ 1 at every node and nothing overflows; nodes whose
+    # weight underflows contribute ≲ √w·‖f‖ ≈ 0 exactly as they should.
+    sw = np.sqrt(w)
+    fsw = f * sw
     coeffs = np.empty(n)
     # stream the recurrence so memory stays O(nodes)
-    p_prev = np.ones_like(x)
-    coeffs[0] = float(np.sum(fw))
+    v_prev = sw
+    coeffs[0] = float(fsw @ v_prev)
     if n > 1:
         sb = np.sqrt(_recurrence_beta(lam, n))
-        p = x / sb[0]
-        coeffs[1] = float(fw @ p)
+        v = x * sw / sb[0]
+        coeffs[1] = float(fsw @ v)
         for l in range(1, n - 1):
-            p_prev, p = p, (x * p - sb[l - 1] * p_prev) / sb[l]
-            coeffs[l + 1] = float(fw @ p)
+            v_prev, v = v, (x * v - sb[l - 1] * v_prev) / sb[l]
+            coeffs[l + 1] = float(fsw @ v)
     return coeffs, q
 
 

@@ -104,3 +104,40 @@ def test_odd_and_even_symmetry():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_large_b_many_terms_finite_parseval_and_consistent():
+    # Regression: at B = 1024 the orthonormal P_l(1)² = C_l(1)/c_l ~ binom(l+1020, l) passes
+    # e^{1420} beyond l ≈ 1030, so evaluating P_l alone overflowed (inf·0 = NaN for 567 of
+    # 1600 coefficients).  The weighted recurrence keeps every coefficient finite.
+    b = 1024
+    bl = gegenbauer_orthonormal_coefficients("relu", b, n_terms=1600)
+    assert np.all(np.isfinite(bl))
+    # Parseval against the exact E[relu(√(B−1)x)²] = (B−1)/2 · E_μ[x²] = 1/2 (E_μ x² = 1/(B−1)).
+    # Σ b_l² can only fall short of it by the tail: relu's kink gives b_l² ~ l^{-3}, tail ~ n^{-2};
+    # the module documents ≈1e-6 at 1024 terms, so at 1600 terms 0 ≤ tail ≤ 1e-6 (measured 3.2e-7).
+    # It may exceed 1/2 only by rounding: 1600 terms each with error ≲ 1e-14 ‖φ‖ ⇒ 1e-12 slack.
+    tail = 0.5 - np.sum(bl**2)
+    assert -1e-12 <= tail <= 0.5e-6
+    # Fewer terms use a coarser quadrature level (_level_for(400) = 11 vs 13); where both
+    # are accurate (l < 400) they agree to the per-coefficient quadrature error ≈1e-14·‖φ‖.
+    bl400 = gegenbauer_orthonormal_coefficients("relu", b, n_terms=400)
+    assert np.allclose(bl[:400], bl400, rtol=0, atol=1e-13)
+
+
+def test_large_b_many_terms_parseval_smooth_vs_quad():
+    # Smooth φ: the series is complete to < 1e-15 long before 1600 terms, so Σ b_l² must equal
+    # E_μ[tanh(√(B−1)x)²], here by scipy's adaptive quad in x with the log-gamma normalized weight
+    # (error estimate ~1e-14); the sum's rounding is ≲ 1e-13, hence rel 1e-11.
+    from scipy import integrate
+
+    b = 1024
+    bl = gegenbauer_orthonormal_coefficients("tanh", b, n_terms=1600)
+    assert np.all(np.isfinite(bl))
+    log_z = special.betaln(0.5, (b - 2) / 2)
+
+    def integrand(x):
+        return math.exp((b - 4) / 2 * math.log1p(-x * x) - log_z) * math.tanh(math.sqrt(b - 1) * x) ** 2
+
+    ref, _err = integrate.quad(integrand, -1, 1, points=[0], epsabs=0, epsrel=1e-13, limit=200)
+    assert np.sum(bl**2) == pytest.approx(ref, rel=1e-11)
