@@ -32,7 +32,9 @@ a_l of φ(√(B−1)x), taken from the core module :mod:`bnlab.theory.gegenbauer
 :func:`~bnlab.theory.gegenbauer.normalized_gegenbauer`) through
 ``bnlab.theory._dynamics_common``.  Accuracy: spectral for smooth φ
 (1e-10 with the default number of terms); for φ with a kink (relu) the series
-converges algebraically (≈1e-6 relative with 4000 terms at B = 32).  B ≤ 2048.
+converges algebraically (≈1e-6 relative with 4000 terms at B = 32).  4 ≤ B ≤ 2048
+(λ_M↑ is evaluated in the orthonormal form, so N_l ~ binom(l+B−4, l) is never
+formed: tanh at B = 1024 agrees with the sphere to 4e-12 with 160 to 1200 terms).
 
 ``"closed"``: Thm 3.7 for relu; for the identity λ_L↑ = λ_M↑ = (B−1)/(B+1)
 (fourth moments of the uniform sphere measure).  Exact to rounding, any B ≥ 4.
@@ -476,22 +478,30 @@ def _forward_gegenbauer(act, b: int, n_terms: int):
     # with Ã_12(12) = E φ_1 φ_2 u_1 u_2 (Lemma F.23) and Ã_12(11) = E φ_1 φ_2 u_1² (Eq. 49), both
     # expanded by the addition theorem E_v F(ê_1·v) H(ê_2·v) = Σ_l F_l H_l N_l P_l(ξ), the
     # coefficients of tφ and t²φ obtained from a_l by the three-term recurrence (Prop. E.43).
-    n_all = a.size
-    lf = np.arange(n_all, dtype=np.float64)
-    am1 = np.concatenate([[0.0], a[:-1]])
-    ap1 = np.concatenate([a[1:], [0.0]])
-    d = am1 * lf / (b + 2 * lf - 3) + ap1 * (b + lf - 3) / (b + 2 * lf - 3)  # coefficients of t φ
-    dm1 = np.concatenate([[0.0], d[:-1]])
-    dp1 = np.concatenate([d[1:], [0.0]])
-    e = dm1 * lf / (b + 2 * lf - 3) + dp1 * (b + lf - 3) / (b + 2 * lf - 3)  # coefficients of t² φ
     if b == 3:
         return lam_l, None
+    # Evaluated in the orthonormal form (b_l = a_l √N_l, Σ a_l² N_l P_l(ξ) = Σ b_l² P_l(ξ)) so that
+    # neither N_l (overflows for large B·l) nor a_l (underflows) is ever formed: the coefficients
+    # of tφ and t²φ in the paper's normalization, d_l = a_{l−1} l/(B+2l−3) + a_{l+1}(B+l−3)/(B+2l−3),
+    # become d̃_l = d_l √N_l = b_{l−1} √(N_l/N_{l−1}) l/(B+2l−3) + b_{l+1} √(N_l/N_{l+1}) (B+l−3)/(B+2l−3),
+    # with the ratios from log N_l differences.
+    n_all = bc.size
+    lf = np.arange(n_all, dtype=np.float64)
+    up = np.exp(0.5 * (logn[1:] - logn[:-1]))  # up[l] = √(N_{l+1}/N_l)
+    from_below = np.concatenate([[0.0], up]) * lf / (b + 2 * lf - 3)  # √(N_l/N_{l−1}) l/(B+2l−3)
+    from_above = np.concatenate([1.0 / up, [0.0]]) * (b + lf - 3) / (b + 2 * lf - 3)
+
+    def times_t(c):  # orthonormal coefficients of t·F from those of F
+        return np.concatenate([[0.0], c[:-1]]) * from_below + np.concatenate([c[1:], [0.0]]) * from_above
+
+    d = times_t(bc)  # t φ
+    e = times_t(d)  # t² φ
     sl = slice(0, L)  # the last coefficients are contaminated by the truncation of the recurrence
-    npx = np.exp(logn[sl]) * pxi[sl]  # N_l P_l(ξ)
+    px = pxi[sl]
     mu = den
-    qc = np.sum(a[sl] ** 2 * npx)
-    a12 = (b - 1.0) / b * np.sum(d[sl] ** 2 * npx)
-    a11 = (b - 1.0) / b * np.sum(a[sl] * e[sl] * npx)
+    qc = np.sum(bc[sl] ** 2 * px)
+    a12 = (b - 1.0) / b * np.sum(d[sl] ** 2 * px)
+    a11 = (b - 1.0) / b * np.sum(bc[sl] * e[sl] * px)
     lam_m = (b - 1.0) / ((b - 3.0) * mu) * (-qc / (b - 2.0) + 2.0 * (b - 1.0) / (b - 2.0) * a11 + (b - 1.0) * a12)
     return lam_l, lam_m
 
@@ -562,6 +572,12 @@ def forward_eigenvalues(
     elif method == "gegenbauer":
         if b > MAX_QUADRATURE_BATCH:
             raise ValueError(f"batch_size={b} is not allowed for method='gegenbauer': expected <= {MAX_QUADRATURE_BATCH}")
+        if b < 4:
+            # Thm 3.8 / F.22 divide by B − 3 (c_{B−1,l} = (B−3)/(B−3+2l) vanishes at B = 3)
+            raise ValueError(
+                f"batch_size={b} is not allowed for method='gegenbauer': the Gegenbauer route needs batch_size >= 4 "
+                "(Thm 3.8 divides by B − 3); use method='sphere' for batch_size=3"
+            )
         nt = _default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
         lam_l, lam_m = _gegenbauer_series(lambda k: _forward_gegenbauer(act, b, k), act, nt)
     else:  # montecarlo

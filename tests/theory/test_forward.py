@@ -240,3 +240,23 @@ def test_bad_input():
         forward_eigenvalues("relu", 8, method="bogus")
     with pytest.raises(ValueError, match="batch_size"):
         forward_eigenvalues("tanh", 4096, method="sphere")
+
+
+@pytest.mark.parametrize("n_terms", [None, 600])
+def test_gegenbauer_large_b_finite_and_matches_sphere(n_terms):
+    # Regression: λ_M↑ used N_l = exp(log N_l), which overflows at B = 1024 beyond ~300 terms
+    # (n_terms=600 raised "not finite").  In the orthonormal form the tanh series is complete to
+    # < 1e-15 by 160 terms, so the only errors are the sphere's (≈1e-10 relative, module docstring)
+    # and rounding; 1e-8 leaves margin (measured 4e-12 for both eigenvalues).
+    b = 1024
+    sphere = forward_eigenvalues("tanh", b, method="sphere")
+    geg = forward_eigenvalues("tanh", b, method="gegenbauer", n_terms=n_terms)
+    assert math.isfinite(geg.lambda_M) and math.isfinite(geg.lambda_L)
+    assert geg.lambda_L == pytest.approx(sphere.lambda_L, rel=1e-8)
+    assert geg.lambda_M == pytest.approx(sphere.lambda_M, rel=1e-8)
+
+
+def test_gegenbauer_b3_clear_error():
+    with pytest.warns(SmallBatchWarning):
+        with pytest.raises(ValueError, match=r"batch_size >= 4.*method='sphere'"):
+            forward_eigenvalues("tanh", 3, method="gegenbauer")
