@@ -452,6 +452,12 @@ def get_activation(
             f"phi={phi!r} is not a registered name (known: {', '.join(_REGISTRY)}); "
             f"parameters {sorted(params)} only apply to named activations"
         )
+    if key.isidentifier() and key != "x":
+        # A bare word is almost surely a mistyped name, not an expression: say that.
+        raise ValueError(
+            f"phi={phi!r} is not allowed: not a registered activation (known: {', '.join(_REGISTRY)}) "
+            "and not an expression in x (e.g. 'tanh(2*x)+0.1*x')"
+        )
     return activation_from_expression(phi).with_affine(gamma, beta)
 
 

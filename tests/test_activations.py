@@ -106,6 +106,11 @@ def test_unsafe_or_malformed_expression_rejected(expr, fragment):
     assert fragment in str(info.value)
 
 
+def test_unknown_name_says_it_is_not_registered():
+    with pytest.raises(ValueError, match="not a registered activation .*relu.*tanh"):
+        get_activation("tahn")
+
+
 def test_bad_parameters():
     with pytest.raises(ValueError, match="alpha"):
         get_activation("alpha_relu", alpha=-1)
