@@ -11,6 +11,12 @@ only what the dynamics need on top of it:
   series for φ with a kink (algebraic coefficient decay);
 * :func:`_relu_arccos_kernel` — J_1 and J_1' of relu through
   :func:`bnlab.theory.vphi.alpha_relu_kernel`.
+* the numerical engine of the spherical / Monte Carlo / Laplace routes
+  (:func:`_sphere_grid`, :func:`_conditional_moments`, :func:`_radial_inverse_moment`,
+  :func:`_sample_sphere`, :func:`_ratio_stats`, :func:`_montecarlo_samples`,
+  :func:`_laplace_kernel_values`, :func:`_require_laplace`) and the argument plumbing
+  (:func:`_resolve`, :func:`_closed_kind`, :func:`_check_method`, :func:`_check_finite`,
+  ``MAX_QUADRATURE_BATCH``), moved unchanged from :mod:`.forward`, which re-imports them.
 
 Measured agreement of the core's coefficients with the former dynamics-private
 Gauss–Jacobi quadrature (relu, tanh, sin, gelu, alpha_relu(0.5); B = 4, 8, 32,
@@ -24,14 +30,21 @@ exponents), which the core does not.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy import special
 
+from bnlab._validation import check_choice, check_int
 from bnlab.theory.gegenbauer import gegenbauer_orthonormal_coefficients, normalized_gegenbauer
 from bnlab.theory.vphi import alpha_relu_kernel
 
 __all__: list[str] = []
+
+_ALL_METHODS = ("auto", "closed", "laplace", "fourier", "sphere", "gegenbauer", "montecarlo")
+
+MAX_QUADRATURE_BATCH = 2048  # the Gauss–Jacobi weights (∝ 2^{(B−5)/2}) overflow beyond this
 
 
 def _log_harmonic_dimension(l: np.ndarray, batch_size: int) -> np.ndarray:
@@ -124,3 +137,222 @@ def _relu_arccos_kernel(c: float) -> tuple[float, float]:
     as 2 k_1(c) and 2 k_0(c) with k_α = :func:`bnlab.theory.vphi.alpha_relu_kernel`
     (c_1 = 1/2; Price: k_1' = k_0).  Agrees with the elementary form to 2e-16 at c = −1/(B−1)."""
     return 2.0 * float(alpha_relu_kernel(1.0, c)), 2.0 * float(alpha_relu_kernel(0.0, c))
+
+
+# ---------------------------------------------------------------------------
+# numerical engine shared by forward.py, backward.py and cross_batch.py (moved from forward.py)
+# ---------------------------------------------------------------------------
+def _tanh_sinh_unit(h: float):
+    """Tanh–sinh nodes on [0, 1]: (x, 1 − x, weights), without cancellation near 1."""
+    kmax = int(math.ceil(3.3 / h))
+    t = h * np.arange(-kmax, kmax + 1)
+    e = np.pi * np.sinh(t)
+    x = special.expit(e)
+    xc = special.expit(-e)
+    w = h * np.pi * np.cosh(t) * x * xc
+    keep = (w > 1e-300) & (x > 0) & (xc > 0)
+    return x[keep], xc[keep], w[keep]
+
+
+@dataclass(frozen=True)
+class _SphereGrid:
+    """Nodes (x, y) = (u_1, u_2), weights w (Σw = 1) and squared whitened radius s.
+
+    The Jacobi rule carries a factor s^beta in its weight: integrands must be
+    divided by ``s**beta`` (see :meth:`expect`).
+    """
+
+    batch_size: int
+    beta: float
+    x: np.ndarray
+    y: np.ndarray
+    w: np.ndarray
+    s: np.ndarray
+
+    def expect(self, values: np.ndarray) -> np.ndarray:
+        if self.beta != 0.0:
+            values = values / self.s**self.beta
+        return values @ self.w
+
+
+@lru_cache(maxsize=64)
+def _sphere_grid(batch_size: int, beta: float = 0.0, n_s: int = 48, h_theta: float = 1.0 / 12) -> _SphereGrid:
+    """Quadrature for E over u uniform on S^{B−2} ⊂ W of functions of (u_1, u_2) (and, via
+    :func:`_conditional_moments`, quadratic in the other coordinates).
+
+    (u_1, u_2) = M^{1/2} √s (cos θ, sin θ) with M = I_2 − 11ᵀ/B; the density is
+    (a+1)(1−s)^a ds dθ/2π with a = (B−5)/2 (projection of the uniform measure
+    on S^{n−1}, n = B−1, onto a 2-plane).  s: Gauss–Jacobi with weight
+    (1−s)^a s^beta (exact for s^beta·polynomial: positive-homogeneous φ).
+    θ: the circle is cut where u_1 = 0 or u_2 = 0 (the kinks of relu-like φ)
+    and each arc is integrated by tanh–sinh quadrature, which converges
+    exponentially even with algebraic endpoint singularities (relu^α, its
+    derivative); arcs 3, 4 are arcs 1, 2 shifted by π with the same relative
+    nodes, so the rule is symmetric under u → −u and smooth integrands are
+    smooth functions of s.  B = 3: the circle, s ≡ 1.
+    """
+    b = int(batch_size)
+    if b > MAX_QUADRATURE_BATCH:
+        raise ValueError(
+            f"batch_size={b} is not allowed for the quadrature methods: expected batch_size <= "
+            f"{MAX_QUADRATURE_BATCH} (method='closed' covers relu and identity at any B)"
+        )
+    r1 = math.sqrt(1.0 - 2.0 / b)
+    msq = 0.5 * np.array([[r1 + 1.0, r1 - 1.0], [r1 - 1.0, r1 + 1.0]])
+    ta, tb = sorted(math.atan2(row[0], -row[1]) % math.pi for row in msq)
+    xs, xcs, ws = _tanh_sinh_unit(h_theta)
+    thetas, tw = [], []
+    for shift in (0.0, math.pi):
+        for lo, hi in ((ta, tb), (tb, ta + math.pi)):
+            length = hi - lo
+            thetas.append(np.where(xs <= 0.5, lo + length * xs, hi - length * xcs) + shift)
+            tw.append(ws * length)
+    theta = np.concatenate(thetas)
+    wtheta = np.concatenate(tw) / (2.0 * math.pi)
+    if b == 3:
+        s, w_s = np.array([1.0]), np.array([1.0])
+        beta = 0.0
+    else:
+        if beta <= -1.0:
+            raise ValueError(f"the radial exponent {beta} makes the spherical integral diverge")
+        a = (b - 5) / 2.0
+        z, wz = special.roots_jacobi(n_s, a, beta)
+        s = 0.5 * (z + 1.0)
+        # Jacobi weight (1−z)^a (1+z)^β dz = 2^{a+β+1} (1−s)^a s^β ds; density (a+1)(1−s)^a
+        w_s = wz * math.exp(-(a + beta + 1) * math.log(2.0)) * (a + 1.0)
+    uv = msq @ np.stack([np.cos(theta), np.sin(theta)])
+    rs = np.sqrt(s)
+    return _SphereGrid(
+        b,
+        float(beta),
+        np.outer(rs, uv[0]).ravel(),
+        np.outer(rs, uv[1]).ravel(),
+        np.outer(w_s, wtheta).ravel(),
+        np.repeat(s, theta.size),
+    )
+
+
+def _conditional_moments(x, y, batch_size: int):
+    """E[u_3 | u_1, u_2], E[u_3² | ·], E[u_3 u_4 | ·] for u uniform on S^{B−2} ⊂ W.
+
+    The other m = B − 2 coordinates w satisfy Σw = σ := −(x + y) and
+    |w|² = 1 − x² − y²; w = σ/m·1 + z with z uniform on a sphere of radius ρ,
+    ρ² = 1 − x² − y² − σ²/m, in the (m−1)-dim space 1^⊥, so
+    E z_i z_j = ρ²/(m−1)·(δ_ij − 1/m).
+    """
+    m = batch_size - 2
+    sig = -(x + y)
+    rho2 = 1.0 - x * x - y * y - sig * sig / m
+    e3 = sig / m
+    e33 = e3 * e3 + rho2 / m
+    e34 = e3 * e3 - rho2 / (m * (m - 1)) if m > 1 else np.zeros_like(e3)
+    return e3, e33, e34
+
+
+def _radial_inverse_moment(batch_size: int, power: float) -> float:
+    """E[r^{−p}] for r ~ χ_{B−1}: 2^{−p/2} Γ((n−p)/2)/Γ(n/2), n = B − 1 (inf when p ≥ n)."""
+    n = batch_size - 1
+    if power >= n:
+        return math.inf
+    # Γ-ratios via the Pochhammer symbol: differences of log-gammas lose ~1e-10 at B ~ 1e5
+    return 2.0 ** (-0.5 * power) / special.poch((n - power) / 2.0, power / 2.0)
+
+
+def _sample_sphere(batch_size: int, n_samples: int, rng: np.random.Generator) -> np.ndarray:
+    """n × B samples of u uniform on the unit sphere of the sum-zero hyperplane."""
+    z = rng.standard_normal((n_samples, batch_size))
+    z -= z.mean(axis=1, keepdims=True)
+    return z / np.linalg.norm(z, axis=1, keepdims=True)
+
+
+def _ratio_stats(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
+    """Ratio of means and its delta-method standard error."""
+    n = num.size
+    r = num.mean() / den.mean()
+    resid = num - r * den
+    return float(r), float(resid.std(ddof=1) / (abs(den.mean()) * math.sqrt(n)))
+
+
+def _resolve(phi, gamma: float = 1.0, beta: float = 0.0):
+    from bnlab.activations import Activation, get_activation
+
+    if isinstance(phi, Activation) and gamma == 1.0 and beta == 0.0:
+        return phi
+    return get_activation(phi, gamma=gamma, beta=beta)
+
+
+def _homogeneity(act) -> float | None:
+    return act.homogeneity
+
+
+def _closed_kind(act) -> str | None:
+    """'relu' or 'identity' (up to a positive scale, which batchnorm ignores) or None."""
+    if act.homogeneity != 1.0 or act.homogeneous_coeffs is None:
+        return None
+    a, b = act.homogeneous_coeffs
+    if a > 0 and b == 0.0:
+        return "relu"
+    if a > 0 and b == a:
+        return "identity"
+    return None
+
+
+def _check_method(method, allowed, what: str) -> str:
+    method = check_choice("method", method, _ALL_METHODS)
+    if method not in allowed:
+        raise ValueError(
+            f"method={method!r} is not allowed for {what}: the paper's {method} method is only developed for the "
+            f"fixed point here; expected one of {', '.join(map(repr, allowed))}"
+        )
+    return method
+
+
+def _montecarlo_samples(n_samples, seed):
+    n = check_int("n_samples", n_samples, minimum=100)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    return n, rng
+
+
+def _laplace_kernel_values(act, b: int) -> dict:
+    """c_α, J_φ(1), J_φ(ξ), J'_φ(ξ), J'_φ(0) (ξ = −1/(B−1)) and μ* for φ = aρ_α − bρ_α(−·).
+
+    c_α J_φ(c) = k_φ(c) = E φ(x)φ(y) for unit Gaussians of correlation c (Defn E.7, E.9,
+    :func:`bnlab.theory.vphi.homogeneous_kernel`, hypergeometric closed form), and by Price's
+    theorem k_φ'(c) = α²((a²+b²) k_{α−1}(c) + 2ab k_{α−1}(−c)) (valid for |c| < 1, α > 0).
+    μ* = q*(1 − c*) from the closed BSB1 fixed point (Thm F.8).
+    """
+    from bnlab.theory.fixed_point import bsb1_fixed_point
+    from bnlab.theory.vphi import alpha_relu_kernel, alpha_relu_second_moment, homogeneous_kernel
+
+    al = float(act.homogeneity)
+    a, bb = act.homogeneous_coeffs
+    ca = alpha_relu_second_moment(al)
+    xi = -1.0 / (b - 1)
+
+    def dk(c):
+        return al * al * ((a * a + bb * bb) * alpha_relu_kernel(al - 1.0, c) + 2 * a * bb * alpha_relu_kernel(al - 1.0, -c))
+
+    fp = bsb1_fixed_point(act, b, method="closed")
+    return dict(
+        alpha=al, c_alpha=ca, J1=float(homogeneous_kernel(act, 1.0)) / ca, Jxi=float(homogeneous_kernel(act, xi)) / ca,
+        dJxi=float(dk(xi)) / ca, dJ0=float(dk(0.0)) / ca, mu=fp.q_star * (1.0 - fp.c_star),
+    )
+
+
+def _require_laplace(act, b: int, what: str):
+    if act.homogeneity is None or act.homogeneous_coeffs is None:
+        raise ValueError(
+            f"method='laplace' does not apply to phi={act.spec!r}: the Laplace method needs a positive-homogeneous φ "
+            f"(relu, leaky_relu, alpha_relu, abs, identity); use method='sphere' or 'gegenbauer' for {what}"
+        )
+    if not (b - 1) / 2.0 > act.homogeneity:
+        raise ValueError(f"method='laplace' needs (B−1)/2 > α (Thm F.33); got batch_size={b}, α={act.homogeneity:g}")
+
+
+def _check_finite(act, b, method, *values):
+    for v in values:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(
+                f"the eigenvalues for phi={act.spec!r}, batch_size={b} by method={method!r} are not finite: "
+                "φ is not square-integrable against the spherical measure (Thm 3.9 assumptions)"
+            )

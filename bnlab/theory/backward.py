@@ -59,8 +59,6 @@ from bnlab.theory._dynamics_common import (
     _gegenbauer_energy,
     _gegenbauer_series,
     _relu_arccos_kernel,
-)
-from bnlab.theory.forward import (
     MAX_QUADRATURE_BATCH,
     _check_finite,
     _check_method,

@@ -58,13 +58,10 @@ from bnlab.theory._dynamics_common import (
     _gegenbauer_energy,
     _gegenbauer_series,
     _relu_arccos_kernel,
-)
-from bnlab.theory.forward import (
     MAX_QUADRATURE_BATCH,
     _check_finite,
     _check_method,
     _closed_kind,
-    _forward_moments_sphere,
     _laplace_kernel_values,
     _require_laplace,
     _montecarlo_samples,
@@ -73,6 +70,7 @@ from bnlab.theory.forward import (
     _sample_sphere,
     _sphere_grid,
 )
+from bnlab.theory.forward import _forward_moments_sphere
 
 __all__ = ["CrossBatchResult", "cross_batch_analysis", "cross_batch_fixed_point", "cross_batch_rate", "CROSS_BATCH_METHODS"]
 
