@@ -35,7 +35,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any, Iterator
 
 from bnlab._validation import check_choice, check_int
 from bnlab.experiments._progress import SweepProgress

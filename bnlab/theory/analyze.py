@@ -117,7 +117,7 @@ class TheoryResult:
 
 def _route(method: str, act, b: int):
     """Method per group of quantities (fixed point, forward, backward, cross-batch) and notes."""
-    from bnlab.theory.forward import _closed_kind
+    from bnlab.theory._dynamics_common import _closed_kind
 
     kind = _closed_kind(act)
     notes = []

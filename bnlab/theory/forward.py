@@ -80,27 +80,22 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from bnlab._validation import check_choice, check_int
+from bnlab._validation import check_int
 from bnlab.theory._checks import check_batch_size
 from bnlab.theory._dynamics_common import (
-    _ALL_METHODS,
     _check_finite,
     _check_method,
     _closed_kind,
     _conditional_moments,
     _default_terms,
-    _homogeneity,
     _laplace_kernel_values,
     MAX_QUADRATURE_BATCH,
     _montecarlo_samples,
-    _radial_inverse_moment,
     _ratio_stats,
     _require_laplace,
     _resolve,
     _sample_sphere,
     _sphere_grid,
-    _SphereGrid,
-    _tanh_sinh_unit,
     _gegenbauer_energy,
     _gegenbauer_series,
     _relu_arccos_kernel,

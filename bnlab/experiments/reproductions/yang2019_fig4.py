@@ -23,7 +23,6 @@ the paper's η the first step only dominates the weights for the deeper nets).
 """
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 from typing import Sequence

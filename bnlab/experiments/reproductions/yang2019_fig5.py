@@ -27,7 +27,6 @@ where 16ξ = 16/log λ_G↓ is no longer a trainable-depth limit (shown as ∞).
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import numpy as np
