@@ -61,6 +61,17 @@ def test_relu_rate_gegenbauer_b128():
     assert gradient_explosion_rate("relu", 128, method="gegenbauer") == pytest.approx(closed, rel=2e-5)
 
 
+@pytest.mark.slow
+def test_relu_rate_gegenbauer_b128_reaches_1e6_with_more_terms():
+    # The relu kink makes the Gegenbauer series converge algebraically (tail ~ n^-2 after extrapolation):
+    # measured 2.1e-5 at the default 400 terms, 1.7e-6 at 1000 and 2.3e-7 at 2000 (≈65 s). So 2000 terms
+    # give the second numerical route (beside the sphere, 1e-12) at the 1e-6 for B = 128, and a
+    # wrong coefficient or extrapolation would miss it by orders of magnitude.
+    closed = backward_eigenvalues("relu", 128, method="closed").lambda_G
+    series = backward_eigenvalues("relu", 128, method="gegenbauer", n_terms=2000).lambda_G
+    assert series == pytest.approx(closed, rel=1e-6)
+
+
 def test_identity_rate_is_exactly_b_minus_2_over_b_minus_3():
     for b in (4, 5, 8, 32, 128, 1000):
         expected = (b - 2) / (b - 3)
