@@ -19,10 +19,8 @@ with a wide BN network over this batch — note that it is a kernel of the *whol
 BN couples the inputs, so it is not a pairwise kernel k(x, x')).
 
 Evaluation of V_{B_φ,ε}: ``method`` is passed to :func:`bnlab.theory.batchnorm_transform`
-(the core's routes: laplace, sphere, fourier, montecarlo) when that module is present;
-``method="montecarlo"`` (and ``"auto"`` while the core module is absent) uses the
-vectorized Monte Carlo map below: n samples of h = S z with S the symmetric square root
-of Σ, per-entry standard error ≈ sqrt(Var φ_iφ_j / n) (≈ 2e−3 relative at n = 2^18).
+(laplace, sphere, fourier, montecarlo); ``method="montecarlo"`` uses 2^18 samples per
+layer by default, per-entry standard error ≈ sqrt(Var φ_iφ_j / n) (≈ 2e−3 relative).
 
 References
 ----------
@@ -34,7 +32,6 @@ from __future__ import annotations
 import numpy as np
 
 from bnlab._validation import check_choice, check_finite_array, check_int, check_real
-from bnlab.activations import Activation
 from bnlab.theory._checks import check_batch_size
 
 __all__ = ["nngp_kernel", "NNGP_METHODS"]
@@ -43,40 +40,6 @@ __all__ = ["nngp_kernel", "NNGP_METHODS"]
 NNGP_METHODS = ("auto", "laplace", "sphere", "fourier", "montecarlo")
 
 _DEFAULT_SAMPLES = 1 << 18
-
-
-def _sym_sqrt(sigma: np.ndarray) -> np.ndarray:
-    lam, u = np.linalg.eigh(sigma)
-    return (u * np.sqrt(np.clip(lam, 0.0, None))) @ u.T
-
-
-def _bn_map_montecarlo(phi: Activation, sigma: np.ndarray, eps: float, n_samples: int, rng: np.random.Generator,
-                       chunk: int = 1 << 16) -> np.ndarray:
-    """Monte Carlo V_{B_φ,ε}(Σ) = E φ(BN_ε(h))^{⊗2}, h ~ N(0, Σ) (vectorized, chunked)."""
-    b = sigma.shape[0]
-    root = _sym_sqrt(sigma)
-    acc = np.zeros((b, b))
-    done = 0
-    while done < n_samples:
-        m = min(chunk, n_samples - done)
-        h = rng.standard_normal((m, b)) @ root
-        hc = h - h.mean(axis=1, keepdims=True)
-        var = (hc * hc).mean(axis=1, keepdims=True)
-        if eps == 0.0:
-            var = np.where(var > 0, var, np.inf)  # measure-zero event; contributes φ(0)
-        x = phi(hc / np.sqrt(var + eps))
-        acc += x.T @ x
-        done += m
-    out = acc / n_samples
-    return 0.5 * (out + out.T)
-
-
-def _core_transform():
-    try:
-        from bnlab.theory.batchnorm_map import batchnorm_transform
-    except ModuleNotFoundError:
-        return None
-    return batchnorm_transform
 
 
 def nngp_kernel(
@@ -112,8 +75,8 @@ def nngp_kernel(
     return_all_layers : bool
         If True return an array of shape (L, B, B) with Σ¹ … Σ^L.
     n_samples : int, optional
-        Samples per layer for the random routes (``montecarlo`` here: default 2^18; the
-        core's defaults otherwise).
+        Samples per layer for the random routes (``montecarlo``: default 2^18; the
+        transform's defaults otherwise).
     seed : int
         Seed of the Monte Carlo routes (same seed → same result).
 
@@ -152,13 +115,10 @@ def nngp_kernel(
     ones = np.ones((b, b))
     sigma = sigma_w2 * (x @ x.T) / x.shape[1] + sigma_b2 * ones
     layers = [sigma]
-    core = _core_transform()
-    if core is None and method not in ("auto", "montecarlo"):
-        raise ValueError(
-            f"method={method!r} is not available: it needs bnlab.theory.batchnorm_map, which is not installed; "
-            "use method='auto' or 'montecarlo'"
-        )
-    rng = np.random.default_rng(seed)
+    from bnlab.theory.batchnorm_map import batchnorm_transform
+
+    if method == "montecarlo" and n_samples is None:
+        n_samples = _DEFAULT_SAMPLES
     for layer in range(2, depth + 1):
         g = np.eye(b) - 1.0 / b
         if eps == 0.0 and np.trace(g @ sigma @ g) <= 1e-14 * max(np.trace(sigma), 1e-300):
@@ -166,10 +126,7 @@ def nngp_kernel(
                 f"inputs is not allowed with eps=0: at layer {layer - 1} all batch elements are identical "
                 "(zero batch variance), so batchnorm divides by zero; use eps > 0 or distinct inputs"
             )
-        if core is not None and method != "montecarlo":
-            v = np.asarray(core(phi, sigma, method=method, eps=eps, n_samples=n_samples, seed=seed + layer))
-        else:
-            v = _bn_map_montecarlo(phi, sigma, eps, n_samples or _DEFAULT_SAMPLES, rng)
+        v = np.asarray(batchnorm_transform(phi, sigma, method=method, eps=eps, n_samples=n_samples, seed=seed + layer))
         sigma = sigma_w2 * v + sigma_b2 * ones
         sigma = 0.5 * (sigma + sigma.T)
         layers.append(sigma)

@@ -238,14 +238,15 @@ def _bsb1_deviation(sigma: np.ndarray) -> float:
 
 def _iterate_kind(phi: Activation, b: int, depth: int, seed, n_samples: int, threshold: float = 0.3):
     """Iterate the MC map from a generic Σ⁰; return (kind, deviation averaged over the last layers)."""
-    from bnlab.theory.nngp import _bn_map_montecarlo
+    from bnlab.theory.batchnorm_map import batchnorm_transform_montecarlo
 
     rng = np.random.default_rng(seed)
     sigma = _generic_start(b, rng)
     devs = []
     tail = max(1, depth // 5)
     for layer in range(depth):
-        sigma = _bn_map_montecarlo(phi, sigma, 0.0, n_samples, rng)
+        sigma, _ = batchnorm_transform_montecarlo(phi, sigma, n_samples=n_samples, seed=rng)
+        sigma = 0.5 * (sigma + sigma.T)
         if layer >= depth - tail:
             devs.append(_bsb1_deviation(sigma))
     dev = float(np.mean(devs))
