@@ -46,7 +46,7 @@ def _rel(sim, th):
 def run(args: argparse.Namespace) -> int:
     from bnlab._validation import check_real
     from bnlab.sim import simulate
-    from bnlab.sim._theory import theory_predictions
+    from bnlab.sim import theory_predictions
 
     act = activation_from_args(args)
     mem = check_real("max_memory_gb", args.max_memory_gb, minimum=0.0, strict_minimum=True)

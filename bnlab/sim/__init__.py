@@ -25,6 +25,7 @@ from bnlab.sim.measure import (
     weight_gradient_norm_sq,
 )
 from bnlab.sim.networks import NORMALIZATIONS, EnsembleResult, resolve_device, resolve_dtype, simulate
+from bnlab.sim._theory import theory_predictions
 from bnlab.sim.train import BNMLP, TrainResult, layer_norm_trajectory, train_classifier
 
 __all__ = [
@@ -46,4 +47,5 @@ __all__ = [
     "TrainResult",
     "train_classifier",
     "layer_norm_trajectory",
+    "theory_predictions",
 ]

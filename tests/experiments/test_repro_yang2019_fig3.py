@@ -134,10 +134,6 @@ def test_theory_line_matches_thm_3_10():
     # The plotted 16ξ comes from bnlab.theory.analyze; for ReLU it must equal
     # 16/log of the closed form of Thm 3.10 (both routes are exact up to
     # quadrature/rounding, so 1e-3 relative is generous).
-    try:
-        fig3._analyze_fn()
-    except Exception as exc:
-        pytest.skip(f"bnlab.theory.analyze not available yet: {exc}")
     fig3.theory_max_depth.cache_clear()
     for b in (8, 32, 128):
         assert fig3.theory_max_depth("relu", b, 0.0) == pytest.approx(_relu_16xi(b), rel=1e-3)

@@ -48,20 +48,20 @@ def _check_scale(scale: str) -> dict:
 
 
 def _theory_grad_rate(phi: str, b: int) -> float | None:
-    try:
-        from bnlab.theory import gradient_explosion_rate
+    from bnlab.theory import gradient_explosion_rate
 
+    try:
         return float(gradient_explosion_rate(phi, b))
-    except (ImportError, AttributeError, ValueError):
+    except ValueError:
         return None
 
 
 def _theory_alpha_transition(b: int) -> float | None:
-    try:
-        from bnlab.theory import alpha_transition
+    from bnlab.theory import alpha_transition
 
+    try:
         return float(alpha_transition(b))
-    except (ImportError, AttributeError, ValueError):
+    except ValueError:
         return None
 
 

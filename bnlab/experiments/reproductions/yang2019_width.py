@@ -60,23 +60,18 @@ def _grid(scale: str) -> list[dict]:
 
 
 def _relu_fixed_point(b: int) -> tuple[float, float]:
-    try:
-        from bnlab.theory import bsb1_fixed_point
+    from bnlab.theory import bsb1_fixed_point
 
-        fp = bsb1_fixed_point("relu", b)
-        return float(fp.q_star), float(fp.c_star)
-    except (ImportError, AttributeError):
-        # Thm 3.5: q* = 1/2, c* = J_1(−1/(B−1))
-        c = -1.0 / (b - 1)
-        return 0.5, (math.sqrt(1 - c * c) + (math.pi - math.acos(c)) * c) / math.pi
+    fp = bsb1_fixed_point("relu", b)
+    return float(fp.q_star), float(fp.c_star)
 
 
 def _tanh_grad_rate(b: int) -> float | None:
-    try:
-        from bnlab.theory import gradient_explosion_rate
+    from bnlab.theory import gradient_explosion_rate
 
+    try:
         return float(gradient_explosion_rate("tanh", b))
-    except (ImportError, AttributeError, ValueError):
+    except ValueError:
         return None
 
 
