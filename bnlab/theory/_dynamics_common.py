@@ -37,6 +37,7 @@ import numpy as np
 from scipy import special
 
 from bnlab._validation import check_choice, check_int
+from bnlab.theory._linalg import _tanh_sinh_step
 from bnlab.theory.gegenbauer import gegenbauer_orthonormal_coefficients, normalized_gegenbauer
 from bnlab.theory.vphi import alpha_relu_kernel
 
@@ -142,18 +143,6 @@ def _relu_arccos_kernel(c: float) -> tuple[float, float]:
 # ---------------------------------------------------------------------------
 # numerical engine shared by forward.py, backward.py and cross_batch.py (moved from forward.py)
 # ---------------------------------------------------------------------------
-def _tanh_sinh_unit(h: float):
-    """Tanh–sinh nodes on [0, 1]: (x, 1 − x, weights), without cancellation near 1."""
-    kmax = int(math.ceil(3.3 / h))
-    t = h * np.arange(-kmax, kmax + 1)
-    e = np.pi * np.sinh(t)
-    x = special.expit(e)
-    xc = special.expit(-e)
-    w = h * np.pi * np.cosh(t) * x * xc
-    keep = (w > 1e-300) & (x > 0) & (xc > 0)
-    return x[keep], xc[keep], w[keep]
-
-
 @dataclass(frozen=True)
 class _SphereGrid:
     """Nodes (x, y) = (u_1, u_2), weights w (Σw = 1) and squared whitened radius s.
@@ -200,7 +189,8 @@ def _sphere_grid(batch_size: int, beta: float = 0.0, n_s: int = 48, h_theta: flo
     r1 = math.sqrt(1.0 - 2.0 / b)
     msq = 0.5 * np.array([[r1 + 1.0, r1 - 1.0], [r1 - 1.0, r1 + 1.0]])
     ta, tb = sorted(math.atan2(row[0], -row[1]) % math.pi for row in msq)
-    xs, xcs, ws = _tanh_sinh_unit(h_theta)
+    # the |kh| ≤ 3.3 range keeps the omitted weights below 1e-22
+    xs, xcs, ws = _tanh_sinh_step(h_theta, 3.3)
     thetas, tw = [], []
     for shift in (0.0, math.pi):
         for lo, hi in ((ta, tb), (tb, ta + math.pi)):

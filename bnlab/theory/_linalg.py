@@ -103,14 +103,18 @@ def _tanh_sinh_unit(level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     1 − t_k is computed separately so that distances to both ends are exact.
     The range |kh| ≤ 3.2 makes the omitted weights < 1e-20.
     """
-    h = 2.0**-level
-    n = int(math.ceil(3.2 / h))
+    return _tanh_sinh_step(2.0**-level, 3.2)
+
+
+def _tanh_sinh_step(h: float, half_width: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tanh–sinh rule on (0, 1) with step ``h`` over |kh| ≤ ``half_width``: (t, 1 − t, weights), read-only."""
+    n = int(math.ceil(half_width / h))
     k = np.arange(-n, n + 1) * h
     u = 0.5 * math.pi * np.sinh(k)
     t = 1.0 / (1.0 + np.exp(-2.0 * u))
     one_minus_t = 1.0 / (1.0 + np.exp(2.0 * u))
     w = h * 0.5 * math.pi * np.cosh(k) / np.cosh(u) ** 2 * 0.5
-    keep = w > 1e-300
+    keep = (w > 1e-300) & (t > 0) & (one_minus_t > 0)
     out = (t[keep], one_minus_t[keep], w[keep])
     for a in out:
         a.setflags(write=False)
