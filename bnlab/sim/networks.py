@@ -57,12 +57,18 @@ import torch
 from bnlab._validation import check_choice, check_int, check_real
 from bnlab.sim import measure as _m
 from bnlab.sim.fit import RateFit, fit_geometric_rate
+from bnlab.sim.conditional import conditional_gaussian_layer
 from bnlab.sim.init import INITS, _draw, fill_
 
-__all__ = ["NORMALIZATIONS", "EnsembleResult", "simulate", "resolve_device", "resolve_dtype"]
+__all__ = ["NORMALIZATIONS", "WEIGHT_SAMPLINGS", "EnsembleResult", "simulate", "resolve_device", "resolve_dtype"]
 
 #: Per-neuron normalizations :func:`simulate` accepts.
 NORMALIZATIONS = ("batch", "batch_no_mean", "none")
+
+#: How :func:`simulate` realizes the weights: "explicit" draws every W; "conditional" samples
+#: Gaussian layers from their conditional law (:mod:`bnlab.sim.conditional`, exact in law);
+#: "auto" picks "conditional" where it is exact and cheaper.
+WEIGHT_SAMPLINGS = ("auto", "explicit", "conditional")
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -260,6 +266,7 @@ def simulate(
     dtype: str = "float64",
     max_memory_bytes: int = 1 << 30,
     record_layers=(),
+    weight_sampling: str = "auto",
     _trace: list | None = None,
 ) -> EnsembleResult:
     """Simulate ``networks`` random networks of the given ``width`` and ``depth`` together.
@@ -304,6 +311,16 @@ def simulate(
     record_layers : sequence of int
         Layers l (1-based) whose pre-activations h^l of the first network are
         returned in ``EnsembleResult.hidden`` (e.g. for PCA pictures, Fig. 2a).
+    weight_sampling : {"auto", "explicit", "conditional"}
+        ``"explicit"`` draws every weight matrix (N² numbers per layer and network).
+        ``"conditional"`` (``init="gaussian"`` only) samples each layer's products
+        a W and δ Wᵀ from their conditional Gaussian law given what the network has
+        computed (:mod:`bnlab.sim.conditional`): the joint law of every measured
+        quantity is exactly that of explicit Gaussian weights, at O(rows²·N) cost per
+        layer instead of O(rows·N²).  ``"auto"`` (default) uses ``"conditional"`` for
+        Gaussian weights when k·B ≤ width/2 (where it is cheaper), else ``"explicit"``.
+        The two realize different random networks from the same seed (same law,
+        different draws).
 
     Returns
     -------
@@ -337,6 +354,12 @@ def simulate(
     seed = check_int("seed", seed, minimum=0)
     max_memory_bytes = check_int("max_memory_bytes", max_memory_bytes, minimum=1)
     record_layers = tuple(check_int("record_layers", l, minimum=1, maximum=depth) for l in record_layers)
+    weight_sampling = check_choice("weight_sampling", weight_sampling, WEIGHT_SAMPLINGS)
+    if weight_sampling == "conditional" and init != "gaussian":
+        raise ValueError(
+            f"weight_sampling='conditional' is not allowed with init={init!r}: the conditional law is "
+            "exact only for iid Gaussian weights; use init='gaussian' or weight_sampling='explicit'"
+        )
     dev = resolve_device(device)
     dt = resolve_dtype(dtype)
     if normalization == "batch" and eps == 0.0 and batch_size < 2:
@@ -370,8 +393,17 @@ def simulate(
 
     itemsize = torch.finfo(dt).bits // 8
     rows = k * batch_size
-    # bytes per network: weights kept by autograd (all layers) + ~8 activation-sized tensors per layer
-    per_layer = (max(d0, width) * width + 8 * rows * width) * itemsize
+    if weight_sampling == "auto":
+        explicit = init != "gaussian" or _trace is not None or 2 * rows > width
+        weight_sampling = "explicit" if explicit else "conditional"
+    if weight_sampling == "conditional" and _trace is not None:
+        raise ValueError("_trace records explicit weights: use weight_sampling='explicit'")
+    config["weight_sampling"] = weight_sampling
+    conditional = weight_sampling == "conditional"
+    # bytes per network: weights kept by autograd (all layers; for conditional sampling the
+    # (d, m) and (m, N) factors, m ≤ rows) + ~8 activation-sized tensors per layer
+    kept = (max(d0, width) + width) * min(rows, max(d0, width)) if conditional else max(d0, width) * width
+    per_layer = (kept + 8 * rows * width) * itemsize
     per_network = per_layer * (depth if measure_gradients else 1) + 4 * rows * max(d0, width) * itemsize
     chunk = max(1, min(networks, max_memory_bytes // per_network))
     parts = []
@@ -382,7 +414,7 @@ def simulate(
             _simulate_chunk(
                 act, n, batch_size, k, width, depth, d0, normalization, init, eps, sigma_w2, sigma_b2,
                 bn_gamma, bn_beta, residual_scale, rho0, fixed_inputs, bool(measure_gradients), gen, dev, dt,
-                _trace, record_layers if ci == 0 else (),
+                _trace, record_layers if ci == 0 else (), conditional,
             )
         )
     cat = {
@@ -405,7 +437,7 @@ def simulate(
 
 def _simulate_chunk(
     act, n, b, k, width, depth, d0, normalization, init, eps, sigma_w2, sigma_b2, bn_gamma, bn_beta,
-    residual_scale, rho0, fixed_inputs, grads, gen, dev, dt, trace, record_layers,
+    residual_scale, rho0, fixed_inputs, grads, gen, dev, dt, trace, record_layers, conditional,
 ) -> dict:
     rows = k * b
     if fixed_inputs is not None:
@@ -431,8 +463,12 @@ def _simulate_chunk(
         h_prev = None
         for layer in range(depth):
             d_in = d0 if layer == 0 else width
-            w = _draw(init, n, d_in, width, sigma_w2, gen, dt, dev)
-            h = torch.bmm(a, w)
+            if conditional:
+                w = None
+                h = conditional_gaussian_layer(a, width, sigma_w2, gen)
+            else:
+                w = _draw(init, n, d_in, width, sigma_w2, gen, dt, dev)
+                h = torch.bmm(a, w)
             bias = None
             if sigma_b2 > 0:
                 bias = torch.empty((n, 1, width), dtype=torch.float32, device=dev)

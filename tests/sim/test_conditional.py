@@ -1,0 +1,111 @@
+"""Gaussian layers sampled from their conditional law (bnlab.sim.conditional) against explicit weights.
+
+Two independent checks:
+
+1. Algebra, exactly: replaying the layer's random numbers, the weight matrix
+   W = s·QZ + (I − QQᵀ)·s·(Q_δ Z')ᵀ is an explicit matrix with a W = the layer's output and
+   δ Wᵀ = the layer's input gradient (to rounding, 1e-12 in float64).  This pins the
+   formulas, not the law.
+2. Law, statistically: whole ensembles simulated with explicit iid Gaussian weights and with
+   conditional sampling (different random draws) have the same per-layer means of every
+   measured quantity, within a two-sample z-test.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from bnlab.sim import simulate
+from bnlab.sim.conditional import conditional_gaussian_layer
+
+
+def _gens(seeds):
+    return [torch.Generator().manual_seed(s) for s in seeds]
+
+
+@pytest.mark.parametrize("rows,d,fan_out", [(5, 12, 9), (12, 7, 10), (6, 6, 3)])
+def test_output_and_input_gradient_are_those_of_one_explicit_matrix(rows, d, fan_out):
+    n, sigma_w2 = 3, 1.7
+    rng = np.random.default_rng(0)
+    a_np = rng.standard_normal((n, rows, d))
+    a_np[:, :, 0] = a_np[:, :, 1]  # rank-deficient column space must not matter
+    a = torch.tensor(a_np, requires_grad=True)
+    delta = torch.tensor(rng.standard_normal((n, rows, fan_out)))
+    gens = _gens([11, 12, 13])
+    h = conditional_gaussian_layer(a, fan_out, sigma_w2, gens)
+    (grad,) = torch.autograd.grad(h, a, delta)
+
+    # replay the draws: forward Z (n, m, N), then backward Z' (n, m', d), per network, float32
+    s = math.sqrt(sigma_w2 / d)
+    replay = _gens([11, 12, 13])
+    q, r = torch.linalg.qr(a.detach().transpose(1, 2))
+    z = torch.stack([torch.empty(q.shape[-1], fan_out).normal_(generator=g) for g in replay]).double()
+    q_d, _ = torch.linalg.qr(delta.transpose(1, 2))
+    z2 = torch.stack([torch.empty(q_d.shape[-1], d).normal_(generator=g) for g in replay]).double()
+    w_fresh = s * (q_d @ z2).transpose(1, 2)  # (n, d, N): δ W̃ᵀ = s R_δᵀ Z'
+    proj = torch.eye(d, dtype=torch.float64) - q @ q.transpose(1, 2)
+    w = s * q @ z + proj @ w_fresh
+    torch.testing.assert_close(h.detach(), a.detach() @ w, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, delta @ w.transpose(1, 2), rtol=1e-12, atol=1e-12)
+
+
+def _zscores(x, y):
+    """Two-sample z statistics of per-layer means over independent networks (rows of x, y)."""
+    se = np.sqrt(x.var(0, ddof=1) / len(x) + y.var(0, ddof=1) / len(y))
+    return (x.mean(0) - y.mean(0)) / se
+
+
+@pytest.mark.parametrize("phi,k,residual", [("relu", 2, None), ("tanh", 1, None), ("identity", 2, 0.7)])
+def test_same_law_as_explicit_gaussian_weights(phi, k, residual):
+    # 300 networks each: per-layer means of log‖δ‖², log‖∂L/∂W‖², q, c (and the cross-batch
+    # correlation) must agree within |z| < 4.5 (~40 comparisons; false alarm p ≈ 3e-4 in all).
+    # Power: dropping the projection (I − QQᵀ) inflates each layer's gradient by ≈ 1 + rows/d
+    # (25 % at rows = 16, d = 64), i.e. z ≈ 30 by the last layer; dropping the fresh part U
+    # shrinks it by ≈ rows/d per layer.  Both were checked to fail this test.
+    kw = dict(num_batches=k, input_correlation=0.5, residual_scale=residual, dtype="float64")
+    ex = simulate(phi, 8, 64, 8, 300, weight_sampling="explicit", seed=1, **kw)
+    co = simulate(phi, 8, 64, 8, 300, weight_sampling="conditional", seed=2, **kw)
+    assert ex.config["weight_sampling"] == "explicit" and co.config["weight_sampling"] == "conditional"
+    pairs = [(np.log(ex.grad_norm_sq), np.log(co.grad_norm_sq)),
+             (np.log(ex.weight_grad_norm_sq[:, 1:]), np.log(co.weight_grad_norm_sq[:, 1:])),
+             (ex.q, co.q), (ex.c[:, 1:], co.c[:, 1:])]
+    if k > 1:
+        pairs.append((ex.cross_batch_corr, co.cross_batch_corr))
+    for x, y in pairs:
+        z = _zscores(x, y)
+        assert np.all(np.abs(z) < 4.5), z
+
+
+def test_reproducible_and_chunking_invariant():
+    kw = dict(num_batches=2, seed=4, dtype="float64", weight_sampling="conditional")
+    a = simulate("relu", 6, 40, 5, 5, **kw)
+    b = simulate("relu", 6, 40, 5, 5, **kw)
+    c = simulate("relu", 6, 40, 5, 5, max_memory_bytes=1, **kw)
+    assert c.chunks == 5
+    for field in ("q", "c", "grad_norm_sq", "weight_grad_norm_sq", "cross_batch_corr"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+        np.testing.assert_allclose(getattr(a, field), getattr(c, field), rtol=1e-12)
+
+
+def test_auto_choice_and_bad_input():
+    assert simulate("relu", 4, 32, 3, 2).config["weight_sampling"] == "conditional"  # rows 4 ≤ 32/2
+    assert simulate("relu", 20, 32, 3, 2).config["weight_sampling"] == "explicit"  # rows 20 > 16
+    assert simulate("relu", 4, 32, 3, 2, init="orthogonal").config["weight_sampling"] == "explicit"
+    with pytest.raises(ValueError, match="weight_sampling='conditional' is not allowed with init='uniform'"):
+        simulate("relu", 4, 32, 3, 2, init="uniform", weight_sampling="conditional")
+    with pytest.raises(ValueError, match="weight_sampling"):
+        simulate("relu", 4, 32, 3, 2, weight_sampling="implicit")
+    with pytest.raises(ValueError, match="fan_out"):
+        conditional_gaussian_layer(torch.zeros(1, 2, 3), 0, 1.0, _gens([0]))
+    with pytest.raises(ValueError, match="sigma_w2"):
+        conditional_gaussian_layer(torch.zeros(1, 2, 3), 2, float("nan"), _gens([0]))
+
+
+def test_second_backward_pass_is_refused():
+    # a second pass would draw a W̃ inconsistent with the first: autograd must refuse it
+    a = torch.randn(1, 3, 5, dtype=torch.float64, requires_grad=True)
+    h = conditional_gaussian_layer(a, 4, 1.0, _gens([0]))
+    h.sum().backward()
+    with pytest.raises(RuntimeError):
+        h.sum().backward()
