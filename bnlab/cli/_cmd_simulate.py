@@ -29,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="batches per network (>= 2 for the cross-batch correlation; default 4)")
     p.add_argument("--input-correlation", type=float, default=0.1,
                    help="correlation of the random input batches (small: linear regime of the cross-batch dynamics)")
+    p.add_argument("--weight-sampling", default="auto",
+                   help="auto, explicit or conditional: Gaussian layers sampled from their conditional law "
+                   "(exact in law, no N x N weights; default where k*B <= width/2)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="float32", help="float32 or float64")
     p.add_argument("--seed", type=int, default=0)
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         normalization=args.normalization, init=args.init, eps=args.eps, sigma_w2=args.sigma_w2,
         sigma_b2=args.sigma_b2, residual_scale=args.residual_scale, num_batches=args.num_batches,
         input_correlation=args.input_correlation, seed=args.seed, device=args.device, dtype=args.dtype,
-        max_memory_bytes=max(1, int(mem * 2**30)),
+        max_memory_bytes=max(1, int(mem * 2**30)), weight_sampling=args.weight_sampling,
     )
     notes = []
     try:

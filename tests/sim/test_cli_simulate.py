@@ -18,6 +18,7 @@ def test_json_output_keys_and_values(capsys):
                 "per_layer_grad_norm_sq", "per_layer_cross_batch_corr"):
         assert key in out
     assert len(out["per_layer_grad_norm_sq"]) == 12 and len(out["per_layer_cross_batch_corr"]) == 12
+    assert out["config"]["weight_sampling"] == "conditional"  # auto: 2·8 rows ≤ 64/2
     lo, hi = out["grad_explosion_rate_ci"]
     assert lo <= out["grad_explosion_rate"] <= hi
     # the CLI only calls the library: same arguments, same numbers
@@ -31,7 +32,9 @@ def test_json_output_keys_and_values(capsys):
 @pytest.mark.parametrize(
     "extra,needle",
     [(["--width", "0"], "width"), (["--depth", "0"], "depth"), (["--networks", "0"], "networks"),
-     (["--init", "he"], "init"), (["--dtype", "int8"], "dtype")],
+     (["--init", "he"], "init"), (["--dtype", "int8"], "dtype"),
+     (["--weight-sampling", "lazy"], "weight_sampling"),
+     (["--init", "uniform", "--weight-sampling", "conditional"], "weight_sampling")],
 )
 def test_bad_input_exits_2_naming_argument(extra, needle, capsys):
     with pytest.raises(SystemExit) as exc:
