@@ -13,7 +13,7 @@ FLOP/s) = t_bmm / t_sim, for both ways of realizing the weights:
 * ``explicit``: every N×N weight matrix is drawn (the simulator really runs
   those matmuls, plus the draws and the BN/φ/measurement work around them);
 * ``conditional`` (the default ``weight_sampling="auto"`` for Gaussian weights
-  when rows ≤ N/2): each layer is sampled from its conditional Gaussian law
+  when rows ≤ N/4): each layer is sampled from its conditional Gaussian law
   (:mod:`bnlab.sim.conditional`) — the same joint law of every measured
   quantity, computed with O(rows²·N) work, so the ratio can exceed 1: it then
   says how much faster than the bare matmuls of the explicit network the whole

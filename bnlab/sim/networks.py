@@ -321,7 +321,8 @@ def simulate(
         computed (:mod:`bnlab.sim.conditional`): the joint law of every measured
         quantity is exactly that of explicit Gaussian weights, at O(rows²·N) cost per
         layer instead of O(rows·N²).  ``"auto"`` (default) uses ``"conditional"`` for
-        Gaussian weights when k·B ≤ width/2 (where it is cheaper), else ``"explicit"``.
+        Gaussian weights when k·B ≤ width/4 (where it is cheaper: at k·B = width/8 about 1.5× faster,
+        at width/2 about 2× slower, benchmarks/bench_sim.py), else ``"explicit"``.
         The two realize different random networks from the same seed (same law,
         different draws).
 
@@ -397,7 +398,7 @@ def simulate(
     itemsize = torch.finfo(dt).bits // 8
     rows = k * batch_size
     if weight_sampling == "auto":
-        explicit = init != "gaussian" or _trace is not None or 2 * rows > width
+        explicit = init != "gaussian" or _trace is not None or 4 * rows > width
         weight_sampling = "explicit" if explicit else "conditional"
     if weight_sampling == "conditional" and _trace is not None:
         raise ValueError("_trace records explicit weights: use weight_sampling='explicit'")

@@ -18,7 +18,7 @@ def test_json_output_keys_and_values(capsys):
                 "per_layer_grad_norm_sq", "per_layer_cross_batch_corr"):
         assert key in out
     assert len(out["per_layer_grad_norm_sq"]) == 12 and len(out["per_layer_cross_batch_corr"]) == 12
-    assert out["config"]["weight_sampling"] == "conditional"  # auto: 2·8 rows ≤ 64/2
+    assert out["config"]["weight_sampling"] == "conditional"  # auto: 2·8 rows ≤ 64/4
     lo, hi = out["grad_explosion_rate_ci"]
     assert lo <= out["grad_explosion_rate"] <= hi
     # the CLI only calls the library: same arguments, same numbers

@@ -89,8 +89,8 @@ def test_reproducible_and_chunking_invariant():
 
 
 def test_auto_choice_and_bad_input():
-    assert simulate("relu", 4, 32, 3, 2).config["weight_sampling"] == "conditional"  # rows 4 ≤ 32/2
-    assert simulate("relu", 20, 32, 3, 2).config["weight_sampling"] == "explicit"  # rows 20 > 16
+    assert simulate("relu", 4, 32, 3, 2).config["weight_sampling"] == "conditional"  # rows 4 ≤ 32/4
+    assert simulate("relu", 9, 32, 3, 2).config["weight_sampling"] == "explicit"  # rows 9 > 8
     assert simulate("relu", 4, 32, 3, 2, init="orthogonal").config["weight_sampling"] == "explicit"
     with pytest.raises(ValueError, match="weight_sampling='conditional' is not allowed with init='uniform'"):
         simulate("relu", 4, 32, 3, 2, init="uniform", weight_sampling="conditional")
