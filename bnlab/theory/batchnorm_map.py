@@ -13,8 +13,13 @@ Methods (:data:`TRANSFORM_METHODS`), each an independent route:
                 integrals accurate to ≈1e-13 (B up to 10⁶); otherwise a
                 randomized quasi-Monte Carlo spherical cubature (error
                 ~1e-5–1e-6, ``n_samples`` points per replicate, default 2^16).
-``"fourier"``   App. E.2, Thm E.25 (:mod:`.fourier`): any φ, Σ with GΣG = μG
-                (the λ-integral of Eq. 32 is then a Gamma density); ≈1e-12.
+``"fourier"``   App. E.2, Thm E.25, Eq. 32 (:mod:`.fourier`), any PSD Σ.
+                GΣG = μG: closed λ-integral (Gamma density), any φ, ≈1e-13.
+                Otherwise: positive-homogeneous φ, ε ≥ 0, closed s-integral and
+                a real-axis λ-quadrature, ≲1e-13 (B = 128: 0.3–4 s); other φ,
+                ε = 0, rank(GΣG) ≥ 3, Fourier-inverted pair density, ≲1e-7
+                (meant for small B; ≈2.4 s at B = 8); non-homogeneous φ with
+                ε > 0 at such Σ is a ValueError (use sphere/montecarlo).
 ``"montecarlo"`` direct sampling of h (the reference); standard errors from
                 :func:`batchnorm_transform_montecarlo`.
 ``"auto"``      the most accurate applicable route: fourier/sphere (exact
@@ -118,7 +123,8 @@ def batchnorm_transform(phi, Sigma, *, method: str = "auto", eps: float = 0.0, n
     Accuracy
     --------
     See the module docstring (laplace ≲ 1e-12, sphere/fourier for GΣG ∝ G
-    ≈ 1e-13, spherical QMC ~1e-5, Monte Carlo O(n^{-1/2})).
+    ≈ 1e-13, fourier at general Σ ≲ 1e-13 for homogeneous φ and ≲ 1e-7
+    otherwise, spherical QMC ~1e-5, Monte Carlo O(n^{-1/2})).
 
     References
     ----------

@@ -215,7 +215,7 @@ def test_b3_supported_by_numerical_routes():
         (("relu", np.ones((4, 3))), {}, "square"),
         (("tanh", np.eye(4)), {"method": "laplace"}, "positive-homogeneous"),
         (("relu", np.eye(4)), {"method": "simpson"}, "method"),
-        (("tanh", _generic(4)), {"method": "fourier"}, "fourier"),
+        (("tanh", _generic(4)), {"method": "fourier", "eps": 0.1}, "fourier"),
         (("relu", np.eye(4)), {"method": "montecarlo", "n_samples": 0}, "n_samples"),
     ],
 )
