@@ -118,20 +118,41 @@ def _closed(act: Activation, b: int) -> BSB1FixedPoint:
 
 
 def _gegenbauer(act: Activation, b: int) -> BSB1FixedPoint:
-    from bnlab.theory.gegenbauer import GegenbauerTruncationWarning, _expansion, gegenbauer_quadratic_form
+    """Thm 3.4 / F.13: q* = Σ_l b_l², q*c* = Σ_l b_l² R_l(−1/(B−1)).
+
+    q* is the Parseval sum, i.e. exactly the moment E f² on the coefficients' rule; when the series
+    has not converged (kinked φ: b_l² ~ l^{−4}) it is taken from the moment rather than the truncated
+    sum, and only q*c*'s two-point tail Σ_{l≥n} b_l² R_l(ξ) remains, bounded by
+    :func:`bnlab.theory.gegenbauer.oscillating_tail_bound` (≤ 1e-12 relative for relu at B ≥ 4).
+    """
+    from bnlab.theory.gegenbauer import (
+        RULE_RTOL,
+        GegenbauerTruncationWarning,
+        _expansion,
+        gegenbauer_quadratic_form,
+        normalized_gegenbauer,
+        oscillating_tail_bound,
+    )
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GegenbauerTruncationWarning)
         coeffs, q, tail = _expansion(act, b, None, 1e-13, 1024)
-    vals = gegenbauer_quadratic_form(coeffs, b, np.array([1.0, -1.0 / (b - 1)]))
-    err = abs(tail) + 1e-14 * abs(q)
-    if abs(tail) > 1e-9 * abs(q):
+    xi = -1.0 / (b - 1)
+    vals = gegenbauer_quadratic_form(coeffs, b, np.array([1.0, xi]))
+    converged = tail <= 1e-13 * abs(q)
+    if converged:
+        diag, err = float(vals[0]), abs(tail) + 1e-14 * abs(q)
+    else:
+        # Parseval: Σ_l b_l² = E f² = q exactly; the neglected part of q*c* is Σ_{l≥n} b_l² R_l(ξ)
+        diag = q
+        err = oscillating_tail_bound(normalized_gegenbauer(b, coeffs.size, np.array(xi)), tail) + RULE_RTOL * abs(q)
+    if err > 1e-9 * abs(q):
         warnings.warn(
-            f"Gegenbauer series of phi={act.spec!r} at B={b} converges slowly (relative tail {tail / q:.1e}); "
+            f"Gegenbauer series of phi={act.spec!r} at B={b} converges slowly (relative error bound {err / q:.1e}); "
             "the fixed point's abs_error reflects it",
             stacklevel=3,
         )
-    return BSB1FixedPoint.from_entries(b, vals[0], vals[1], "gegenbauer", err)
+    return BSB1FixedPoint.from_entries(b, diag, vals[1], "gegenbauer", err)
 
 
 def _sphere(act: Activation, b: int) -> BSB1FixedPoint:
