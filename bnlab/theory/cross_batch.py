@@ -189,8 +189,9 @@ def cross_batch_analysis(phi, batch_size: int, *, method: str = "auto", n_terms=
 
     Accuracy
     --------
-    closed: rounding; sphere ≈1e-11; gegenbauer ≈1e-12 (smooth φ), ≈1e-7
-    (relu, extrapolated); montecarlo: the returned standard errors.
+    closed: rounding; sphere ≈1e-11; gegenbauer ≈1e-12 (smooth φ); relu-like φ
+    ≤ 2e-12 (B = 4), ≤ 1e-13 (B ≥ 8) with μ*'s Parseval part summed exactly
+    (``truncation_error`` bounds the rest); montecarlo: the returned standard errors.
     """
     act = _resolve(phi)
     b = check_batch_size(batch_size)

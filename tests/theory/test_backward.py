@@ -60,7 +60,7 @@ def test_relu_rate_gegenbauer_small_b(b):
     assert abs(ev.lambda_G - closed) <= ev.truncation_error
 
 
-KINKED = [("relu", {}), ("leaky_relu", {"slope": 0.2}), ("abs", {}), ("alpha_relu", {"alpha": 1.5})]
+KINKED = [("relu", {}), ("leaky_relu", {"slope": 0.2}), ("abs", {}), ("alpha_relu", {"alpha": 1.5}), ("alpha_relu", {"alpha": 0.6})]
 
 
 @pytest.mark.parametrize("b", [8, 32, 128])
@@ -68,15 +68,17 @@ KINKED = [("relu", {}), ("leaky_relu", {"slope": 0.2}), ("abs", {}), ("alpha_rel
 def test_kinked_rate_gegenbauer_vs_closed_forms(name, kw, b):
     # Thm 3.9 by the Gegenbauer series with its single-point tails summed through the moments
     # (Σ b_l² = E f², Σ l(l+B−3) b_l² = E(1−x²)f'²) vs Thm 3.10 (relu) / Thm G.12 (Laplace, the others).
-    # Measured relative error ≤ 9e-12 (B = 8), ≤ 4e-16 (B ≥ 32) at the default 400 terms; before the
-    # tail summation the extrapolated series was 7e-9 / 7e-7 / 2e-5 off for relu at B = 8 / 32 / 128.
+    # Measured relative error ≤ 3e-11 (B = 8), ≤ 1e-15 (B ≥ 32) at the default 400 terms; before the
+    # tail summation the extrapolated series was 7e-9 / 7e-7 / 2e-5 off for relu at B = 8 / 32 / 128 and
+    # 3e-3 / 2e-2 for relu^0.6 (φ' ~ x^{-0.4} singular at the kink) at B = 8 / 32.
     act = get_activation(name, **kw)
     ref = backward_eigenvalues(act, b, method="closed" if name == "relu" else "laplace").lambda_G
     ev = backward_eigenvalues(act, b, method="gegenbauer")
     assert ev.lambda_G == pytest.approx(ref, rel=1e-9)
-    # the reported bound covers the error (and is not vacuous)
+    # the reported bound covers the error and is not vacuous: at B = 8 it is max|R_l(ξ)| (≈2e-6 at l ≈ 300)
+    # times the Dirichlet tail (1e-2 … 0.5 of it: relu^0.6 has Σ_{l≥n} l² b_l² ~ n^{-0.2}); R_l(ξ) < 1e-40 at B ≥ 32
     assert abs(ev.lambda_G - ref) <= ev.truncation_error + 1e-13 * ref
-    assert ev.truncation_error < 1e-7 * ref
+    assert ev.truncation_error < (2e-6 if b == 8 else 2e-12) * ref
 
 
 def test_relu_rate_tail_summation_matters_with_few_terms():
