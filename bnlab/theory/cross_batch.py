@@ -190,7 +190,7 @@ def cross_batch_analysis(phi, batch_size: int, *, method: str = "auto", n_terms=
     Accuracy
     --------
     closed: rounding; sphere ≈1e-11; gegenbauer ≈1e-12 (smooth φ); relu-like φ
-    ≤ 2e-12 (B = 4), ≤ 1e-13 (B ≥ 8) with μ*'s Parseval part summed exactly
+    ≤ 2e-12 (B = 4), ≤ 2e-13 (B ≥ 8) with μ*'s Parseval part summed exactly
     (``truncation_error`` bounds the rest); montecarlo: the returned standard errors.
     """
     act = _resolve(phi)

@@ -36,7 +36,7 @@ decay algebraically, so the single-point parts of the series (no factor R_l(ξ))
 are summed exactly through the moments E f², E x² f² (:func:`_forward_gegenbauer`)
 and only the R_l(ξ)-weighted tail is truncated (bounded by ``truncation_error``):
 relu, leaky relu, abs, relu^α agree with Thms 3.7/F.33 to ≤ 5e-12 at B = 4,
-≤ 1e-13 for 8 ≤ B ≤ 128, ≤ 2e-12 at B = 1024 with 400 terms.  4 ≤ B ≤ 2048
+≤ 3e-13 for 8 ≤ B ≤ 128, ≤ 2e-12 at B = 1024 with 400 terms.  4 ≤ B ≤ 2048
 (λ_M↑ is evaluated in the orthonormal form, so N_l ~ binom(l+B−4, l) is never
 formed: tanh at B = 1024 agrees with the sphere to 4e-12 with 160 to 1200 terms).
 
@@ -377,7 +377,7 @@ def forward_eigenvalues(
     --------
     closed: rounding.  sphere: ≈1e-10 relative (kinks at 0 included).
     gegenbauer: ≈1e-12 for smooth φ; relu-like φ (relu, leaky relu, abs, relu^α)
-    ≤ 4e-10 at B = 4 (relu^½), ≤ 1e-13 for 8 ≤ B ≤ 128, ≤ 2e-12 at B = 1024, with
+    ≤ 4e-10 at B = 4 (relu^½), ≤ 3e-13 for 8 ≤ B ≤ 128, ≤ 2e-12 at B = 1024, with
     the bound ``truncation_error`` (was 1e-8 … 1e-5 with extrapolated truncated sums).
     montecarlo: the returned standard errors.
 

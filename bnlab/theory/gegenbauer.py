@@ -49,15 +49,16 @@ parts are moments of one coordinate of the sphere,
 
 (orthonormality; J the Jacobi matrix of the recurrence; l(l+B−3) the
 eigenvalues of −Δ on S^{B−2}, so the last one is the Dirichlet energy, by
-integration by parts, valid for f ∈ H¹: continuous φ with φ' ∈ L²), which the
+integration by parts, valid when f is continuous with E(1−x²)f'² < ∞), which the
 rule of the coefficients integrates to ≈1e-14 whatever the kink, because the
-rule is split at the kink (x = 0).  What is left, the two-point tail
+rule is split at the kink (x = 0); the Dirichlet moment has a rule of its own
+that reaches |x| ≈ 1e-300, since φ' may be singular there (relu^α, ½ < α < 1).  What is left, the two-point tail
 Σ_{l≥n} c_l R_l(ξ), is bounded by max_{l≥n}|R_l(ξ)| Σ_{l≥n}|c_l|
 (:func:`oscillating_tail_bound`), and |R_l(ξ)| ≲ l^{−(B−3)/2} (R_400(ξ) ≈ 1e-6 at
 B = 8, < 1e-60 at B = 128).  Resulting accuracy of the Gegenbauer routes for
 relu-like φ with the default 400 terms (vs closed forms; measured): λ_G↓ 8e-8
-(B = 4), 6e-9 (B = 5), 4e-12 (B = 8), ≤ 1e-15 (B = 32 … 1024); λ_L↑, λ_M↑, q*,
-c*, λ_M̃ ≤ 5e-12 at B = 4, ≤ 1e-13 for 8 ≤ B ≤ 128, ≤ 1e-12 at B = 1024 —
+(B = 4), 6e-9 (B = 5), ≤ 3e-11 (B = 8), ≤ 1e-15 (B = 32 … 1024); λ_L↑, λ_M↑, q*,
+c*, λ_M̃ ≤ 5e-12 at B = 4, ≤ 3e-13 for 8 ≤ B ≤ 128, ≤ 2e-12 at B = 1024 —
 previously (extrapolated truncated sums) λ_G↓ was 2e-5 off at B = 128 and
 7e-4 at B = 1024.  The reported bounds (``truncation_error``, ``abs_error``)
 include a rounding floor :data:`RULE_RTOL`.  For analytic φ the head has
