@@ -125,7 +125,8 @@ def _gegenbauer(act: Activation, b: int, rtol: float = 1e-13, max_terms: int = 1
     Degrees n = 32, 64, … ≤ ``max_terms`` until either the series has converged (relative
     Parseval tail ≤ ``rtol``: analytic φ, truncated at the first such degree, as
     :func:`bnlab.theory.gegenbauer.gegenbauer_coefficients` does) or, for φ with a kink
-    (positive-homogeneous φ, or any φ still unconverged at ``max_terms``), the summed form is accurate: q* is the Parseval sum, i.e. exactly the moment E f² on the
+    (positive-homogeneous φ, or any φ still unconverged at ``max_terms``), the summed form
+    is accurate: q* is the Parseval sum, i.e. exactly the moment E f² on the
     coefficients' rule, and only q*c*'s two-point tail Σ_{l≥n} b_l² R_l(ξ) remains, bounded by
     :func:`bnlab.theory.gegenbauer.oscillating_tail_bound` (stop once the bound is ≤ ``rtol``·q*:
     32 terms at B ≥ 32, where R_l(ξ) < 1e-20 beyond l = 24; 1024 at B = 4, bound 1e-11).

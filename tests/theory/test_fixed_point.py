@@ -48,7 +48,8 @@ def test_closed_form_vs_numerical_routes(phi, b):
         g = bsb1_fixed_point(act, b, method="gegenbauer")
     assert abs(g.q_star - ref.q_star) <= max(g.abs_error, 1e-12)
     assert abs(g.nu_star - ref.nu_star) <= max(g.abs_error, 1e-12)
-    # measured errors ≤ 3e-14 relative (7e-12 for α-relu(½) at B = 4); bounds ≤ 1e-11 (relu), 7e-9 and 5e-10 (α-relu(½), B = 4, 5: R_l(ξ) decays like l^{−(B−3)/2});
+    # measured errors ≤ 3e-14 relative (7e-12 for α-relu(½) at B = 4); bounds ≤ 1e-11 (relu),
+    # 7e-9 and 5e-10 (α-relu(½) at B = 4, 5, where R_l(ξ) decays only like l^{−(B−3)/2});
     # before the tail summation relu's q* was 1.3e-8 (B = 32), 9.5e-8 (B = 128) low
     assert g.abs_error < (1e-8 if b <= 5 else 1e-10) * ref.q_star
     if b >= 8:

@@ -125,7 +125,7 @@ def test_closed_forms_agree_with_sphere_and_gegenbauer(name, b):
     assert closed.lambda_M == pytest.approx(sphere.lambda_M, rel=1e-9)
     assert abs(sphere.lambda_G) < 1e-10  # batchnorm removes the RG component in one step
     # identity: a single Gegenbauer coefficient, checked at two B to keep the run short;
-    # relu: single-point tails summed through the moments, measured ≤ 5e-12 (B = 4), ≤ 1e-13 (B ≥ 8; 3e-13 at B = 1024)
+    # relu: single-point tails summed through the moments, measured ≤ 5e-12 (B = 4), ≤ 1e-13 (B ≥ 8)
     if name == "relu" or b in (4, 32):
         geg = forward_eigenvalues(name, b, method="gegenbauer")
         assert closed.lambda_L == pytest.approx(geg.lambda_L, rel=1e-9)
