@@ -303,8 +303,9 @@ def backward_eigenvalues(
     closed: rounding; sphere: ≈1e-10 relative (but only algebraic in the radial
     rule for non-homogeneous φ with a kink, e.g. selu: 1e-4 at B = 32);
     gegenbauer: ≈1e-12 (smooth φ); relu-like φ (relu, leaky relu, abs, relu^α with
-    α > ½) with the default 400 terms, measured vs Thms 3.10/G.12: 8e-8 (B = 4),
-    6e-9 (B = 5), ≤ 1e-11 (B = 8), ≤ 1e-15 (32 ≤ B ≤ 1024), because Σ b_l² and
+    α > ½) with the default terms (1000 for B ≤ 5, else 400), measured vs Thms
+    3.10/G.12: ≤ 2e-8 (B = 4), ≤ 2e-10 (B = 5), ≤ 3e-11 (B = 8), ≤ 1e-15
+    (32 ≤ B ≤ 1024), because Σ b_l² and
     Σ l(l+B−3) b_l² are summed exactly (Parseval, Dirichlet energy; see
     :func:`_gradient_rate_gegenbauer`) and only the R_l(ξ)-weighted tail is
     truncated; ``truncation_error`` bounds it.  montecarlo: the returned standard errors.

@@ -35,7 +35,7 @@ a_l of φ(√(B−1)x), taken from the core module :mod:`bnlab.theory.gegenbauer
 decay algebraically, so the single-point parts of the series (no factor R_l(ξ))
 are summed exactly through the moments E f², E x² f² (:func:`_forward_gegenbauer`)
 and only the R_l(ξ)-weighted tail is truncated (bounded by ``truncation_error``):
-relu, leaky relu, abs, relu^α agree with Thms 3.7/F.33 to ≤ 5e-12 at B = 4,
+relu, leaky relu, abs, relu^α agree with Thms 3.7/F.33 to ≤ 5e-12 at B = 4 (relu^½: 4e-10),
 ≤ 3e-13 for 8 ≤ B ≤ 128, ≤ 2e-12 at B = 1024 with 400 terms.  4 ≤ B ≤ 2048
 (λ_M↑ is evaluated in the orthonormal form, so N_l ~ binom(l+B−4, l) is never
 formed: tanh at B = 1024 agrees with the sphere to 4e-12 with 160 to 1200 terms).

@@ -56,8 +56,9 @@ that reaches |x| ≈ 1e-300, since φ' may be singular there (relu^α, ½ < α <
 Σ_{l≥n} c_l R_l(ξ), is bounded by max_{l≥n}|R_l(ξ)| Σ_{l≥n}|c_l|
 (:func:`oscillating_tail_bound`), and |R_l(ξ)| ≲ l^{−(B−3)/2} (R_400(ξ) ≈ 1e-6 at
 B = 8, < 1e-60 at B = 128).  Resulting accuracy of the Gegenbauer routes for
-relu-like φ with the default 400 terms (vs closed forms; measured): λ_G↓ 8e-8
-(B = 4), 6e-9 (B = 5), ≤ 3e-11 (B = 8), ≤ 1e-15 (B = 32 … 1024); λ_L↑, λ_M↑, q*,
+relu-like φ with the default terms (1000 for B ≤ 5, else 400; vs closed forms,
+measured): λ_G↓ ≤ 2e-8 (B = 4), ≤ 2e-10 (B = 5), ≤ 3e-11 (B = 8), ≤ 1e-15
+(B = 32 … 1024); λ_L↑, λ_M↑, q*,
 c*, λ_M̃ ≤ 5e-12 at B = 4, ≤ 3e-13 for 8 ≤ B ≤ 128, ≤ 2e-12 at B = 1024 —
 previously (extrapolated truncated sums) λ_G↓ was 2e-5 off at B = 128 and
 7e-4 at B = 1024.  The reported bounds (``truncation_error``, ``abs_error``)
