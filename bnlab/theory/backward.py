@@ -55,9 +55,9 @@ import numpy as np
 from bnlab._validation import check_int, check_real
 from bnlab.theory._checks import check_batch_size
 from bnlab.theory._dynamics_common import (
+    _RULE_RTOL,
     _default_terms,
     _gegenbauer_energy,
-    _gegenbauer_series,
     _relu_arccos_kernel,
     MAX_QUADRATURE_BATCH,
     _check_finite,
@@ -91,7 +91,9 @@ class BackwardEigenvalues:
 
     ``lambda_L``/``lambda_M`` are None when the method does not give them
     (gegenbauer) or M is empty; ``stderr`` holds Monte Carlo standard errors
-    of (λ_G, λ_L, λ_M).
+    of (λ_G, λ_L, λ_M); ``truncation_error`` (gegenbauer only, else None) bounds
+    the absolute error of λ_G from truncating the series (the two-point tail; see
+    :func:`bnlab.theory.gegenbauer.oscillating_tail_bound`).
     """
 
     lambda_G: float
@@ -99,6 +101,7 @@ class BackwardEigenvalues:
     lambda_M: float | None
     method: str
     stderr: tuple[float, float, float] | None = None
+    truncation_error: float | None = None
 
 
 def _require_b4(b: int):
@@ -246,12 +249,28 @@ def _backward_laplace(act, b: int):
 
 
 # -- Gegenbauer ----------------------------------------------------------------------
-def _gradient_rate_gegenbauer(act, b: int, n_terms: int) -> float:
-    """Thm 3.9 / G.5: λ_G↓ = Σ (l+B−3)l/(B−3) a_l² v_l / Σ a_l² v_l, v_l = N_l(1 − P_l(−1/(B−1)))."""
-    _, _, bc, pxi = _gegenbauer_energy(act, b, n_terms)
+def _gradient_rate_gegenbauer(act, b: int, n_terms: int) -> tuple[float, float]:
+    """Thm 3.9 / G.5: λ_G↓ = Σ_l ε_l/(B−3) b_l² (1 − R_l(ξ)) / Σ_l b_l² (1 − R_l(ξ)),
+    ε_l = l(l+B−3), ξ = −1/(B−1) (a_l² N_l = b_l², N_l(1 − P_l(ξ)) in the paper's normalization).
+
+    Returns (λ_G↓, bound on its truncation error).  The single-point parts are summed exactly
+    (:class:`bnlab.theory._dynamics_common._GegenbauerSeries`): Σ_l b_l² = E f² (Parseval) and
+    Σ_l ε_l b_l² = E(1−x²)f'² (ε_l are the eigenvalues of −Δ on S^{B−2} and f(u_1) is zonal, so
+    this is the Dirichlet energy E|∇_S f|²), which leaves only the two-point sums with R_l(ξ).
+    Without this, φ' with a jump (relu) gives ε_l b_l² ~ l^{−2} and a truncation error ~ 1/n.
+    """
+    s = _gegenbauer_energy(act, b, n_terms, dirichlet=True)
     l = np.arange(n_terms, dtype=np.float64)
-    v = bc * bc * (1.0 - pxi)
-    return float(np.sum((l + b - 3.0) * l / (b - 3.0) * v) / np.sum(v))
+    e2 = s.coef * s.coef
+    eps2 = l * (l + b - 3.0) * e2
+    den = s.single_point(np.sum(e2), s.moments.second) - float(np.sum(e2 * s.pxi))
+    num = s.single_point(np.sum(eps2), s.moments.dirichlet) - float(np.sum(eps2 * s.pxi))
+    lam = num / ((b - 3.0) * den)
+    # neglected: Σ_{l≥n} b_l² R_l(ξ) and Σ_{l≥n} ε_l b_l² R_l(ξ), bounded by max|R_l(ξ)| × the tails
+    d_den = s.two_point_bound(s.parseval_tail)
+    d_num = s.two_point_bound(max(s.moments.dirichlet - float(np.sum(eps2)), 0.0))
+    err = (d_num / ((b - 3.0) * den) + abs(lam) * d_den / den) if s.summed else 0.0
+    return float(lam), float(err + _RULE_RTOL * abs(lam))
 
 
 # -- public ---------------------------------------------------------------------------
@@ -281,10 +300,15 @@ def backward_eigenvalues(
 
     Accuracy
     --------
-    closed: rounding; sphere: ≈1e-10 relative; gegenbauer: ≈1e-12 (smooth φ),
-    ≈1e-7 (relu, B ≤ 32; the kink's b_l² ~ l^{-3} decay sets in only for l ≫ B, so
-    at B = 1024 λ_G↓ is 7e-4 low with the default terms, 1.3e-4 with n_terms=1000,
-    2.6e-5 with 2000); montecarlo: the returned standard errors.
+    closed: rounding; sphere: ≈1e-10 relative (but only algebraic in the radial
+    rule for non-homogeneous φ with a kink, e.g. selu: 1e-4 at B = 32);
+    gegenbauer: ≈1e-12 (smooth φ); relu-like φ (relu, leaky relu, abs, relu^α with
+    α > ½) with the default terms (1000 for B ≤ 5, else 400), measured vs Thms
+    3.10/G.12: ≤ 2e-8 (B = 4), ≤ 2e-10 (B = 5), ≤ 3e-11 (B = 8), ≤ 1e-15
+    (32 ≤ B ≤ 1024), because Σ b_l² and
+    Σ l(l+B−3) b_l² are summed exactly (Parseval, Dirichlet energy; see
+    :func:`_gradient_rate_gegenbauer`) and only the R_l(ξ)-weighted tail is
+    truncated; ``truncation_error`` bounds it.  montecarlo: the returned standard errors.
 
     References
     ----------
@@ -298,7 +322,7 @@ def backward_eigenvalues(
     kind = _closed_kind(act)
     if method == "auto":
         method = "closed" if kind is not None else "sphere"
-    stderr = None
+    stderr = trunc = None
     if method == "closed":
         if kind is None:
             raise ValueError(
@@ -316,17 +340,14 @@ def backward_eigenvalues(
         if b > MAX_QUADRATURE_BATCH:
             raise ValueError(f"batch_size={b} is not allowed for method='gegenbauer': expected <= {MAX_QUADRATURE_BATCH}")
         nt = _default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
-        # φ' with a jump at 0 (degree-1 homogeneous φ, e.g. relu): truncation error C₁/n + C₂/n² (measured),
-        # removed by Richardson extrapolation; other kinks: Aitken's Δ²
-        orders = (1, 2) if act.homogeneity == 1.0 else None
-        lam_g = _gegenbauer_series(lambda k: _gradient_rate_gegenbauer(act, b, k), act, nt, orders)
+        lam_g, trunc = _gradient_rate_gegenbauer(act, b, nt)
         lam_l, lam_m = None, None
     else:
         n, rng = _montecarlo_samples(n_samples, seed)
         (lam_g, lam_l, lam_m), stderr = _backward_montecarlo(act, b, n, rng)
     _check_finite(act, b, method, lam_g, lam_l, lam_m)
     f = lambda v: None if v is None else float(v)  # noqa: E731
-    return BackwardEigenvalues(float(lam_g), f(lam_l), f(lam_m), method, stderr)
+    return BackwardEigenvalues(float(lam_g), f(lam_l), f(lam_m), method, stderr, trunc)
 
 
 def gradient_explosion_rate(

@@ -54,9 +54,9 @@ from scipy import special
 from bnlab._validation import check_int
 from bnlab.theory._checks import check_batch_size
 from bnlab.theory._dynamics_common import (
+    _RULE_RTOL,
     _default_terms,
     _gegenbauer_energy,
-    _gegenbauer_series,
     _relu_arccos_kernel,
     MAX_QUADRATURE_BATCH,
     _check_finite,
@@ -81,7 +81,9 @@ CROSS_BATCH_METHODS = ("auto", "closed", "laplace", "sphere", "gegenbauer", "mon
 class CrossBatchResult:
     """The CBSB1 fixed point's cross-batch entry ``c_star`` and the decorrelation rate ``rate`` = λ_M̃↑ = λ_M̃↓.
 
-    ``method`` is the route; ``stderr`` the Monte Carlo standard errors of (c_star, rate) or None.
+    ``method`` is the route; ``stderr`` the Monte Carlo standard errors of (c_star, rate) or None;
+    ``truncation_error`` (gegenbauer only, else None) bounds the absolute error of ``rate`` from
+    truncating the series (c_star = a_0² is not a series).
     """
 
     batch_size: int
@@ -89,6 +91,7 @@ class CrossBatchResult:
     rate: float
     method: str
     stderr: tuple[float, float] | None = None
+    truncation_error: float | None = None
 
 
 def _c_star_closed(act, b: int) -> float:
@@ -129,11 +132,20 @@ def _sphere(act, b: int):
 
 
 def _gegenbauer(act, b: int, n_terms: int):
-    a, _, bc, pxi = _gegenbauer_energy(act, b, n_terms)
-    mu = float(np.sum(bc * bc * (1.0 - pxi)))
+    """(c_CB* = a_0², λ_M̃ by Thm 3.11, bound on the truncation error of λ_M̃).
+
+    Only the denominator μ* = Σ_l b_l² (1 − R_l(ξ)) is a series; its Parseval part Σ b_l² = E f²
+    is summed exactly (:class:`bnlab.theory._dynamics_common._GegenbauerSeries`), leaving the
+    two-point tail Σ_{l≥n} b_l² R_l(ξ).
+    """
+    s = _gegenbauer_energy(act, b, n_terms)
+    a, bc, pxi = s.a, s.coef, s.pxi
+    e2 = bc * bc
+    mu = s.single_point(np.sum(e2), s.moments.second) - float(np.sum(e2 * pxi))
     # Thm 3.11: λ = (1/2π) B (B−1) a_1² Beta(B/2, 1/2)² / Σ a_l² c⁻¹(C_l(1) − C_l(ξ))
     lam = b * (b - 1.0) * a[1] ** 2 * math.exp(2 * special.betaln(b / 2.0, 0.5)) / (2 * math.pi * mu)
-    return float(a[0] ** 2), float(lam)
+    err = abs(lam) * s.two_point_bound(s.parseval_tail) / abs(mu) if s.summed else 0.0
+    return float(a[0] ** 2), float(lam), float(err + _RULE_RTOL * abs(lam))
 
 
 def _montecarlo(act, b: int, n: int, rng, chunk: int = 50000):
@@ -177,8 +189,9 @@ def cross_batch_analysis(phi, batch_size: int, *, method: str = "auto", n_terms=
 
     Accuracy
     --------
-    closed: rounding; sphere ≈1e-11; gegenbauer ≈1e-12 (smooth φ), ≈1e-7
-    (relu, extrapolated); montecarlo: the returned standard errors.
+    closed: rounding; sphere ≈1e-11; gegenbauer ≈1e-12 (smooth φ); relu-like φ
+    ≤ 2e-12 (B = 4), ≤ 2e-13 (B ≥ 8) with μ*'s Parseval part summed exactly
+    (``truncation_error`` bounds the rest); montecarlo: the returned standard errors.
     """
     act = _resolve(phi)
     b = check_batch_size(batch_size)
@@ -186,7 +199,7 @@ def cross_batch_analysis(phi, batch_size: int, *, method: str = "auto", n_terms=
     kind = _closed_kind(act)
     if method == "auto":
         method = "closed" if kind is not None and b >= 4 else "sphere"
-    stderr = None
+    stderr = trunc = None
     if method == "closed":
         if kind is None:
             raise ValueError(
@@ -207,12 +220,12 @@ def cross_batch_analysis(phi, batch_size: int, *, method: str = "auto", n_terms=
         if b > MAX_QUADRATURE_BATCH:
             raise ValueError(f"batch_size={b} is not allowed for method='gegenbauer': expected <= {MAX_QUADRATURE_BATCH}")
         nt = _default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
-        c, lam = _gegenbauer_series(lambda k: _gegenbauer(act, b, k), act, nt)
+        c, lam, trunc = _gegenbauer(act, b, nt)
     else:
         n, rng = _montecarlo_samples(n_samples, seed)
         c, lam, stderr = _montecarlo(act, b, n, rng)
     _check_finite(act, b, method, c, lam)
-    return CrossBatchResult(b, float(c), float(lam), method, stderr)
+    return CrossBatchResult(b, float(c), float(lam), method, stderr, trunc)
 
 
 def cross_batch_fixed_point(phi, batch_size: int, *, method: str = "auto") -> float:

@@ -31,8 +31,12 @@ a_l of φ(√(B−1)x), taken from the core module :mod:`bnlab.theory.gegenbauer
 (:func:`~bnlab.theory.gegenbauer.gegenbauer_orthonormal_coefficients`,
 :func:`~bnlab.theory.gegenbauer.normalized_gegenbauer`) through
 ``bnlab.theory._dynamics_common``.  Accuracy: spectral for smooth φ
-(1e-10 with the default number of terms); for φ with a kink (relu) the series
-converges algebraically (≈1e-6 relative with 4000 terms at B = 32).  4 ≤ B ≤ 2048
+(1e-10 with the default number of terms).  For φ with a kink the coefficients
+decay algebraically, so the single-point parts of the series (no factor R_l(ξ))
+are summed exactly through the moments E f², E x² f² (:func:`_forward_gegenbauer`)
+and only the R_l(ξ)-weighted tail is truncated (bounded by ``truncation_error``):
+relu, leaky relu, abs, relu^α agree with Thms 3.7/F.33 to ≤ 5e-12 at B = 4 (relu^½: 4e-10),
+≤ 3e-13 for 8 ≤ B ≤ 128, ≤ 2e-12 at B = 1024 with 400 terms.  4 ≤ B ≤ 2048
 (λ_M↑ is evaluated in the orthonormal form, so N_l ~ binom(l+B−4, l) is never
 formed: tanh at B = 1024 agrees with the sphere to 4e-12 with 160 to 1200 terms).
 
@@ -83,6 +87,7 @@ from scipy import special
 from bnlab._validation import check_int
 from bnlab.theory._checks import check_batch_size
 from bnlab.theory._dynamics_common import (
+    _RULE_RTOL,
     _check_finite,
     _check_method,
     _closed_kind,
@@ -97,7 +102,6 @@ from bnlab.theory._dynamics_common import (
     _sample_sphere,
     _sphere_grid,
     _gegenbauer_energy,
-    _gegenbauer_series,
     _relu_arccos_kernel,
 )
 from bnlab.theory.ultrasymmetric import projected_eigenvalues
@@ -115,7 +119,9 @@ class ForwardEigenvalues:
 
     ``lambda_G`` (= 0, on RG), ``lambda_L`` (on L), ``lambda_M`` (on M; None
     for B = 3 where M is empty), ``method`` (the route used), ``stderr``
-    (Monte Carlo standard errors of (λ_L, λ_M), else None).
+    (Monte Carlo standard errors of (λ_L, λ_M), else None), ``truncation_error``
+    (gegenbauer only, else None: a bound on the absolute error of λ_L and λ_M from
+    truncating the series, see :func:`bnlab.theory.gegenbauer.oscillating_tail_bound`).
     """
 
     lambda_G: float
@@ -123,6 +129,7 @@ class ForwardEigenvalues:
     lambda_M: float | None
     method: str
     stderr: tuple[float, float] | None = None
+    truncation_error: float | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -251,27 +258,50 @@ def _forward_laplace(act, b: int):
 # Gegenbauer form (Thm 3.8, F.22, F.24)
 # ---------------------------------------------------------------------------
 def _forward_gegenbauer(act, b: int, n_terms: int):
-    a, logn, bc, pxi = _gegenbauer_energy(act, b, n_terms + 3)
+    """(λ_L↑, λ_M↑, bound on their truncation errors) by Thm 3.8 / F.22 / F.24 (as corrected in the errata).
+
+    Single-point parts are summed exactly through the moments of
+    :class:`bnlab.theory._dynamics_common._GegenbauerSeries`:
+    the denominator Σ_l b_l²(1 − R_l(ξ)) = μ* has its Parseval part Σ b_l² = E f²; the numerator
+    of λ_L↑ has the single-point part Σ_l b_l² w_l + Σ_l b_l b_{l+2} u_l⁰ = −E f²/2 + (B−1)/2 · E x² f²
+    (u_l⁰: u_l with R(ξ) := 0), which is the Jacobi-matrix identity E x² f² = ‖Jb‖² (see
+    :class:`bnlab.theory.gegenbauer.SeriesMoments`) rewritten with w_l, u_l⁰ (verified to 1e-15 on
+    tanh, sin, gelu, sigmoid, softplus, erf at B = 5, 8, 33); the numerator of λ_M↑ is two-point only.
+    """
+    s = _gegenbauer_energy(act, b, n_terms + 3)
+    a, logn, bc, pxi = s.a, s.logn, s.coef, s.pxi
     l = np.arange(n_terms, dtype=np.float64)
     L = n_terms
     c = lambda k: (b - 3.0) / (b - 3.0 + 2.0 * k)  # noqa: E731  c_{B−1,k}
     kk = 2.0 * (b - 1.0) / (b - 2.0)
     xi_p = pxi[:L]
     bl, bl2 = bc[:L], bc[2 : L + 2]
-    # denominator Σ a_l² v_l, v_l = N_l (1 − P_l(ξ))
-    den = np.sum(bl * bl * (1.0 - xi_p))
+    q = s.moments.second
+    # denominator Σ a_l² v_l, v_l = N_l (1 − P_l(ξ)) = μ*
+    head_q = float(np.sum(bl * bl))
+    den = s.single_point(head_q, q) - float(np.sum(bl * bl * xi_p))
     # F.22: w_l = l(B−3+l)(B−3)/((B−5+2l)(B−1+2l)) c_l⁻¹ (C_l(1) − k C_l(ξ)),  a_l² w_l = b_l² (...)(1 − k P_l(ξ))
     with np.errstate(divide="ignore", invalid="ignore"):
         wl = np.where(l == 0, 0.0, l * (b - 3 + l) * (b - 3) / ((b - 5 + 2 * l) * (b - 1 + 2 * l)))
-    num_l = np.sum(bl * bl * wl * (1.0 - kk * xi_p))
-    # cross term a_l a_{l+2} u_l with C_j(1)/√(N_l N_{l+2}) = c_j N_j/√(N_l N_{l+2})
+    # cross term a_l a_{l+2} u_l with C_j(1)/√(N_l N_{l+2}) = c_j N_j/√(N_l N_{l+2}):
+    # u_l = ul_lo (1 − k P_l(ξ)) + ul_hi (1 − k P_{l+2}(ξ))
     r = np.exp(0.5 * (logn[2 : L + 2] - logn[:L]))  # √(N_{l+2}/N_l)
-    ul = 0.5 * (b - 1) * (
-        (b - 3 + l) * (b - 2 + l) / ((b - 3) * (b - 1 + 2 * l)) * c(l) / r * (1.0 - kk * xi_p)
-        + (l + 1) * (l + 2) / ((b - 3) * (b - 1 + 2 * l)) * c(l + 2) * r * (1.0 - kk * pxi[2 : L + 2])
+    ul_lo = 0.5 * (b - 1) * (b - 3 + l) * (b - 2 + l) / ((b - 3) * (b - 1 + 2 * l)) * c(l) / r
+    ul_hi = 0.5 * (b - 1) * (l + 1) * (l + 2) / ((b - 3) * (b - 1 + 2 * l)) * c(l + 2) * r
+    cross = bl * bl2
+    head_l = float(np.sum(bl * bl * wl) + np.sum(cross * (ul_lo + ul_hi)))
+    single_l = s.single_point(head_l, -0.5 * q + 0.5 * (b - 1.0) * s.moments.x_second)
+    two_point_l = -kk * float(np.sum(bl * bl * wl * xi_p) + np.sum(cross * (ul_lo * xi_p + ul_hi * pxi[2 : L + 2])))
+    lam_l = (single_l + two_point_l) / den
+    # truncation: the neglected two-point tails, with weights bounded by the largest |w_l|, |u_l| of
+    # the head's last quarter (w_l ↗ (B−3)/4, ul_lo + ul_hi ↗ (B−1)/4) and Σ_{l≥n}|b_l b_{l+2}| ≤ Σ_{l≥n} b_l²
+    ptail = max(q - float(np.sum(bl * bl)), 0.0)
+    k4 = max(1, L // 4)
+    wmax = max(float(np.max(np.abs(wl[-k4:]))), 0.25 * (b - 3.0)) + max(
+        float(np.max(np.abs(ul_lo[-k4:]) + np.abs(ul_hi[-k4:]))), 0.25 * (b - 1.0)
     )
-    num_l += np.sum(bl * bl2 * ul)
-    lam_l = num_l / den
+    d_den = s.two_point_bound(ptail)
+    err_l = (kk * wmax * d_den / abs(den) + abs(lam_l) * d_den / abs(den)) if s.summed else 0.0
     # λ_M: Thm F.24 as printed does not reproduce the spherical values for l ≥ 2 (see the
     # module errata); we use the paper's own reduction (proof of Thm F.24)
     #   λ_M = (B−1)/((B−3)μ*) (−Σ*_12/(B−2) + 2(B−1)/(B−2) Ã_12(11) + (B−1) Ã_12(12))
@@ -279,7 +309,7 @@ def _forward_gegenbauer(act, b: int, n_terms: int):
     # expanded by the addition theorem E_v F(ê_1·v) H(ê_2·v) = Σ_l F_l H_l N_l P_l(ξ), the
     # coefficients of tφ and t²φ obtained from a_l by the three-term recurrence (Prop. E.43).
     if b == 3:
-        return lam_l, None
+        return lam_l, None, err_l + _RULE_RTOL * abs(lam_l)
     # Evaluated in the orthonormal form (b_l = a_l √N_l, Σ a_l² N_l P_l(ξ) = Σ b_l² P_l(ξ)) so that
     # neither N_l (overflows for large B·l) nor a_l (underflows) is ever formed: the coefficients
     # of tφ and t²φ in the paper's normalization, d_l = a_{l−1} l/(B+2l−3) + a_{l+1}(B+l−3)/(B+2l−3),
@@ -298,12 +328,18 @@ def _forward_gegenbauer(act, b: int, n_terms: int):
     e = times_t(d)  # t² φ
     sl = slice(0, L)  # the last coefficients are contaminated by the truncation of the recurrence
     px = pxi[sl]
-    mu = den
+    mu = den  # μ* = Σ b_l²(1 − R_l(ξ)), its Parseval part summed as above
     qc = np.sum(bc[sl] ** 2 * px)
     a12 = (b - 1.0) / b * np.sum(d[sl] ** 2 * px)
     a11 = (b - 1.0) / b * np.sum(bc[sl] * e[sl] * px)
-    lam_m = (b - 1.0) / ((b - 3.0) * mu) * (-qc / (b - 2.0) + 2.0 * (b - 1.0) / (b - 2.0) * a11 + (b - 1.0) * a12)
-    return lam_l, lam_m
+    num_m = (b - 1.0) / (b - 3.0) * (-qc / (b - 2.0) + 2.0 * (b - 1.0) / (b - 2.0) * a11 + (b - 1.0) * a12)
+    lam_m = num_m / mu
+    # truncation: the two-point tails of qc, a12, a11 (tφ, t²φ = Jb, J²b with ‖J‖ ≤ 1, so their ℓ² tails
+    # beyond L are ≲ Σ_{l≥L−2} b_l²) and of μ*
+    c_m = (b - 1.0) / (b - 3.0) * (1.0 / (b - 2.0) + 2.0 * (b - 1.0) ** 2 / (b * (b - 2.0)) + (b - 1.0) ** 2 / b)
+    d_m = s.two_point_bound(max(q - float(np.sum(bc[: max(L - 2, 1)] ** 2)), 0.0))
+    err_m = (c_m * d_m + abs(lam_m) * d_den) / abs(mu) if s.summed else 0.0
+    return lam_l, lam_m, max(err_l + _RULE_RTOL * abs(lam_l), err_m + _RULE_RTOL * abs(lam_m))
 
 
 # ---------------------------------------------------------------------------
@@ -340,7 +376,9 @@ def forward_eigenvalues(
     Accuracy
     --------
     closed: rounding.  sphere: ≈1e-10 relative (kinks at 0 included).
-    gegenbauer: ≈1e-12 for smooth φ; relu ≈ 3e-8; relu^α (α ∉ ℕ) ≈ 1e-5 at B = 128.
+    gegenbauer: ≈1e-12 for smooth φ; relu-like φ (relu, leaky relu, abs, relu^α)
+    ≤ 4e-10 at B = 4 (relu^½), ≤ 3e-13 for 8 ≤ B ≤ 128, ≤ 2e-12 at B = 1024, with
+    the bound ``truncation_error`` (was 1e-8 … 1e-5 with extrapolated truncated sums).
     montecarlo: the returned standard errors.
 
     References
@@ -353,7 +391,7 @@ def forward_eigenvalues(
     kind = _closed_kind(act)
     if method == "auto":
         method = "closed" if kind is not None and b >= 4 else "sphere"
-    stderr = None
+    stderr = trunc = None
     if method == "closed":
         if kind is None:
             raise ValueError(
@@ -379,11 +417,11 @@ def forward_eigenvalues(
                 "(Thm 3.8 divides by B − 3); use method='sphere' for batch_size=3"
             )
         nt = _default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
-        lam_l, lam_m = _gegenbauer_series(lambda k: _forward_gegenbauer(act, b, k), act, nt)
+        lam_l, lam_m, trunc = _forward_gegenbauer(act, b, nt)
     else:  # montecarlo
         n, rng = _montecarlo_samples(n_samples, seed)
         lam_l, lam_m, stderr = _forward_montecarlo(act, b, n, rng)
     if b == 3:
         lam_m = None
     _check_finite(act, b, method, lam_l, lam_m)
-    return ForwardEigenvalues(0.0, float(lam_l), None if lam_m is None else float(lam_m), method, stderr)
+    return ForwardEigenvalues(0.0, float(lam_l), None if lam_m is None else float(lam_m), method, stderr, trunc)

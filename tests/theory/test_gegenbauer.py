@@ -13,7 +13,9 @@ from bnlab.theory.gegenbauer import (
     gegenbauer_coefficients,
     gegenbauer_orthonormal_coefficients,
     gegenbauer_quadratic_form,
+    gegenbauer_series_moments,
     normalized_gegenbauer,
+    oscillating_tail_bound,
 )
 from bnlab.theory.spherical import isotropic_transform_entries
 
@@ -141,3 +143,66 @@ def test_large_b_many_terms_parseval_smooth_vs_quad():
 
     ref, _err = integrate.quad(integrand, -1, 1, points=[0], epsabs=0, epsrel=1e-13, limit=200)
     assert np.sum(bl**2) == pytest.approx(ref, rel=1e-11)
+
+
+# --- tails summed through the moments (SeriesMoments) -----------------------------------------
+def _jacobi_x2(bl, b):
+    # ‖J b‖² with x P_l = √β_{l+1} P_{l+1} + √β_l P_{l−1}: the coefficients of x·f, summed independently
+    lam = (b - 3) / 2
+    l = np.arange(1, bl.size + 1, dtype=float)
+    sb = np.sqrt(l * (l + 2 * lam - 1) / (4 * (l + lam) * (l + lam - 1)))  # sb[l-1] = √β_l
+    xf = np.zeros(bl.size + 1)
+    xf[1:] += sb * bl  # b_l → degree l+1 with √β_{l+1}
+    xf[: bl.size - 1] += sb[: bl.size - 1] * bl[1:]  # b_{l+1} → degree l with √β_{l+1}
+    return float(np.sum(xf**2))
+
+
+@pytest.mark.parametrize("phi", ["tanh", "gelu"])
+@pytest.mark.parametrize("b", [5, 32])
+def test_series_moments_equal_the_converged_sums(phi, b):
+    # For analytic φ the series has converged (tail < 1e-15) at 80 terms, so each moment must equal
+    # the sum it stands for: Parseval, ‖Jb‖² (Jacobi matrix) and the Dirichlet form Σ l(l+B−3) b_l².
+    bl, mom = gegenbauer_series_moments(phi, b, 80, dirichlet=True)
+    l = np.arange(bl.size)
+    assert mom.second == pytest.approx(np.sum(bl**2), rel=1e-13)
+    assert mom.x_second == pytest.approx(_jacobi_x2(bl, b), rel=1e-13)
+    assert mom.dirichlet == pytest.approx(np.sum(l * (l + b - 3) * bl**2), rel=1e-12)
+
+
+@pytest.mark.parametrize("b", [8, 128])
+def test_relu_moments_closed_form_and_slow_raw_tails(b):
+    # relu(√(B−1)x): E f² = 1/2, E x² f² = (B−1)/2 E x⁴ = 3/(2(B+1)), E(1−x²) f'² = (B−1)/2 (1 − 1/(B−1)) = (B−2)/2
+    # (E_μ x² = 1/(B−1), E_μ x⁴ = 3/((B−1)(B+1))).  The raw sums fall short by the algebraic tails
+    # (b_l² ~ l^{−4} once l ≫ B): the Dirichlet tail Σ_{l≥n} l(l+B−3) b_l² ~ 1/n is what the moments remove.
+    n = 200
+    bl, mom = gegenbauer_series_moments("relu", b, n, dirichlet=True)
+    assert mom.second == pytest.approx(0.5, rel=1e-14)
+    assert mom.x_second == pytest.approx(1.5 / (b + 1), rel=1e-13)
+    assert mom.dirichlet == pytest.approx((b - 2) / 2, rel=1e-13)
+    l = np.arange(n)
+    dir_tail = mom.dirichlet - np.sum(l * (l + b - 3) * bl**2)
+    assert 1e-3 * mom.dirichlet < dir_tail < 1e-1 * mom.dirichlet  # measured 3.5e-3 (B=8), 1.1e-2 (B=128)
+
+
+@pytest.mark.parametrize("alpha", [0.55, 0.75, 1.5])
+@pytest.mark.parametrize("b", [5, 128])
+def test_dirichlet_moment_of_relu_alpha_closed_form(alpha, b):
+    # f = (B−1)^{α/2} x_+^α: E(1−x²)f'² = (B−1)^α α² E[x^{2α−2}(1−x²); x > 0]
+    #   = (B−1)^α α²/2 · B(α−½, B/2)/B(½, (B−2)/2)   (μ_B ∝ (1−x²)^{(B−4)/2}).
+    # For α < 1 the integrand is singular at the kink (|x|^{2α−2}); a rule stopping at |x| ≈ 1e-17 loses
+    # 5e-4 (α = 0.6) to 5e-2 (α = 0.55) of it — the moment's own rule reaches |x| ≈ 1e-300 (measured ≤ 3e-14).
+    _, mom = gegenbauer_series_moments(get_activation("alpha_relu", alpha=alpha), b, 50, dirichlet=True)
+    log_ratio = special.betaln(alpha - 0.5, b / 2) - special.betaln(0.5, (b - 2) / 2)
+    exact = (b - 1) ** alpha * alpha**2 / 2 * math.exp(log_ratio)
+    assert mom.dirichlet == pytest.approx(exact, rel=1e-12)
+
+
+def test_oscillating_tail_bound_covers_the_true_two_point_tail():
+    # Σ_{l≥n} b_l² R_l(ξ) for relu at B = 4 (slowest decay, R_l(ξ) ~ l^{-1/2}): the sum over
+    # n ≤ l < 600 (the rest is ≲ 1e-13) vs the bound from the first n terms and the Parseval tail
+    b, n = 4, 150
+    bl = gegenbauer_orthonormal_coefficients("relu", b, n_terms=600)
+    r = normalized_gegenbauer(b, 600, np.array(-1.0 / (b - 1)))
+    true_tail = abs(np.sum(bl[n:] ** 2 * r[n:]))
+    bound = oscillating_tail_bound(r[:n], 0.5 - np.sum(bl[:n] ** 2))
+    assert true_tail <= bound <= 1e-8  # measured 5.8e-11 ≤ 3.6e-9
