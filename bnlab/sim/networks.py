@@ -228,13 +228,38 @@ def _normalize(h: torch.Tensor, k: int, mode: str, eps: float) -> torch.Tensor:
     n, kb, width = h.shape
     hv = h.view(n, k, kb // k, width)
     if mode == "batch":
-        # biased variance, as torch BatchNorm1d in training mode.  Two passes (mean, then the
-        # centered second moment) rather than torch.var_mean: as accurate, and var_mean's
-        # reduction over the strided batch dimension is 5× slower on the CPU (benchmarks/bench_sim.py)
-        centered = hv - hv.mean(2, keepdim=True)
-        var = (centered * centered).mean(2, keepdim=True)
-        return (centered * torch.rsqrt(var + eps)).view(n, kb, width)
+        return _BatchNorm.apply(hv, eps).view(n, kb, width)
     return (hv * torch.rsqrt((hv * hv).mean(2, keepdim=True) + eps)).view(n, kb, width)
+
+
+class _BatchNorm(torch.autograd.Function):
+    """x̂ = (h − μ)/sqrt(σ² + ε) over dim 2 (the samples of a batch), biased σ² as torch
+    BatchNorm1d in training mode, with the closed-form backward
+
+        ∂L/∂h = (g − mean(g) − x̂·mean(g·x̂)) / sqrt(σ² + ε)
+
+    (the gradient through the batch statistics).  Same numbers as autograd through the
+    elementary ops (tests/sim/test_networks.py checks it against torch.nn.BatchNorm1d) with
+    about half the passes over the (networks, k, B, N) tensors, which bound the simulator's
+    non-matmul time.  Two passes for the statistics (mean, then the centered second moment)
+    rather than torch.var_mean: as accurate, and var_mean's reduction over the strided batch
+    dimension is 5× slower on the CPU.
+    """
+
+    @staticmethod
+    def forward(ctx, h, eps):
+        centered = h - h.mean(2, keepdim=True)
+        rstd = torch.rsqrt(centered.pow(2).mean(2, keepdim=True).add_(eps))
+        xhat = centered.mul_(rstd)
+        ctx.save_for_backward(xhat, rstd)
+        return xhat
+
+    @staticmethod
+    def backward(ctx, g):
+        xhat, rstd = ctx.saved_tensors
+        g_xhat = (g * xhat).mean(2, keepdim=True)
+        grad = torch.addcmul(g - g.mean(2, keepdim=True), xhat, g_xhat, value=-1.0)
+        return grad.mul_(rstd), None
 
 
 def _network_generators(seed: int, start: int, n: int, dev: torch.device) -> list[torch.Generator]:
