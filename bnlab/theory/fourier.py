@@ -123,7 +123,7 @@ from bnlab._validation import check_psd_matrix, check_real
 from bnlab.activations import Activation, get_activation
 from bnlab.theory._linalg import _tanh_sinh_step, bsb1, im_g_basis, isotropic_g_scale, tanh_sinh_panel
 from bnlab.theory.spherical import _radial_rule
-from bnlab.theory.vphi import _closed_kind
+from bnlab.theory.vphi import _closed_kind, alpha_kernel_hypergeometric
 
 __all__ = [
     "fourier_transform",
@@ -308,12 +308,7 @@ def _alpha_kernel_complex(alpha: float, c: np.ndarray) -> np.ndarray:
     """
     if alpha == 1.0:
         return (np.sqrt(1.0 - c * c) + (math.pi - np.arccos(c)) * c) / (2.0 * math.pi)
-    z = c * c
-    g0 = math.exp(2.0 * special.gammaln(0.5 * (alpha + 1.0)))
-    g1 = math.exp(2.0 * special.gammaln(0.5 * alpha + 1.0))
-    f0 = special.hyp2f1(-0.5 * alpha, -0.5 * alpha, 0.5, z)
-    f1 = special.hyp2f1(0.5 * (1.0 - alpha), 0.5 * (1.0 - alpha), 1.5, z)
-    return 2.0 ** (alpha - 2.0) / math.pi * (g0 * f0 + 2.0 * c * g1 * f1)
+    return alpha_kernel_hypergeometric(alpha, c)
 
 
 def _homogeneous_vphi_complex(phi: Activation, m_i, m_j, m_ij, diagonal: np.ndarray) -> np.ndarray:

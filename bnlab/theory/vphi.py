@@ -102,7 +102,12 @@ def _closed_kind(phi: Activation) -> str | None:
 # ---------------------------------------------------------------------------
 def alpha_relu_kernel(alpha: float, c):
     """k_α(c) = E[ρ_α(x)ρ_α(y)], (x, y) standard bivariate normal with correlation c (= c_α J_α(c))."""
-    c = np.clip(np.asarray(c, dtype=np.float64), -1.0, 1.0)
+    return alpha_kernel_hypergeometric(alpha, np.clip(np.asarray(c, dtype=np.float64), -1.0, 1.0))
+
+
+def alpha_kernel_hypergeometric(alpha: float, c):
+    """The two-₂F₁ form of k_α(c), evaluated as given: real c ∈ [−1, 1], or complex c off
+    (−∞, −1] ∪ [1, ∞) (principal branches: its analytic continuation, used by :mod:`.fourier`)."""
     z = c * c
     g0 = math.exp(2.0 * special.gammaln(0.5 * (alpha + 1.0)))
     g1 = math.exp(2.0 * special.gammaln(0.5 * alpha + 1.0))
