@@ -97,8 +97,6 @@ def fill_(w: torch.Tensor, generator, kind: str, a: float = 0.0, b: float = 1.0)
     pool (torch releases the GIL while filling), because the scalar CPU random
     number generator, not the matmul, is the bottleneck of a wide simulation.
     """
-    global _POOL
-
     def one(t, g):
         return t.normal_(a, b, generator=g) if kind == "normal" else t.uniform_(a, b, generator=g)
 
@@ -109,13 +107,19 @@ def fill_(w: torch.Tensor, generator, kind: str, a: float = 0.0, b: float = 1.0)
         raise ValueError(f"generator is not allowed: {len(gens)} generators for {w.shape[0]} networks")
     threads = torch.get_num_threads()
     if w.device.type == "cpu" and threads > 1 and len(gens) > 1:
-        if _POOL is None or _POOL._max_workers != threads:
-            _POOL = ThreadPoolExecutor(max_workers=threads)
-        list(_POOL.map(lambda i: one(w[i], gens[i]), range(len(gens))))
+        list(_thread_pool(threads).map(lambda i: one(w[i], gens[i]), range(len(gens))))
     else:
         for i, g in enumerate(gens):
             one(w[i], g)
     return w
+
+
+def _thread_pool(threads: int) -> ThreadPoolExecutor:
+    """The simulator's pool of ``threads`` worker threads (torch releases the GIL in its kernels)."""
+    global _POOL
+    if _POOL is None or _POOL._max_workers != threads:
+        _POOL = ThreadPoolExecutor(max_workers=threads)
+    return _POOL
 
 
 def _draw(init, networks, fan_in, fan_out, sigma_w2, generator, dtype, device) -> torch.Tensor:
