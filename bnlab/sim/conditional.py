@@ -97,11 +97,15 @@ def _batched_qr(x: torch.Tensor, mode: str):
     m = min(rows, cols)
     q = x.new_empty((n, rows, m) if mode == "reduced" else (0,))
     r = x.new_empty((n, m, cols))
-    bounds = [(i * n // threads, (i + 1) * n // threads) for i in range(min(threads, n))]
+    parts = min(threads, n)
+    bounds = [(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
+
+    x = x.detach()  # grad mode is thread-local: the pool threads must not record a graph
 
     def one(lo_hi):
         lo, hi = lo_hi
-        qs, rs = torch.linalg.qr(x[lo:hi], mode=mode)
+        with torch.no_grad():
+            qs, rs = torch.linalg.qr(x[lo:hi], mode=mode)
         r[lo:hi] = rs
         if mode == "reduced":
             q[lo:hi] = qs

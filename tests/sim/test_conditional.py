@@ -77,6 +77,21 @@ def test_same_law_as_explicit_gaussian_weights(phi, k, residual):
         assert np.all(np.abs(z) < 4.5), z
 
 
+def test_thread_count_does_not_change_the_numbers():
+    # the CPU QRs are split over a thread pool when torch has ≥ 2 threads: same numbers either way
+    kw = dict(seed=4, dtype="float64", weight_sampling="conditional", num_batches=2)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = simulate("relu", 6, 40, 5, 5, **kw)
+        torch.set_num_threads(2)
+        b = simulate("relu", 6, 40, 5, 5, **kw)
+    finally:
+        torch.set_num_threads(old)
+    for field in ("q", "c", "grad_norm_sq", "weight_grad_norm_sq", "cross_batch_corr"):
+        np.testing.assert_allclose(getattr(a, field), getattr(b, field), rtol=1e-10)
+
+
 def test_reproducible_and_chunking_invariant():
     kw = dict(num_batches=2, seed=4, dtype="float64", weight_sampling="conditional")
     a = simulate("relu", 6, 40, 5, 5, **kw)
