@@ -48,6 +48,7 @@ Errata (Yang et al. 2019)
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,7 +125,8 @@ class EnsembleResult:
         Mean entry of the cross-batch block Ξ^l = H₀H_jᵀ/N, averaged over j ≥ 1 (its fixed
         point is c*_CB, Eq. 21).
     chunks : int
-        Number of chunks of networks the simulation was split into (memory bound).
+        Number of chunks of networks the simulation was split into (memory bound; on a CPU
+        with T ≥ 2 torch threads at least min(T, networks), run concurrently).
     hidden : dict
         ``{l: h^l}`` of the first network, shape (k, B, N), for the requested ``record_layers``.
     """
@@ -260,6 +262,17 @@ class _BatchNorm(torch.autograd.Function):
         g_xhat = (g * xhat).mean(2, keepdim=True)
         grad = torch.addcmul(g - g.mean(2, keepdim=True), xhat, g_xhat, value=-1.0)
         return grad.mul_(rstd), None
+
+
+_CHUNK_POOL: ThreadPoolExecutor | None = None
+
+
+def _chunk_pool(workers: int) -> ThreadPoolExecutor:
+    # separate from bnlab.sim.init's pool, which the chunks' own work may use
+    global _CHUNK_POOL
+    if _CHUNK_POOL is None or _CHUNK_POOL._max_workers != workers:
+        _CHUNK_POOL = ThreadPoolExecutor(max_workers=workers)
+    return _CHUNK_POOL
 
 
 def _network_generators(seed: int, start: int, n: int, dev: torch.device) -> list[torch.Generator]:
@@ -434,18 +447,33 @@ def simulate(
     kept = (max(d0, width) + width) * min(rows, max(d0, width)) if conditional else max(d0, width) * width
     per_layer = (kept + 8 * rows * width) * itemsize
     per_network = per_layer * (depth if measure_gradients else 1) + 4 * rows * max(d0, width) * itemsize
-    chunk = max(1, min(networks, max_memory_bytes // per_network))
-    parts = []
-    for ci, start in enumerate(range(0, networks, chunk)):
+    # On a multi-core CPU, chunks of networks run concurrently, one per thread with one intra-op
+    # thread each: the simulator's many mid-size operations (BN/φ passes, QRs, measurements)
+    # scale poorly with intra-op threads, independent networks scale perfectly.  Results do not
+    # change: every network has its own generator (chunking invariance, tests/sim).
+    threads = torch.get_num_threads()
+    workers = min(threads, networks) if dev.type == "cpu" and _trace is None else 1
+    chunk = max(1, min(-(-networks // workers), max_memory_bytes // (per_network * workers)))
+
+    def run_chunk(ci_start):
+        ci, start = ci_start
         n = min(chunk, networks - start)
         gen = _network_generators(seed, start, n, dev)
-        parts.append(
-            _simulate_chunk(
-                act, n, batch_size, k, width, depth, d0, normalization, init, eps, sigma_w2, sigma_b2,
-                bn_gamma, bn_beta, residual_scale, rho0, fixed_inputs, bool(measure_gradients), gen, dev, dt,
-                _trace, record_layers if ci == 0 else (), conditional,
-            )
+        return _simulate_chunk(
+            act, n, batch_size, k, width, depth, d0, normalization, init, eps, sigma_w2, sigma_b2,
+            bn_gamma, bn_beta, residual_scale, rho0, fixed_inputs, bool(measure_gradients), gen, dev, dt,
+            _trace, record_layers if ci == 0 else (), conditional,
         )
+
+    starts = list(enumerate(range(0, networks, chunk)))
+    if workers > 1 and len(starts) > 1:
+        torch.set_num_threads(1)  # process-wide for the duration; restored below
+        try:
+            parts = list(_chunk_pool(workers).map(run_chunk, starts))
+        finally:
+            torch.set_num_threads(threads)
+    else:
+        parts = [run_chunk(cs) for cs in starts]
     cat = {
         key: np.concatenate([p[key] for p in parts])
         for key in parts[0]

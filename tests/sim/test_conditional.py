@@ -77,17 +77,21 @@ def test_same_law_as_explicit_gaussian_weights(phi, k, residual):
         assert np.all(np.abs(z) < 4.5), z
 
 
-def test_thread_count_does_not_change_the_numbers():
-    # the CPU QRs are split over a thread pool when torch has ≥ 2 threads: same numbers either way
-    kw = dict(seed=4, dtype="float64", weight_sampling="conditional", num_batches=2)
+@pytest.mark.parametrize("weight_sampling", ["conditional", "explicit"])
+def test_thread_count_does_not_change_the_numbers(weight_sampling):
+    # With ≥ 2 CPU threads, chunks of networks run concurrently and the QRs of a chunk are split
+    # over a thread pool: same numbers as one thread (up to BLAS blocking, rtol 1e-10).
+    kw = dict(seed=4, dtype="float64", weight_sampling=weight_sampling, num_batches=2)
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         a = simulate("relu", 6, 40, 5, 5, **kw)
         torch.set_num_threads(2)
         b = simulate("relu", 6, 40, 5, 5, **kw)
+        assert torch.get_num_threads() == 2  # restored after the parallel section
     finally:
         torch.set_num_threads(old)
+    assert a.chunks == 1 and b.chunks == 2
     for field in ("q", "c", "grad_norm_sq", "weight_grad_norm_sq", "cross_batch_corr"):
         np.testing.assert_allclose(getattr(a, field), getattr(b, field), rtol=1e-10)
 

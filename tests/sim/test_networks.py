@@ -110,7 +110,7 @@ def test_same_seed_same_numbers_and_chunking_invariant():
     b = simulate("relu", 6, 16, 5, 7, **kw)
     # a memory bound forcing one network per chunk: per-network generators give the same networks
     c = simulate("relu", 6, 16, 5, 7, max_memory_bytes=1, **kw)
-    assert c.chunks == 7 and a.chunks == 1
+    assert c.chunks == 7 and a.chunks <= torch.get_num_threads()  # one chunk per CPU thread
     for field in ("q", "c", "grad_norm_sq", "weight_grad_norm_sq", "cross_batch_corr"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
         np.testing.assert_allclose(getattr(a, field), getattr(c, field), rtol=1e-12)
