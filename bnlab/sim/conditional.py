@@ -63,7 +63,7 @@ class _ConditionalGaussianLinear(torch.autograd.Function):
         z = _standard_normal((n, q.shape[-1], fan_out), generators, a)
         h = torch.bmm(r.transpose(1, 2), z).mul_(scale)
         ctx.save_for_backward(q, z)
-        ctx.scale, ctx.generators, ctx.fan_out = scale, generators, fan_out
+        ctx.scale, ctx.generators = scale, generators
         return h
 
     @staticmethod
