@@ -86,7 +86,7 @@ def init_weights(
     return _draw(init, networks, fan_in, fan_out, sigma_w2, generator, dtype, device)
 
 
-_POOL: ThreadPoolExecutor | None = None
+_POOLS: dict[tuple[str, int], ThreadPoolExecutor] = {}
 
 
 def fill_(w: torch.Tensor, generator, kind: str, a: float = 0.0, b: float = 1.0) -> torch.Tensor:
@@ -114,12 +114,16 @@ def fill_(w: torch.Tensor, generator, kind: str, a: float = 0.0, b: float = 1.0)
     return w
 
 
-def _thread_pool(threads: int) -> ThreadPoolExecutor:
-    """The simulator's pool of ``threads`` worker threads (torch releases the GIL in its kernels)."""
-    global _POOL
-    if _POOL is None or _POOL._max_workers != threads:
-        _POOL = ThreadPoolExecutor(max_workers=threads)
-    return _POOL
+def _thread_pool(threads: int, purpose: str = "kernels") -> ThreadPoolExecutor:
+    """A cached pool of ``threads`` worker threads (torch releases the GIL in its kernels).
+
+    One pool per ``purpose``: work submitted from inside a pool's task must go to another
+    pool, or a full pool would wait on itself (networks.py runs chunks in "chunks", whose
+    work may use "kernels")."""
+    key = (purpose, threads)
+    if key not in _POOLS:
+        _POOLS[key] = ThreadPoolExecutor(max_workers=threads)
+    return _POOLS[key]
 
 
 def _draw(init, networks, fan_in, fan_out, sigma_w2, generator, dtype, device) -> torch.Tensor:

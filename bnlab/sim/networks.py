@@ -27,11 +27,13 @@ L = Σ_{b,i,α} v_{biα} h^L_{biα} with v iid N(0, 1), and δ^l = ∂L/∂h^l i
 by true reverse-mode autograd through the batch statistics (no gradient
 independence assumption, cf. Yang et al. 2019, App. B).
 
-Vectorization: one layer of a chunk of networks is one ``torch.bmm`` of
-(networks, k·B, d_in) × (networks, d_in, N); the Python loop runs over layers
-only, and over chunks of networks only when the autograd graph of all
-networks would not fit ``max_memory_bytes`` (the weights of every layer are
-kept for the backward pass: networks·depth·width²·itemsize bytes).
+Vectorization: one layer of a chunk of networks is one batched operation over
+(networks, k·B, ·) — a ``torch.bmm`` with explicit weights, or the conditional
+sampling of :mod:`bnlab.sim.conditional` for Gaussian weights; the Python loop
+runs over layers only, and over chunks of networks when the autograd graph of
+all networks would not fit ``max_memory_bytes`` (explicit weights keep every
+layer's weights for the backward pass: networks·depth·width²·itemsize bytes) or,
+on a CPU with T ≥ 2 torch threads, over T chunks run concurrently.
 
 Errata (Yang et al. 2019)
 -------------------------
@@ -48,7 +50,6 @@ Errata (Yang et al. 2019)
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +60,7 @@ from bnlab._validation import check_choice, check_int, check_real
 from bnlab.sim import measure as _m
 from bnlab.sim.fit import RateFit, fit_geometric_rate
 from bnlab.sim.conditional import conditional_gaussian_layer
-from bnlab.sim.init import INITS, _draw, fill_
+from bnlab.sim.init import INITS, _draw, _thread_pool, fill_
 
 __all__ = ["NORMALIZATIONS", "WEIGHT_SAMPLINGS", "EnsembleResult", "simulate", "resolve_device", "resolve_dtype"]
 
@@ -264,17 +265,6 @@ class _BatchNorm(torch.autograd.Function):
         return grad.mul_(rstd), None
 
 
-_CHUNK_POOL: ThreadPoolExecutor | None = None
-
-
-def _chunk_pool(workers: int) -> ThreadPoolExecutor:
-    # separate from bnlab.sim.init's pool, which the chunks' own work may use
-    global _CHUNK_POOL
-    if _CHUNK_POOL is None or _CHUNK_POOL._max_workers != workers:
-        _CHUNK_POOL = ThreadPoolExecutor(max_workers=workers)
-    return _CHUNK_POOL
-
-
 def _network_generators(seed: int, start: int, n: int, dev: torch.device) -> list[torch.Generator]:
     # one stream per network, derived from (seed, network index): a network's weights,
     # inputs and readout do not depend on the chunking or on the other networks
@@ -469,7 +459,7 @@ def simulate(
     if workers > 1 and len(starts) > 1:
         torch.set_num_threads(1)  # process-wide for the duration; restored below
         try:
-            parts = list(_chunk_pool(workers).map(run_chunk, starts))
+            parts = list(_thread_pool(workers, "chunks").map(run_chunk, starts))
         finally:
             torch.set_num_threads(threads)
     else:
