@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from bnlab.sim import simulate
+from bnlab.sim import conditional
 from bnlab.sim.conditional import conditional_gaussian_layer
 
 
@@ -24,30 +25,84 @@ def _gens(seeds):
     return [torch.Generator().manual_seed(s) for s in seeds]
 
 
-@pytest.mark.parametrize("rows,d,fan_out", [(5, 12, 9), (12, 7, 10), (6, 6, 3)])
-def test_output_and_input_gradient_are_those_of_one_explicit_matrix(rows, d, fan_out):
-    n, sigma_w2 = 3, 1.7
-    rng = np.random.default_rng(0)
-    a_np = rng.standard_normal((n, rows, d))
-    a_np[:, :, 0] = a_np[:, :, 1]  # rank-deficient column space must not matter
-    a = torch.tensor(a_np, requires_grad=True)
-    delta = torch.tensor(rng.standard_normal((n, rows, fan_out)))
-    gens = _gens([11, 12, 13])
-    h = conditional_gaussian_layer(a, fan_out, sigma_w2, gens)
-    (grad,) = torch.autograd.grad(h, a, delta)
-
-    # replay the draws: forward Z (n, m, N), then backward Z' (n, m', d), per network, float32
+def _replayed_weights(a, delta, fan_out, sigma_w2, seeds):
+    """The explicit W (n, d, N) behind a conditional layer's draws: W = s·QZ + (I − QQᵀ)W̃ with
+    aᵀ = QR (diag R ≥ 0) and δW̃ᵀ = s·R_δᵀZ' (W̃ = s·Q_δZ' on the row space of δ), float64."""
+    d = a.shape[-1]
     s = math.sqrt(sigma_w2 / d)
-    replay = _gens([11, 12, 13])
+    replay = _gens(seeds)
     q, r = torch.linalg.qr(a.detach().transpose(1, 2))
+    signs = torch.diagonal(r, dim1=-2, dim2=-1).sign()
+    q = q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(1)
     z = torch.stack([torch.empty(q.shape[-1], fan_out).normal_(generator=g) for g in replay]).double()
     q_d, _ = torch.linalg.qr(delta.transpose(1, 2))
     z2 = torch.stack([torch.empty(q_d.shape[-1], d).normal_(generator=g) for g in replay]).double()
-    w_fresh = s * (q_d @ z2).transpose(1, 2)  # (n, d, N): δ W̃ᵀ = s R_δᵀ Z'
+    w_fresh = s * (q_d @ z2).transpose(1, 2)
     proj = torch.eye(d, dtype=torch.float64) - q @ q.transpose(1, 2)
-    w = s * q @ z + proj @ w_fresh
+    return s * q @ z + proj @ w_fresh
+
+
+@pytest.mark.parametrize(
+    "rows,d,fan_out,duplicate,route",
+    [(5, 12, 9, "column", "cholesky"),  # rank-deficient column space must not matter
+     (6, 6, 3, None, "cholesky"),
+     (5, 12, 9, "row", "householder"),  # a aᵀ singular: Householder route
+     (12, 7, 10, None, "householder")],  # rows > d
+)
+def test_output_and_input_gradient_are_those_of_one_explicit_matrix(rows, d, fan_out, duplicate, route):
+    n, sigma_w2 = 3, 1.7
+    rng = np.random.default_rng(0)
+    a_np = rng.standard_normal((n, rows, d))
+    if duplicate == "column":
+        a_np[:, :, 0] = a_np[:, :, 1]
+    elif duplicate == "row":
+        a_np[:, 0] = a_np[:, 1]
+    assert (conditional._gram_cholesky(torch.tensor(a_np)) is not None) == (route == "cholesky")
+    a = torch.tensor(a_np, requires_grad=True)
+    delta = torch.tensor(rng.standard_normal((n, rows, fan_out)))
+    h = conditional_gaussian_layer(a, fan_out, sigma_w2, _gens([11, 12, 13]))
+    (grad,) = torch.autograd.grad(h, a, delta)
+    w = _replayed_weights(a, delta, fan_out, sigma_w2, [11, 12, 13])
     torch.testing.assert_close(h.detach(), a.detach() @ w, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grad, delta @ w.transpose(1, 2), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-11), (torch.float32, 2e-5)])
+def test_cholesky_and_householder_routes_realize_the_same_network(monkeypatch, dtype, rtol):
+    # Same draws, same W: the two routes differ only by rounding.  Inputs as in a BN network near
+    # its BSB1 fixed point (relu of standardized, correlated pre-activations), rows = 64, d = 256,
+    # κ(a) ≈ 10.  rtol: float64 rounding × κ² ≈ 1e-14·100; float32 ≈ 6e-8·κ²·(a few) (the
+    # Cholesky route's error bound, module docstring).
+    n, rows, d, fan_out = 4, 64, 256, 200
+    g = torch.Generator().manual_seed(5)
+    corr = 0.5 * torch.eye(rows, dtype=torch.float64) + 0.5
+    pre = torch.linalg.cholesky(corr) @ torch.randn(n, rows, d, generator=g, dtype=torch.float64)
+    pre = (pre - pre.mean(1, keepdim=True)) / pre.std(1, keepdim=True)
+    a_np = torch.relu(pre).to(dtype)
+    delta = torch.randn(n, rows, fan_out, generator=g, dtype=torch.float64).to(dtype)
+    out = {}
+    for route in ("cholesky", "householder"):
+        if route == "householder":
+            monkeypatch.setattr(conditional, "_gram_cholesky", lambda a: None)
+        else:
+            assert conditional._gram_cholesky(a_np) is not None
+        a = a_np.clone().requires_grad_(True)
+        h = conditional_gaussian_layer(a, fan_out, 1.3, _gens([1, 2, 3, 4]))
+        out[route] = (h.detach(), torch.autograd.grad(h, a, delta)[0])
+    for x, y in zip(out["cholesky"], out["householder"]):
+        torch.testing.assert_close(x, y, rtol=rtol, atol=rtol * y.abs().max().item())
+
+
+def test_ill_conditioned_inputs_take_the_householder_route():
+    # a = U diag(σ) Vᵀ with κ(a) = 1e5: u·κ² ≈ 1e-6 in float64 (Cholesky route allowed) but
+    # ≈ 6e2 in float32 (Householder route)
+    g = torch.Generator().manual_seed(0)
+    u, _ = torch.linalg.qr(torch.randn(2, 8, 8, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(2, 100, 8, generator=g, dtype=torch.float64))
+    a = u @ torch.diag(torch.logspace(0, -5, 8, dtype=torch.float64)) @ v.transpose(1, 2)
+    assert conditional._gram_cholesky(a) is not None
+    assert conditional._gram_cholesky(a.float()) is None
+    assert conditional._gram_cholesky(a[:, :, :6]) is None  # rows > d
 
 
 def _zscores(x, y):
