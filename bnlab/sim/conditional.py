@@ -71,10 +71,12 @@ class _ConditionalGaussianLinear(torch.autograd.Function):
     """h = a W for W iid N(0, scale²), W sampled only through its conditional law (module docstring)."""
 
     @staticmethod
-    def forward(ctx, a, fan_out, scale, generators):
+    def forward(ctx, a, fan_out, scale, generators, grams):
         n, rows, d = a.shape
-        ctx.scale, ctx.generators = scale, generators
-        chol = _gram_cholesky(a)
+        ctx.scale, ctx.generators, ctx.grams = scale, generators, grams
+        gram, chol = _gram_cholesky(a)
+        if grams is not None:
+            grams["input"] = gram
         if chol is not None:
             # h = s·L Z with L Lᵀ = a aᵀ: Q = aᵀL⁻ᵀ and R = Lᵀ are the QR factors with diag(R) > 0,
             # never formed (module docstring, "Cholesky route")
@@ -90,6 +92,8 @@ class _ConditionalGaussianLinear(torch.autograd.Function):
         signs = torch.where(signs == 0, torch.ones_like(signs), signs)
         q.mul_(signs.unsqueeze(1))
         r.mul_(signs.unsqueeze(2))
+        if grams is not None and gram is None:
+            grams["input"] = torch.bmm(r.transpose(1, 2), r)  # a aᵀ = RᵀR, O(rows²·m)
         z = _standard_normal((n, q.shape[-1], fan_out), generators, a)
         ctx.route = "householder"
         ctx.save_for_backward(q, z)
@@ -99,10 +103,12 @@ class _ConditionalGaussianLinear(torch.autograd.Function):
     def backward(ctx, delta):
         saved = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None
+            return None, None, None, None, None
         # U = δ W̃ᵀ (unscaled) = R_δᵀ Z'; only R_δ is needed (mode="r", half the cost of forming Q_δ)
         d = saved[0].shape[-1] if ctx.route == "cholesky" else saved[0].shape[1]
         r_delta = _batched_qr(delta.transpose(1, 2), "r")[1]  # (n, m', rows)
+        if ctx.grams is not None:
+            ctx.grams["delta"] = torch.bmm(r_delta.transpose(1, 2), r_delta)  # δδᵀ = R_δᵀR_δ
         z_fresh = _standard_normal((delta.shape[0], r_delta.shape[1], d), ctx.generators, delta)
         u = torch.bmm(r_delta.transpose(1, 2), z_fresh)
         if ctx.route == "cholesky":
@@ -113,12 +119,12 @@ class _ConditionalGaussianLinear(torch.autograd.Function):
             )
             inner = torch.bmm(delta, z.transpose(1, 2)).sub_(inner)
             inner = torch.linalg.solve_triangular(chol, inner, upper=False, left=False)
-            return torch.baddbmm(u, inner, a).mul_(ctx.scale), None, None, None
+            return u.baddbmm_(inner, a).mul_(ctx.scale), None, None, None, None
         # δ Wᵀ = s·[(δ Zᵀ) Qᵀ + U (I − QQᵀ)] = s·[(δ Zᵀ − U Q) Qᵀ + U]: four products of
         # O(rows²·(d + N)) instead of five.
         q, z = saved
         inner = torch.bmm(delta, z.transpose(1, 2)).sub_(torch.bmm(u, q))
-        return torch.baddbmm(u, inner, q.transpose(1, 2)).mul_(ctx.scale), None, None, None
+        return u.baddbmm_(inner, q.transpose(1, 2)).mul_(ctx.scale), None, None, None, None
 
 
 #: Largest estimated u·κ(a)² (u the unit roundoff of the dtype, κ the condition number of the
@@ -133,8 +139,9 @@ CHOLESKY_MAX_ROUNDOFF_KAPPA2 = 2.0**-10
 
 
 def _gram_cholesky(a: torch.Tensor):
-    """L with L Lᵀ = a aᵀ (lower triangular, per network), or None where the Cholesky route is not
-    accurate: rows > d (a aᵀ singular), a failed factorization, or an estimated u·κ(a)² above
+    """``(G, L)``: the Gram matrix G = a aᵀ and L with L Lᵀ = G (lower triangular, per network),
+    L = None where the Cholesky route is not accurate (G = None too if it was not formed): rows > d
+    (a aᵀ singular), a failed factorization, or an estimated u·κ(a)² above
     ``CHOLESKY_MAX_ROUNDOFF_KAPPA2``.
 
     κ(a)² = λ_max/λ_min of G = a aᵀ.  λ_max ≤ ‖G‖_∞ (max absolute row sum: an upper bound);
@@ -145,11 +152,11 @@ def _gram_cholesky(a: torch.Tensor):
     """
     n, rows, d = a.shape
     if rows > d or rows < 2:
-        return None
+        return None, None
     gram = torch.bmm(a, a.transpose(1, 2))
     chol, info = torch.linalg.cholesky_ex(gram)
     if bool((info != 0).any()):
-        return None
+        return gram, None
     lam_max = gram.abs().sum(-1).amax(-1)
     # fixed, non-symmetric start vector: no dependence on the random streams
     x = torch.linspace(1.0, 2.0, rows, dtype=a.dtype, device=a.device).expand(n, rows).unsqueeze(-1)
@@ -160,8 +167,8 @@ def _gram_cholesky(a: torch.Tensor):
     kappa2 = 1.5 * lam_max / lam_min
     roundoff = torch.finfo(a.dtype).eps / 2
     if not bool(torch.all((lam_min > 0) & (roundoff * kappa2 <= CHOLESKY_MAX_ROUNDOFF_KAPPA2))):
-        return None
-    return chol
+        return gram, None
+    return gram, chol
 
 
 def _batched_qr(x: torch.Tensor, mode: str):
@@ -207,7 +214,9 @@ def _standard_normal(shape, generators, like: torch.Tensor) -> torch.Tensor:
     return out.to(like.dtype)
 
 
-def conditional_gaussian_layer(a: torch.Tensor, fan_out: int, sigma_w2: float, generators) -> torch.Tensor:
+def conditional_gaussian_layer(
+    a: torch.Tensor, fan_out: int, sigma_w2: float, generators, *, grams: dict | None = None
+) -> torch.Tensor:
     """h = a W for a Gaussian layer W ~ iid N(0, σ_w²/d), sampled from its conditional law.
 
     Parameters
@@ -221,6 +230,11 @@ def conditional_gaussian_layer(a: torch.Tensor, fan_out: int, sigma_w2: float, g
         Weight variance scale σ_w² > 0 (entry variance σ_w²/d).
     generators : sequence of torch.Generator
         One per network (network i draws only from ``generators[i]``), on ``a.device``.
+    grams : dict, optional
+        If given, the forward pass stores ``grams["input"]`` = a aᵀ and the backward pass
+        ``grams["delta"]`` = δ δᵀ, each of shape (networks, rows, rows), taken from the layer's
+        factorizations (O(rows³) instead of a further O(rows²·d) product); the simulator's
+        weight-gradient measurement ‖aᵀδ‖² = ⟨a aᵀ, δ δᵀ⟩ uses them.
 
     Returns
     -------
@@ -237,4 +251,4 @@ def conditional_gaussian_layer(a: torch.Tensor, fan_out: int, sigma_w2: float, g
     if not (math.isfinite(sigma_w2) and sigma_w2 > 0):
         raise ValueError(f"sigma_w2={sigma_w2!r} is not allowed: expected a finite number > 0")
     scale = math.sqrt(sigma_w2 / a.shape[-1])
-    return _ConditionalGaussianLinear.apply(a, fan_out, scale, list(generators))
+    return _ConditionalGaussianLinear.apply(a, fan_out, scale, list(generators), grams)

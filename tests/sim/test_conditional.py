@@ -57,7 +57,7 @@ def test_output_and_input_gradient_are_those_of_one_explicit_matrix(rows, d, fan
         a_np[:, :, 0] = a_np[:, :, 1]
     elif duplicate == "row":
         a_np[:, 0] = a_np[:, 1]
-    assert (conditional._gram_cholesky(torch.tensor(a_np)) is not None) == (route == "cholesky")
+    assert (conditional._gram_cholesky(torch.tensor(a_np))[1] is not None) == (route == "cholesky")
     a = torch.tensor(a_np, requires_grad=True)
     delta = torch.tensor(rng.standard_normal((n, rows, fan_out)))
     h = conditional_gaussian_layer(a, fan_out, sigma_w2, _gens([11, 12, 13]))
@@ -83,9 +83,9 @@ def test_cholesky_and_householder_routes_realize_the_same_network(monkeypatch, d
     out = {}
     for route in ("cholesky", "householder"):
         if route == "householder":
-            monkeypatch.setattr(conditional, "_gram_cholesky", lambda a: None)
+            monkeypatch.setattr(conditional, "_gram_cholesky", lambda a: (None, None))
         else:
-            assert conditional._gram_cholesky(a_np) is not None
+            assert conditional._gram_cholesky(a_np)[1] is not None
         a = a_np.clone().requires_grad_(True)
         h = conditional_gaussian_layer(a, fan_out, 1.3, _gens([1, 2, 3, 4]))
         out[route] = (h.detach(), torch.autograd.grad(h, a, delta)[0])
@@ -100,9 +100,9 @@ def test_ill_conditioned_inputs_take_the_householder_route():
     u, _ = torch.linalg.qr(torch.randn(2, 8, 8, generator=g, dtype=torch.float64))
     v, _ = torch.linalg.qr(torch.randn(2, 100, 8, generator=g, dtype=torch.float64))
     a = u @ torch.diag(torch.logspace(0, -5, 8, dtype=torch.float64)) @ v.transpose(1, 2)
-    assert conditional._gram_cholesky(a) is not None
-    assert conditional._gram_cholesky(a.float()) is None
-    assert conditional._gram_cholesky(a[:, :, :6]) is None  # rows > d
+    assert conditional._gram_cholesky(a)[1] is not None
+    assert conditional._gram_cholesky(a.float())[1] is None
+    assert conditional._gram_cholesky(a[:, :, :6])[1] is None  # rows > d
 
 
 def _zscores(x, y):
@@ -183,3 +183,21 @@ def test_second_backward_pass_is_refused():
     h.sum().backward()
     with pytest.raises(RuntimeError):
         h.sum().backward()
+
+
+@pytest.mark.parametrize("k,residual", [(1, None), (2, 0.6)])
+def test_weight_gradient_from_the_layers_grams_equals_the_direct_measurement(monkeypatch, k, residual):
+    # Conditional layers hand over a aᵀ (RᵀR or the Cholesky route's Gram) and δδᵀ = R_δᵀR_δ;
+    # the simulator's ‖∂L/∂W‖² from them must equal ⟨a aᵀ, δδᵀ⟩ computed from a and δ (float64
+    # rounding), including the residual factor r² and the per-batch blocks for k = 2.
+    kw = dict(num_batches=k, residual_scale=residual, seed=3, dtype="float64", weight_sampling="conditional")
+    fast = simulate("relu", 6, 48, 5, 3, **kw)
+    original = conditional.conditional_gaussian_layer
+
+    def without_grams(a, fan_out, sigma_w2, generators, *, grams=None):
+        return original(a, fan_out, sigma_w2, generators)
+
+    monkeypatch.setattr("bnlab.sim.networks.conditional_gaussian_layer", without_grams)
+    direct = simulate("relu", 6, 48, 5, 3, **kw)
+    np.testing.assert_allclose(fast.weight_grad_norm_sq, direct.weight_grad_norm_sq, rtol=1e-10)
+    np.testing.assert_allclose(fast.grad_norm_sq, direct.grad_norm_sq, rtol=1e-12)

@@ -247,3 +247,14 @@ def test_orthogonal_equals_householder_qr_with_positive_diagonal():
     q2 = _cholesky_qr(g)
     torch.testing.assert_close(q2.transpose(1, 2) @ q2, torch.eye(30, dtype=torch.float64).expand(3, 30, 30),
                                rtol=0, atol=1e-12)
+
+
+def test_diagonal_and_off_diagonal_variances_of_the_last_covariance():
+    # diag_var / offdiag_var (Fig. 1c: BSB1 → BSB2) against a direct computation from the final
+    # batch covariances, per network, float64 rounding
+    res = simulate("relu", 7, 40, 4, 3, seed=2, dtype="float64")
+    cov = res.final_covariance
+    q = np.einsum("nii->n", cov) / 7
+    off = cov[:, ~np.eye(7, dtype=bool)]
+    np.testing.assert_allclose(res.offdiag_var[:, -1], off.var(-1) / q**2, rtol=1e-10)
+    np.testing.assert_allclose(res.diag_var[:, -1], np.diagonal(cov, axis1=1, axis2=2).var(-1) / q**2, rtol=1e-10)
