@@ -587,8 +587,9 @@ def _simulate_chunk(
         v = fill_(torch.empty((n, rows, width), dtype=torch.float32, device=dev), gen, "normal").to(dt)
         if record is not None:
             record["readout"] = v.clone()
-        loss = (v * hs[-1]).sum()
-        deltas = torch.autograd.grad(loss, hs)
+        # loss = Σ v ⊙ h^L: seed the backward pass with ∂L/∂h^L = v directly (no product, no
+        # broadcast of the scalar gradient over (networks, rows, N))
+        deltas = torch.autograd.grad(hs[-1], hs, grad_outputs=v)
         g = torch.empty((n, depth), dtype=torch.float64, device=dev)
         wg = torch.empty((n, depth), dtype=torch.float64, device=dev)
         for layer, (delta, a_in) in enumerate(zip(deltas, ins)):
