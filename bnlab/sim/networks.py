@@ -563,7 +563,7 @@ def _simulate_chunk(
                 # From the B×B blocks Ξ_0j = H_0 H_jᵀ/N (one small bmm instead of elementwise passes
                 # over (n, k, B, N)): tr(GAG) = tr A − sum(A)/B.
                 # batch 0 against all k batches in one bmm (a broadcast matmul would copy batch 0 k−1 times)
-                xi = torch.bmm(hd[:, 0], h.detach().transpose(1, 2)).view(n, b, k, b)[:, :, 1:]
+                xi = torch.bmm(hd[:, 0], h.detach()[:, b:].transpose(1, 2)).view(n, b, k - 1, b)
                 xi = xi.transpose(1, 2).to(torch.float64) / width  # (n, k − 1, B, B): Ξ_0j
                 xi_sum = xi.sum((-2, -1))
                 cent_x = torch.diagonal(xi, dim1=-2, dim2=-1).sum(-1) - xi_sum / b
@@ -593,19 +593,21 @@ def _simulate_chunk(
         g = torch.empty((n, depth), dtype=torch.float64, device=dev)
         wg = torch.empty((n, depth), dtype=torch.float64, device=dev)
         for layer, (delta, a_in) in enumerate(zip(deltas, ins)):
-            dv = delta.view(n, k, b, width)
-            g[:, layer] = torch.linalg.vector_norm(dv, dim=(2, 3)).to(torch.float64).pow(2).mean(1)
+            # per batch: ‖δ‖² = tr(δδᵀ) and ‖∂L/∂W‖² = ‖aᵀδ‖² = ⟨a aᵀ, δδᵀ⟩ from the B×B Gram matrices
+            r2 = residual_scale**2 if (residual_scale is not None and layer > 0) else 1.0
             grams = layer_grams[layer]
             if grams is not None and "delta" in grams:
-                # ⟨a aᵀ, δ' δ'ᵀ⟩ per batch from the layer's own Grams; δ' = ∂L/∂(a W) already
-                # carries the residual factor r
+                # the conditional layer's own Grams; its δ' = ∂L/∂(a W) = r·δ^l carries the residual factor
                 ga, gd = (_diagonal_blocks(grams[key], k).to(torch.float64) for key in ("input", "delta"))
                 wg[:, layer] = (ga * gd).sum((-2, -1)).mean(1)
+                g[:, layer] = torch.diagonal(gd, dim1=-2, dim2=-1).sum(-1).mean(1) / r2
                 continue
+            dv = delta.view(n, k, b, width)
             av = a_in.detach().view(n, k, b, a_in.shape[-1])
-            wg[:, layer] = _m.weight_gradient_norm_sq(av, dv).mean(1).to(torch.float64)
-            if residual_scale is not None and layer > 0:
-                wg[:, layer] *= residual_scale**2  # h^l = h^{l-1} + r·(a W^l): ∂L/∂W^l = r·aᵀδ^l
+            ga = torch.matmul(av, av.transpose(-1, -2)).to(torch.float64)
+            gd = torch.matmul(dv, dv.transpose(-1, -2)).to(torch.float64)
+            wg[:, layer] = (ga * gd).sum((-2, -1)).mean(1) * r2
+            g[:, layer] = torch.diagonal(gd, dim1=-2, dim2=-1).sum(-1).mean(1)
         out["g"], out["wg"] = g, wg
     if record is not None:
         trace.append(record)
