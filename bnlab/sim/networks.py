@@ -405,6 +405,14 @@ def simulate(
     dt = resolve_dtype(dtype)
     if normalization == "batch" and eps == 0.0 and batch_size < 2:
         raise ValueError("batch_size must be >= 2 for batch normalization")
+    if normalization == "batch" and eps == 0.0 and bn_gamma == 0.0 and depth >= 3:
+        # φ(γ·x̂ + β) = φ(β) for every sample: from layer 2 on, batch normalization would divide a
+        # batch of identical samples by its zero standard deviation (0/0)
+        raise ValueError(
+            "bn_gamma=0.0 is not allowed with eps=0 and normalization='batch' at depth >= 3: every "
+            "sample of a batch would be identical after layer 1 and batch normalization divides by "
+            "their zero spread; use eps > 0 or bn_gamma != 0"
+        )
     fixed_inputs = None
     if inputs is not None:
         arr = np.asarray(inputs, dtype=np.float64)
@@ -414,6 +422,11 @@ def simulate(
             raise ValueError(
                 f"inputs is not allowed: expected a finite (B, d) or (k, B, d) array with B={batch_size}, "
                 f"got shape {np.shape(inputs)}"
+            )
+        if normalization == "batch" and eps == 0.0 and depth >= 2 and np.any(np.ptp(arr, axis=1).max(-1) == 0):
+            raise ValueError(
+                "inputs is not allowed: a batch whose samples are all identical has zero spread, and "
+                "batch normalization with eps=0 would divide by it; use distinct samples or eps > 0"
             )
         if arr.shape[0] != k:
             if arr.shape[0] == 1:

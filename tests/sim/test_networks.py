@@ -210,6 +210,8 @@ def test_init_moments(init):
         (dict(eps=-1.0), "eps"),
         (dict(normalization="layer"), "normalization"),
         (dict(inputs=np.zeros((3, 5))), "inputs"),
+        (dict(inputs=np.ones((4, 5))), "inputs"),  # identical samples: BN would divide 0 by 0
+        (dict(bn_gamma=0.0), "bn_gamma"),  # every layer after the first sees identical samples
         (dict(phi="nonsense_fn(x)"), "phi"),
     ],
 )
@@ -220,6 +222,15 @@ def test_bad_input_raises_value_error_naming_argument(kwargs, name):
     args.update(kwargs)
     with pytest.raises(ValueError, match=name if name != "phi" else None):
         simulate(**args)
+
+
+def test_degenerate_batches_are_fine_where_nothing_divides_by_their_spread():
+    # the two errors above apply only where BN with eps = 0 would divide by zero
+    for kw in (dict(bn_gamma=0.0, eps=0.1), dict(bn_gamma=0.0, depth=2), dict(inputs=np.ones((4, 5)), eps=0.1)):
+        args = dict(phi="relu", batch_size=4, width=8, depth=3, networks=2)
+        args.update(kw)
+        res = simulate(**args)
+        assert np.all(np.isfinite(res.q))
 
 
 def test_bsb1_distance_decomposition():
