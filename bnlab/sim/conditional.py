@@ -147,8 +147,8 @@ def _gram_cholesky(a: torch.Tensor):
     κ(a)² = λ_max/λ_min of G = a aᵀ.  λ_max ≤ ‖G‖_∞ (max absolute row sum: an upper bound);
     λ_min is estimated by six steps of inverse iteration from a fixed start (its Rayleigh
     quotient is an upper bound of λ_min: measured within a factor 1.22 of λ_min in BN networks
-    at rows 8–128), and a safety factor 1.5 covers that.  The estimate costs O(rows²) per step: negligible next to the
-    Gram matrix (O(rows²·d)).
+    at rows 8–128), and a safety factor 1.5 covers that.  The estimate costs O(rows²) per step:
+    negligible next to the Gram matrix (O(rows²·d)).
     """
     n, rows, d = a.shape
     if rows > d or rows < 2:
