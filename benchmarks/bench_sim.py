@@ -39,7 +39,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import math
 import time
 
 import torch
@@ -79,17 +78,13 @@ class _RecordMatmuls(TorchDispatchMode):
 
 
 def _replay(calls, device):
-    """A function running the recorded products on fresh operands of the same shapes, and their FLOPs."""
-    operands, flops = [], 0.0
-    for func, shapes, dtype in calls:
-        operands.append((func, [torch.randn(sh, dtype=dtype, device=device) for sh in shapes]))
-        a, b = shapes[-2], shapes[-1]
-        flops += 2.0 * math.prod(a) * b[-1]
+    """A function running the recorded products on fresh operands of the same shapes."""
+    operands = [(func, [torch.randn(sh, dtype=dtype, device=device) for sh in shapes]) for func, shapes, dtype in calls]
 
     def run():
         for func, ts in operands:
             func(*ts)
-    return run, flops
+    return run
 
 
 def bench(width, depth, networks, batch_size, num_batches, dtype, device, repeats):
@@ -124,7 +119,7 @@ def bench(width, depth, networks, batch_size, num_batches, dtype, device, repeat
         for ws in ("explicit", "conditional"):
             with _RecordMatmuls() as rec:
                 sim(ws)()
-            replays[ws] = _replay(rec.calls, device)[0]
+            replays[ws] = _replay(rec.calls, device)
     finally:
         torch.set_num_threads(threads)
     sim("explicit")()  # warm up (thread pools, allocator)

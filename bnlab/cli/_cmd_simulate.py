@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="correlation of the random input batches (small: linear regime of the cross-batch dynamics)")
     p.add_argument("--weight-sampling", default="auto",
                    help="auto, explicit or conditional: Gaussian layers sampled from their conditional law "
-                   "(exact in law, no N x N weights; default where k*B <= width/2)")
+                   "(exact in law, no N x N weights; auto uses it for gaussian init where k*B <= width/4)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="float32", help="float32 or float64")
     p.add_argument("--seed", type=int, default=0)

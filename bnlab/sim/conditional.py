@@ -73,7 +73,7 @@ class _ConditionalGaussianLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, fan_out, scale, generators, grams):
         n, rows, d = a.shape
-        ctx.scale, ctx.generators, ctx.grams = scale, generators, grams
+        ctx.scale, ctx.generators, ctx.grams, ctx.fan_in = scale, generators, grams, d
         gram, chol = _gram_cholesky(a)
         if grams is not None:
             grams["input"] = gram
@@ -105,11 +105,10 @@ class _ConditionalGaussianLinear(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
         # U = δ W̃ᵀ (unscaled) = R_δᵀ Z'; only R_δ is needed (mode="r", half the cost of forming Q_δ)
-        d = saved[0].shape[-1] if ctx.route == "cholesky" else saved[0].shape[1]
         r_delta = _batched_qr(delta.transpose(1, 2), "r")[1]  # (n, m', rows)
         if ctx.grams is not None:
             ctx.grams["delta"] = torch.bmm(r_delta.transpose(1, 2), r_delta)  # δδᵀ = R_δᵀR_δ
-        z_fresh = _standard_normal((delta.shape[0], r_delta.shape[1], d), ctx.generators, delta)
+        z_fresh = _standard_normal((delta.shape[0], r_delta.shape[1], ctx.fan_in), ctx.generators, delta)
         u = torch.bmm(r_delta.transpose(1, 2), z_fresh)
         if ctx.route == "cholesky":
             # δ Wᵀ = s·[U + (δ Zᵀ − U aᵀ L⁻ᵀ) L⁻¹ a]   (Q = aᵀ L⁻ᵀ substituted below)
@@ -250,5 +249,7 @@ def conditional_gaussian_layer(
         raise ValueError(f"fan_out={fan_out!r} is not allowed: expected an integer >= 1")
     if not (math.isfinite(sigma_w2) and sigma_w2 > 0):
         raise ValueError(f"sigma_w2={sigma_w2!r} is not allowed: expected a finite number > 0")
+    if grams is not None and not isinstance(grams, dict):
+        raise ValueError(f"grams={grams!r} is not allowed: expected None or a dict to store the Gram matrices in")
     scale = math.sqrt(sigma_w2 / a.shape[-1])
     return _ConditionalGaussianLinear.apply(a, fan_out, scale, list(generators), grams)

@@ -610,15 +610,14 @@ def _simulate_chunk(
             r2 = residual_scale**2 if (residual_scale is not None and layer > 0) else 1.0
             grams = layer_grams[layer]
             if grams is not None and "delta" in grams:
-                # the conditional layer's own Grams; its δ' = ∂L/∂(a W) = r·δ^l carries the residual factor
+                # the conditional layer's own Grams; its δ' = ∂L/∂(a W) = r·δ^l carries r² already
                 ga, gd = (_diagonal_blocks(grams[key], k).to(torch.float64) for key in ("input", "delta"))
-                wg[:, layer] = (ga * gd).sum((-2, -1)).mean(1)
-                g[:, layer] = torch.diagonal(gd, dim1=-2, dim2=-1).sum(-1).mean(1) / r2
-                continue
-            dv = delta.view(n, k, b, width)
-            av = a_in.detach().view(n, k, b, a_in.shape[-1])
-            ga = torch.matmul(av, av.transpose(-1, -2)).to(torch.float64)
-            gd = torch.matmul(dv, dv.transpose(-1, -2)).to(torch.float64)
+                gd = gd / r2
+            else:
+                dv = delta.view(n, k, b, width)
+                av = a_in.detach().view(n, k, b, a_in.shape[-1])
+                ga = torch.matmul(av, av.transpose(-1, -2)).to(torch.float64)
+                gd = torch.matmul(dv, dv.transpose(-1, -2)).to(torch.float64)
             wg[:, layer] = (ga * gd).sum((-2, -1)).mean(1) * r2
             g[:, layer] = torch.diagonal(gd, dim1=-2, dim2=-1).sum(-1).mean(1)
         out["g"], out["wg"] = g, wg

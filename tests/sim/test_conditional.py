@@ -174,6 +174,8 @@ def test_auto_choice_and_bad_input():
         conditional_gaussian_layer(torch.zeros(1, 2, 3), 0, 1.0, _gens([0]))
     with pytest.raises(ValueError, match="sigma_w2"):
         conditional_gaussian_layer(torch.zeros(1, 2, 3), 2, float("nan"), _gens([0]))
+    with pytest.raises(ValueError, match="grams"):
+        conditional_gaussian_layer(torch.zeros(1, 2, 3), 4, 1.0, _gens([0]), grams=[])
 
 
 def test_second_backward_pass_is_refused():
