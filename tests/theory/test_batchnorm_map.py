@@ -134,11 +134,12 @@ def test_eps_positive_bsb1(phi, b):
     assert np.max(np.abs(sp - batchnorm_transform(phi, s, method="sphere"))) > 1e-3
 
 
-def test_eps_positive_generic_laplace_vs_montecarlo():
+@pytest.mark.parametrize("method", ["laplace", "fourier"])
+def test_eps_positive_generic_vs_montecarlo(method):
     s = _generic(5, seed=4)
-    la = batchnorm_transform("relu", s, method="laplace", eps=0.3)
+    value = batchnorm_transform("relu", s, method=method, eps=0.3)
     mc, se = batchnorm_transform_montecarlo("relu", s, n_samples=200_000, seed=3, eps=0.3)
-    assert np.all(np.abs(mc - la) <= 4 * se + 1e-12)
+    assert np.all(np.abs(mc - value) <= 4 * se + 1e-12)
 
 
 def test_eps_zero_sigma_g_is_zero():
