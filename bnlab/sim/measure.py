@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from bnlab.sim._linalg import gram
+
 __all__ = [
     "batch_covariance",
     "bsb1_projection",
@@ -34,7 +36,7 @@ __all__ = [
 
 def batch_covariance(h: torch.Tensor) -> torch.Tensor:
     """Σ = H Hᵀ / N for ``h`` of shape (..., B, N); returns (..., B, B)."""
-    return torch.matmul(h, h.transpose(-1, -2)) / h.shape[-1]
+    return gram(h).div_(h.shape[-1])
 
 
 def bsb1_projection(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -45,15 +47,25 @@ def bsb1_projection(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     linear space spanned by I and 11ᵀ − I, which are Frobenius-orthogonal,
     so the projection takes the mean diagonal and the mean off-diagonal entry.
     """
+    q, off, off_ss, diag_ss = _bsb1_moments(cov)
+    return q, off / q, off_ss + diag_ss
+
+
+def _bsb1_moments(cov: torch.Tensor):
+    """``(q, off, off_ss, diag_ss)`` of Σ (..., B, B): the mean diagonal entry q, the mean
+    off-diagonal entry, and the sums of squared deviations of the off-diagonal entries from
+    ``off`` and of the diagonal entries from q (so ‖Σ − BSB1‖²_F = off_ss + diag_ss).  One pass
+    over the B×B entries, centered before squaring (no cancellation when c → 1)."""
     b = cov.shape[-1]
     diag = torch.diagonal(cov, dim1=-2, dim2=-1)
-    q = diag.mean(-1)
-    off_sum = cov.sum((-2, -1)) - diag.sum(-1)
-    off = off_sum / (b * (b - 1))
-    eye = torch.eye(b, dtype=torch.bool, device=cov.device)
-    proj = torch.where(eye, q[..., None, None], off[..., None, None])
-    residual_sq = (cov - proj).pow(2).sum((-2, -1))
-    return q, off / q, residual_sq
+    diag_sum = diag.sum(-1)
+    q = diag_sum / b
+    off = (cov.sum((-2, -1)) - diag_sum) / (b * (b - 1))
+    dev = cov - off[..., None, None]
+    all_ss = torch.linalg.vector_norm(dev, dim=(-2, -1)).square()
+    off_ss = all_ss - (diag - off[..., None]).square().sum(-1)
+    diag_ss = (diag - q[..., None]).square().sum(-1)
+    return q, off, off_ss, diag_ss
 
 
 def bsb1_distance(cov: torch.Tensor, q_star: float, c_star: float) -> torch.Tensor:
