@@ -62,6 +62,7 @@ import math
 
 import torch
 
+from bnlab.sim._linalg import cholesky, gram as gram_matrix, lower_triangular_matmul
 from bnlab.sim.init import _thread_pool, fill_
 
 __all__ = ["conditional_gaussian_layer"]
@@ -71,9 +72,10 @@ class _ConditionalGaussianLinear(torch.autograd.Function):
     """h = a W for W iid N(0, scale²), W sampled only through its conditional law (module docstring)."""
 
     @staticmethod
-    def forward(ctx, a, fan_out, scale, generators, grams):
+    def forward(ctx, a, fan_out, scale, generators, grams, mean_free_batch):
         n, rows, d = a.shape
         ctx.scale, ctx.generators, ctx.grams, ctx.fan_in = scale, generators, grams, d
+        ctx.mean_free_batch = mean_free_batch
         gram, chol = _gram_cholesky(a)
         if grams is not None:
             grams["input"] = gram
@@ -83,7 +85,7 @@ class _ConditionalGaussianLinear(torch.autograd.Function):
             z = _standard_normal((n, rows, fan_out), generators, a)
             ctx.route = "cholesky"
             ctx.save_for_backward(a, chol, z)
-            return torch.bmm(chol, z).mul_(scale)
+            return lower_triangular_matmul(chol * scale, z)
         # Householder QR: exact aᵀ = QR also when a is rank deficient (BN outputs of φ = id have
         # rank ≤ rows − k) or too ill-conditioned for the Cholesky route.  Signs normalized to
         # diag(R) ≥ 0, so that both routes realize the same network from the same draws.
@@ -97,33 +99,96 @@ class _ConditionalGaussianLinear(torch.autograd.Function):
         z = _standard_normal((n, q.shape[-1], fan_out), generators, a)
         ctx.route = "householder"
         ctx.save_for_backward(q, z)
-        return torch.bmm(r.transpose(1, 2), z).mul_(scale)
+        r_t = r.transpose(1, 2) * scale  # (rows, m): lower triangular if square (rows ≤ d)
+        return lower_triangular_matmul(r_t, z) if r_t.shape[1] == r_t.shape[2] else torch.bmm(r_t, z)
 
     @staticmethod
     def backward(ctx, delta):
         saved = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
-        # U = δ W̃ᵀ (unscaled) = R_δᵀ Z'; only R_δ is needed (mode="r", half the cost of forming Q_δ)
-        r_delta = _batched_qr(delta.transpose(1, 2), "r")[1]  # (n, m', rows)
-        if ctx.grams is not None:
-            ctx.grams["delta"] = torch.bmm(r_delta.transpose(1, 2), r_delta)  # δδᵀ = R_δᵀR_δ
-        z_fresh = _standard_normal((delta.shape[0], r_delta.shape[1], ctx.fan_in), ctx.generators, delta)
-        u = torch.bmm(r_delta.transpose(1, 2), z_fresh)
+            return None, None, None, None, None, None
+        # U = δ W̃ᵀ = s·C Z' for any C with C Cᵀ = δδᵀ (module docstring, "Backward")
+        u = _fresh_gaussian_product(delta, ctx.fan_in, ctx.scale, ctx.generators, ctx.grams,
+                                    ctx.mean_free_batch)
         if ctx.route == "cholesky":
-            # δ Wᵀ = s·[U + (δ Zᵀ − U aᵀ L⁻ᵀ) L⁻¹ a]   (Q = aᵀ L⁻ᵀ substituted below)
+            # δ Wᵀ = s·[U₀ + (δ Zᵀ − U₀ aᵀ L⁻ᵀ) L⁻¹ a] = U + (s·δ Zᵀ − U aᵀ L⁻ᵀ) L⁻¹ a with U = s·U₀
+            # (Q = aᵀ L⁻ᵀ substituted)
             a, chol, z = saved
             inner = torch.linalg.solve_triangular(
                 chol.transpose(1, 2), torch.bmm(u, a.transpose(1, 2)), upper=True, left=False
             )
-            inner = torch.bmm(delta, z.transpose(1, 2)).sub_(inner)
+            inner = torch.bmm(delta, z.transpose(1, 2)).mul_(ctx.scale).sub_(inner)
             inner = torch.linalg.solve_triangular(chol, inner, upper=False, left=False)
-            return u.baddbmm_(inner, a).mul_(ctx.scale), None, None, None, None
-        # δ Wᵀ = s·[(δ Zᵀ) Qᵀ + U (I − QQᵀ)] = s·[(δ Zᵀ − U Q) Qᵀ + U]: four products of
+            return u.baddbmm_(inner, a), None, None, None, None, None
+        # δ Wᵀ = s·[(δ Zᵀ) Qᵀ + U₀ (I − QQᵀ)] = (s·δ Zᵀ − U Q) Qᵀ + U: four products of
         # O(rows²·(d + N)) instead of five.
         q, z = saved
-        inner = torch.bmm(delta, z.transpose(1, 2)).sub_(torch.bmm(u, q))
-        return u.baddbmm_(inner, q.transpose(1, 2)).mul_(ctx.scale), None, None, None, None
+        inner = torch.bmm(delta, z.transpose(1, 2)).mul_(ctx.scale).sub_(torch.bmm(u, q))
+        return u.baddbmm_(inner, q.transpose(1, 2)), None, None, None, None, None
+
+
+def _fresh_gaussian_product(delta, fan_in, scale, generators, grams, mean_free_batch):
+    """U = δ W̃ᵀ for a fresh W̃ with iid N(0, s²) entries, (n, rows, fan_in), given δ (n, rows, N).
+
+    The columns of U are iid N(0, s²·δδᵀ), so U = s·C Z' for any factor C Cᵀ = δδᵀ and fresh iid
+    N(0, 1) numbers Z'.  C is the Cholesky factor of the Gram matrix δδᵀ (a product and an
+    rows × rows Cholesky: about a third of the time of Householder QR of δᵀ on a CPU).
+
+    Accuracy: Cholesky is backward stable whenever it completes — the computed C satisfies
+    C Cᵀ = δδᵀ + E with ‖E‖ ≤ c·rows·u·‖δδᵀ‖ (Higham 2002, Thm 10.3), whatever the condition of δ
+    — so the law of U is exact up to a relative O(rows·u) perturbation of its covariance, the
+    size of the rounding of U itself.  (This differs from the forward pass, where L⁻¹ is applied
+    and errors grow with κ².)
+
+    Null space: if the layer's output feeds only mean-subtracting batch normalization over
+    blocks of ``mean_free_batch`` rows, the rows of δ sum to zero in each block, δδᵀ is singular
+    and the Cholesky factorization would break down (or, completing on rounding noise, give U a
+    √u-size component along the null vectors).  So δ = T D, where D drops the last row of each
+    block and T restores it as minus the sum of the others; the factor is C = T·chol(D Dᵀ), and
+    U = T·(s·chol(DDᵀ) Z') needs Z' of (rows − k) rows.  This is the caller's structural
+    guarantee, not a numerical test: the computed δ's block sums are rounding errors of the
+    batch-normalization backward pass (relative to its input gradient, which can be much larger
+    than δ at small B), and replacing them by exact zeros changes δ by no more than its own
+    rounding error.
+
+    Where the Cholesky factorization fails (δ rank deficient: rows − k > N, φ = identity, …) the
+    network's factor is the sign-normalized R_Dᵀ of Householder QR of Dᵀ, the same matrix as the
+    Cholesky factor whenever both exist; the choice is made per network, so results do not depend
+    on which networks share a chunk.
+    """
+    n, rows, width = delta.shape
+    gram_delta = gram_matrix(delta)
+    if grams is not None:
+        grams["delta"] = gram_delta
+    b = mean_free_batch
+    deflate = b is not None and b >= 2
+    if deflate:
+        k = rows // b
+        keep = rows - k
+        gram_kept = gram_delta.view(n, k, b, k, b)[:, :, : b - 1, :, : b - 1].reshape(n, keep, keep)
+        kept = delta.view(n, k, b, width)[:, :, : b - 1]  # D, as a view: copied only for a fallback
+    else:
+        keep, gram_kept, kept = rows, gram_delta, delta
+    factor, info = cholesky(gram_kept) if keep <= width else (None, None)
+    failed = range(n) if factor is None else info.nonzero().flatten().tolist()
+    if factor is None:
+        factor = gram_kept.new_zeros((n, keep, keep))
+    for i in failed:
+        # Householder fallback, per network; diag(R) ≥ 0 makes Rᵀ the Cholesky factor when that exists
+        r = torch.linalg.qr(kept[i].reshape(keep, width).transpose(0, 1), mode="r")[1]  # (min(N, keep), keep)
+        signs = torch.diagonal(r).sign()
+        r = r * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(1)
+        factor[i].zero_()
+        factor[i, :, : r.shape[0]] = r.transpose(0, 1)
+    z_fresh = _standard_normal((n, keep, fan_in), generators, delta)
+    v = lower_triangular_matmul(factor.mul_(scale), z_fresh)
+    if not deflate:
+        return v
+    u = delta.new_empty((n, k, b, fan_in))
+    v = v.view(n, k, b - 1, fan_in)
+    u[:, :, : b - 1] = v
+    torch.sum(v, 2, out=u[:, :, b - 1]).neg_()
+    return u.view(n, rows, fan_in)
 
 
 #: Largest estimated u·κ(a)² (u the unit roundoff of the dtype, κ the condition number of the
@@ -152,15 +217,17 @@ def _gram_cholesky(a: torch.Tensor):
     n, rows, d = a.shape
     if rows > d or rows < 2:
         return None, None
-    gram = torch.bmm(a, a.transpose(1, 2))
-    chol, info = torch.linalg.cholesky_ex(gram)
+    gram = gram_matrix(a)
+    chol, info = cholesky(gram)
     if bool((info != 0).any()):
         return gram, None
     lam_max = gram.abs().sum(-1).amax(-1)
     # fixed, non-symmetric start vector: no dependence on the random streams
     x = torch.linspace(1.0, 2.0, rows, dtype=a.dtype, device=a.device).expand(n, rows).unsqueeze(-1)
     for _ in range(6):
-        x = torch.cholesky_solve(x, chol)
+        # G⁻¹x by two triangular solves (3× faster than torch.cholesky_solve for one right-hand side)
+        x = torch.linalg.solve_triangular(chol, x, upper=False)
+        x = torch.linalg.solve_triangular(chol.transpose(1, 2), x, upper=True)
         x = x / torch.linalg.vector_norm(x, dim=1, keepdim=True)
     lam_min = (x * torch.bmm(gram, x)).sum((1, 2))
     kappa2 = 1.5 * lam_max / lam_min
@@ -214,7 +281,13 @@ def _standard_normal(shape, generators, like: torch.Tensor) -> torch.Tensor:
 
 
 def conditional_gaussian_layer(
-    a: torch.Tensor, fan_out: int, sigma_w2: float, generators, *, grams: dict | None = None
+    a: torch.Tensor,
+    fan_out: int,
+    sigma_w2: float,
+    generators,
+    *,
+    grams: dict | None = None,
+    mean_free_batch: int | None = None,
 ) -> torch.Tensor:
     """h = a W for a Gaussian layer W ~ iid N(0, σ_w²/d), sampled from its conditional law.
 
@@ -234,6 +307,12 @@ def conditional_gaussian_layer(
         ``grams["delta"]`` = δ δᵀ, each of shape (networks, rows, rows), taken from the layer's
         factorizations (O(rows³) instead of a further O(rows²·d) product); the simulator's
         weight-gradient measurement ‖aᵀδ‖² = ⟨a aᵀ, δ δᵀ⟩ uses them.
+    mean_free_batch : int, optional
+        B, if the output feeds only mean-subtracting batch normalization over consecutive
+        blocks of B rows, so that the rows of δ = ∂L/∂h sum to zero in each block (in exact
+        arithmetic): the backward pass then factors δδᵀ without this known null space.  A
+        promise of the caller, not checked: with it, U has exactly zero block sums, as in exact
+        arithmetic; giving it for a δ without that structure would change the law.
 
     Returns
     -------
@@ -251,5 +330,12 @@ def conditional_gaussian_layer(
         raise ValueError(f"sigma_w2={sigma_w2!r} is not allowed: expected a finite number > 0")
     if grams is not None and not isinstance(grams, dict):
         raise ValueError(f"grams={grams!r} is not allowed: expected None or a dict to store the Gram matrices in")
+    if mean_free_batch is not None and not (
+        isinstance(mean_free_batch, int) and mean_free_batch >= 1 and a.shape[1] % mean_free_batch == 0
+    ):
+        raise ValueError(
+            f"mean_free_batch={mean_free_batch!r} is not allowed: expected None or a positive integer "
+            f"dividing the number of rows ({a.shape[1]})"
+        )
     scale = math.sqrt(sigma_w2 / a.shape[-1])
-    return _ConditionalGaussianLinear.apply(a, fan_out, scale, list(generators), grams)
+    return _ConditionalGaussianLinear.apply(a, fan_out, scale, list(generators), grams, mean_free_batch)

@@ -59,6 +59,7 @@ import torch
 from bnlab._validation import check_choice, check_int, check_real
 from bnlab.sim import measure as _m
 from bnlab.sim.fit import RateFit, fit_geometric_rate
+from bnlab.sim._linalg import gram
 from bnlab.sim.conditional import conditional_gaussian_layer
 from bnlab.sim.init import INITS, _draw, _thread_pool, fill_
 
@@ -536,7 +537,11 @@ def _simulate_chunk(
             d_in = d0 if layer == 0 else width
             if conditional:
                 w = None
-                h = conditional_gaussian_layer(a, width, sigma_w2, gen, grams=layer_grams[layer])
+                # the output feeds only the next layer's mean-subtracting BN (no skip, not the
+                # readout): δ sums to zero per batch, a null space the layer need not factor
+                mean_free = normalization == "batch" and residual_scale is None and layer < depth - 1
+                h = conditional_gaussian_layer(a, width, sigma_w2, gen, grams=layer_grams[layer],
+                                               mean_free_batch=b if mean_free else None)
             else:
                 w = _draw(init, n, d_in, width, sigma_w2, gen, dt, dev)
                 h = torch.bmm(a, w)
@@ -559,18 +564,13 @@ def _simulate_chunk(
             if layer + 1 in record_layers:
                 hidden[layer + 1] = hd[0].to(torch.float64).cpu().numpy().copy()
             cov = _m.batch_covariance(hd).to(torch.float64)  # (n, k, B, B)
-            qq, cc, rr = _m.bsb1_projection(cov)
-            diag = torch.diagonal(cov, dim1=-2, dim2=-1)
+            qq, off, off_ss, diag_ss = _m._bsb1_moments(cov)
             q[:, layer] = qq.mean(1)
-            c[:, layer] = cc.mean(1)
-            res[:, layer] = rr.mean(1)
-            dvar[:, layer] = (diag.var(-1, unbiased=False) / qq**2).mean(1)
-            # variance of the off-diagonal entries: centered sum of squares over all entries minus
-            # the diagonal's (no masked copy)
-            off_mean = (qq * cc)[..., None, None]
-            off_ss = (cov - off_mean).pow(2).sum((-2, -1)) - (diag - off_mean[..., 0]).pow(2).sum(-1)
+            c[:, layer] = (off / qq).mean(1)
+            res[:, layer] = (off_ss + diag_ss).mean(1)
+            dvar[:, layer] = (diag_ss / b / qq**2).mean(1)
             ovar[:, layer] = (off_ss / off_count / qq**2).mean(1)
-            cov_sum[layer] += cov.mean(1).sum(0)
+            cov_sum[layer] += cov.reshape(n * k, b * b).sum(0).view(b, b) / k  # (a strided mean over k is slow)
             if k > 1:
                 # pairs (0, j), j = 1..k-1: exchangeable, averaged to reduce the Monte Carlo error.
                 # From the B×B blocks Ξ_0j = H_0 H_jᵀ/N (one small bmm instead of elementwise passes
@@ -616,8 +616,8 @@ def _simulate_chunk(
             else:
                 dv = delta.view(n, k, b, width)
                 av = a_in.detach().view(n, k, b, a_in.shape[-1])
-                ga = torch.matmul(av, av.transpose(-1, -2)).to(torch.float64)
-                gd = torch.matmul(dv, dv.transpose(-1, -2)).to(torch.float64)
+                ga = gram(av).to(torch.float64)
+                gd = gram(dv).to(torch.float64)
             wg[:, layer] = (ga * gd).sum((-2, -1)).mean(1) * r2
             g[:, layer] = torch.diagonal(gd, dim1=-2, dim2=-1).sum(-1).mean(1)
         out["g"], out["wg"] = g, wg

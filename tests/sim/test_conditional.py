@@ -25,31 +25,45 @@ def _gens(seeds):
     return [torch.Generator().manual_seed(s) for s in seeds]
 
 
-def _replayed_weights(a, delta, fan_out, sigma_w2, seeds):
-    """The explicit W (n, d, N) behind a conditional layer's draws: W = s·QZ + (I − QQᵀ)W̃ with
-    aᵀ = QR (diag R ≥ 0) and δW̃ᵀ = s·R_δᵀZ' (W̃ = s·Q_δZ' on the row space of δ), float64."""
-    d = a.shape[-1]
+def _sign_normalized_qr(x):
+    q, r = torch.linalg.qr(x)
+    signs = torch.diagonal(r, dim1=-2, dim2=-1).sign()
+    return q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(-2)
+
+
+def _replayed_weights(a, delta, fan_out, sigma_w2, seeds, mean_free_batch=None):
+    """The explicit W (n, d, N) behind a conditional layer's draws, float64: W = s·QZ + (I − QQᵀ)W̃
+    with aᵀ = QR (diag R ≥ 0) and W̃ᵀ = s·Q_D Z' on the row space of δ, where Dᵀ = Q_D R_D
+    (diag R_D ≥ 0) and D is δ without the last row of each batch if the rows of δ sum to zero
+    per batch (mean_free_batch = B), else D = δ; then δW̃ᵀ = s·T R_Dᵀ Z' is the layer's U."""
+    n, rows, d = a.shape
     s = math.sqrt(sigma_w2 / d)
     replay = _gens(seeds)
-    q, r = torch.linalg.qr(a.detach().transpose(1, 2))
-    signs = torch.diagonal(r, dim1=-2, dim2=-1).sign()
-    q = q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(1)
+    q = _sign_normalized_qr(a.detach().transpose(1, 2))
     z = torch.stack([torch.empty(q.shape[-1], fan_out).normal_(generator=g) for g in replay]).double()
-    q_d, _ = torch.linalg.qr(delta.transpose(1, 2))
-    z2 = torch.stack([torch.empty(q_d.shape[-1], d).normal_(generator=g) for g in replay]).double()
-    w_fresh = s * (q_d @ z2).transpose(1, 2)
+    kept = delta
+    if mean_free_batch is not None:
+        b = mean_free_batch
+        kept = delta.view(n, rows // b, b, -1)[:, :, : b - 1].reshape(n, rows - rows // b, -1)
+    q_d = _sign_normalized_qr(kept.transpose(1, 2))  # (n, N, m')
+    z2 = torch.stack([torch.empty(kept.shape[1], d).normal_(generator=g) for g in replay]).double()
+    w_fresh = s * (q_d @ z2[:, : q_d.shape[-1]]).transpose(1, 2)
     proj = torch.eye(d, dtype=torch.float64) - q @ q.transpose(1, 2)
     return s * q @ z + proj @ w_fresh
 
 
 @pytest.mark.parametrize(
-    "rows,d,fan_out,duplicate,route",
-    [(5, 12, 9, "column", "cholesky"),  # rank-deficient column space must not matter
-     (6, 6, 3, None, "cholesky"),
-     (5, 12, 9, "row", "householder"),  # a aᵀ singular: Householder route
-     (12, 7, 10, None, "householder")],  # rows > d
+    "rows,d,fan_out,duplicate,route,mean_free_batch",
+    [(5, 12, 9, "column", "cholesky", None),  # rank-deficient column space must not matter
+     (6, 6, 3, None, "cholesky", None),  # rows > N: δδᵀ singular, its factor from Householder QR
+     (8, 12, 9, None, "cholesky", 4),  # rows of δ sum to zero per batch of 4: null space deflated
+     (8, 12, 5, None, "cholesky", 2),  # deflated, and rows − k = 4 ≤ N = 5
+     (5, 12, 9, "row", "householder", None),  # a aᵀ singular: Householder route
+     (12, 7, 10, None, "householder", 3),  # rows > d, deflated δ
+     (12, 7, 10, None, "householder", None)],  # rows > d, rows > N
 )
-def test_output_and_input_gradient_are_those_of_one_explicit_matrix(rows, d, fan_out, duplicate, route):
+def test_output_and_input_gradient_are_those_of_one_explicit_matrix(rows, d, fan_out, duplicate, route,
+                                                                    mean_free_batch):
     n, sigma_w2 = 3, 1.7
     rng = np.random.default_rng(0)
     a_np = rng.standard_normal((n, rows, d))
@@ -59,10 +73,14 @@ def test_output_and_input_gradient_are_those_of_one_explicit_matrix(rows, d, fan
         a_np[:, 0] = a_np[:, 1]
     assert (conditional._gram_cholesky(torch.tensor(a_np))[1] is not None) == (route == "cholesky")
     a = torch.tensor(a_np, requires_grad=True)
-    delta = torch.tensor(rng.standard_normal((n, rows, fan_out)))
-    h = conditional_gaussian_layer(a, fan_out, sigma_w2, _gens([11, 12, 13]))
+    delta_np = rng.standard_normal((n, rows, fan_out))
+    if mean_free_batch is not None:
+        blocks = delta_np.reshape(n, rows // mean_free_batch, mean_free_batch, fan_out)
+        delta_np = (blocks - blocks.mean(2, keepdims=True)).reshape(n, rows, fan_out)
+    delta = torch.tensor(delta_np)
+    h = conditional_gaussian_layer(a, fan_out, sigma_w2, _gens([11, 12, 13]), mean_free_batch=mean_free_batch)
     (grad,) = torch.autograd.grad(h, a, delta)
-    w = _replayed_weights(a, delta, fan_out, sigma_w2, [11, 12, 13])
+    w = _replayed_weights(a, delta, fan_out, sigma_w2, [11, 12, 13], mean_free_batch)
     torch.testing.assert_close(h.detach(), a.detach() @ w, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grad, delta @ w.transpose(1, 2), rtol=1e-12, atol=1e-12)
 
@@ -196,8 +214,8 @@ def test_weight_gradient_from_the_layers_grams_equals_the_direct_measurement(mon
     fast = simulate("relu", 6, 48, 5, 3, **kw)
     original = conditional.conditional_gaussian_layer
 
-    def without_grams(a, fan_out, sigma_w2, generators, *, grams=None):
-        return original(a, fan_out, sigma_w2, generators)
+    def without_grams(a, fan_out, sigma_w2, generators, *, grams=None, mean_free_batch=None):
+        return original(a, fan_out, sigma_w2, generators, mean_free_batch=mean_free_batch)
 
     monkeypatch.setattr("bnlab.sim.networks.conditional_gaussian_layer", without_grams)
     direct = simulate("relu", 6, 48, 5, 3, **kw)
