@@ -59,8 +59,13 @@ def _best(fn, repeats: int) -> float:
     return best
 
 
-_MATMULS = {torch.ops.aten.bmm.default, torch.ops.aten.mm.default, torch.ops.aten.baddbmm.default,
-             torch.ops.aten.addmm.default}
+# matrix products, and the overload replayed for each (products written into a slice with out=,
+# as the blocked Gram and triangular products do, are replayed allocating their result)
+_MATMULS = {op: op for op in (torch.ops.aten.bmm.default, torch.ops.aten.mm.default, torch.ops.aten.baddbmm.default,
+                              torch.ops.aten.addmm.default)}
+_MATMULS.update({torch.ops.aten.bmm.out: torch.ops.aten.bmm.default, torch.ops.aten.mm.out: torch.ops.aten.mm.default,
+                 torch.ops.aten.baddbmm.out: torch.ops.aten.baddbmm.default,
+                 torch.ops.aten.baddbmm_.default: torch.ops.aten.baddbmm.default})
 
 
 class _RecordMatmuls(TorchDispatchMode):
@@ -72,7 +77,7 @@ class _RecordMatmuls(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in _MATMULS:
-            self.calls.append((func, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)],
+            self.calls.append((_MATMULS[func], [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)],
                                next(a.dtype for a in args if isinstance(a, torch.Tensor))))
         return func(*args, **(kwargs or {}))
 
