@@ -20,9 +20,11 @@ Lemma 11):
 
       δ Wᵀ = s·(δ Zᵀ) Qᵀ + U (I − Q Qᵀ),     U = δ W̃ᵀ.
 
-  Given δ, U is a (rows, d) Gaussian matrix whose columns are iid N(0, s²·δδᵀ);
-  with δᵀ = Q_δ R_δ (reduced QR, m' = min(N, rows) columns), U = s·R_δᵀ Z' with
-  Z' an (m', d) matrix of fresh iid N(0, 1) numbers.
+  Given δ, U is a (rows, d) Gaussian matrix whose columns are iid N(0, s²·δδᵀ),
+  so U = s·C Z' for any factor C Cᵀ = δδᵀ and an (m', d) matrix Z' of fresh iid N(0, 1)
+  numbers: C is the Cholesky factor of δδᵀ (after removing the batch-mean null space of BN
+  gradients, m' = rows − k), or R_δᵀ from Householder QR of δᵀ where that fails
+  (``_fresh_gaussian_product``).
 
 The joint law of every forward quantity (h^l, Σ^l, cross-batch blocks) and
 every backward quantity (δ^l, ∂L/∂W^l = aᵀδ through its Gram matrices) is
