@@ -64,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         fit = res.grad_explosion_rate()
         rate, ci = fit.rate, [fit.ci_low, fit.ci_high]
-        layers = [fit.first_layer, fit.last_layer]
+        layers, estimator = [fit.first_layer, fit.last_layer], fit.estimator
     except ValueError as exc:
-        rate, ci, layers = None, [None, None], None
+        rate, ci, layers, estimator = None, [None, None], None, None
         notes.append(f"grad_explosion_rate: {exc}")
     xrate, xci, xlayers = None, [None, None], None
     if res.cross_batch_corr is not None:
@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         "grad_explosion_rate": rate,
         "grad_explosion_rate_ci": ci,
         "grad_explosion_fit_layers": layers,
+        "grad_explosion_rate_estimator": estimator,
         "theory_grad_explosion_rate": th.get("grad_explosion_rate"),
         "grad_explosion_rate_rel_diff": _rel(rate, th.get("grad_explosion_rate")),
         "cross_batch_rate": xrate,

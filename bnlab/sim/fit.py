@@ -21,7 +21,7 @@ grows like λ_G^{L−l}; the cross-batch correlation, §3.2, which decays like
     every ratio has mean exactly λ, at any M and however heavy the tails: the
     estimator is unbiased.  At finite width the gain of a layer is not exactly
     independent of x_l: an O(1/width) bias remains (measured at B = 4, relu:
-    ≈ 5.7/width).  It needs x_l > 0 on every fitted layer of every network.
+    ≈ −5.7/width).  It needs x_l > 0 on every fitted layer of every network.
 
 Batch-normalized gradients are heavy-tailed at small B: a neuron's backward
 gain scales like 1/χ²_{B−1}, whose second moment is infinite for B ≤ 5 (tail

@@ -21,6 +21,7 @@ def test_json_output_keys_and_values(capsys):
     assert out["config"]["weight_sampling"] == "conditional"  # auto: 2·8 rows ≤ 64/4
     lo, hi = out["grad_explosion_rate_ci"]
     assert lo <= out["grad_explosion_rate"] <= hi
+    assert out["grad_explosion_rate_estimator"] == "step_ratio"
     # the CLI only calls the library: same arguments, same numbers
     res = simulate("relu", 8, 64, 12, 6, num_batches=2, input_correlation=0.1, seed=4, dtype="float32")
     assert out["grad_explosion_rate"] == pytest.approx(res.grad_explosion_rate().rate, rel=1e-12)
