@@ -172,16 +172,21 @@ def _fresh_gaussian_product(delta, fan_in, scale, generators, grams, mean_free_b
     else:
         keep, gram_kept, kept = rows, gram_delta, delta
     factor, info = cholesky(gram_kept) if keep <= width else (None, None)
-    failed = range(n) if factor is None else info.nonzero().flatten().tolist()
     if factor is None:
+        failed = torch.arange(n, device=delta.device)
         factor = gram_kept.new_zeros((n, keep, keep))
-    for i in failed:
-        # Householder fallback, per network; diag(R) ≥ 0 makes Rᵀ the Cholesky factor when that exists
-        r = torch.linalg.qr(kept[i].reshape(keep, width).transpose(0, 1), mode="r")[1]  # (min(N, keep), keep)
-        signs = torch.diagonal(r).sign()
-        r = r * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(1)
-        factor[i].zero_()
-        factor[i, :, : r.shape[0]] = r.transpose(0, 1)
+    else:
+        failed = info.nonzero().flatten()
+    if failed.numel():
+        # Householder fallback for these networks (one batched call); diag(R) ≥ 0 makes Rᵀ the
+        # Cholesky factor wherever that exists, so the route does not change the network
+        sub = kept[failed].reshape(failed.numel(), keep, width)
+        r = _batched_qr(sub.transpose(1, 2), "r")[1]  # (f, min(N, keep), keep)
+        signs = torch.diagonal(r, dim1=-2, dim2=-1).sign()
+        r = r * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(2)
+        fallback = factor.new_zeros((failed.numel(), keep, keep))
+        fallback[:, :, : r.shape[1]] = r.transpose(1, 2)
+        factor[failed] = fallback
     z_fresh = _standard_normal((n, keep, fan_in), generators, delta)
     v = lower_triangular_matmul(factor.mul_(scale), z_fresh)
     if not deflate:

@@ -55,7 +55,10 @@ def _replayed_weights(a, delta, fan_out, sigma_w2, seeds, mean_free_batch=None):
 @pytest.mark.parametrize(
     "rows,d,fan_out,duplicate,route,mean_free_batch",
     [(5, 12, 9, "column", "cholesky", None),  # rank-deficient column space must not matter
-     (6, 6, 3, None, "cholesky", None),  # rows > N: δδᵀ singular, its factor from Householder QR
+     (6, 6, 3, None, "cholesky", None),  # rows = d (I − QQᵀ = 0: U does not enter)
+     (6, 12, 3, None, "cholesky", None),  # rows > N: δδᵀ singular, its factor from Householder QR
+     (12, 20, 5, None, "cholesky", 3),  # rows − k > N after deflation: Householder QR of D
+     (5, 12, 9, "delta_zero_row", "cholesky", None),  # δδᵀ singular in network 1 only: its fallback
      (8, 12, 9, None, "cholesky", 4),  # rows of δ sum to zero per batch of 4: null space deflated
      (8, 12, 5, None, "cholesky", 2),  # deflated, and rows − k = 4 ≤ N = 5
      (5, 12, 9, "row", "householder", None),  # a aᵀ singular: Householder route
@@ -77,6 +80,10 @@ def test_output_and_input_gradient_are_those_of_one_explicit_matrix(rows, d, fan
     if mean_free_batch is not None:
         blocks = delta_np.reshape(n, rows // mean_free_batch, mean_free_batch, fan_out)
         delta_np = (blocks - blocks.mean(2, keepdims=True)).reshape(n, rows, fan_out)
+    if duplicate == "delta_zero_row":
+        delta_np[1, 2] = 0.0  # a zero pivot: the Cholesky factorization of network 1 fails exactly
+        assert (torch.linalg.cholesky_ex(torch.tensor(delta_np @ delta_np.transpose(0, 2, 1)))[1] != 0).tolist() \
+            == [False, True, False]
     delta = torch.tensor(delta_np)
     h = conditional_gaussian_layer(a, fan_out, sigma_w2, _gens([11, 12, 13]), mean_free_batch=mean_free_batch)
     (grad,) = torch.autograd.grad(h, a, delta)
