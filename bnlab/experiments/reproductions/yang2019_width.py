@@ -54,7 +54,7 @@ def _grid(scale: str) -> list[dict]:
         # Monte Carlo error of the ensemble mean ∝ 1/sqrt(networks·N), bias ∝ 1/N: networks ∝ N keeps
         # the bias-to-noise ratio of the Σ measurement constant across widths
         dict(batch_size=_B, width=w, depth=s["depth"], relu_networks=s["relu_networks"] * w // s["widths"][0],
-             tanh_networks=s["tanh_networks"], seed=3000 + w)
+             tanh_networks=s["tanh_networks"], seed=3000 + w, rate_estimator="step_ratio")
         for w in s["widths"]
     ]
 
@@ -92,7 +92,7 @@ def run_cell(params: dict) -> dict:
     den = b * q_star**2 + b * (b - 1) * (q_star * c_star) ** 2
     tanh = simulate("tanh", b, width, depth, params["tanh_networks"], seed=params["seed"] + 1,
                     dtype="float32", device=dev)
-    fit = tanh.grad_explosion_rate()
+    fit = tanh.grad_explosion_rate(estimator=params.get("rate_estimator", "step_ratio"))
     theory = _tanh_grad_rate(b)
     return dict(
         sigma_bias=math.sqrt(num / den), q=q, c=qc / q, q_star=q_star, c_star=c_star,
