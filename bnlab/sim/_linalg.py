@@ -1,6 +1,6 @@
 """Structured batched matrix products for the simulator: symmetric Gram matrices and products
-with a lower-triangular factor, at about 3/4 (one level of blocking) to 1/2 (many levels) of
-the work of a plain ``torch.bmm``.
+with a lower-triangular factor, at 3/4 (one level of blocking) to 2/3 (many levels) of the work
+of a plain ``torch.bmm``; and a blocked Cholesky factorization.
 
 torch exposes no batched ``syrk`` (x xᵀ) or ``trmm`` (L·Z), and a plain bmm spends half its
 FLOPs on the known upper triangle.  Splitting the rows in halves,
@@ -8,8 +8,7 @@ FLOPs on the known upper triangle.  Splitting the rows in halves,
     x xᵀ = [x₁x₁ᵀ  ·  ]        L Z = [L₁₁ Z₁           ]
            [x₂x₁ᵀ x₂x₂ᵀ],            [L₂₁ Z₁ + L₂₂ Z₂],
 
-the bottom block row is one bmm over all columns and the top-left block recurses (2/3 of the
-plain work in the limit), down to
+the bottom block row is one bmm over all columns and the top-left block recurses, down to
 ``_MIN_BLOCK`` rows, where a bmm of the whole block is cheaper than more, smaller calls (the
 CPU's bmm loses efficiency below ≈ 64 rows).  Measured at 8 × (256 × 1000), float32, one
 thread: L·Z 7.1 → 5.1 ms, x xᵀ 7.0 → 5.8 ms (benchmarks/bench_sim.py shows the effect on the

@@ -311,9 +311,9 @@ def conditional_gaussian_layer(
         One per network (network i draws only from ``generators[i]``), on ``a.device``.
     grams : dict, optional
         If given, the forward pass stores ``grams["input"]`` = a aᵀ and the backward pass
-        ``grams["delta"]`` = δ δᵀ, each of shape (networks, rows, rows), taken from the layer's
-        factorizations (O(rows³) instead of a further O(rows²·d) product); the simulator's
-        weight-gradient measurement ‖aᵀδ‖² = ⟨a aᵀ, δ δᵀ⟩ uses them.
+        ``grams["delta"]`` = δ δᵀ, each of shape (networks, rows, rows): the Gram matrices the
+        layer forms anyway for its factorizations (or RᵀR from a Householder factor), so the
+        simulator's weight-gradient measurement ‖aᵀδ‖² = ⟨a aᵀ, δ δᵀ⟩ needs no further product.
     mean_free_batch : int, optional
         B, if the output feeds only mean-subtracting batch normalization over consecutive
         blocks of B rows, so that the rows of δ = ∂L/∂h sum to zero in each block (in exact
