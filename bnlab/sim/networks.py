@@ -367,7 +367,7 @@ def simulate(
         quantity is exactly that of explicit Gaussian weights, at O(rows²·N) cost per
         layer instead of O(rows·N²).  ``"auto"`` (default) uses ``"conditional"`` for
         Gaussian weights when k·B ≤ width/4 (where it is cheaper: at k·B = width/8 about 2× faster,
-        at width/4 1.2–1.5×, at width/2 about 2× slower, benchmarks/bench_sim.py), else ``"explicit"``.
+        at width/4 1.4–1.5×, at width/2 1.4–2× slower, benchmarks/bench_sim.py), else ``"explicit"``.
         The two realize different random networks from the same seed (same law,
         different draws).
 
