@@ -2,10 +2,12 @@
 
 * ``yang2019-fig1ab`` — (a) the gradient explosion rate λ_G↓ of ReLU-BN networks
   as a function of the batch size B (theory: Thm 3.10; simulation: the fitted
-  per-layer growth of E‖∂L/∂h^l‖² with a bootstrap 95 % CI, see
+  per-layer growth of E‖∂L/∂h^l‖² — the step-ratio estimator, unbiased for the
+  heavy-tailed norms at B ≤ 5 — with a bootstrap 95 % CI, see
   :mod:`bnlab.sim.fit`), and (b) the per-layer gradient norm² against depth
-  (mean over networks, shaded ±1 standard deviation as in the paper) with the
-  theory's slope λ_G↓^{L−l} dashed.
+  (the log of the mean over networks, which the theory predicts; shaded: the
+  mean ± 1 standard deviation of the log, as in the paper) with the theory's
+  slope λ_G↓^{L−l} dashed.
 * ``yang2019-fig1cd`` — (c) the BSB1 → BSB2 symmetry-breaking transition of
   α-ReLU (relu^α) networks: the variance of the diagonal and of the
   off-diagonal entries of Σ^L (divided by the squared mean diagonal) against α,
