@@ -52,19 +52,22 @@ def bsb1_projection(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 
 
 def _bsb1_moments(cov: torch.Tensor):
-    """``(q, off, off_ss, diag_ss)`` of Σ (..., B, B): the mean diagonal entry q, the mean
-    off-diagonal entry, and the sums of squared deviations of the off-diagonal entries from
+    """``(q, off, off_ss, diag_ss)`` of Σ (..., B, B), in float64: the mean diagonal entry q, the
+    mean off-diagonal entry, and the sums of squared deviations of the off-diagonal entries from
     ``off`` and of the diagonal entries from q (so ‖Σ − BSB1‖²_F = off_ss + diag_ss).  One pass
-    over the B×B entries, centered before squaring (no cancellation when c → 1)."""
+    over the B×B entries, centered before squaring (no cancellation when c → 1); the entries stay
+    in Σ's dtype (a float32 Σ is no more accurate than that) and the sums accumulate in float64."""
+    acc = torch.float64
     b = cov.shape[-1]
     diag = torch.diagonal(cov, dim1=-2, dim2=-1)
-    diag_sum = diag.sum(-1)
+    diag_sum = diag.sum(-1, dtype=acc)
     q = diag_sum / b
-    off = (cov.sum((-2, -1)) - diag_sum) / (b * (b - 1))
-    dev = cov - off[..., None, None]
-    all_ss = torch.linalg.vector_norm(dev, dim=(-2, -1)).square()
-    off_ss = all_ss - (diag - off[..., None]).square().sum(-1)
-    diag_ss = (diag - q[..., None]).square().sum(-1)
+    off = (cov.sum((-2, -1), dtype=acc) - diag_sum) / (b * (b - 1))
+    dev = cov - off[..., None, None].to(cov.dtype)
+    all_ss = dev.square().sum((-2, -1), dtype=acc)
+    diag64 = diag.to(acc)
+    off_ss = all_ss - (diag64 - off[..., None]).square().sum(-1)
+    diag_ss = (diag64 - q[..., None]).square().sum(-1)
     return q, off, off_ss, diag_ss
 
 

@@ -574,14 +574,15 @@ def _simulate_chunk(
             hd = h.detach().view(n, k, b, width)
             if layer + 1 in record_layers:
                 hidden[layer + 1] = hd[0].to(torch.float64).cpu().numpy().copy()
-            cov = _m.batch_covariance(hd).to(torch.float64)  # (n, k, B, B)
+            cov = _m.batch_covariance(hd)  # (n, k, B, B) in dt; the statistics accumulate in float64
             qq, off, off_ss, diag_ss = _m._bsb1_moments(cov)
             q[:, layer] = qq.mean(1)
             c[:, layer] = (off / qq).mean(1)
             res[:, layer] = (off_ss + diag_ss).mean(1)
             dvar[:, layer] = (diag_ss / b / qq**2).mean(1)
             ovar[:, layer] = (off_ss / off_count / qq**2).mean(1)
-            cov_sum[layer] += cov.reshape(n * k, b * b).sum(0).view(b, b) / k  # (a strided mean over k is slow)
+            # (a strided mean over k is slow)
+            cov_sum[layer] += cov.reshape(n * k, b * b).sum(0, dtype=torch.float64).view(b, b) / k
             if k > 1:
                 # pairs (0, j), j = 1..k-1: exchangeable, averaged to reduce the Monte Carlo error.
                 # From the B×B blocks Ξ_0j = H_0 H_jᵀ/N (one small bmm instead of elementwise passes
@@ -591,11 +592,12 @@ def _simulate_chunk(
                 xi = xi.transpose(1, 2).to(torch.float64) / width  # (n, k − 1, B, B): Ξ_0j
                 xi_sum = xi.sum((-2, -1))
                 cent_x = torch.diagonal(xi, dim1=-2, dim2=-1).sum(-1) - xi_sum / b
-                cent_s = torch.diagonal(cov, dim1=-2, dim2=-1).sum(-1) - cov.sum((-2, -1)) / b
+                cent_s = (torch.diagonal(cov, dim1=-2, dim2=-1).sum(-1, dtype=torch.float64)
+                          - cov.sum((-2, -1), dtype=torch.float64) / b)
                 rho[:, layer] = (cent_x / torch.sqrt(cent_s[:, :1] * cent_s[:, 1:])).mean(1)
                 xcov[:, layer] = xi_sum.mean(1) / (b * b)
             if layer == depth - 1:
-                final = cov[:, 0].clone()
+                final = cov[:, 0].to(torch.float64)
                 break
             u = h if normalization == "none" else _normalize(h, k, normalization, eps)
             if normalization != "none" and (bn_gamma != 1.0 or bn_beta != 0.0):
@@ -622,15 +624,16 @@ def _simulate_chunk(
             grams = layer_grams[layer]
             if grams is not None and "delta" in grams:
                 # the conditional layer's own Grams; its δ' = ∂L/∂(a W) = r·δ^l carries r² already
-                ga, gd = (_diagonal_blocks(grams[key], k).to(torch.float64) for key in ("input", "delta"))
-                gd = gd / r2
+                ga, gd = (_diagonal_blocks(grams[key], k) for key in ("input", "delta"))
+                delta_scale = 1.0 / r2
             else:
                 dv = delta.view(n, k, b, width)
                 av = a_in.detach().view(n, k, b, a_in.shape[-1])
-                ga = gram(av).to(torch.float64)
-                gd = gram(dv).to(torch.float64)
-            wg[:, layer] = (ga * gd).sum((-2, -1)).mean(1) * r2
-            g[:, layer] = torch.diagonal(gd, dim1=-2, dim2=-1).sum(-1).mean(1)
+                ga, gd = gram(av), gram(dv)
+                delta_scale = 1.0
+            # products in the simulation's dtype, sums accumulated in float64 (no float64 copies)
+            wg[:, layer] = (ga * gd).sum((-2, -1), dtype=torch.float64).mean(1) * (r2 * delta_scale)
+            g[:, layer] = torch.diagonal(gd, dim1=-2, dim2=-1).sum(-1, dtype=torch.float64).mean(1) * delta_scale
         out["g"], out["wg"] = g, wg
     if record is not None:
         trace.append(record)
