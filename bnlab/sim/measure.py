@@ -63,11 +63,10 @@ def _bsb1_moments(cov: torch.Tensor):
     diag_sum = diag.sum(-1, dtype=acc)
     q = diag_sum / b
     off = (cov.sum((-2, -1), dtype=acc) - diag_sum) / (b * (b - 1))
-    dev = cov - off[..., None, None].to(cov.dtype)
-    all_ss = dev.square().sum((-2, -1), dtype=acc)
-    diag64 = diag.to(acc)
-    off_ss = all_ss - (diag64 - off[..., None]).square().sum(-1)
-    diag_ss = (diag64 - q[..., None]).square().sum(-1)
+    sq = (cov - off[..., None, None].to(cov.dtype)).square_()
+    torch.diagonal(sq, dim1=-2, dim2=-1).zero_()  # off-diagonal only: no large diagonal terms to cancel
+    off_ss = sq.sum((-2, -1), dtype=acc)
+    diag_ss = (diag.to(acc) - q[..., None]).square().sum(-1)
     return q, off, off_ss, diag_ss
 
 
@@ -89,6 +88,4 @@ def cross_batch_correlation(h1: torch.Tensor, h2: torch.Tensor) -> torch.Tensor:
 
 def weight_gradient_norm_sq(a: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     """‖Aᵀδ‖²_F for a layer h = A W: ``a`` (..., B, d_in) its input, ``delta`` (..., B, N) = ∂L/∂h."""
-    ga = torch.matmul(a, a.transpose(-1, -2))
-    gd = torch.matmul(delta, delta.transpose(-1, -2))
-    return (ga * gd).sum((-2, -1))
+    return (gram(a) * gram(delta)).sum((-2, -1))

@@ -168,6 +168,21 @@ def test_bsb1_projection_is_orthogonal(b, q, c, noise):
     assert res.item() == pytest.approx((r**2).sum(), rel=1e-9, abs=1e-12)
 
 
+def test_bsb1_residual_of_a_nearly_bsb1_float32_covariance_has_no_cancellation():
+    # Off-diagonal entries within 1e-4 of their mean next to a diagonal 0.7 above it: the residual
+    # ‖Σ − BSB1‖² ≈ 5e-6 must come from the off-diagonal deviations themselves (float64 reference on
+    # the same float32 entries, rtol 1e-6), not from subtracting the diagonal's ≈ 16 from a total
+    # (that version was off by 1.5 % here).
+    g = torch.Generator().manual_seed(0)
+    b = 32
+    noise = 1e-4 * torch.randn(b, b, generator=g, dtype=torch.float64)
+    cov = (0.3 + 0.7 * torch.eye(b, dtype=torch.float64) + (noise + noise.T) / 2).float()
+    qq, cc, res = bsb1_projection(cov)
+    c64 = cov.double()
+    proj = qq * ((1 - cc) * torch.eye(b, dtype=torch.float64) + cc)
+    assert res.item() == pytest.approx(((c64 - proj) ** 2).sum().item(), rel=1e-6)
+
+
 def test_cross_batch_correlation_of_identical_and_independent_batches(rng):
     h = torch.tensor(rng.standard_normal((2, 8, 4000)))
     assert cross_batch_correlation(h, 3.0 * h + 1.0).numpy() == pytest.approx(1.0)
