@@ -201,6 +201,10 @@ def test_auto_choice_and_bad_input():
         conditional_gaussian_layer(torch.zeros(1, 2, 3), 2, float("nan"), _gens([0]))
     with pytest.raises(ValueError, match="grams"):
         conditional_gaussian_layer(torch.zeros(1, 2, 3), 4, 1.0, _gens([0]), grams=[])
+    with pytest.raises(ValueError, match="mean_free_batch=3"):
+        conditional_gaussian_layer(torch.zeros(1, 2, 3), 4, 1.0, _gens([0]), mean_free_batch=3)  # 3 ∤ 2 rows
+    with pytest.raises(ValueError, match="mean_free_batch"):
+        conditional_gaussian_layer(torch.zeros(1, 2, 3), 4, 1.0, _gens([0]), mean_free_batch=0)
 
 
 def test_second_backward_pass_is_refused():
