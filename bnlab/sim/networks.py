@@ -181,6 +181,35 @@ class EnsembleResult:
             raise ValueError(f"depth={depth} is too small to fit a rate past the transients: use depth >= 6")
         return first, last
 
+    @property
+    def grad_norm_tail_index(self) -> float:
+        """Tail index α of the squared gradient norms across networks: P(‖δ^l‖² > t) ∝ t^−α.
+
+        Moments of order < α are finite; α ≤ 2 means infinite variance, where ensemble means
+        converge more slowly than 1/sqrt(networks) and bootstrap CIs of rates are too narrow
+        (:mod:`bnlab.sim.fit`).
+
+        Batch normalization divides neuron β's backward signal by its batch standard deviation
+        σ_β.  Given the layer's input a, the pre-activation vectors h_β ∈ R^B of the N neurons are
+        iid N(0, s²·a aᵀ) — exactly, at any width, for Gaussian weights — so B·σ_β² = ‖G h_β‖²
+        (G the centering projector) is a generalized χ² with rank(G a aᵀ G) = B − 1 degrees of
+        freedom, whose density vanishes like t^((B−1)/2 − 1) at 0: P(1/σ_β² > t) ∝ t^−(B−1)/2.
+        One neuron's gain sets the tail of the layer's sum, and a product of independent gains
+        keeps the smallest index.  Hence
+
+        * ``normalization="batch"``, ε = 0: α = (B − 1)/2 (infinite variance for B ≤ 5);
+        * ``"batch_no_mean"``, ε = 0: α = B/2 (no centering: B degrees of freedom);
+        * ε > 0 or ``"none"``: ∞ (the gain is bounded by 1/ε; with ε small against the batch
+          variance the tail is heavy up to gains of order 1/ε all the same).
+
+        tests/sim/test_networks.py checks the premise: at a deep layer the batch variances of the
+        neurons follow the generalized χ² law of the measured covariance (Kolmogorov–Smirnov).
+        """
+        b, eps, norm = self.config["batch_size"], self.config["eps"], self.config["normalization"]
+        if eps > 0 or norm == "none":
+            return math.inf
+        return (b - 1) / 2 if norm == "batch" else b / 2
+
     def grad_explosion_rate(
         self, first_layer: int | None = None, last_layer: int | None = None, *, weights: bool = False, **kw
     ) -> RateFit:

@@ -22,12 +22,27 @@ def test_json_output_keys_and_values(capsys):
     lo, hi = out["grad_explosion_rate_ci"]
     assert lo <= out["grad_explosion_rate"] <= hi
     assert out["grad_explosion_rate_estimator"] == "step_ratio"
+    assert out["grad_norm_tail_index"] == 3.5  # (B − 1)/2 at B = 8, eps = 0
+    assert not any("tail index" in note for note in out["notes"])
     # the CLI only calls the library: same arguments, same numbers
     res = simulate("relu", 8, 64, 12, 6, num_batches=2, input_correlation=0.1, seed=4, dtype="float32")
     assert out["grad_explosion_rate"] == pytest.approx(res.grad_explosion_rate().rate, rel=1e-12)
     np.testing.assert_allclose(out["per_layer_grad_norm_sq"], res.grad_norm_sq.mean(0), rtol=1e-12)
     if out["theory_grad_explosion_rate"] is not None:
         assert out["theory_grad_explosion_rate"] == pytest.approx(ref.relu_grad_rate(8), rel=1e-6)
+
+
+def test_small_batch_warns_that_the_ci_is_too_narrow(capsys):
+    argv = ["simulate", "--batch-size", "4", "--width", "32", "--depth", "8", "--networks", "4", "--num-batches", "1"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["grad_norm_tail_index"] == 1.5
+    assert any("tail index 1.5" in note and "too narrow" in note for note in out["notes"])
+    assert main(argv) == 0
+    assert "note: the gradient norms have tail index 1.5" in capsys.readouterr().out
+    assert main([*argv, "--eps", "0.001", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["grad_norm_tail_index"] is None and not any("tail index" in note for note in out["notes"])
 
 
 @pytest.mark.parametrize(
