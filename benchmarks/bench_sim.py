@@ -19,6 +19,14 @@ FLOP/s) = t_bmm / t_sim, for both ways of realizing the weights:
   says how much faster than the bare matmuls of the explicit network the whole
   simulation runs.
 
+A third count, ``train-step``, adds the weight-gradient products ∂L/∂W^l = a^lᵀ δ^l
+(2·rows·d_in·N FLOPs per layer and network) to the reference loop: the simulator reports
+‖∂L/∂W^l‖² for every layer (computed exactly from the B×B Gram matrices ⟨a aᵀ, δδᵀ⟩ rather
+than from the N×N matrix), and an autograd network whose weights require grad runs these
+products; forward + input gradient + weight gradient is the usual "model FLOPs" count of a
+training step (3× the forward).  Both counts are printed; the ``ratio`` columns use the
+smaller one.
+
 A second, literal reading of "achieved FLOP/s as a fraction of torch.matmul on the same
 shapes" is also printed (columns ``all-mm``): every matrix product the simulator runs is
 recorded (a ``TorchDispatchMode`` over one run: the layers' products and the measurements' B×B
@@ -111,6 +119,13 @@ def bench(width, depth, networks, batch_size, num_batches, dtype, device, repeat
         for _ in range(depth - 1):
             torch.bmm(a, wt)
 
+    at = a.transpose(1, 2)
+
+    def run_bmm_train():  # + the weight gradients a^lᵀ δ^l, (d, rows) × (rows, N) per layer
+        run_bmm()
+        for _ in range(depth):
+            torch.bmm(at, a)
+
     gens = [torch.Generator(device=device).manual_seed(i) for i in range(networks)]
 
     def run_rng():
@@ -130,9 +145,10 @@ def bench(width, depth, networks, batch_size, num_batches, dtype, device, repeat
     sim("explicit")()  # warm up (thread pools, allocator)
     sim("conditional")()
     # interleave the timed runs so that a load change on a shared machine hits all of them
-    t_exp = t_cond = t_bmm = t_rng = t_mm_exp = t_mm_cond = float("inf")
+    t_exp = t_cond = t_bmm = t_bmm_train = t_rng = t_mm_exp = t_mm_cond = float("inf")
     for _ in range(repeats):
         t_bmm = min(t_bmm, _best(run_bmm, 1))
+        t_bmm_train = min(t_bmm_train, _best(run_bmm_train, 1))
         t_mm_exp = min(t_mm_exp, _best(replays["explicit"], 1))
         t_mm_cond = min(t_mm_cond, _best(replays["conditional"], 1))
         t_exp = min(t_exp, _best(sim("explicit"), 1))
@@ -140,6 +156,7 @@ def bench(width, depth, networks, batch_size, num_batches, dtype, device, repeat
         t_rng = min(t_rng, _best(run_rng, 1))
     return dict(t_exp=t_exp, t_cond=t_cond, t_bmm=t_bmm, t_rng=t_rng, gflops_bmm=flops / t_bmm / 1e9,
                 ratio_explicit=t_bmm / t_exp, ratio_conditional=t_bmm / t_cond, rng_share=t_rng / t_exp,
+                train_explicit=t_bmm_train / t_exp, train_conditional=t_bmm_train / t_cond,
                 all_mm_explicit=t_mm_exp / t_exp, all_mm_conditional=t_mm_cond / t_cond,
                 speedup=t_exp / t_cond)
 
@@ -157,17 +174,18 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, {args.threads} threads, device {args.device}, width {args.width}, "
           f"depth {args.depth}, {args.networks} networks")
     print("ratio = (explicit network's matmul FLOPs / simulator time) / (bmm FLOP/s) = t_bmm / t_sim;")
+    print("train = the same with the weight-gradient products a^lᵀδ^l added to the count and to the bmm loop")
     print("all-mm = (all matmul FLOPs the simulator runs / its time) / (the same matmuls' FLOP/s) = t_mm / t_sim")
-    header = (f"{'dtype':8} {'B':>4} {'k':>3} {'rows':>5} {'bmm GF/s':>9} {'explicit':>9} {'all-mm':>7} "
-              f"{'RNG share':>9} {'conditional':>11} {'all-mm':>7} {'cond speedup':>12}")
+    header = (f"{'dtype':8} {'B':>4} {'k':>3} {'rows':>5} {'bmm GF/s':>9} {'explicit':>9} {'train':>6} {'all-mm':>7} "
+              f"{'RNG share':>9} {'conditional':>11} {'train':>6} {'all-mm':>7} {'cond speedup':>12}")
     print(header)
     print("-" * len(header))
     for dtype in ("float32", "float64"):
         for b, k in ((32, 1), (32, 4), (128, 1), (256, 1), (64, 8)):
             r = bench(args.width, args.depth, args.networks, b, k, dtype, args.device, args.repeats)
             print(f"{dtype:8} {b:>4} {k:>3} {b * k:>5} {r['gflops_bmm']:>9.1f} {r['ratio_explicit']:>9.2f} "
-                  f"{r['all_mm_explicit']:>7.2f} {r['rng_share']:>9.2f} {r['ratio_conditional']:>11.2f} "
-                  f"{r['all_mm_conditional']:>7.2f} {r['speedup']:>11.1f}x")
+                  f"{r['train_explicit']:>6.2f} {r['all_mm_explicit']:>7.2f} {r['rng_share']:>9.2f} "
+                  f"{r['ratio_conditional']:>11.2f} {r['train_conditional']:>6.2f} {r['all_mm_conditional']:>7.2f} {r['speedup']:>11.1f}x")
     return 0
 
 
