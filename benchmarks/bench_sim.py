@@ -19,13 +19,13 @@ FLOP/s) = t_bmm / t_sim, for both ways of realizing the weights:
   says how much faster than the bare matmuls of the explicit network the whole
   simulation runs.
 
-A third count, ``train-step``, adds the weight-gradient products ∂L/∂W^l = a^lᵀ δ^l
+Another count (columns ``train``) adds the weight-gradient products ∂L/∂W^l = a^lᵀ δ^l
 (2·rows·d_in·N FLOPs per layer and network) to the reference loop: the simulator reports
 ‖∂L/∂W^l‖² for every layer (computed exactly from the B×B Gram matrices ⟨a aᵀ, δδᵀ⟩ rather
 than from the N×N matrix), and an autograd network whose weights require grad runs these
 products; forward + input gradient + weight gradient is the usual "model FLOPs" count of a
-training step (3× the forward).  Both counts are printed; the ``ratio`` columns use the
-smaller one.
+training step (3× the forward).  Both counts are printed; the ``explicit`` and
+``conditional`` columns use the smaller one.
 
 A second, literal reading of "achieved FLOP/s as a fraction of torch.matmul on the same
 shapes" is also printed (columns ``all-mm``): every matrix product the simulator runs is

@@ -190,25 +190,30 @@ class EnsembleResult:
         (:mod:`bnlab.sim.fit`).
 
         Batch normalization divides neuron β's backward signal by its batch standard deviation
-        σ_β.  Given the layer's input a, the pre-activation vectors h_β ∈ R^B of the N neurons are
-        iid N(0, s²·a aᵀ) — exactly, at any width, for Gaussian weights — so B·σ_β² = ‖G h_β‖²
-        (G the centering projector) is a generalized χ² with rank(G a aᵀ G) = B − 1 degrees of
-        freedom, whose density vanishes like t^((B−1)/2 − 1) at 0: P(1/σ_β² > t) ∝ t^−(B−1)/2.
-        One neuron's gain sets the tail of the layer's sum, and a product of independent gains
-        keeps the smallest index.  Hence
+        σ_β.  Given the layer's input a (B × d), the pre-activation vectors h_β ∈ R^B of the N
+        neurons are iid N(0, s²·a aᵀ) — exactly, at any width, for Gaussian weights — so
+        B·σ_β² = ‖G h_β‖² (G the centering projector) is a generalized χ² with
+        r = rank(G a aᵀ G) = min(B − 1, d) degrees of freedom (for the inputs a network sees), whose
+        density vanishes like t^(r/2 − 1) at 0: P(1/σ_β² > t) ∝ t^−r/2.  One neuron's gain sets the
+        tail of the layer's sum, and a product of independent gains keeps the smallest index, so
+        d runs over the width and the input dimension.  Hence, with d_min = min(width, input_dim):
 
-        * ``normalization="batch"``, ε = 0: α = (B − 1)/2 (infinite variance for B ≤ 5);
-        * ``"batch_no_mean"``, ε = 0: α = B/2 (no centering: B degrees of freedom);
+        * ``normalization="batch"``, ε = 0: α = min(B − 1, d_min)/2 (infinite variance for B ≤ 5);
+        * ``"batch_no_mean"``, ε = 0: α = min(B, d_min)/2 (no centering: B degrees of freedom);
         * ε > 0 or ``"none"``: ∞ (the gain is bounded by 1/ε; with ε small against the batch
           variance the tail is heavy up to gains of order 1/ε all the same).
 
-        tests/sim/test_networks.py checks the premise: at a deep layer the batch variances of the
-        neurons follow the generalized χ² law of the measured covariance (Kolmogorov–Smirnov).
+        The other initializations give the same index: their h_β have a bounded density that
+        is positive at 0 in the same r-dimensional space, which is all the tail depends on.
+        tests/sim/test_networks.py checks the premise: at deep layers the batch variances of the
+        neurons follow the generalized χ² law of the measured covariance, and r + 1 degrees of
+        freedom are rejected.
         """
-        b, eps, norm = self.config["batch_size"], self.config["eps"], self.config["normalization"]
-        if eps > 0 or norm == "none":
+        cfg = self.config
+        if cfg["eps"] > 0 or cfg["normalization"] == "none":
             return math.inf
-        return (b - 1) / 2 if norm == "batch" else b / 2
+        dof = cfg["batch_size"] - 1 if cfg["normalization"] == "batch" else cfg["batch_size"]
+        return min(dof, cfg["width"], cfg["input_dim"]) / 2
 
     def grad_explosion_rate(
         self, first_layer: int | None = None, last_layer: int | None = None, *, weights: bool = False, **kw

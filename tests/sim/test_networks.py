@@ -335,3 +335,6 @@ def test_gradient_tail_index_values():
     assert simulate("relu", 4, 16, 2, 1, normalization="batch_no_mean", **kw).grad_norm_tail_index == 2.0
     assert simulate("relu", 4, 16, 2, 1, eps=1e-3, **kw).grad_norm_tail_index == math.inf
     assert simulate("relu", 4, 16, 2, 1, normalization="none", **kw).grad_norm_tail_index == math.inf
+    # fewer directions than the batch: the rank of a aᵀ caps the degrees of freedom
+    assert simulate("relu", 8, 3, 2, 1, **kw).grad_norm_tail_index == 1.5
+    assert simulate("relu", 8, 16, 2, 1, input_dim=2, **kw).grad_norm_tail_index == 1.0
