@@ -23,6 +23,7 @@ def test_json_output_keys_and_values(capsys):
     assert lo <= out["grad_explosion_rate"] <= hi
     assert out["grad_explosion_rate_estimator"] == "step_ratio"
     assert out["grad_norm_tail_index"] == 3.5  # (B − 1)/2 at B = 8, eps = 0
+    assert out["grad_explosion_rate_ci_method"] == "percentile_bootstrap"
     assert not any("tail index" in note for note in out["notes"])
     # the CLI only calls the library: same arguments, same numbers
     res = simulate("relu", 8, 64, 12, 6, num_batches=2, input_correlation=0.1, seed=4, dtype="float32")
@@ -32,12 +33,13 @@ def test_json_output_keys_and_values(capsys):
         assert out["theory_grad_explosion_rate"] == pytest.approx(ref.relu_grad_rate(8), rel=1e-6)
 
 
-def test_small_batch_warns_that_the_ci_is_too_narrow(capsys):
-    argv = ["simulate", "--batch-size", "4", "--width", "32", "--depth", "8", "--networks", "4", "--num-batches", "1"]
+def test_small_batch_notes_the_infinite_variance_and_its_interval(capsys):
+    argv = ["simulate", "--batch-size", "4", "--width", "32", "--depth", "8", "--networks", "20", "--num-batches", "1"]
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["grad_norm_tail_index"] == 1.5
-    assert any("tail index 1.5" in note and "too narrow" in note for note in out["notes"])
+    assert out["grad_explosion_rate_ci_method"] == "tail_bootstrap_t"
+    assert any("tail index 1.5" in note and "bootstrap-t" in note for note in out["notes"])
     assert main(argv) == 0
     assert "note: the gradient norms have tail index 1.5" in capsys.readouterr().out
     assert main([*argv, "--eps", "0.001", "--json"]) == 0

@@ -338,3 +338,14 @@ def test_gradient_tail_index_values():
     # fewer directions than the batch: the rank of a aᵀ caps the degrees of freedom
     assert simulate("relu", 8, 3, 2, 1, **kw).grad_norm_tail_index == 1.5
     assert simulate("relu", 8, 16, 2, 1, input_dim=2, **kw).grad_norm_tail_index == 1.0
+
+
+def test_grad_explosion_rate_uses_the_tail_interval_where_the_variance_is_infinite():
+    kw = dict(seed=0, dtype="float32")
+    assert simulate("relu", 4, 32, 8, 20, **kw).grad_explosion_rate().ci_method == "tail_bootstrap_t"
+    assert simulate("relu", 4, 32, 8, 19, **kw).grad_explosion_rate().ci_method == "percentile_bootstrap"
+    assert simulate("relu", 8, 32, 8, 20, **kw).grad_explosion_rate().ci_method == "percentile_bootstrap"
+    assert simulate("relu", 4, 32, 8, 20, eps=1e-3, **kw).grad_explosion_rate().ci_method == "percentile_bootstrap"
+    res = simulate("relu", 4, 32, 8, 20, **kw)
+    assert res.grad_explosion_rate(tail_index=None).ci_method == "percentile_bootstrap"
+    assert res.grad_explosion_rate(estimator="log_mean").ci_method == "percentile_bootstrap"

@@ -71,9 +71,10 @@ def _theory_alpha_transition(b: int) -> float | None:
 def _grid_ab(scale: str) -> list[dict]:
     s = _check_scale(scale)
     return [
-        # the estimator is part of the cell's identity: results stored with another one are not reused
+        # the estimator and the kind of CI are part of the cell's identity: results stored with
+        # others are not reused ("heavy_tail": the bootstrap-t where the variance is infinite, B ≤ 5)
         dict(phi="relu", batch_size=b, width=s["width"], depth=s["depth"], networks=s["networks"], seed=1000 + b,
-             rate_estimator="step_ratio")
+             rate_estimator="step_ratio", rate_ci="heavy_tail")
         for b in s["batch_sizes"]
     ]
 
@@ -84,10 +85,12 @@ def run_gradient_cell(params: dict) -> dict:
 
     res = simulate(params["phi"], params["batch_size"], params["width"], params["depth"], params["networks"],
                    seed=params["seed"], dtype="float32", device=params.get("device", "cpu"))
-    fit = res.grad_explosion_rate(estimator=params.get("rate_estimator", "step_ratio"))
+    kw = {} if params.get("rate_ci") == "heavy_tail" else {"tail_index": None}  # None: percentile bootstrap
+    fit = res.grad_explosion_rate(estimator=params.get("rate_estimator", "step_ratio"), **kw)
     g = res.grad_norm_sq
     return dict(
-        grad_rate=fit.rate, grad_rate_ci=[fit.ci_low, fit.ci_high], fit_layers=[fit.first_layer, fit.last_layer],
+        grad_rate=fit.rate, grad_rate_ci=[fit.ci_low, fit.ci_high], grad_rate_ci_method=fit.ci_method,
+        fit_layers=[fit.first_layer, fit.last_layer],
         theory_grad_rate=_theory_grad_rate(params["phi"], params["batch_size"]),
         grad_norm_sq_mean=g.mean(0).tolist(), grad_norm_sq_sd=g.std(0, ddof=1).tolist(),
         log_grad_norm_sq_mean=np.log(g).mean(0).tolist(), log_grad_norm_sq_sd=np.log(g).std(0, ddof=1).tolist(),
