@@ -1,6 +1,8 @@
 """The rate fit recovers known rates and its bootstrap CI has roughly its nominal coverage."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bnlab.sim import fit_geometric_rate
 
@@ -129,3 +131,19 @@ def test_tail_index_arguments():
     flat = fit_geometric_rate(_one_step(np.r_[y[:25], np.full(15, 9.0)]), 1, 2, invert=True,
                               estimator="step_ratio", tail_index=1.5)
     assert flat.ci_method == "percentile_bootstrap"
+
+
+@settings(max_examples=25, deadline=None)
+@given(shift=st.floats(-0.2, 5.0), scale=st.floats(0.1, 10.0), alpha=st.floats(1.2, 4.0), seed=st.integers(0, 2**16))
+def test_tail_bootstrap_t_is_location_and_scale_equivariant(shift, scale, alpha, seed):
+    # The interval is built from order-statistic spacings, a scale MLE and a location-free
+    # studentization: for y → shift + scale·y (scale > 0) it must map the same way, draw for draw
+    # (shift ≥ −0.2 keeps the values, ≥ 2.3·scale, positive as the step ratio requires).
+    y = 2.0 + 0.3 * (np.random.default_rng(seed).pareto(alpha, 60) + 1.0)
+    kw = dict(invert=True, estimator="step_ratio", tail_index=alpha, n_boot=300, seed=seed)
+    base = fit_geometric_rate(_one_step(y), 1, 2, **kw)
+    moved = fit_geometric_rate(_one_step(shift + scale * y), 1, 2, **kw)
+    assert moved.ci_method == base.ci_method == "tail_bootstrap_t"
+    tol = 1e-6 * (abs(shift) + scale * abs(base.ci_high))  # the scale MLE is a bounded search (xatol 1e-10)
+    assert moved.ci_low == pytest.approx(shift + scale * base.ci_low, abs=tol)
+    assert moved.ci_high == pytest.approx(shift + scale * base.ci_high, abs=tol)
