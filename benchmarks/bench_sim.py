@@ -185,7 +185,8 @@ def main(argv=None) -> int:
             r = bench(args.width, args.depth, args.networks, b, k, dtype, args.device, args.repeats)
             print(f"{dtype:8} {b:>4} {k:>3} {b * k:>5} {r['gflops_bmm']:>9.1f} {r['ratio_explicit']:>9.2f} "
                   f"{r['train_explicit']:>6.2f} {r['all_mm_explicit']:>7.2f} {r['rng_share']:>9.2f} "
-                  f"{r['ratio_conditional']:>11.2f} {r['train_conditional']:>6.2f} {r['all_mm_conditional']:>7.2f} {r['speedup']:>11.1f}x")
+                  f"{r['ratio_conditional']:>11.2f} {r['train_conditional']:>6.2f} {r['all_mm_conditional']:>7.2f} "
+                  f"{r['speedup']:>11.1f}x")
     return 0
 
 

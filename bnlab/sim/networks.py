@@ -245,7 +245,8 @@ class EnsembleResult:
         kw.setdefault("seed", self.config["seed"])
         kw.setdefault("estimator", "step_ratio")
         alpha = self.grad_norm_tail_index
-        if "tail_index" not in kw and kw["estimator"] == "step_ratio" and g.shape[0] >= _TAIL_MIN_NETWORKS and alpha <= 2:
+        heavy = alpha <= 2 and g.shape[0] >= _TAIL_MIN_NETWORKS
+        if heavy and kw["estimator"] == "step_ratio" and "tail_index" not in kw:
             kw["tail_index"] = alpha
         return fit_geometric_rate(g, first_layer or f0, last_layer or f1, invert=True, **kw)
 

@@ -18,7 +18,8 @@ def test_bench_runs_and_records_every_matmul_of_the_simulator():
     threads = torch.get_num_threads()
     r = bench_sim.bench(64, 3, 2, 4, 2, "float64", "cpu", 1)
     assert torch.get_num_threads() == threads
-    for key in ("ratio_explicit", "ratio_conditional", "all_mm_explicit", "all_mm_conditional", "rng_share"):
+    for key in ("ratio_explicit", "ratio_conditional", "all_mm_explicit", "all_mm_conditional", "rng_share",
+                "train_explicit", "train_conditional"):
         assert r[key] > 0
     # the recorder sees the layers' products: explicit weights, 3 layers forward + 2 backward at least
     with bench_sim._RecordMatmuls() as rec:
