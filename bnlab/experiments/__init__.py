@@ -1,7 +1,7 @@
 """The papers' figures as declared sweeps: Dask engine, resumable SQLite results store, HTML report.
 
 Declare an :class:`Experiment` (grid × seeds, ``run_cell``, ``plot``,
-``compare``) in a module of :mod:`bnlab.experiments.reproductions`; run it with
+``compare``) in a module of :mod:`bnlab.reproductions`; run it with
 :func:`run_sweep` (or ``bnlab sweep run NAME``), continue it after an
 interruption with :func:`resume_sweep`, inspect it with :func:`sweep_status`,
 export it with :func:`export_sweep`, and write the report of every

@@ -1,6 +1,6 @@
 """Finding experiments: the registered reproductions, plus ones registered in code.
 
-Every module of :mod:`bnlab.experiments.reproductions` that exposes
+Every module of :mod:`bnlab.reproductions` that exposes
 ``EXPERIMENTS: list[Experiment]`` is discovered.  A module that fails to import
 does not hide the others: its error is kept in :func:`discovery_errors` (and
 shown by ``bnlab reproduce --list`` and the report).  Experiments defined
@@ -19,7 +19,7 @@ from bnlab.experiments.spec import Experiment
 
 __all__ = ["list_experiments", "get_experiment", "register_experiment", "unregister_experiment", "discovery_errors"]
 
-_REPRODUCTIONS = "bnlab.experiments.reproductions"
+_REPRODUCTIONS = "bnlab.reproductions"
 _registered: dict[str, Experiment] = {}
 _discovered: dict[str, Experiment] | None = None
 _errors: dict[str, str] = {}

@@ -3,7 +3,7 @@
 A reproduction is declared once, as an :class:`Experiment`: a grid of cells per
 scale, a function that runs one cell, a function that plots finished records,
 and a function that tabulates what the paper reports beside what bnlab
-measured.  Reproductions live in :mod:`bnlab.experiments.reproductions`, one
+measured.  Reproductions live in :mod:`bnlab.reproductions`, one
 module per figure/table, each exposing ``EXPERIMENTS: list[Experiment]``.
 The sweep engine runs the cells (Dask), stores records (SQLite), and the
 report calls ``plot`` and ``compare``.

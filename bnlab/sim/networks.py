@@ -430,7 +430,7 @@ def simulate(
     Exact computation of the finite networks up to rounding of ``dtype``; as
     estimates of the mean field limit the per-layer means carry a Monte Carlo
     error O(1/sqrt(networks·width)) and a bias O(1/width) (measured in
-    ``bnlab.experiments.reproductions.yang2019_width``).  Exception: with batch
+    ``bnlab.reproductions.yang2019_width``).  Exception: with batch
     normalization at B ≤ 5 the gradient norms are heavy-tailed across networks (a
     neuron's backward gain ∝ 1/χ²_{B−1}, tail index (B−1)/2 ≤ 2: infinite variance), so
     their ensemble means converge more slowly than 1/sqrt(networks) and percentile-bootstrap

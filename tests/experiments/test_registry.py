@@ -70,7 +70,7 @@ def test_register_and_module_reference(helpers):
 
 
 def test_the_real_reproductions_are_all_importable():
-    """Every module in bnlab.experiments.reproductions imports and declares well-formed experiments."""
+    """Every module in bnlab.reproductions imports and declares well-formed experiments."""
     registry.refresh()
     assert registry.discovery_errors() == {}
     for name, exp in list_experiments().items():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import special
 
-from bnlab.experiments.reproductions import yang2019_fig2 as fig2
+from bnlab.reproductions import yang2019_fig2 as fig2
 from bnlab.experiments.spec import Record
 
 EXP = fig2.EXPERIMENTS[0]

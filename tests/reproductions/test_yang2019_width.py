@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from bnlab.experiments.reproductions import yang2019_width as ww
+from bnlab.reproductions import yang2019_width as ww
 from bnlab.experiments.spec import Record
 
 EXP = ww.EXPERIMENTS[0]

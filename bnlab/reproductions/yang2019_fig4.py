@@ -72,12 +72,12 @@ def run_norms_cell(params: dict) -> dict:
     """
     import torch
 
-    from bnlab.experiments.reproductions.yang2019_fig3 import _load, _require
+    from bnlab.reproductions.trainability import load_dataset_subset, require_params
     from bnlab.sim.train import BNMLP, layer_norm_trajectory
 
-    _require(params, ("dataset", "depth", "width", "batch_size", "lr", "steps", "n_train", "seed"))
+    require_params(params, ("dataset", "depth", "width", "batch_size", "lr", "steps", "n_train", "seed"))
     torch.set_num_threads(1)
-    train, _, num_classes = _load(params["dataset"], int(params["n_train"]), 1)
+    train, _, num_classes = load_dataset_subset(params["dataset"], int(params["n_train"]), 1)
     model = BNMLP(
         train[0].shape[1], num_classes, depth=int(params["depth"]), width=int(params["width"]),
         phi="relu", eps=float(params.get("eps", 1e-3)), seed=int(params["seed"]),
@@ -145,7 +145,7 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:
-    from bnlab.experiments.reproductions.yang2019_fig3 import theory_max_depth
+    from bnlab.reproductions.trainability import theory_max_depth
 
     rows = []
     recs = sorted(records, key=lambda r: int(r.params["depth"]))

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bnlab.experiments.reproductions import yang2019_fig1 as fig1
+from bnlab.reproductions import yang2019_fig1 as fig1
 from bnlab.experiments.spec import Record
 
 EXPS = {e.name: e for e in fig1.EXPERIMENTS}

@@ -14,7 +14,7 @@ The paper does not state the batch size of Fig. 5; B = 32 is used here (the
 constant).  Deviations at ``small`` scale are those of the small-scale Fig. 3
 (width 128, 10 000 training images, fixed 150 SGD steps, η = 3e-3·B — but
 1e-3·B for the ReLU panels b, d, see ``_SMALL_LR_PER_B``; see
-:mod:`bnlab.experiments.reproductions.yang2019_fig3`) plus a 4-point
+:mod:`bnlab.reproductions.trainability`) plus a 4-point
 hyperparameter grid and depths {5, 10, 20, 40, 60}.
 
 ε sweeps stop at ε = 10 (paper scale) / 1 (small): with σ_w² = 1 the
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from bnlab.experiments.reproductions.yang2019_fig3 import (
+from bnlab.reproductions.trainability import (
     compare_depths,
     heatmap,
     run_trainability_cell,

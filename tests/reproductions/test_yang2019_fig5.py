@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from bnlab.experiments.reproductions import yang2019_fig5 as fig5
+from bnlab.reproductions import yang2019_fig5 as fig5
 from bnlab.experiments.spec import Record
 
 EXPS = {e.name: e for e in fig5.EXPERIMENTS}

@@ -1,38 +1,15 @@
-"""Yang et al. 2019, Fig. 3a–d: batch normalization limits the maximum trainable depth.
+"""Trainability sweeps shared by Yang et al. 2019, Figs. 3–5: the training cell, the maximum trainable depth.
 
-ReLU networks with BN (γ = 1, β = 0, ε = 1e-3) are trained at every (depth,
-batch size B) of a grid and their test accuracy is shown as a heatmap with the
-mean field prediction of the maximum trainable depth, 16ξ with
-ξ = 1/log λ_G↓(B) (Yang et al. 2019, §4 and Thm 3.10), as a white dashed line.
+One cell trains a BN-MLP (Yang et al. 2019, Eq. 7) of a given depth, width and BN batch size on
+MNIST, Fashion-MNIST or CIFAR-10 and reports its test accuracy (:func:`run_trainability_cell`).
+The records of a sweep become a test-accuracy heatmap over (x, depth) with the mean field
+prediction of the maximum trainable depth, 16ξ with ξ = 1/log λ_G↓(B) (Yang et al. 2019, §4 and
+Thm 3.10), drawn over it (:func:`heatmap`), and comparison rows between the measured and the
+predicted maximum trainable depth (:func:`compare_depths`).
 
-* ``yang2019-fig3a``: SGD on MNIST (the flagship end-to-end reproduction);
-* ``yang2019-fig3b``: fixed training batch, BN statistics over sub-batches of
-  size B ("ghost batches");
-* ``yang2019-fig3c``: RMSProp on MNIST;
-* ``yang2019-fig3d``: SGD on CIFAR-10 (cells are reported as skipped when
-  CIFAR-10 is not on the machine: ``bnlab data download cifar10``).
-
-Deviations at ``small`` scale (2 CPU cores, minutes) and why
-------------------------------------------------------------
-The paper trains width N = 384 for 10 epochs (MNIST; 50 for CIFAR-10) with
-η = 1e-5·B, i.e. 600 000 samples per cell and up to 75 000 steps at B = 8.
-At ``small`` scale every cell takes a fixed budget of 200 steps on the first
-10 000 training images with width 128, and η = 3e-3·B: the learning rate keeps
-the paper's proportionality to B but is 300× larger, so that 200 steps move
-the network as far as the paper's η does in ~60 000 (η·steps is what matters
-for plain SGD on BN networks, whose output is invariant to the weight scale).
-Fewer steps favour shallow networks (deeper ones train more slowly even below
-16ξ), so at ``small`` scale the measured maximum trainable depth lies somewhat
-below 16ξ at small B; the claim that remains visible is the one of the paper:
-accuracy collapses to chance beyond roughly 16ξ, whatever B, while shallower
-networks train.  Fig. 3b uses a training batch of 128 (not 1000), 100 steps and
-B ∈ {4, 8, 16, 32, 64} at ``small`` scale; Fig. 3c uses B ∈ {8, 32, 128},
-depths {4, 8, 16, 24, 32, 48} and η = 1e-4·B (RMSProp steps are ~η per coordinate whatever the gradient
-scale, so the SGD compensation factor does not apply).  ``paper`` scale uses the paper's sizes.
-
-"Trainable" in :func:`compare` means a test accuracy above
-chance + ½·(best accuracy of the sweep − chance); the measured maximum
-trainable depth at a B is the deepest grid depth that is trainable.
+"Trainable" means a test accuracy above chance + ½·(best accuracy of the sweep − chance)
+(:func:`trainable_threshold`); the measured maximum trainable depth at an x is the deepest grid
+depth that is trainable (:func:`measured_max_depth`).
 """
 from __future__ import annotations
 
@@ -45,9 +22,20 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.experiments.spec import Comparison, Record
 
-__all__ = ["EXPERIMENTS", "run_trainability_cell", "CIFAR_MISSING"]
+__all__ = [
+    "CIFAR_MISSING",
+    "METRIC_KEYS",
+    "load_dataset_subset",
+    "require_params",
+    "run_trainability_cell",
+    "theory_max_depth",
+    "trainable_threshold",
+    "measured_max_depth",
+    "heatmap",
+    "compare_depths",
+]
 
 CIFAR_MISSING = "CIFAR-10 not present: bnlab data download cifar10 (170 MB, checksum-verified), then re-run"
 
@@ -57,7 +45,7 @@ METRIC_KEYS = ("test_accuracy", "diverged", "diverged_at_step", "steps", "final_
 
 # --------------------------------------------------------------------------- cells
 @functools.lru_cache(maxsize=4)
-def _load(dataset: str, n_train: int, n_test: int):
+def load_dataset_subset(dataset: str, n_train: int, n_test: int):
     """The first n_train / n_test images (flattened) of a dataset, cached per worker process."""
     from bnlab.data import load_dataset
 
@@ -70,7 +58,7 @@ def _load(dataset: str, n_train: int, n_test: int):
     return (xtr, tr.y[:n_train].clone()), (xte, te.y[:n_test].clone()), tr.num_classes
 
 
-def _require(params: Any, keys: Sequence[str]) -> None:
+def require_params(params: Any, keys: Sequence[str]) -> None:
     if not isinstance(params, dict):
         raise ValueError(f"params={params!r} is not allowed: expected a dict")
     missing = [k for k in keys if k not in params]
@@ -96,12 +84,12 @@ def run_trainability_cell(params: dict) -> dict:
 
     from bnlab.sim.train import BNMLP, train_classifier
 
-    _require(params, ("dataset", "depth", "width", "bn_batch", "batch_size", "lr", "n_train", "n_test", "seed"))
+    require_params(params, ("dataset", "depth", "width", "bn_batch", "batch_size", "lr", "n_train", "n_test", "seed"))
     if ("steps" in params) == ("epochs" in params):
         raise ValueError(f"params={params!r} is not allowed: give exactly one of 'steps' and 'epochs'")
     torch.set_num_threads(1)
     try:
-        train, test, num_classes = _load(params["dataset"], int(params["n_train"]), int(params["n_test"]))
+        train, test, num_classes = load_dataset_subset(params["dataset"], int(params["n_train"]), int(params["n_test"]))
     except Exception as exc:  # DatasetNotFoundError: report, don't fail the sweep
         if type(exc).__name__ != "DatasetNotFoundError":
             raise
@@ -322,110 +310,3 @@ def compare_depths(records: Sequence[Record], *, xkey: str, xname: str, theory_a
     if below:
         rows.append(Comparison("cells with depth ≤ 16ξ/2 that train", "all (≥ 80% here)", f"{below_ok}/{below}", bool(below_ok >= 0.8 * below)))
     return rows
-
-
-# --------------------------------------------------------------------------- grids
-_SMALL = dict(width=128, n_train=10_000, n_test=2_000, steps=200, lr_per_b=3e-3)
-_PAPER = dict(width=384, n_train=60_000, n_test=10_000, lr_per_b=1e-5)
-_SMALL_DEPTHS = [4, 8, 12, 16, 24, 32, 48, 64]
-_PAPER_DEPTHS = [2, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 60, 70, 80, 90, 100, 120]
-_SMALL_B = [8, 16, 32, 64, 128]
-_PAPER_B = [4, 8, 16, 32, 64, 128, 256, 512]
-
-
-def _grid(scale: str, *, dataset: str, optimizer: str, ghost: bool) -> list[dict]:
-    from bnlab._validation import check_choice
-
-    from bnlab.experiments.spec import SCALES
-
-    check_choice("scale", scale, SCALES)
-    small = scale == "small"
-    cfg = _SMALL if small else _PAPER
-    depths = _SMALL_DEPTHS if small else _PAPER_DEPTHS
-    bs = _SMALL_B if small else _PAPER_B
-    if ghost:
-        # the paper's fixed batch of 1000 needs sub-batch sizes that divide it
-        bs = [4, 8, 16, 32, 64] if small else [4, 5, 8, 10, 20, 25, 40, 50, 100, 125, 200, 250, 500]
-        depths = [4, 8, 16, 24, 32, 48] if small else depths
-    fixed_batch = (128 if small else 1000) if ghost else None
-    if optimizer == "rmsprop" and small:
-        bs = [8, 32, 128]
-        depths = [4, 8, 16, 24, 32, 48]
-    n_train = cfg["n_train"] if dataset == "mnist" or small else 50_000
-    cells = []
-    for b in bs:
-        for d in depths:
-            p: dict[str, Any] = dict(
-                dataset=dataset, phi="relu", gamma=1.0, beta=0.0, eps=1e-3, depth=d, width=cfg["width"],
-                bn_batch=b, batch_size=fixed_batch or b, optimizer=optimizer,
-                lr=cfg["lr_per_b"] * b, n_train=n_train, n_test=cfg["n_test"], seed=0,
-            )
-            if optimizer == "rmsprop":
-                # RMSProp's step is ~lr per coordinate whatever the gradient scale, so the
-                # SGD-compensating factor of the small scale would be far too large here.
-                p["lr"] = (1e-5 if not small else 1e-4) * b
-            if small:
-                p["steps"] = cfg["steps"] if not ghost else 100
-            else:
-                p["epochs"] = 50 if dataset == "cifar10" else 10
-            cells.append(p)
-    return cells
-
-
-def _relu_theory_at(b: float) -> float | None:
-    return theory_max_depth("relu", int(round(b)), 0.0)
-
-
-def _relu_theory(x_values, eps: float = 0.0) -> np.ndarray:
-    # B must be an integer ≥ 4 for the theory: evaluate at the nearest integer.
-    # ε = 1e-3 is ≪ the pre-activation variance (≈ 1), so the ε = 0 theory
-    # (Thm 3.10) is used, as in the paper's Fig. 3.
-    out = []
-    for x in np.atleast_1d(x_values):
-        b = int(round(float(x)))
-        t = theory_max_depth("relu", b, eps) if b >= 4 else None
-        out.append(np.nan if t is None else t)
-    return np.array(out)
-
-
-def _make(letter: str, *, dataset: str, optimizer: str, ghost: bool, title: str, claim: str) -> Experiment:
-    name = f"yang2019-fig3{letter}"
-    xlabel = "BN sub-batch size B (training batch fixed)" if ghost else "batch size B"
-
-    return Experiment(
-        name=name,
-        paper="Yang et al. 2019 (ICLR), A Mean Field Theory of Batch Normalization",
-        figure=f"Fig. 3{letter}",
-        title=title,
-        claim=claim,
-        grid=functools.partial(_grid, dataset=dataset, optimizer=optimizer, ghost=ghost),
-        run_cell=run_trainability_cell,
-        plot=functools.partial(
-            heatmap, name=name, xkey="bn_batch", xlabel=xlabel, xlog=True, title=f"Yang et al. 2019 Fig. 3{letter}: {title}",
-            theory_curve=_relu_theory,
-        ),
-        compare=functools.partial(
-            compare_depths, xkey="bn_batch", xname="B", theory_at=_relu_theory_at
-        ),
-        uses_gpu=True,
-    )
-
-
-_COMMON_CLAIM = (
-    "ReLU networks with batch normalization (γ=1, β=0, ε=1e-3) have gradients that explode at "
-    "the rate λ_G↓(B) per layer (Thm 3.10); networks deeper than about 16ξ, ξ = 1/log λ_G↓, "
-    "are untrainable regardless of batch size (about 50 layers), shallower ones train."
-)
-
-EXPERIMENTS = [
-    _make("a", dataset="mnist", optimizer="sgd", ghost=False, title="ReLU BN-MLP, SGD on MNIST: test accuracy over depth × B",
-          claim=_COMMON_CLAIM + " (a) SGD on MNIST."),
-    _make("b", dataset="mnist", optimizer="sgd", ghost=True,
-          title="fixed training batch, BN statistics over sub-batches of size B",
-          claim=_COMMON_CLAIM + " (b) With the training batch fixed and BN statistics over sub-batches of size B "
-          "the trainable region is nearly identical (so it is not an effect of gradient noise)."),
-    _make("c", dataset="mnist", optimizer="rmsprop", ghost=False, title="RMSProp on MNIST",
-          claim=_COMMON_CLAIM + " (c) Training with RMSProp gives a nearly identical trainable region."),
-    _make("d", dataset="cifar10", optimizer="sgd", ghost=False, title="SGD on CIFAR-10",
-          claim=_COMMON_CLAIM + " (d) On CIFAR-10 (50 epochs) the trainable region is nearly identical."),
-]

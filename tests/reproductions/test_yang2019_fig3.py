@@ -7,10 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from bnlab.experiments.reproductions import yang2019_fig3 as fig3
+from bnlab.reproductions import trainability as fig3
+from bnlab.reproductions import yang2019_fig3
 from bnlab.experiments.spec import Record
 
-EXPS = {e.name: e for e in fig3.EXPERIMENTS}
+EXPS = {e.name: e for e in yang2019_fig3.EXPERIMENTS}
 
 
 def _tiny(**over):
@@ -88,7 +89,7 @@ def test_cifar_missing_is_reported_as_skipped(monkeypatch):
     def missing(*args, **kwargs):
         raise DatasetNotFoundError("CIFAR10 is not in /nowhere")
 
-    monkeypatch.setattr(fig3, "_load", missing)
+    monkeypatch.setattr(fig3, "load_dataset_subset", missing)
     out = fig3.run_trainability_cell(_tiny(dataset="cifar10"))
     assert out["skipped"] is True and "bnlab data download cifar10" in out["skip_reason"]
     rows = EXPS["yang2019-fig3d"].compare([Record(_tiny(dataset="cifar10"), out)])

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from bnlab.experiments.reproductions import yang2019_fig4 as fig4
+from bnlab.reproductions import yang2019_fig4 as fig4
 from bnlab.experiments.spec import Record
 
 EXP = fig4.EXPERIMENTS[0]
