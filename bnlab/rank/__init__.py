@@ -5,6 +5,7 @@ See ``docs/rank.md``.
 """
 from __future__ import annotations
 
+from bnlab.rank.alignment import GradientAlignment, gradient_alignment
 from bnlab.rank.chains import (
     CHAIN_ACTIVATIONS,
     CHAIN_INITS,
@@ -16,6 +17,13 @@ from bnlab.rank.chains import (
     draw_weights,
     run_chain,
 )
+from bnlab.rank.hooks import (
+    last_linear_name,
+    layer_rank_measures,
+    record_representations,
+    representation_matrix,
+    rescale_to_unit_trace,
+)
 from bnlab.rank.measures import (
     RankMeasures,
     as_representation,
@@ -26,6 +34,7 @@ from bnlab.rank.measures import (
     soft_rank,
     stable_rank,
 )
+from bnlab.rank.pretrain import PRETRAIN_OBJECTIVES, PretrainResult, rank_pretrain
 
 __all__ = [
     "RankMeasures",
@@ -45,4 +54,14 @@ __all__ = [
     "draw_weights",
     "default_record_layers",
     "run_chain",
+    "record_representations",
+    "layer_rank_measures",
+    "last_linear_name",
+    "representation_matrix",
+    "rescale_to_unit_trace",
+    "PRETRAIN_OBJECTIVES",
+    "PretrainResult",
+    "rank_pretrain",
+    "GradientAlignment",
+    "gradient_alignment",
 ]
