@@ -18,6 +18,7 @@ monotone in either); they differ in the gradient's scale, so in the step size th
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -169,14 +170,15 @@ def rank_pretrain(
             for t in range(steps):
                 opt.zero_grad(set_to_none=True)
                 r = bound(x, name)
-                if not bool(torch.isfinite(r)) or float(r) == 0.0:
+                r_value = float(r.detach())
+                if not math.isfinite(r_value) or r_value == 0.0:
                     raise FloatingPointError(
-                        f"r(H) of layer {name!r} is {float(r)} at minibatch {k}, step {t} (the representation "
+                        f"r(H) of layer {name!r} is {r_value} at minibatch {k}, step {t} (the representation "
                         "overflowed or died); lower the step size")
                 loss = r.rsqrt() if objective == "inverse_sqrt" else -r
                 loss.backward()
                 opt.step()
-                result.history.append({"minibatch": k, "layer": name, "step": t, "r": float(r.detach())})
+                result.history.append({"minibatch": k, "layer": name, "step": t, "r": r_value})
     with torch.no_grad():
         result.final_r = float(bound(x, layers[-1]))
     return result
