@@ -166,8 +166,9 @@ class ChainResult:
     """Rank measurements of a batch of independent chains (NumPy arrays).
 
     Per-layer arrays have shape (chains, len(layers)) for the recorded ``layers`` (indices in
-    0..depth; layer 0 is the input X).  Means and standard deviations are over all layers
-    1..depth (the input excluded), one per chain, accumulated on the fly.  The soft rank is
+    0..depth; layer 0 is the input X).  Means and standard deviations are over the layers
+    1..depth (the input excluded; every ``measure_every``-th layer), one per chain,
+    accumulated on the fly.  The soft rank is
     read at the scale tr M = d (see :mod:`bnlab.rank.chains`).
     """
 
@@ -228,6 +229,7 @@ def run_chain(
     device: Any = "cpu",
     eps: float = 0.0,
     block_size: int = 256,
+    measure_every: int = 1,
 ) -> ChainResult:
     """Run ``chains`` independent chains of ``depth`` layers and measure their rank (streamed).
 
@@ -253,6 +255,8 @@ def run_chain(
     eps : added to the BN variance (the paper has none; 0 by default).  A row of zeros under
         BN with eps = 0 raises ``FloatingPointError`` naming the layer.
     block_size : layers per batched SVD (memory ∝ block_size, not depth).
+    measure_every : the running means use the layers ℓ = k, 2k, ... ≤ depth (k = measure_every);
+        k > 1 saves the SVDs of the other layers (an ergodic average needs no every layer).
 
     Memory: O(block_size · chains · d · max(d, N) + len(record_layers) · chains · min(d, N)).
     """
@@ -269,6 +273,7 @@ def run_chain(
     seed = check_int("seed", seed, minimum=0)
     eps = check_real("eps", eps, minimum=0.0)
     block_size = check_int("block_size", block_size, minimum=1)
+    measure_every = check_int("measure_every", measure_every, minimum=1, maximum=depth)
     dt = _resolve_dtype(dtype)
     dev = _resolve_device(device)
     if record_layers is None:
@@ -297,12 +302,14 @@ def run_chain(
     sums = {name: torch.zeros(chains, dtype=torch.float64, device=dev) for name in ("sr", "sr2", "r", "nr")}
     final = {}
 
-    def measure(buf: torch.Tensor, first_layer: int) -> None:
-        # buf: (b, chains, d, n) — layers first_layer .. first_layer + b − 1, one SVD call.
+    def measure(buf: torch.Tensor, layer_ids: list[int]) -> None:
+        # buf: (b, chains, d, n) — the layers layer_ids, one SVD call.
         if not bool(torch.isfinite(buf).all()):
-            bad = int((~torch.isfinite(buf)).flatten(1).any(1).nonzero()[0, 0]) + first_layer
+            pos = int((~torch.isfinite(buf)).flatten(1).any(1).nonzero()[0, 0])
+            lo = layer_ids[pos - 1] + 1 if pos > 0 else 1
+            where = f"layer {lo}" if lo == layer_ids[pos] else f"one of layers {lo}..{layer_ids[pos]}"
             raise FloatingPointError(
-                f"layer {bad} produced non-finite values (under BN with eps=0 a row of zeros has no scale); "
+                f"{where} produced non-finite values (under BN with eps=0 a row of zeros has no scale); "
                 "use eps > 0")
         fro2 = buf.pow(2).sum(dim=(-2, -1))
         sv = torch.linalg.svdvals(buf)
@@ -313,8 +320,8 @@ def run_chain(
         sr = (sv_scaled.pow(2) / n >= tau).sum(-1).to(torch.float64)
         r = _lower_bound_from_sv(sv).to(torch.float64)
         nr = _numerical_rank_from_sv(sv, d, n, None).to(torch.float64)
-        idx = torch.arange(first_layer, first_layer + buf.shape[0])
-        counted = (idx >= 1).to(dev)
+        idx = torch.tensor(layer_ids)
+        counted = ((idx >= 1) & (idx % measure_every == 0)).to(dev)
         w = counted.to(torch.float64).unsqueeze(-1)
         sums["sr"] += (sr * w).sum(0)
         sums["sr2"] += (sr * sr * w).sum(0)
@@ -330,29 +337,36 @@ def run_chain(
             out["stable_rank"][:, ps] = _stable_rank_from_sv(sv[js]).T.to(torch.float64).cpu().numpy()
             out["effective_rank"][:, ps] = _effective_rank_from_sv(sv[js]).T.to(torch.float64).cpu().numpy()
             sv_out[:, ps, :] = sv_scaled[js].transpose(0, 1).to(torch.float64).cpu().numpy()
-        if first_layer + buf.shape[0] - 1 == depth:
+        if layer_ids[-1] == depth:
             final.update(sr=sr[-1].cpu().numpy(), r=r[-1].cpu().numpy(), nr=nr[-1].cpu().numpy())
 
-    measure(h.unsqueeze(0), 0)
+    measure(h.unsqueeze(0), [0])
     done = 0
+    buf = torch.empty((block_size, chains, d, n), dtype=dt, device=dev)
     with torch.no_grad():
         while done < depth:
             b = min(block_size, depth - done)
             weights = draw_weights((b, chains, d, d), init, gen, dt, dev)
-            buf = torch.empty((b, chains, d, n), dtype=dt, device=dev)
+            kept: list[int] = []
             for j in range(b):
                 h = _step(h, weights[j], gamma, norm, activation, placement, eps)
-                buf[j] = h
-            measure(buf, done + 1)
+                layer = done + j + 1
+                if layer % measure_every == 0 or layer in rec_pos or layer == depth:
+                    buf[len(kept)] = h
+                    kept.append(layer)
+            if kept:
+                measure(buf[: len(kept)], kept)
             done += b
 
-    mean_sr = (sums["sr"] / depth).cpu().numpy()
-    var_sr = np.maximum((sums["sr2"] / depth).cpu().numpy() - mean_sr**2, 0.0)
+    n_counted = depth // measure_every
+    mean_sr = (sums["sr"] / n_counted).cpu().numpy()
+    var_sr = np.maximum((sums["sr2"] / n_counted).cpu().numpy() - mean_sr**2, 0.0)
     config = {
         "width": d, "batch_size": n, "depth": depth, "chains": chains, "norm": norm, "activation": activation,
         "placement": placement,
         "residual_gamma": "inf" if math.isinf(gamma) else gamma, "init": init, "tau": tau, "seed": seed,
         "dtype": str(dt).replace("torch.", ""), "device": str(dev), "eps": eps, "block_size": block_size,
+        "measure_every": measure_every,
         "inputs": "gaussian" if inputs is None else "given",
     }
     return ChainResult(
@@ -366,8 +380,8 @@ def run_chain(
         singular_values=sv_out,
         mean_soft_rank=mean_sr,
         std_soft_rank=np.sqrt(var_sr),
-        mean_rank_lower_bound=(sums["r"] / depth).cpu().numpy(),
-        mean_numerical_rank=(sums["nr"] / depth).cpu().numpy(),
+        mean_rank_lower_bound=(sums["r"] / n_counted).cpu().numpy(),
+        mean_numerical_rank=(sums["nr"] / n_counted).cpu().numpy(),
         final_soft_rank=final["sr"],
         final_rank_lower_bound=final["r"],
         final_numerical_rank=final["nr"],

@@ -2,6 +2,8 @@
 import importlib.util
 import pathlib
 
+import pytest
+
 
 def _load():
     path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_rank.py"
@@ -18,6 +20,7 @@ def test_stack_benchmark_reports_every_function():
         assert out[name]["batched_s"] > 0 and out[name]["loop_s"] > 0
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch: ~10–20 s on a busy 2-core machine
 def test_depth_run_in_a_subprocess():
     out = _load().bench_depth(50, "cpu", 1, 1)
     assert out["depth"] == 50 and out["wall_s"] > 0 and out["mean_soft_rank"] >= 1

@@ -204,3 +204,14 @@ def test_gamma_accepts_inf_spellings():
     b = run_chain(4, 4, 10, residual_gamma=math.inf, seed=0)
     np.testing.assert_array_equal(a.soft_rank, b.soft_rank)
     assert a.config["residual_gamma"] == "inf"
+
+
+def test_measure_every_averages_the_subsampled_layers():
+    full = run_chain(8, 8, 103, chains=2, seed=9, record_layers=range(104), block_size=10)
+    sub = run_chain(8, 8, 103, chains=2, seed=9, record_layers=[0], block_size=10, measure_every=5)
+    # layers 5, 10, ..., 100 (20 layers); the final layer 103 is measured but not in the mean
+    np.testing.assert_allclose(sub.mean_soft_rank, full.soft_rank[:, 5:101:5].mean(1), rtol=1e-12)
+    np.testing.assert_allclose(sub.mean_rank_lower_bound, full.rank_lower_bound[:, 5:101:5].mean(1), rtol=1e-12)
+    np.testing.assert_array_equal(sub.final_soft_rank, full.soft_rank[:, -1])
+    with pytest.raises(ValueError, match="measure_every"):
+        run_chain(8, 8, 10, measure_every=11)
