@@ -11,7 +11,9 @@ from bnlab.reproductions import daneshmand2020_fig2 as f2
 from bnlab.reproductions import daneshmand2020_fig3 as f3
 from bnlab.reproductions import daneshmand2020_lemma3 as l3
 
-ALL = [f2.EXPERIMENTS[0], f3.EXPERIMENTS[0], f3.EXPERIMENTS[1], l3.EXPERIMENTS[0]]
+from bnlab.reproductions import daneshmand2020_fig6 as f6
+
+ALL = [f2.EXPERIMENTS[0], f3.EXPERIMENTS[0], f3.EXPERIMENTS[1], l3.EXPERIMENTS[0], f6.EXPERIMENTS[0]]
 
 
 @pytest.mark.parametrize("exp", ALL, ids=lambda e: e.name)
@@ -90,3 +92,34 @@ def test_small_scale_all_rows_agree(exp, tmp_path):
     if exp.name == "daneshmand2020-fig3a":
         for r in rows:
             assert "CI" in r.bnlab
+
+
+def test_fig6_cells_tiny(tmp_path):
+    from bnlab.reproductions import daneshmand2020_fig6 as f6
+
+    exp = f6.EXPERIMENTS[0]
+    for scale in ("small", "paper"):
+        json.dumps(exp.grid(scale))
+    recs = []
+    for kind in ("vanilla", "pretrain25", "bn"):
+        p = dict(kind=kind, depth=3, width=16, lr=0.01, batch_size=16, steps=8, n_train=300, n_eval=100,
+                 n_test=100, seed=0)
+        m = f6.run_cell(p)
+        if m.get("skipped"):
+            pytest.skip(m["skip_reason"])
+        json.dumps(m)
+        assert 0 <= m["train_accuracy"] <= 1 and len(m["r_through_training"]) == 4
+        recs.append(Record(p, m))
+    assert "pretrain_final_r" in recs[1].metrics
+    assert all(p.exists() for p in exp.plot(recs, tmp_path))
+    assert len(exp.compare(recs)) == 3
+
+
+def test_fig6_build_mlp_structure():
+    from torch import nn
+
+    from bnlab.reproductions.daneshmand2020_fig6 import build_mlp
+
+    m = build_mlp(32, 128, bn=True, seed=0)
+    assert sum(isinstance(x, nn.Linear) for x in m) == 33 and sum(isinstance(x, nn.BatchNorm1d) for x in m) == 32
+    assert float(m[0].bias.detach().abs().max()) == 0.0
