@@ -119,3 +119,212 @@ def test_bad_model_arguments(kwargs, name):
         BNMLP(3, 2, **base)
 
 
+
+
+# ----------------------------------------------------------------------------- MLP
+from bnlab.nets import (  # noqa: E402
+    BNPCNN,
+    MLP,
+    NORMALIZATIONS,
+    ActivationModule,
+    BatchRenorm1d,
+    FisherCNN,
+    resnet,
+    vgg,
+)
+
+
+def _n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("placement,order", [("pre", ("Linear", "BatchNorm1d", "ActivationModule")),
+                                             ("post", ("Linear", "ActivationModule", "BatchNorm1d"))])
+def test_mlp_placement_order_and_forward_against_a_direct_formula(placement, order):
+    m = MLP(5, [7, 6], 3, phi="tanh", norm="bn", placement=placement, sigma_b2=0.3, seed=2, dtype=torch.float64)
+    for block in m.blocks:
+        assert tuple(type(layer).__name__ for layer in block) == order
+    x = torch.randn(9, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    a = x
+    for lin in m.hidden_layers:  # float64 on both routes: rounding only, rtol 1e-12
+        h = a @ lin.weight.T + lin.bias
+        bn = nn.functional.batch_norm
+        a = torch.tanh(bn(h, None, None, training=True)) if placement == "pre" else bn(torch.tanh(h), None, None,
+                                                                                        training=True)
+    torch.testing.assert_close(m(x), a @ m.readout.weight.T + m.readout.bias, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("norm", NORMALIZATIONS)
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_mlp_every_normalization_trains_a_step(norm, placement):
+    kw = {"ghost_batch_size": 4} if norm == "ghost_bn" else ({"num_groups": 4} if norm == "gn" else {})
+    m = MLP(6, [8, 8], 3, norm=norm, placement=placement, norm_kwargs=kw, seed=0)
+    x = torch.randn(8, 6)
+    m(x).sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.hidden_layers[0].parameters())
+    assert len(m.norms) == 2
+
+
+def test_mlp_parameter_count_of_the_fisher_papers_fc_net():
+    # Fisher paper §4: L = 4, N = 1000, BN after each linear layer except the output (MNIST input)
+    m = MLP(784, [1000, 1000, 1000], 10, norm="bn")
+    want = (784 * 1000 + 1000) + 2 * (1000 * 1000 + 1000) + (1000 * 10 + 10) + 3 * 2 * 1000
+    assert _n_params(m) == want == 2_803_010
+
+
+def test_mlp_gamma_beta_seed_and_init():
+    m = MLP(4, [5], 2, gamma=0.3, beta=0.1, seed=1)
+    assert torch.equal(m.norms[0].weight, torch.full((5,), 0.3)) and torch.equal(m.norms[0].bias, torch.full((5,), 0.1))
+    same, other = MLP(4, [5], 2, gamma=0.3, beta=0.1, seed=1), MLP(4, [5], 2, seed=2)
+    assert torch.equal(m.hidden_layers[0].weight, same.hidden_layers[0].weight)
+    assert not torch.equal(m.hidden_layers[0].weight, other.hidden_layers[0].weight)
+    asym = MLP(4, [50], 2, init="asym_uniform", norm="none")
+    assert float(asym.hidden_layers[0].weight.detach().min()) >= 0
+    # the default σ_w² = 2 of "gaussian": 100·400 entries, ±5σ = ±3.5 % (see test_init.py)
+    wide = MLP(400, [100], 2, seed=3, dtype=torch.float64)
+    assert float(wide.hidden_layers[0].weight.detach().var()) * 400 == pytest.approx(2.0, rel=0.035)
+
+
+def test_mlp_forward_hidden_and_input_checks():
+    m = MLP(12, [6, 4], 3)
+    logits, hidden = m.forward_hidden(torch.randn(5, 3, 4))  # flattened per sample
+    assert logits.shape == (5, 3) and [h.shape for h in hidden] == [(5, 6), (5, 4)]
+    with pytest.raises(ValueError, match="features"):
+        m(torch.randn(5, 11))
+
+
+@pytest.mark.parametrize("norm", ["bn_nomean", "ghost_bn", "brn", "bn"])
+def test_batch_of_one_in_training_is_rejected_by_every_batch_norm(norm):
+    kw = {"ghost_batch_size": 1} if norm == "ghost_bn" else {}
+    m = MLP(3, [4], 2, norm=norm, norm_kwargs=kw)
+    with pytest.raises(ValueError, match="value per channel|more than 1 value"):
+        m(torch.randn(1, 3))
+    m.eval()
+    assert m(torch.randn(1, 3)).shape == (1, 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(widths=[]), "widths"),
+        (dict(widths=[0]), "widths"),
+        (dict(widths=5), "widths"),
+        (dict(norm="batch"), "norm"),
+        (dict(placement="middle"), "placement"),
+        (dict(phi="nonexistent_phi"), "phi"),
+        (dict(init="he"), "init"),
+        (dict(sigma_w2=-1.0), "sigma_w2"),
+        (dict(init="torch_default", sigma_w2=2.0), "sigma_w2"),
+        (dict(norm="none", gamma=2.0), "gamma"),
+        (dict(norm_kwargs={"dims": 2}), "norm_kwargs"),
+        (dict(norm_kwargs=3), "norm_kwargs"),
+        (dict(norm="ghost_bn"), "ghost_batch_size"),
+        (dict(dtype=torch.int32), "dtype"),
+        (dict(seed=-1), "seed"),
+        (dict(bias=1), "bias"),
+    ],
+)
+def test_mlp_bad_arguments(kwargs, match):
+    args = dict(widths=[4])
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        MLP(3, args.pop("widths"), 2, **args)
+
+
+def test_activation_module_resolves_once():
+    mod = ActivationModule("tanh(2*x)+0.1*x")
+    x = torch.linspace(-2, 2, 9, dtype=torch.float64)
+    torch.testing.assert_close(mod(x), torch.tanh(2 * x) + 0.1 * x, rtol=1e-12, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- CNNs
+def test_fisher_cnn_architecture_and_parameter_count():
+    # §4: three 3×3 stride-2 convolutions with 30, 60, 90 channels + FC; no padding (Suppl. §6.2: the
+    # first layer of a CIFAR-10 net has 15×15 = 225 positions)
+    m = FisherCNN()
+    shapes = []
+    m.features[0].register_forward_hook(lambda mod, i, o: shapes.append(tuple(o.shape[1:])))
+    assert m(torch.randn(4, 3, 32, 32)).shape == (4, 10)
+    assert shapes == [(30, 15, 15)] and m.feature_shape == (90, 3, 3)
+    convs = (3 * 9 + 1) * 30 + (30 * 9 + 1) * 60 + (60 * 9 + 1) * 90
+    assert _n_params(m) == convs + 2 * (30 + 60 + 90) + (810 + 1) * 10 == 74_260
+    assert FisherCNN(in_shape=(1, 28, 28)).feature_shape == (90, 2, 2)
+    assert _n_params(FisherCNN(norm="none")) == 74_260 - 360
+    g = FisherCNN(gamma=0.5, seed=1)
+    assert all(torch.equal(n.weight, torch.full_like(n.weight, 0.5)) for n in g.norms)
+    # σ_b² = 0.5 by default (the paper's): biases are drawn, not zero
+    assert float(m.features[0].bias.detach().abs().sum()) > 0
+
+
+def test_bnp_cnn_parameter_counts():
+    # the TensorFlow (2019) CNN tutorial's model (32-64-64) has 122,570 parameters; the paper's 32-64-32: 71,338
+    assert _n_params(BNPCNN(norm="none", channels=(32, 64, 64))) == 122_570
+    m = BNPCNN(norm="none")
+    assert _n_params(m) == 896 + 18_496 + 18_464 + (512 * 64 + 64) + 650 == 71_338
+    assert m.feature_shape == (32, 4, 4)
+    bn = BNPCNN()
+    assert _n_params(bn) == 71_338 + 2 * (32 + 64 + 32 + 64)
+    assert bn(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert torch.count_nonzero(bn.head[0].bias) == 0  # zero biases (Appendix B)
+
+
+def test_vgg_and_resnet_parameter_counts():
+    # VGG-16 (config D) with BN and one Linear(512, 10): 14,728,266; VGG-11: 9,231,114.
+    # ResNet-20: 269,722 ("0.27M", He et al. 2016 Table 6), ResNet-110: 1,727,962 ("1.7M"),
+    # ResNet-18 (CIFAR stem): 11,173,962.
+    assert _n_params(vgg(16)) == 14_728_266
+    assert _n_params(vgg(11)) == 9_231_114
+    assert _n_params(resnet(20)) == 269_722
+    assert _n_params(resnet(110)) == 1_727_962
+    assert _n_params(resnet(18)) == 11_173_962
+    assert len(resnet(20).norms) == 19 and len(vgg(11).norms) == 8
+
+
+def test_resnet_option_a_shortcut_subsamples_and_zero_pads():
+    # with both convolutions zeroed a block in eval mode (running stats 0/1) outputs φ(shortcut(x)):
+    # identity subsampled by 2 and zero-padded from 16 to 32 channels (He et al. 2016 §4.2, option A)
+    m = resnet(20, dtype=torch.float64).eval()
+    block = [b for b in m if type(b).__name__ == "BasicBlock"][3]  # first block of stage 2
+    with torch.no_grad():
+        block.conv1.weight.zero_()
+        block.conv2.weight.zero_()
+    x = torch.randn(2, 16, 8, 8, dtype=torch.float64)
+    want = torch.relu(nn.functional.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, 8, 8)))
+    torch.testing.assert_close(block(x), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("norm", ["bn", "ghost_bn", "brn", "gn", "ln", "bn_nomean", "none"])
+def test_conv_nets_accept_every_normalization(norm):
+    kw = {"ghost_batch_size": 2} if norm == "ghost_bn" else ({"num_groups": 2} if norm == "gn" else {})
+    x = torch.randn(4, 3, 32, 32)
+    for model in (FisherCNN(norm=norm, norm_kwargs=kw), resnet(20, norm=norm, norm_kwargs=kw)):
+        assert model(x).shape == (4, 10)
+    assert isinstance(FisherCNN(norm="brn").norms[0], torch.nn.Module)
+    assert not isinstance(FisherCNN(norm="bn").norms[0], BatchRenorm1d)
+
+
+@pytest.mark.parametrize(
+    "build,match",
+    [
+        (lambda: FisherCNN(in_shape=(3, 32)), "in_shape"),
+        (lambda: FisherCNN(in_shape=(3, 4, 4)), "in_shape"),
+        (lambda: FisherCNN(channels=()), "channels"),
+        (lambda: FisherCNN(norm="bn", gamma=float("nan")), "gamma"),
+        (lambda: BNPCNN(channels=(32, 64)), "channels"),
+        (lambda: BNPCNN(in_shape=(3, 8, 8)), "in_shape"),
+        (lambda: vgg(12), "depth"),
+        (lambda: resnet(50), "depth"),
+        (lambda: resnet(20, norm="gn", norm_kwargs={"num_groups": 3}), "num_groups"),
+    ],
+)
+def test_cnn_bad_arguments(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_cnn_bad_input_shapes():
+    with pytest.raises(ValueError, match="not allowed"):
+        FisherCNN()(torch.randn(2, 1, 28, 28))
+    with pytest.raises(ValueError, match="not allowed"):
+        resnet(20)(torch.randn(2, 1, 32, 32))
+    assert FisherCNN()(torch.randn(2, 3 * 32 * 32)).shape == (2, 10)  # flat inputs are reshaped
