@@ -41,7 +41,8 @@ class TrainResult:
     Attributes
     ----------
     test_accuracy:
-        Fraction of correctly classified test samples; ``chance`` when diverged; None without test data.
+        Fraction of correctly classified test samples; ``chance`` when diverged; None without test data
+        or when the targets are not class labels.
     diverged:
         Whether the training loss (or the test logits) became NaN/inf.
     diverged_at_step:
@@ -327,7 +328,7 @@ def train(
                 diverged_at = done - window.numel() + bad
                 break
         if eval_every_epoch and end_of_epoch:
-            acc, finite = _accuracy(model, test[0], test[1], eval_batch_size)
+            acc, finite = _accuracy(model, test[0], test[1], eval_batch_size) if chance is not None else (None, True)
             epoch_rows.append({"epoch": done // per_epoch,
                                "train_loss": float(losses[done - per_epoch : done].mean().item()),
                                "test_accuracy": acc if finite else None})
@@ -339,6 +340,8 @@ def train(
                            history, epoch_rows, stopped)
     final = float(np.mean(history[-50:]))
     if test is None:
+        return TrainResult(None, False, None, done, final, chance, history, epoch_rows, stopped)
+    if chance is None:  # not a classifier (floating targets): no accuracy to report
         return TrainResult(None, False, None, done, final, chance, history, epoch_rows, stopped)
     acc, finite = _accuracy(model, test[0], test[1], eval_batch_size)
     if not finite:
