@@ -289,6 +289,20 @@ class _BatchRenorm(_BatchStatNorm):
         step = int(self.num_batches_tracked.item()) if step is None else check_int("step", step, minimum=0)
         return (self._ramp(step, self.r_max_at, 1.0, self.r_max), self._ramp(step, self.d_max_at, 0.0, self.d_max))
 
+    def _limits_on_device(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`clip_limits` at the current step as 0-d tensors computed on the layer's device from
+        ``num_batches_tracked`` — no host synchronization per step on a GPU."""
+        step = self.num_batches_tracked.to(like.dtype)
+
+        def ramp(end: int, start_value: float, end_value: float) -> torch.Tensor:
+            if end > self.warmup_start:
+                frac = ((step - self.warmup_start) / (end - self.warmup_start)).clamp(0.0, 1.0)
+            else:
+                frac = (step >= end).to(like.dtype)
+            return start_value + (end_value - start_value) * frac
+
+        return ramp(self.r_max_at, 1.0, self.r_max), ramp(self.d_max_at, 0.0, self.d_max)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         if not self.training:
@@ -301,13 +315,13 @@ class _BatchRenorm(_BatchStatNorm):
         mean, var, xc = _centered_moments(x, dims)
         mean, var = mean.reshape(-1), var.reshape(-1)
         sigma_b = torch.sqrt(var + self.eps)
-        r_max, d_max = self.clip_limits()
+        r_max, d_max = self._limits_on_device(mean)
         with torch.no_grad():
             # r and d are constants for the gradient (Ioffe 2017, Algorithm 1: "stop_gradient"); they are
             # recomputed from this batch and the current running statistics at every step
             sigma = torch.sqrt(self.running_var + self.eps)
-            r = (sigma_b / sigma).clamp(1.0 / r_max, r_max)
-            d = ((mean - self.running_mean) / sigma).clamp(-d_max, d_max)
+            r = torch.clamp(sigma_b / sigma, 1.0 / r_max, r_max)
+            d = torch.clamp((mean - self.running_mean) / sigma, -d_max, d_max)
         # (x − μ_B)/σ_B·r + d, affine folded in: one pass over x − μ_B (gradient through μ_B and σ_B)
         y = self._scale_shift(xc, r / sigma_b, d)
         with torch.no_grad():
