@@ -15,7 +15,8 @@ backward, step) for each normalization of ``bnlab.nets.NORMALIZATIONS`` and prin
   the divergence checks) against the bare loop of the first table, for ``norm="bn"``.
 
 The configurations are timed interleaved (each repeat runs all of them in turn), so a change of load
-on a shared machine affects all alike; use ``--repeat`` ≥ 5 there.  Nothing is asserted; ``tests/nets/test_bench_nets.py`` runs ``--quick`` as a smoke test.
+on a shared machine affects all alike; use ``--repeat`` ≥ 5 there.  Nothing is asserted;
+``tests/nets/test_bench_nets.py`` runs ``--quick`` as a smoke test.
 """
 from __future__ import annotations
 

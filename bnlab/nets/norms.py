@@ -28,7 +28,6 @@ In training mode a layer that would compute a statistic from a single value per 
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch

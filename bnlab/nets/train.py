@@ -112,7 +112,9 @@ def _as_tensors(name: str, data: Any, device: torch.device, dtype: torch.dtype):
     elif isinstance(data, (tuple, list)) and len(data) == 2:
         x, y = data
     else:
-        raise ValueError(f"{name}={type(data).__name__} is not allowed: expected a Dataset with .x/.y or an (x, y) pair")
+        raise ValueError(
+            f"{name}={type(data).__name__} is not allowed: expected a Dataset with .x/.y or an (x, y) pair"
+        )
     x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
     y = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
     if x.ndim < 2 or y.ndim < 1 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
