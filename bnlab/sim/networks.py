@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bnlab._validation import check_choice, check_int, check_real
+from bnlab._validation import check_device, check_choice, check_int, check_real
 from bnlab.sim import measure as _m
 from bnlab.sim.fit import _TAIL_MIN_NETWORKS, RateFit, fit_geometric_rate
 from bnlab.sim._linalg import gram
@@ -78,15 +78,7 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 def resolve_device(device: Any) -> torch.device:
     """``device`` as a torch.device, or ValueError (unknown, or CUDA requested without CUDA)."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device={device!r} is not allowed: {exc}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} is not allowed: CUDA is not available on this machine; use device='cpu'")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device={device!r} is not allowed: expected 'cpu' or 'cuda'")
-    return dev
+    return check_device("device", device)
 
 
 def resolve_dtype(dtype: Any) -> torch.dtype:
