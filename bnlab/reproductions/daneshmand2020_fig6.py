@@ -7,8 +7,13 @@ biases, as the authors' script) on Fashion-MNIST, four kinds of network:
 * ``pretrain25`` / ``pretrain75``: vanilla, pre-trained layer-wise with T = 25 / 75 steps per
   layer (:func:`bnlab.rank.rank_pretrain`, Algorithm 1; Fig. 6's "pre-trained layer-wise with 25
   and 75 iterations"), SGD lr 1e-2, one minibatch of 64;
-* ``bn``: ``nn.BatchNorm1d`` before every ReLU.
+* ``bn``: ``nn.BatchNorm1d`` before every ReLU;
+* ``bn_asym``: BN with the asymmetric initialization U[0, 2/sqrt(d)] ("breaking BN", §4 and
+  Fig. 5 — there on VGG19/CIFAR-10, here at the MLP scale of Fig. 6's dashed lines);
+* ``bn_nomean``: BN without mean subtraction (Fig. 5, App. C).
 
+Models are :class:`bnlab.nets.MLP` (Gaussian weights of variance 1/fan_in, zero biases) and
+training is :func:`bnlab.nets.train`.
 Each is then trained by SGD (batch 64) for a fixed budget; reported: the training accuracy
 (Fig. 6 left), r(H_L) of the last hidden layer before/after pre-training and through training
 (Fig. 6 right), and the mean |cos| of the last layer's per-sample gradients at the start of
@@ -22,7 +27,7 @@ rank raised on the one pre-training minibatch (M = 1) carries over only partly t
 Budget (``small``): the first 20 000 training images (standardized), 500 SGD steps at lr 0.01,
 2 seeds; accuracy on 5 000 of the training images and on 2 000 test images.  ``paper``: 60 000
 images, 20 000 steps (≈ 21 epochs; the paper trains longer with a grid-searched step size),
-lr 0.01, 5 seeds.  The training loop is a plain seeded SGD loop over random minibatches.
+lr 0.01, 5 seeds.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ from bnlab.experiments.spec import Comparison, Experiment, Record
 __all__ = ["EXPERIMENTS", "run_cell", "build_mlp"]
 
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
-_KINDS = ("vanilla", "pretrain25", "pretrain75", "bn")
+_KINDS = ("vanilla", "pretrain25", "pretrain75", "bn", "bn_asym", "bn_nomean")
 _SCALES = {
     "small": dict(n_train=20_000, n_eval=5_000, n_test=2_000, steps=500, seeds=[0, 1]),
     "paper": dict(n_train=60_000, n_eval=10_000, n_test=10_000, steps=20_000, seeds=[0, 1, 2, 3, 4]),
@@ -52,27 +57,20 @@ def _grid(scale: str) -> list[dict]:
                  n_eval=s["n_eval"], n_test=s["n_test"], seed=seed) for seed in s["seeds"] for k in _KINDS]
 
 
-def build_mlp(depth: int, width: int, *, bn: bool, seed: int, d_in: int = 784, classes: int = 10):
-    """ReLU MLP with ``depth`` hidden layers (Linear [→ BN] → ReLU), Xavier-normal weights, zero biases."""
-    import torch
-    from torch import nn
+def build_mlp(kind: str, depth: int, width: int, *, seed: int, d_in: int = 784, classes: int = 10):
+    """The cell's network as a :class:`bnlab.nets.MLP` (Linear [→ Norm] → ReLU per hidden layer).
 
-    torch.manual_seed(seed)
-    layers: list = []
-    fan_in = d_in
-    for _ in range(depth):
-        layers.append(nn.Linear(fan_in, width))
-        if bn:
-            layers.append(nn.BatchNorm1d(width))
-        layers.append(nn.ReLU())
-        fan_in = width
-    layers.append(nn.Linear(fan_in, classes))
-    model = nn.Sequential(*layers)
-    for m in model:
-        if isinstance(m, nn.Linear):
-            nn.init.xavier_normal_(m.weight)
-            nn.init.zeros_(m.bias)
-    return model
+    vanilla / pretrain*: no normalization, Gaussian weights of variance 1/fan_in (Xavier-normal's
+    variance for square layers; the authors' script uses Xavier-normal), zero biases; ``bn``: the
+    same weights with BN before ReLU; ``bn_asym``: BN with the asymmetric U[0, 2/sqrt(d)] weights
+    ("breaking BN", §4 / Fig. 5); ``bn_nomean``: BN without mean subtraction (Fig. 5, App. C).
+    """
+    from bnlab.nets import MLP
+
+    norm = {"bn": "bn", "bn_asym": "bn", "bn_nomean": "bn_nomean"}.get(kind, "none")
+    if kind == "bn_asym":
+        return MLP(d_in, [width] * depth, classes, norm=norm, init="asym_uniform", sigma_w2=1.0, seed=seed)
+    return MLP(d_in, [width] * depth, classes, norm=norm, init="gaussian", sigma_w2=1.0, seed=seed)
 
 
 def _last_r(model, x) -> float:
@@ -81,8 +79,11 @@ def _last_r(model, x) -> float:
     from bnlab.rank import last_linear_name, rank_lower_bound, record_representations
 
     name = last_linear_name(model)
+    buffers = {k: v.clone() for k, v in model.named_buffers()}  # BN running statistics: no side effect
     with torch.no_grad(), record_representations(model, name, capture="input") as reps:
         model(x)
+        for k, v in model.named_buffers():
+            v.copy_(buffers[k])
     return float(rank_lower_bound(reps[name]))
 
 
@@ -109,7 +110,7 @@ def run_cell(params: dict) -> dict:
     xt = ((test.x[: params["n_test"]].reshape(params["n_test"], -1).float()) - mu) / sd
     yt = test.y[: params["n_test"]]
     kind, seed = params["kind"], params["seed"]
-    model = build_mlp(params["depth"], params["width"], bn=kind == "bn", seed=seed)
+    model = build_mlp(kind, params["depth"], params["width"], seed=seed)
     probe = x[:64]
     out = {"r_init": _last_r(model, probe)}  # probe: the first 64 images; pre-training draws its own
     if kind.startswith("pretrain"):
@@ -118,24 +119,21 @@ def run_cell(params: dict) -> dict:
         out["pretrain_final_r"] = res.final_r
     out["r_start"] = _last_r(model, probe)
     out["alignment_start"] = gradient_alignment(model, probe, y[:64]).mean_abs_neuron_cosine
-    gen = torch.Generator().manual_seed(10_000 + seed)
-    opt = torch.optim.SGD(model.parameters(), lr=params["lr"])
-    checkpoints = sorted({0, params["steps"] // 4, params["steps"] // 2, params["steps"]})
-    r_curve, losses = [], []
-    for step in range(params["steps"] + 1):
-        if step in checkpoints:
-            r_curve.append([step, _last_r(model, probe)])
-        if step == params["steps"]:
-            break
-        idx = torch.randint(0, n, (params["batch_size"],), generator=gen)
-        loss = F.cross_entropy(model(x[idx]), y[idx])
-        if not math.isfinite(float(loss.detach())):
-            out["diverged_at_step"] = step
-            break
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
+    from bnlab.nets import train as train_net
+
+    checkpoints = {params["steps"] // 4, params["steps"] // 2, params["steps"]}
+    r_curve = [[0, out["r_start"]]]
+
+    def track_rank(info) -> None:
+        if info.step + 1 in checkpoints:
+            r_curve.append([info.step + 1, _last_r(info.model, probe)])
+
+    result = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=params["lr"]),
+                       batch_size=params["batch_size"], steps=params["steps"], callbacks=[track_rank],
+                       seed=10_000 + seed)
+    losses = [float(v) for v in result.history]
+    if result.diverged:
+        out["diverged_at_step"] = result.diverged_at_step
     model.eval()
     with torch.no_grad():
         ne = params["n_eval"]
@@ -209,6 +207,22 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
         bnlab=", ".join(f"{k} {v:.2f}" for k, v in sorted(align.items(), key=lambda kv: _KINDS.index(kv[0]))),
         agrees=bool(align["vanilla"] > 0.9 and align.get("bn", 0.0) < 0.6),
     ))
+    if "bn" in kinds and "bn_asym" in kinds:
+        r_bn = float(np.mean([m["r_start"] for m in kinds["bn"]]))
+        r_asym = float(np.mean([m["r_start"] for m in kinds["bn_asym"]]))
+        rows.append(Comparison(
+            quantity="breaking BN: asymmetric init U[0, 2/sqrt(d)] vs standard, r(H_L) and training accuracy",
+            paper="the asymmetric init lowers BN's rank and slows training markedly (Figs. 5, 6)",
+            bnlab=f"r {r_asym:.2f} vs {r_bn:.2f}; accuracy {mean['bn_asym']:.3f} vs {mean['bn']:.3f}",
+            agrees=bool(r_asym < r_bn and mean["bn_asym"] < mean["bn"] - 0.05),
+        ))
+    if "bn" in kinds and "bn_nomean" in kinds:
+        rows.append(Comparison(
+            quantity="BN without mean subtraction vs BN: training accuracy",
+            paper="centering does not change BN's performance (Fig. 5, App. C, Fig. 7)",
+            bnlab=f"{mean['bn_nomean']:.3f} vs {mean['bn']:.3f}",
+            agrees=bool(abs(mean["bn_nomean"] - mean["bn"]) < 0.1),
+        ))
     if "bn" in kinds:
         rows.append(Comparison(
             quantity="BN: training accuracy vs vanilla",

@@ -101,7 +101,7 @@ def test_fig6_cells_tiny(tmp_path):
     for scale in ("small", "paper"):
         json.dumps(exp.grid(scale))
     recs = []
-    for kind in ("vanilla", "pretrain25", "bn"):
+    for kind in ("vanilla", "pretrain25", "bn", "bn_asym", "bn_nomean"):
         p = dict(kind=kind, depth=3, width=16, lr=0.01, batch_size=16, steps=8, n_train=300, n_eval=100,
                  n_test=100, seed=0)
         m = f6.run_cell(p)
@@ -112,7 +112,7 @@ def test_fig6_cells_tiny(tmp_path):
         recs.append(Record(p, m))
     assert "pretrain_final_r" in recs[1].metrics
     assert all(p.exists() for p in exp.plot(recs, tmp_path))
-    assert len(exp.compare(recs)) == 3
+    assert len(exp.compare(recs)) == 5
 
 
 def test_fig6_build_mlp_structure():
@@ -120,6 +120,11 @@ def test_fig6_build_mlp_structure():
 
     from bnlab.reproductions.daneshmand2020_fig6 import build_mlp
 
-    m = build_mlp(32, 128, bn=True, seed=0)
-    assert sum(isinstance(x, nn.Linear) for x in m) == 33 and sum(isinstance(x, nn.BatchNorm1d) for x in m) == 32
-    assert float(m[0].bias.detach().abs().max()) == 0.0
+    m = build_mlp("bn", 32, 128, seed=0)
+    linears = [x for x in m.modules() if isinstance(x, nn.Linear)]
+    assert len(linears) == 33 and sum(isinstance(x, nn.BatchNorm1d) for x in m.modules()) == 32
+    assert float(linears[0].bias.detach().abs().max()) == 0.0
+    # the asymmetric init of "breaking BN": every weight in [0, 2/sqrt(fan_in)]
+    w = [x for x in build_mlp("bn_asym", 2, 16, seed=0).modules() if isinstance(x, nn.Linear)][1].weight.detach()
+    assert float(w.min()) >= 0.0 and float(w.max()) <= 2 / 16**0.5
+    assert not any(isinstance(x, nn.BatchNorm1d) for x in build_mlp("vanilla", 2, 16, seed=0).modules())
