@@ -38,7 +38,10 @@ class GradientAlignment:
     cosine : (N, N) — cosines of the flattened ∇_W L_i.
     neuron_cosine : (d_out, N, N) — per output neuron k, cosines of the rows (∇_W L_i)_{k,:}
         (Prop. 19's statement; a zero row gives cosine 0).
-    mean_abs_cosine, mean_abs_neuron_cosine : mean |cos| over pairs i ≠ j.
+    mean_abs_cosine, mean_abs_neuron_cosine : mean |cos| over pairs i ≠ j whose two gradients
+        (rows) are non-zero — Prop. 19 is about samples with non-zero error and representation; a
+        zero h_i (e.g. a ReLU representation that is exactly 0) has no direction.  NaN if no pair.
+    zero_fraction : fraction of samples whose whole gradient is zero.
     """
 
     grads: torch.Tensor
@@ -46,6 +49,7 @@ class GradientAlignment:
     neuron_cosine: torch.Tensor
     mean_abs_cosine: float
     mean_abs_neuron_cosine: float
+    zero_fraction: float
     layer: str
 
 
@@ -56,12 +60,14 @@ def _cosines(v: torch.Tensor) -> torch.Tensor:
     return u @ u.transpose(-1, -2)
 
 
-def _mean_abs_offdiag(c: torch.Tensor) -> float:
+def _mean_abs_offdiag(c: torch.Tensor, nonzero: torch.Tensor) -> float:
+    # c: (..., N, N); nonzero: (..., N) — pairs i ≠ j with both vectors non-zero
     n = c.shape[-1]
-    if n < 2:
+    pair = nonzero.unsqueeze(-1) & nonzero.unsqueeze(-2) & ~torch.eye(n, dtype=torch.bool, device=c.device)
+    count = int(pair.sum())
+    if count == 0:
         return float("nan")
-    mask = ~torch.eye(n, dtype=torch.bool, device=c.device)
-    return float(c.abs()[..., mask].mean())
+    return float((c.abs() * pair).sum() / count)
 
 
 def gradient_alignment(
@@ -127,13 +133,17 @@ def gradient_alignment(
         return loss_fn(logits, y_i.unsqueeze(0))
 
     grads = vmap(grad(one_loss), in_dims=(None, 0, 0))(weight, h, y)  # (N, d_out, d)
-    cos = _cosines(grads.reshape(grads.shape[0], -1))
-    ncos = _cosines(grads.transpose(0, 1))  # (d_out, N, N)
+    flat = grads.reshape(grads.shape[0], -1)
+    rows = grads.transpose(0, 1)  # (d_out, N, d)
+    cos = _cosines(flat)
+    ncos = _cosines(rows)
+    nonzero = flat.abs().amax(dim=-1) > 0
     return GradientAlignment(
         grads=grads,
         cosine=cos,
         neuron_cosine=ncos,
-        mean_abs_cosine=_mean_abs_offdiag(cos),
-        mean_abs_neuron_cosine=_mean_abs_offdiag(ncos),
+        mean_abs_cosine=_mean_abs_offdiag(cos, nonzero),
+        mean_abs_neuron_cosine=_mean_abs_offdiag(ncos, rows.abs().amax(dim=-1) > 0),
+        zero_fraction=float((~nonzero).to(torch.float64).mean()),
         layer=name,
     )

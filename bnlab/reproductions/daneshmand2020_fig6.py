@@ -118,7 +118,10 @@ def run_cell(params: dict) -> dict:
                             optimizer=functools.partial(torch.optim.SGD, lr=1e-2), seed=seed)
         out["pretrain_final_r"] = res.final_r
     out["r_start"] = _last_r(model, probe)
-    out["alignment_start"] = gradient_alignment(model, probe, y[:64]).mean_abs_neuron_cosine
+    align = gradient_alignment(model, probe, y[:64])
+    # NaN (no pair of non-zero representations) is stored as None (JSON)
+    out["alignment_start"] = None if math.isnan(align.mean_abs_neuron_cosine) else align.mean_abs_neuron_cosine
+    out["zero_representation_fraction"] = align.zero_fraction
     from bnlab.nets import train as train_net
 
     checkpoints = {params["steps"] // 4, params["steps"] // 2, params["steps"]}
@@ -189,7 +192,8 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
     if "vanilla" not in kinds:
         return []
     mean = {k: float(np.mean([m["train_accuracy"] for m in ms])) for k, ms in kinds.items()}
-    align = {k: float(np.mean([m["alignment_start"] for m in ms])) for k, ms in kinds.items()}
+    align = {k: float(np.nanmean([np.nan if m["alignment_start"] is None else m["alignment_start"] for m in ms]))
+             for k, ms in kinds.items()}
     rows = []
     for k in ("pretrain25", "pretrain75"):
         if k in kinds:

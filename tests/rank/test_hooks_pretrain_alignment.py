@@ -247,3 +247,25 @@ def test_alignment_rejects_a_model_whose_output_is_not_the_last_layer():
     with pytest.raises(ValueError, match="N >= 2"):
         gradient_alignment(_mlp(1, 8), torch.randn(1, 20, dtype=torch.float64), torch.zeros(1, dtype=torch.long))
     assert _hook_count(model) == 0
+
+
+def test_zero_representations_are_left_out_of_the_mean():
+    """Samples whose last hidden representation is exactly 0 (a dead ReLU batch) have no gradient
+    direction: the mean |cos| is over the other samples' pairs, and zero_fraction reports them."""
+
+    class Gate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(3, 2).double()
+
+        def forward(self, x):
+            h = torch.zeros(x.shape[0], 3, dtype=torch.float64)
+            h[:2] = x[:2, :3]  # samples 2.. have h_i = 0
+            return self.head(h)
+
+    x = torch.randn(6, 3, dtype=torch.float64)
+    x[1] = -2.5 * x[0]  # the two live samples are collinear: |cos| = 1 (Prop. 19)
+    res = gradient_alignment(Gate(), x, torch.tensor([0, 1, 0, 1, 0, 1]))
+    assert res.zero_fraction == pytest.approx(4 / 6)
+    assert res.mean_abs_cosine == pytest.approx(1.0, abs=1e-12)
+    assert res.mean_abs_neuron_cosine == pytest.approx(1.0, abs=1e-12)
