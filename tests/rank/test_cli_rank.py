@@ -54,6 +54,7 @@ def test_bad_input_exits_2(argv, match, capsys):
     assert match in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch (the in-process tests above cover the CLI itself)
 def test_module_entry_point():
     proc = subprocess.run([sys.executable, "-m", "bnlab", "rank", "--depth", "10", "--width", "4", "--batch-size",
                            "4", "--json"], capture_output=True, text=True, env=dict(os.environ), timeout=120)
