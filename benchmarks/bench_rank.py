@@ -75,7 +75,8 @@ def bench_stack(layers: int, d: int, n: int, device: str, repeats: int = 3) -> d
         return best
 
     out = {"layers": layers, "d": d, "N": n}
-    for name, fn in (("rank_measures", rank_measures), ("soft_rank", soft_rank), ("rank_lower_bound", rank_lower_bound)):
+    functions = (("rank_measures", rank_measures), ("soft_rank", soft_rank), ("rank_lower_bound", rank_lower_bound))
+    for name, fn in functions:
         t_batched = timed(lambda: fn(stack))
         t_loop = timed(lambda: [fn(stack[i]) for i in range(layers)])
         out[name] = {"batched_s": t_batched, "loop_s": t_loop, "speedup": t_loop / t_batched}
@@ -101,7 +102,8 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"chain d = N = 32, chains = {args.chains}, device {args.device}, {args.threads} thread(s), torch {torch.__version__}")
+    print(f"chain d = N = 32, chains = {args.chains}, device {args.device}, {args.threads} thread(s), "
+          f"torch {torch.__version__}")
     print(f"{'depth':>9} {'wall s':>9} {'us/layer':>9} {'peak RSS above baseline MB':>27} {'mean rank_1/2':>14}")
     for r in rows:
         print(f"{r['depth']:>9} {r['wall_s']:>9.2f} {1e6 * r['wall_s'] / r['depth']:>9.1f} "

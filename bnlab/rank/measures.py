@@ -90,7 +90,8 @@ def _numerical_rank_from_sv(sv: torch.Tensor, d: int, n: int, rtol: float | None
 def _stable_rank_from_sv(sv: torch.Tensor) -> torch.Tensor:
     lam = sv * sv
     top = lam[..., 0]
-    return torch.where(top > 0, lam.sum(dim=-1) / torch.where(top > 0, top, torch.ones_like(top)), torch.zeros_like(top))
+    safe = torch.where(top > 0, top, torch.ones_like(top))
+    return torch.where(top > 0, lam.sum(dim=-1) / safe, torch.zeros_like(top))
 
 
 def _effective_rank_from_sv(sv: torch.Tensor) -> torch.Tensor:
@@ -127,7 +128,8 @@ def rank_lower_bound(h: Any) -> torch.Tensor:
 
     Lemma 1: rank(H) ≥ r(H) for every H, and rank_τ(H) ≥ (1 − τ)² r(H) when tr M = d
     (as for every BN representation, property p.1 of App. A).  Scale-invariant.  Computed
-    without a decomposition, as ‖H‖_F⁴ / ‖Hᵀ H‖_F² (tr M = ‖H‖_F²/N and ‖H Hᵀ‖_F = ‖Hᵀ H‖_F;
+    without a decomposition, as ‖H‖_F⁴ / ‖Hᵀ H‖_F²
+    (tr M = ‖H‖_F²/N and ‖H Hᵀ‖_F = ‖Hᵀ H‖_F;
     the smaller Gram matrix is formed), so it is cheap and differentiable with respect to H —
     the objective of the rank-raising pre-training (Algorithm 1).  H = 0 gives 0 (its rank).
 

@@ -129,7 +129,8 @@ def _compare_3a(records: Sequence[Record]) -> list[Comparison]:
         slope, lo, hi = fit_exponent(w, m)
         ratio = m / np.sqrt(w)
         rows.append(Comparison(
-            quantity=f"γ = {g}: exponent of mean rank_1/2 vs d (d = {w.min()}…{w.max()}, L = {recs[0].params['depth']})",
+            quantity=f"γ = {g}: exponent of mean rank_1/2 vs d (d = {w.min()}…{w.max()}, "
+                     f"L = {recs[0].params['depth']})",
             paper="Ω(√d): exponent ≥ 1/2 (Thm 2; Fig. 3a follows √d)",
             bnlab=f"{slope:.3f}, 95 % CI [{lo:.3f}, {hi:.3f}]; rank/√d from {ratio.min():.2f} to {ratio.max():.2f}",
             agrees=bool(hi >= 0.5),
@@ -174,7 +175,8 @@ def _plot_3b(records: Sequence[Record], outdir: Path) -> list[Path]:
             ax.plot(rec.metrics["layers"], sv[:, i], lw=1)
         ax.set_yscale("log")
         ax.set_xlabel("layer ℓ")
-        ax.set_title(f"{'BN' if rec.params['norm'] != 'none' else 'vanilla'}: top 10 σ_i(H_ℓ), δ = {rec.params['delta']}")
+        kind = "BN" if rec.params["norm"] != "none" else "vanilla"
+        ax.set_title(f"{kind}: top 10 σ_i(H_ℓ), δ = {rec.params['delta']}")
     axes[0][0].set_ylabel("singular value (tr M = d)")
     fig.tight_layout()
     paths = [outdir / "daneshmand2020_fig3b.png", outdir / "daneshmand2020_fig3b.svg"]
@@ -193,7 +195,8 @@ def _compare_3b(records: Sequence[Record]) -> list[Comparison]:
         grew = s2_l / s2_0
         rows.append(Comparison(
             quantity=f"{'BN' if bn else 'vanilla'}: σ_1, σ_2 of H_0 → H_{rec.params['depth']} (nearly collinear X)",
-            paper="BN amplifies the small variations and reduces the largest" if bn else "(not shown; no amplification)",
+            paper=("BN amplifies the small variations and reduces the largest" if bn
+                   else "(not shown; no amplification)"),
             bnlab=f"σ_1 {s1_0:.2f} → {s1_l:.2f}, σ_2 {s2_0:.3f} → {s2_l:.3f} (×{grew:.0f})",
             agrees=bool(grew > 10 and s1_l < s1_0) if bn else bool(grew < 10),
         ))

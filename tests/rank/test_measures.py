@@ -203,7 +203,8 @@ def test_bad_tau(tau):
         rank_measures(torch.ones(2, 2), tau)
 
 
-@pytest.mark.parametrize("fn", [soft_rank, rank_lower_bound, numerical_rank, stable_rank, effective_rank, rank_measures])
+@pytest.mark.parametrize(
+    "fn", [soft_rank, rank_lower_bound, numerical_rank, stable_rank, effective_rank, rank_measures])
 def test_bad_representations(fn):
     bad_nan = torch.ones(3, 3)
     bad_nan[1, 2] = float("nan")

@@ -77,7 +77,8 @@ def test_lemma3_cells(tmp_path):
             for p in exp.grid("small") if p["residual_gamma"] in (1.0, "inf")]
     for r in recs:
         json.dumps(r.metrics)
-        assert r.metrics["final_soft_rank"] == 1.0  # collapsed by depth 400 at γ ≥ 1 (σ_2/σ_1 ~ e^{−0.016 ℓ} for γ = ∞)
+        # collapsed by depth 400 at γ ≥ 1 (σ_2/σ_1 ~ e^{−0.016 ℓ} for γ = ∞)
+        assert r.metrics["final_soft_rank"] == 1.0
     assert all(p.exists() for p in exp.plot(recs, tmp_path))
     assert len(exp.compare(recs)) == len(recs)
 
