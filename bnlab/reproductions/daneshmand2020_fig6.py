@@ -16,8 +16,9 @@ Models are :class:`bnlab.nets.MLP` (Gaussian weights of variance 1/fan_in, zero 
 training is :func:`bnlab.nets.train`.
 Each is then trained by SGD (batch 64) for a fixed budget; reported: the training accuracy
 (Fig. 6 left), r(H_L) of the last hidden layer before/after pre-training and through training
-(Fig. 6 right), and the mean |cos| of the last layer's per-sample gradients at the start of
-training (:func:`bnlab.rank.gradient_alignment`, Prop. 19 / Fig. 10: ≈ 1 for collapsed nets).
+(Fig. 6 right), and the mean |cos| of the last layer's per-sample gradients at the start and
+the end of training (:func:`bnlab.rank.gradient_alignment`, Prop. 19 / Fig. 10: ≈ 1 for
+collapsed nets).
 
 r(H_L) is measured on a fixed probe of 64 training images, not the pre-training minibatch: the
 rank raised on the one pre-training minibatch (M = 1) carries over only partly to other inputs
@@ -137,6 +138,9 @@ def run_cell(params: dict) -> dict:
     losses = [float(v) for v in result.history]
     if result.diverged:
         out["diverged_at_step"] = result.diverged_at_step
+    if not result.diverged:
+        end = gradient_alignment(model, probe, y[:64])  # Fig. 10 after training (train mode, as the steps)
+        out["alignment_end"] = None if math.isnan(end.mean_abs_neuron_cosine) else end.mean_abs_neuron_cosine
     model.eval()
     with torch.no_grad():
         ne = params["n_eval"]

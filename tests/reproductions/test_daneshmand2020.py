@@ -112,6 +112,7 @@ def test_fig6_cells_tiny(tmp_path):
             pytest.skip(m["skip_reason"])
         json.dumps(m)
         assert 0 <= m["train_accuracy"] <= 1 and len(m["r_through_training"]) == 4
+        assert "alignment_end" in m
         recs.append(Record(p, m))
     assert "pretrain_final_r" in recs[1].metrics
     assert all(p.exists() for p in exp.plot(recs, tmp_path))
