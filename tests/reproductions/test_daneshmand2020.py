@@ -12,10 +12,11 @@ from bnlab.reproductions import daneshmand2020_fig3 as f3
 from bnlab.reproductions import daneshmand2020_lemma3 as l3
 
 from bnlab.reproductions import daneshmand2020_fig1 as f1
+from bnlab.reproductions import daneshmand2020_fig4 as f4
 from bnlab.reproductions import daneshmand2020_fig6 as f6
 
 ALL = [f1.EXPERIMENTS[0], f2.EXPERIMENTS[0], f3.EXPERIMENTS[0], f3.EXPERIMENTS[1], l3.EXPERIMENTS[0],
-       f6.EXPERIMENTS[0]]
+       f6.EXPERIMENTS[0], f4.EXPERIMENTS[0]]
 
 
 @pytest.mark.parametrize("exp", ALL, ids=lambda e: e.name)
@@ -154,3 +155,21 @@ def test_fig1_cells_tiny(tmp_path):
     assert by[("bn", 12)]["soft_rank_init"] >= 4 and by[("bn", 12)]["rank_init"] > by[("none", 12)]["rank_init"]
     assert all(p.exists() for p in exp.plot(recs, tmp_path))
     assert len(exp.compare(recs)) == 2
+
+
+def test_fig4_compare_and_plot_on_synthetic_records(tmp_path):
+    exp = f4.EXPERIMENTS[0]
+
+    def rec(kind, depth, final):
+        curve = [[i, 2.3 + (final - 2.3) * i / 9] for i in range(10)]
+        return Record(dict(kind=kind, depth=depth, seed=0), dict(loss_curve=curve))
+
+    recs = [rec("vanilla", 32, 2.30), rec("pretrain25", 32, 1.6), rec("bn", 32, 1.0),
+            rec("vanilla", 8, 0.9), rec("pretrain25", 8, 0.8)]
+    rows = exp.compare(recs)
+    assert [r.agrees for r in rows] == [None, True]  # depth 8: vanilla not stuck, no sharp test
+    assert "vanilla 2.300" in rows[1].bnlab
+    recs.append(rec("pretrain25", 16, 2.29))
+    recs.append(rec("vanilla", 16, 2.30))
+    assert exp.compare(recs)[1].agrees is False
+    assert all(p.exists() for p in exp.plot(recs, tmp_path))
