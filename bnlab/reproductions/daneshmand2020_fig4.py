@@ -75,9 +75,13 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:
     loss: dict = {}
+    acc: dict = {}
     for rec in records:
         if not rec.metrics.get("skipped"):
-            loss.setdefault((rec.params["kind"], rec.params["depth"]), []).append(_final_loss(rec.metrics))
+            key = (rec.params["kind"], rec.params["depth"])
+            loss.setdefault(key, []).append(_final_loss(rec.metrics))
+            if "train_accuracy" in rec.metrics:
+                acc.setdefault(key, []).append(rec.metrics["train_accuracy"])
     rows = []
     for depth in sorted({d for (_, d) in loss}):
         if ("vanilla", depth) not in loss or ("pretrain25", depth) not in loss:
@@ -87,7 +91,9 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
         rows.append(Comparison(
             quantity=f"depth {depth}: final training loss, pre-trained vs vanilla (BN beside)",
             paper="pre-training makes deep vanilla nets train (much milder slow-down with depth)",
-            bnlab=f"pre-trained {p:.3f}, vanilla {v:.3f}, BN {b:.3f}",
+            bnlab=f"pre-trained {p:.3f}, vanilla {v:.3f}, BN {b:.3f}"
+                  + ("" if not acc else "; training accuracy " + ", ".join(
+                      f"{k} {np.mean(acc[(k, depth)]):.3f}" for k in _KINDS if (k, depth) in acc)),
             agrees=bool(p < v - 0.05) if v > 2.0 else None,  # a sharp test only where vanilla is stuck
         ))
     return rows
