@@ -70,7 +70,8 @@ def test_run_cell_metrics_and_determinism():
     a = fig3.run_trainability_cell(_tiny())
     b = fig3.run_trainability_cell(_tiny())
     assert set(fig3.METRIC_KEYS) <= set(a)
-    assert a == b
+    # same seed: equal up to BLAS rounding amplified by the training steps (not promised bit-identical)
+    assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
     json.dumps(a)
     assert a["skipped"] is False and not a["diverged"]
     assert a["test_accuracy"] > 0.5  # a depth-2 net learns digits in 30 steps (chance 0.1)
