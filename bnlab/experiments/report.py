@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Sequence
 
 from bnlab._validation import check_choice
-from bnlab.experiments._worker import library_versions
+from bnlab.experiments.spec import library_versions
 from bnlab.experiments.registry import discovery_errors, get_experiment, list_experiments
 from bnlab.experiments.spec import SCALES, Comparison, Experiment
 from bnlab.experiments.store import ResultsStore, cell_key

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["Experiment", "Record", "Comparison", "SCALES", "cell_device"]
+__all__ = ["Experiment", "Record", "Comparison", "SCALES", "cell_device", "library_versions"]
 
 #: ``small``: minutes on 2 CPU cores (used by ``bnlab report`` and tests);
 #: ``paper``: the paper's sizes (a GPU or a Dask cluster).
@@ -116,3 +116,24 @@ def cell_device() -> str:
     except (ImportError, ValueError, TypeError):
         index = 0
     return f"cuda:{index}"
+
+
+_VERSION_PACKAGES = ("numpy", "scipy", "torch", "dask", "distributed", "pandas")
+_versions_cache: dict | None = None
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of python, bnlab and the numerical libraries (read from package metadata, no imports)."""
+    global _versions_cache
+    if _versions_cache is None:
+        import platform
+        from importlib import metadata
+
+        out = {"python": platform.python_version(), "platform": platform.platform()}
+        for pkg in ("bnlab",) + _VERSION_PACKAGES:
+            try:
+                out[pkg] = metadata.version(pkg)
+            except metadata.PackageNotFoundError:
+                out[pkg] = None
+        _versions_cache = out
+    return dict(_versions_cache)
