@@ -157,10 +157,10 @@ def test_verdicts_badges_counts_and_json_from_known_disagreements(tmp_path, test
     assert data["all_reproduced"] is False
     html = rep.index.read_text()
     # the section badges: one per section heading, in the verdict's colour class
-    badges = re.findall(r'<h3>[^<]*<span class="badge (\w+)">([\w ]+)</span></h3>', html)
+    badges = re.findall(r'<h3>[^<]*<span class="badge v-(\w+)">([\w ]+)</span></h3>', html)
     assert badges == [(v, v.replace("_", " ")) for v in vh.EXPECTED.values()]
     # the summary's counts and table
-    assert '<span class="badge partly">partly</span> 1' in html
+    assert '<span class="badge v-partly">partly</span> 1' in html
     assert html.count('<td class="num">2 of 5</td>') == 1 and "– (skipped)" in html
     # the scale table and the checks are on the page
     assert "<td>width</td><td>384</td><td>128<br>" in html and "agrees when the numbers match" in html
