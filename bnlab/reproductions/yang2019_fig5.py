@@ -117,7 +117,7 @@ def _theory_curve(letter: str, xs, fixed: dict | None = None) -> np.ndarray:
 
 def _title(letter: str, fixed: dict) -> str:
     p = _PANELS[letter]
-    shown = ", ".join(f"{_SYMBOL[k]} = {v:g}" for k, v in fixed.items() if k != "eps" and (k, v) != ("gamma", 1.0))
+    shown = ", ".join(f"{_SYMBOL[k]} = {v:g}" for k, v in fixed.items() if k != "eps" and (k, v) not in (("gamma", 1.0), ("beta", 0.0)))
     return f"Yang et al. 2019 Fig. 5{letter}: {p['title']} (B = {_B}{', ' + shown if shown else ''})"
 
 
