@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        # Sizes are checked against --max-memory-gb before allocating; this is the last line of defence.
+        print(f"bnlab {args.command}: error: out of memory; use smaller sizes", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # `bnlab ... | head` closed the pipe: not an error of ours. Point stdout at devnull so the
         # interpreter's final flush does not raise again.
@@ -52,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
+    except OSError as exc:
+        # A file-system or network failure is the environment's, not a bug: say what failed, no traceback.
+        what = f"{exc.strerror} ({exc.filename})" if exc.strerror and exc.filename else str(exc)
+        print(f"bnlab {args.command}: error: {what}", file=sys.stderr)
+        return 1
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from bnlab.cli._common import print_json, print_table
+from bnlab.cli._common import (add_data_dir_argument, apply_data_dir, check_cluster_arguments, check_output_dir,
+                               print_json, print_table, yes_no)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--serial", action="store_true", help="run the cells in this process (debugging)")
     p.add_argument("--no-retry-failed", action="store_true", help="keep cells recorded as failed instead of rerunning them")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_data_dir_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -48,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
     from bnlab.experiments.report import reproduce
 
+    check_output_dir("out", args.out)  # checked first: a cached run would otherwise never notice
+    check_cluster_arguments(args)
+    apply_data_dir(args)
+
     sec = reproduce(
         args.name,
         scale=args.scale,
@@ -66,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         for f in sec.figures:
             print(f"figure: {f}")
         if sec.comparisons:
-            print_table([(c["quantity"], c["paper"], c["bnlab"], c["agrees"]) for c in sec.comparisons],
+            print_table([(c["quantity"], c["paper"], c["bnlab"], yes_no(c["agrees"])) for c in sec.comparisons],
                         header=["quantity", "paper", "bnlab", "agrees"])
         for e in sec.errors:
             print(f"\n{e['what']}\n{e['text']}")

@@ -120,7 +120,7 @@ def run_status(args) -> int:
             ("done", c["done"]),
             ("failed", c["failed"]),
             ("pending", c["pending"]),
-            ("running", c["running"]),
+            ("running", _running(st)),
             ("cell time (s)", st.cell_seconds),
             ("mean cell time (s)", st.mean_cell_seconds),
             ("updated", st.updated),
@@ -131,6 +131,18 @@ def run_status(args) -> int:
         print("\nfailed cells:")
         print_table([(f["key"], f["params"], f["error"]) for f in st.failures], header=["key", "params", "error"])
     return 0
+
+
+def _running(st) -> str:
+    """Running cells, telling a live driver's from those a killed driver left behind."""
+    n = st.counts["running"]
+    d = st.driver or {}
+    who = f"driver pid {d.get('pid')} on {d.get('host')} since {d.get('started')}" if d else "driver"
+    if n == 0:
+        return "0"
+    if st.driver_alive:
+        return f"{n} (running now: {who})"
+    return f"{n} interrupted ({who} is gone; bnlab sweep resume {st.store} runs them again)"
 
 
 def run_export(args) -> int:
