@@ -55,12 +55,12 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
     except OSError as exc:
         # A file-system or network failure is the environment's, not a bug: say what failed, no traceback.
         what = f"{exc.strerror} ({exc.filename})" if exc.strerror and exc.filename else str(exc)
         print(f"bnlab {args.command}: error: {what}", file=sys.stderr)
         return 1
+
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
