@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from bnlab.sim import theory_predictions
 
     act = activation_from_args(args)
-    mem = check_real("max_memory_gb", args.max_memory_gb, minimum=0.0, strict_minimum=True)
+    mem = check_real("max_memory_gb", args.max_memory_gb, minimum=0.0, strict_minimum=True, maximum=2.0**20)
     res = simulate(
         act, args.batch_size, args.width, args.depth, args.networks,
         normalization=args.normalization, init=args.init, eps=args.eps, sigma_w2=args.sigma_w2,
