@@ -103,25 +103,25 @@ CASES: list[Case] = [
     _c("simulate", "simulate", *_SMALL_SIM, "--seed", "-1", names="seed"),
     _c("simulate", "simulate", *_SMALL_SIM, "--phi", "tanh", "--json", expect="ok"),
     # ----------------------------------------------------------------- sweep
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--serial", "--store", "{root}/file.txt", names="not a bnlab results store"),
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--serial", "--store", "/dev/null", names="not a regular file"),
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--serial", "--store", "{root}", names="directory"),
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--serial", "--store", "{root}/" + "a" * 5000 + ".sqlite",
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--store", "{root}/file.txt", names="not a bnlab results store"),
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--store", "/dev/null", names="not a regular file"),
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--store", "{root}", names="directory"),
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--store", "{root}/" + "a" * 5000 + ".sqlite",
        names="characters"),
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--serial", "--results-dir", "{root}/file.txt", names="file.txt"),
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--serial", "--results-dir", "/dev/null", names="/dev/null"),
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--serial", "--store", "{root}/foreign.sqlite", names="other tables"),
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--serial", "--store", "{root}/text.sqlite", names="not an SQLite"),
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--serial", "--store", "{root}/truncated.sqlite", names="truncated"),
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--workers", "0", "--store", "{root}/new.sqlite", names="workers"),
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--scheduler", "garbage", "--store", "{root}/new2.sqlite",
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--results-dir", "{root}/file.txt", names="file.txt"),
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--results-dir", "/dev/null", names="/dev/null"),
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--store", "{root}/foreign.sqlite", names="other tables"),
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--store", "{root}/text.sqlite", names="not an SQLite"),
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--store", "{root}/truncated.sqlite", names="truncated"),
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--workers", "0", "--store", "{root}/new.sqlite", names="workers"),
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--scheduler", "garbage", "--store", "{root}/new2.sqlite",
        names="scheduler"),
     _c("sweep", "sweep", "run", "no_such_experiment", "--serial", "--store", "{root}/new3.sqlite", names="no_such"),
     *[_c("sweep", "sweep", sub, "{root}/" + store, *extra, names=store)
       for store in ("garbage.sqlite", "dropped.sqlite", "params.sqlite", "truncated.sqlite", "text.sqlite",
                     "foreign.sqlite")
       for sub, extra in (("status", ()), ("export", ("-o", "{root}/out.csv")), ("resume", ("--serial",)))],
-    *[_c("sweep", "sweep", "run", "yang2019_fig1", "--serial", "--store", "{root}/" + store, names=store)
+    *[_c("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--store", "{root}/" + store, names=store)
       for store in ("garbage.sqlite", "dropped.sqlite", "params.sqlite")],
     _c("sweep", "sweep", "status", "{root}/missing.sqlite", names="does not exist"),
     _c("sweep", "sweep", "status", "{root}/good.sqlite", "--json", expect="ok"),
@@ -130,16 +130,16 @@ CASES: list[Case] = [
     _c("sweep", "sweep", "export", "{root}/good.sqlite", "-o", "{root}", names="output"),
     _c("sweep", "sweep", "export", "{root}/good.sqlite", "-o", "{root}/file.txt/x.csv", names="output"),
     _c("sweep", "sweep", "resume", "{root}/evil.sqlite", "--serial", names="not a registered experiment"),
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--serial", "--store", "{root}/alias.sqlite",
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--store", "{root}/alias.sqlite",
        names="being written"),
-    _c("sweep", "sweep", "run", "yang2019_fig1", "--serial", "--store", "{root}/planted.sqlite",
+    _c("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--store", "{root}/planted.sqlite",
        names="symbolic link"),
     # ------------------------------------------------------ reproduce, report
-    _c("reproduce", "reproduce", "yang2019_fig1", "--out", "{root}/file.txt", "--serial", names="out"),
-    _c("reproduce", "reproduce", "yang2019_fig1", "--out", "", "--serial", names="out"),
-    _c("reproduce", "reproduce", "yang2019_fig1", "--workers", "0", "--out", "{root}/o", names="workers"),
-    _c("reproduce", "reproduce", "yang2019_fig1", "--workers", "-1", "--out", "{root}/o", names="workers"),
-    _c("reproduce", "reproduce", "yang2019_fig1", "--scheduler", "garbage", "--out", "{root}/o", names="scheduler"),
+    _c("reproduce", "reproduce", "yang2019-fig1ab", "--out", "{root}/file.txt", "--serial", names="out"),
+    _c("reproduce", "reproduce", "yang2019-fig1ab", "--out", "", "--serial", names="out"),
+    _c("reproduce", "reproduce", "yang2019-fig1ab", "--workers", "0", "--out", "{root}/o", names="workers"),
+    _c("reproduce", "reproduce", "yang2019-fig1ab", "--workers", "-1", "--out", "{root}/o", names="workers"),
+    _c("reproduce", "reproduce", "yang2019-fig1ab", "--scheduler", "garbage", "--out", "{root}/o", names="scheduler"),
     _c("reproduce", "reproduce", "no_such_experiment", "--out", "{root}/o", "--serial", names="no_such"),
     _c("reproduce", "reproduce", "--list", expect="ok"),
     _c("report", "report", "--out", "{root}/file.txt", "--serial", names="out"),
@@ -163,7 +163,7 @@ CASES: list[Case] = [
 
 
 # ---------------------------------------------------------------------------------------- fixtures
-def _store(path: Path, n: int = 6, done: int = 3, module: str | None = None, experiment: str = "yang2019_fig1"):
+def _store(path: Path, n: int = 6, done: int = 3, module: str | None = None, experiment: str = "yang2019-fig1ab"):
     """A well-formed store, written with plain SQL in the schema bnlab 1 uses (no bnlab import needed)."""
     conn = sqlite3.connect(path)
     conn.executescript(

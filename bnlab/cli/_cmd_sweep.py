@@ -61,6 +61,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--json", action="store_true", help="machine-readable output")
     e.set_defaults(func=run_export)
 
+    v = ss.add_parser("salvage", help="copy the readable finished cells of a damaged store into a new store")
+    v.add_argument("store", help="the damaged .sqlite store (read only)")
+    v.add_argument("new_store", help="the new .sqlite store to write (must not exist)")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+    v.set_defaults(func=run_salvage)
+
 
 def _cluster_kwargs(args) -> dict:
     return {
@@ -153,4 +159,16 @@ def run_export(args) -> int:
         print_json({"output": str(out)})
     else:
         print(out)
+    return 0
+
+
+def run_salvage(args) -> int:
+    from bnlab.experiments.store import salvage_store
+
+    res = salvage_store(args.store, args.new_store)
+    if args.json:
+        print_json(res)
+    else:
+        print(f"{res['recovered']} finished cells of {res['experiment']} [{res['scale']}] copied to {args.new_store} "
+              f"({res['unreadable']} unreadable); continue with: bnlab sweep resume {args.new_store}")
     return 0

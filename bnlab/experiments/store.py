@@ -53,7 +53,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from bnlab.experiments.spec import Record
 
-__all__ = ["ResultsStore", "CellRow", "cell_key", "grid_hash", "canonical_json", "STATUSES"]
+__all__ = ["ResultsStore", "CellRow", "cell_key", "grid_hash", "canonical_json", "STATUSES", "salvage_store"]
 
 STATUSES = ("pending", "running", "done", "failed")
 _SCHEMA_VERSION = 1
@@ -656,3 +656,65 @@ class ResultsStore:
     def records(self, keys: Sequence[str] | None = None) -> list[Record]:
         """The finished cells as :class:`~bnlab.experiments.spec.Record` (grid order)."""
         return [r.to_record() for r in self.cells(status="done", keys=keys)]
+
+
+def salvage_store(source: str | os.PathLike, target: str | os.PathLike) -> dict:
+    """Copy every readable finished cell of a damaged store into a new store; return counts.
+
+    Reads ``source`` read-only and row by row (a range of rows that fails to read is
+    split until the unreadable rows are isolated), keeps the ``done`` cells whose
+    params and metrics decode, and writes them to ``target`` (which must not exist) with
+    the sweep's experiment and scale.  ``bnlab sweep resume TARGET`` then runs only the
+    cells that were lost or unfinished.  Returns ``{"experiment", "scale", "recovered",
+    "unreadable"}``.
+    """
+    src, dst = Path(source), Path(target)
+    _check_store_path(src, readonly=True)
+    if dst.exists() or dst.is_symlink():
+        raise ValueError(f"target={str(dst)!r} is not allowed: it exists; salvage writes a new store")
+    conn = sqlite3.connect(f"file:{_uri_path(_resolved(src))}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        try:
+            info = conn.execute("SELECT experiment, scale, module, versions FROM sweep WHERE id = 1").fetchone()
+        except sqlite3.Error as exc:
+            raise ValueError(f"{str(src)!r}: the sweep row cannot be read ({exc}); nothing to salvage") from None
+        if info is None or info["scale"] not in ("small", "paper"):
+            raise ValueError(f"{str(src)!r}: no readable sweep row; nothing to salvage")
+        good: list[CellRow] = []
+        unreadable = 0
+
+        def read(lo: int, hi: int) -> None:
+            nonlocal unreadable
+            try:
+                rows = conn.execute("SELECT * FROM cells WHERE rowid BETWEEN ? AND ? AND status = 'done'",
+                                    (lo, hi)).fetchall()
+            except sqlite3.Error:
+                if lo == hi:
+                    unreadable += 1
+                    return
+                mid = (lo + hi) // 2
+                read(lo, mid)
+                read(mid + 1, hi)
+                return
+            for r in rows:
+                try:
+                    good.append(_decode(r))
+                except (ValueError, IndexError, KeyError):
+                    unreadable += 1
+
+        try:
+            top = conn.execute("SELECT max(rowid) FROM cells").fetchone()[0] or 0
+        except sqlite3.Error:
+            top = 1 << 20  # the b-tree's right edge is unreadable: probe a generous range
+        for lo in range(1, top + 1, 4096):
+            read(lo, min(top, lo + 4095))
+    finally:
+        conn.close()
+    with ResultsStore(dst) as out:
+        keys = out.initialize(info["experiment"], info["scale"], [r.params for r in good], module=info["module"])
+        for key, row in zip(keys, good):
+            out.record_done(key, row.metrics or {}, started=row.started, finished=row.finished,
+                            duration=row.duration, worker=row.worker, host=row.host, versions=row.versions)
+    return {"experiment": info["experiment"], "scale": info["scale"], "recovered": len(good),
+            "unreadable": unreadable}
