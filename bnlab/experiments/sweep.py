@@ -548,11 +548,12 @@ def export_sweep(store: str | os.PathLike, output: str | os.PathLike, format: st
     import pandas as pd
 
     out = Path(output)
+    _check_output_file("output", out)
     if format is None:
         suffix = out.suffix.lower().lstrip(".")
         format = {"csv": "csv", "parquet": "parquet", "pq": "parquet"}.get(suffix)
         if format is None:
-            raise ValueError(f"cannot tell the format from {str(out)!r}; give format='csv' or 'parquet'")
+            raise ValueError(f"cannot tell the format from output={str(out)!r}; give format='csv' or 'parquet'")
     check_choice("format", format, ("csv", "parquet"))
     suffix_format = {"csv": "csv", "parquet": "parquet", "pq": "parquet"}.get(out.suffix.lower().lstrip("."))
     if suffix_format is not None and suffix_format != format:
@@ -560,7 +561,6 @@ def export_sweep(store: str | os.PathLike, output: str | os.PathLike, format: st
             f"format={format!r} is not allowed for output {str(out)!r}: its suffix says {suffix_format}; "
             f"name the file .{'parquet' if format == 'parquet' else 'csv'} or drop --format"
         )
-    _check_output_file("output", out)
     path = Path(store)
     with ResultsStore(path, readonly=True) as st:
         info = st.sweep_info() or {"experiment": None, "scale": None}

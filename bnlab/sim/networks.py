@@ -632,8 +632,9 @@ def _check_finite(cat: dict, config: dict) -> None:
         net, layer = (int(i) for i in np.argwhere(bad)[0])
         q = cat["q"][net]
         finite_q = q[np.isfinite(q)]
-        if finite_q.size and (finite_q.max() > 1e30 or abs(config.get("residual_scale") or 0) > 1e15):
-            peak = f" (q reached {finite_q.max():.3g})" if finite_q.max() > 1e30 else ""
+        value = float(arr[net, layer])
+        if math.isinf(value) or (finite_q.size and finite_q.max() > 1e30) or abs(config.get("residual_scale") or 0) > 1e15:
+            peak = f" (q reached {finite_q.max():.3g})" if finite_q.size and finite_q.max() > 1e30 else ""
             why = (f"the activations overflowed {config['dtype']}{peak}: reduce "
                    "sigma_w2, gamma, beta, residual_scale or the nonlinearity's growth, or use dtype='float64'")
         elif key in ("q", "c") and (finite_q.size and finite_q.min() == 0.0):
@@ -646,7 +647,7 @@ def _check_finite(cat: dict, config: dict) -> None:
             why = (f"the backward pass overflowed {config['dtype']} (gradients explode at rate λ_G per layer): "
                    "reduce depth, use eps > 0 or dtype='float64'")
         raise ValueError(
-            f"the simulation's {what} is {float(arr[net, layer])!r} at layer {layer + 1} of network {net}: {why}"
+            f"the simulation's {what} is {value!r} at layer {layer + 1} of network {net}: {why}"
         )
 
 
