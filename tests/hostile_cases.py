@@ -286,7 +286,16 @@ def classify(case: Case, rc: int | None, out: str, err: str, maxrss: int | None)
     if case.expect == "ok":
         if rc != 0:
             return "unclear error"
-        return "nonsense" if ("NaN" in out or ": null" in out and case.command == "simulate") else "sensible"
+        if "NaN" in out:
+            return "nonsense"
+        if case.command == "simulate":  # the measured q and c must be numbers (rates may be null with a note)
+            try:
+                d = json.loads(out)
+            except ValueError:
+                return "nonsense"
+            if d.get("q") is None or d.get("c") is None:
+                return "nonsense"
+        return "sensible"
     if rc == 0:
         return "nonsense"
     return "clean error" if case.names.lower() in (err + out).lower() else "unclear error"

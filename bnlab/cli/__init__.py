@@ -33,9 +33,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warning_printer(command: str):
+    """Warnings as one line naming the command (not Python's ``path:line: Category: text`` + source line)."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"bnlab {command}: warning: {message}", file=file or sys.stderr)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = warnings.showwarning
+    warnings.showwarning = _warning_printer(args.command)
     try:
         return int(args.func(args) or 0)
     except ValueError as exc:
@@ -60,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         what = f"{exc.strerror} ({exc.filename})" if exc.strerror and exc.filename else str(exc)
         print(f"bnlab {args.command}: error: {what}", file=sys.stderr)
         return 1
+    finally:
+        warnings.showwarning = previous
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,10 +16,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "beside the theory engine's predictions.",
     )
     add_phi_arguments(p)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--width", type=int, default=1000)
-    p.add_argument("--depth", type=int, default=50)
-    p.add_argument("--networks", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=32, help="samples per batch B (>= 2; default 32)")
+    p.add_argument("--width", type=int, default=1000, help="neurons per layer N (default 1000)")
+    p.add_argument("--depth", type=int, default=50, help="layers L (default 50)")
+    p.add_argument("--networks", type=int, default=200,
+                   help="independent random networks in the ensemble (default 200)")
     p.add_argument("--eps", type=float, default=0.0, help="batchnorm epsilon")
     p.add_argument("--sigma-w2", type=float, default=1.0)
     p.add_argument("--sigma-b2", type=float, default=0.0)
@@ -36,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="float32", help="float32 or float64")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-memory-gb", type=float, default=1.0, help="working-memory bound (networks run in chunks)")
+    p.add_argument("--max-memory-gb", type=float, default=1.0, help="working-memory bound in GiB (default 1): networks run in chunks below it, and sizes "
+                   "that cannot fit (one network, or all networks' results) are refused before allocating")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
