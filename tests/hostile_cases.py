@@ -61,7 +61,7 @@ def _c(command, *argv, expect="error", names="", slow=False) -> Case:
 _EXPRESSIONS_HOSTILE = [
     ("x + 9**9**9**9", "overflows"), ("x*0 + 10**10**10", "overflows"), ("x + 2**2**40", "overflows"),
     ("x + (-8)**0.5", "complex"), ("log(x)", "finite"), ("1/x", "finite"), ("x**0.5", "finite"),
-    ("exp(exp(exp(x)))", "finite"), ("x + 1/0", "divides by zero"), ("__import__('os')", "not allowed"),
+    ("exp(exp(exp(x)))", "finite"), ("x + 1/0", "by zero"), ("__import__('os')", "not allowed"),
     ("x." + "__class__", "Attribute"), ("x" + "+x" * 400, "characters"),
 ]
 
