@@ -311,18 +311,21 @@ def run_case(case: Case, root: Path, pythonpath: str, timeout: float = CASE_TIME
                              cwd=root, start_new_session=True)
         deadline = time.monotonic() + timeout
         rusage = None
-        while True:
-            pid, status, rusage = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                rc = os.waitstatus_to_exitcode(status)
-                p.returncode = rc
-                break
-            if time.monotonic() > deadline:
+        try:
+            while True:
+                pid, status, rusage = os.wait4(p.pid, os.WNOHANG)
+                if pid:
+                    rc = os.waitstatus_to_exitcode(status)
+                    p.returncode = rc
+                    break
+                if time.monotonic() > deadline:
+                    rc = None
+                    break
+                time.sleep(0.05)
+        finally:
+            if p.returncode is None:  # a hang, or the driver itself interrupted: end the case's session
                 os.killpg(p.pid, 9)
                 p.wait()
-                rc = None
-                break
-            time.sleep(0.05)
         fo.seek(0)
         fe.seek(0)
         out, err = fo.read(), fe.read()
