@@ -18,6 +18,15 @@ Guarantees
 * **Nothing finished is lost.**  The journal is in WAL mode with
   ``synchronous=NORMAL``: a committed transaction survives the death of the
   process (only a power loss or OS crash can lose the last transactions).
+* **Nothing outside the store is touched.**  The lock file is opened with
+  ``O_NOFOLLOW`` (a planted symlink is refused) and never truncated or written; the
+  store is locked through its resolved path, so a symlinked alias takes the same
+  lock; the driver's pid, host and start are kept in the store's ``driver`` table.
+* **Only bnlab stores are opened.**  A directory, device, over-long path, a file that
+  is not SQLite, another program's SQLite database (never given bnlab's tables), a
+  corrupted file (``PRAGMA quick_check``) or a damaged one (a missing table, malformed
+  JSON in a row) is refused with one ``ValueError`` naming the path;
+  :func:`salvage_store` copies what is readable into a new store.
 * **Interrupted cells run again.**  Cells left ``running`` by a killed driver
   are returned to ``pending`` when the store is next opened for writing
   (:meth:`ResultsStore.requeue_running`).
