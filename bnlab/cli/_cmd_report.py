@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from bnlab.cli._common import print_json, print_table
+from bnlab.cli._common import (add_data_dir_argument, apply_data_dir, check_cluster_arguments, check_output_dir,
+                               print_json, print_table)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,6 +17,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serial", action="store_true", help="run the cells in this process (debugging)")
     p.add_argument("--no-retry-failed", action="store_true", help="keep cells recorded as failed instead of rerunning them")
     p.add_argument("--no-progress", action="store_true", help="no progress bars or messages")
+    add_data_dir_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -40,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from bnlab.experiments.report import build_report
 
+    check_output_dir("out", args.out)  # checked first: a cached run would otherwise never notice
+    check_cluster_arguments(args)
+    apply_data_dir(args)
     rep = build_report(args.out, only=args.only, **run_options(args))
     if args.json:
         print_json(

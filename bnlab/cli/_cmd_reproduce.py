@@ -5,7 +5,8 @@ import argparse
 import dataclasses
 
 from bnlab.cli._cmd_report import add_run_arguments, run_options
-from bnlab.cli._common import print_json, print_table
+from bnlab.cli._common import (apply_data_dir, check_cluster_arguments, check_output_dir, print_json, print_table,
+                               yes_no)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
 
     from bnlab.experiments.report import reproduce
 
+    check_output_dir("out", args.out)  # checked first: a cached run would otherwise never notice
+    check_cluster_arguments(args)
+    apply_data_dir(args)
     sec = reproduce(args.name, out=args.out, **run_options(args))
     if args.json:
         print_json(dataclasses.asdict(sec))
@@ -54,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         for f in sec.figures:
             print(f"figure: {f}")
         if sec.comparisons:
-            print_table([(c["quantity"], c["paper"], c["bnlab"], c["agrees"]) for c in sec.comparisons],
+            print_table([(c["quantity"], c["paper"], c["bnlab"], yes_no(c["agrees"])) for c in sec.comparisons],
                         header=["quantity", "paper", "bnlab", "agrees"])
         for e in sec.errors:
             print(f"\n{e['what']}\n{e['text']}")

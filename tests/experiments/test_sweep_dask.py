@@ -57,7 +57,9 @@ def test_sigkill_driver_then_resume_runs_nothing_twice(tmp_path, subprocess_env,
     assert 3 <= len(before) < N_CELLS - 1, "the kill must land mid-sweep"
     finished_before = {i: r.finished for i, r in before.items()}
 
-    out = subprocess.run(cmd + ["resume", str(store), "--workers", "2", "--no-progress", "--json"],
+    # `resume` never imports the module a store names (a store could name any module), so a sweep of an
+    # experiment defined outside bnlab is continued by naming it again (`run module:NAME --store`)
+    out = subprocess.run(cmd + ["run", helper_ref, "--store", str(store), "--workers", "2", "--no-progress", "--json"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
