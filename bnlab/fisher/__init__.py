@@ -23,9 +23,12 @@ _API = {
     "FisherTheoryResult": "order_parameters",
     "fisher_order_parameters": "order_parameters",
     "eta_star": "order_parameters",
+    "build_model": "models",
+    "calibrate_batchnorm_": "models",
     "CURVATURES": "spectrum",
     "BN_MODES": "spectrum",
     "SpectrumResult": "spectrum",
+    "LOSSES": "spectrum",
     "curvature_spectrum": "spectrum",
     "curvature_operator": "spectrum",
 }

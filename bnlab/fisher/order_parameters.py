@@ -64,6 +64,19 @@ E6. Typos with no effect on the result: Eq. 52/53 carry a stray σ_w² (the resu
     none); Eq. 118 has q̃^{l+1} where Eq. 42 has q̃^{l+1}_xy (Eq. 42 is used); Eq. 43 has
     "σ^l_l" for q^l; §3.1.1 says the bound uses Claim 3.1 with N_l ≫ 1 "for 0 < l < L".
 
+BN in train mode (``bn_mode="train"``)
+--------------------------------------
+The paper's model normalizes with population statistics (Eqs. 14–15), which is a real network's
+eval mode with running statistics equal to the data statistics (``bn_mode="eval"``, the default).
+In train mode the statistics are the batch's own, and backpropagation through them projects the
+batch of δ^l onto the batch-mean-free subspace: Σ_b δ^l(x_b) = 0 exactly for every layer followed
+by BN. The weight term of the bound, ‖(1/m) Σ_b δ^l(x_b) h^{l-1}(x_b)ᵀ‖², then is the squared
+batch covariance of δ and h, which vanishes under the same gradient-independence assumption the
+paper uses: f_l = 0 for every layer followed by BN, and only the output layer (and any layer
+without BN) remains. A finite network agrees (train-mode λmax ≈ f_L, below the eval-mode bound;
+tests/fisher/test_bound.py): the paper's bound is not a lower bound for the curvature of a BN
+network in train mode.
+
 Approximations (both formulas, as in the paper): the bias, γ and β gradients are dropped
 (Eq. 158; the output bias alone would add exactly 1 to the bound), forward and backward
 quantities are independent (gradient independence), x ≠ y pairs dominate (O(1/m)
@@ -105,6 +118,7 @@ class FisherTheoryResult:
     norm: str
     phi: str
     formula: str
+    bn_mode: str
     momentum: float
     gamma: tuple
     beta: tuple
@@ -182,6 +196,7 @@ def fisher_order_parameters(
     formula: str = "measured",
     input_q: float = 1.0,
     input_q_xy: float = 0.0,
+    bn_mode: str = "eval",
 ) -> FisherTheoryResult:
     """Order parameters, the λ̄max lower bound Σ_l f_l (Claim 3.1) and η* (Eq. 7).
 
@@ -201,11 +216,15 @@ def fisher_order_parameters(
         The corrected recursions (default) or the printed ones (module docstring, Errata).
     input_q, input_q_xy : q̂⁰ = E‖x‖²/N0 and q̂⁰_xy = ‖E x‖²/N0 (Claim 6.1: 1 and 0 for
         standardized data).
+    bn_mode : {"eval", "train"}
+        BN with population statistics (the paper's model) or with batch statistics (the layers
+        followed by BN drop out of the bound; module docstring). Ignored for ``norm="none"``.
     """
     architecture = _as_arch(arch)
     norm = check_choice("norm", norm, NORMS)
     formula = check_choice("formula", formula, FORMULAS)
     mu = _check_momentum(momentum)
+    bn_mode = check_choice("bn_mode", bn_mode, ("eval", "train"))
     L = architecture.depth
     geos = architecture.geometry()
     sw2 = [check_real(f"sigma_w2[{i}]", v) for i, v in enumerate(_as_sequence("sigma_w2", sigma_w2, L))]
@@ -317,6 +336,8 @@ def fisher_order_parameters(
             else:
                 fl = n_in * qh_xy[i] * bt_xy[i]
             per_pos = (bt[i], bt_xy[i], bt_ab[i] if K > 1 else 0.0)
+        if norm == "bn" and bn_mode == "train" and l < L:
+            fl = 0.0  # Σ_b δ^l(x_b) = 0 in train mode (module docstring)
         f.append(float(fl))
         layers.append(
             dict(
@@ -345,6 +366,7 @@ def fisher_order_parameters(
         norm=norm,
         phi=base.spec,
         formula=formula,
+        bn_mode=bn_mode if norm == "bn" else "none",
         momentum=mu,
         gamma=tuple(gam),
         beta=tuple(bet),
