@@ -166,6 +166,21 @@ def _derivative_activation(act: Activation) -> Activation:
     return activation_from_callable(act.derivative)
 
 
+def _derivative_pair(act: Activation, var: float, cov: float) -> tuple[float, float]:
+    """(E φ'(u)², E φ'(u)φ'(v)) for (u, v) ~ N(0, [[var, cov], [cov, var]]), φ' = d/dx act(x).
+
+    For 1-homogeneous φ = a ρ₁(x) − b ρ₁(−x) (ReLU, leaky ReLU, abs, identity) φ' = a H(x) + b H(−x)
+    and the orthant probabilities P(u > 0, v > 0) = P(u < 0, v < 0) = (π/2 + arcsin c)/(2π) give the
+    closed form (Eq. 22's ReLU case); otherwise the Gaussian-integral route.
+    """
+    if act.homogeneity == 1.0 and act.homogeneous_coeffs is not None:
+        a, b = act.homogeneous_coeffs
+        c = max(-1.0, min(1.0, cov / var)) if var > 0 else 0.0
+        p = (math.pi / 2 + math.asin(c)) / (2 * math.pi)
+        return 0.5 * (a * a + b * b), (a * a + b * b) * p + 2 * a * b * (0.5 - p)
+    return _pair(_derivative_activation(act), var, cov)
+
+
 def _geometry_factors(geo: dict) -> tuple[float, float]:
     """ρ (fraction of (position, tap) pairs inside the unpadded input) and ρ2 (the same for pairs of
     distinct output positions sharing a tap), exact for square 2-d kernels (products of 1-d counts)."""
@@ -265,10 +280,9 @@ def fisher_order_parameters(
             break
         if norm == "bn":
             act = base.with_affine(gam[l - 1], bet[l - 1])
-            dact = _derivative_activation(act)
             # u = (z − μ)/s is N(0, 1) per unit; different samples independent (Eqs. 56–60)
             m2, m11 = _pair(act, 1.0, 0.0)
-            d2, d11 = _pair(dact, 1.0, 0.0)
+            d2, d11 = _derivative_pair(act, 1.0, 0.0)
             var = (q[-1] - q_xy[-1]) if measured else q[-1]  # Errata E2
             if not var > 0:
                 raise ValueError(
@@ -283,11 +297,10 @@ def fisher_order_parameters(
             chi_xy.append(d11 / var)
             chi_ab.append(d11 / var)
         else:
-            dact = _derivative_activation(base)
             m2, m11 = _pair(base, q[-1], q_xy[-1])
             _, m11ab = _pair(base, q[-1], q_ab[-1])
-            d2, d11 = _pair(dact, q[-1], q_xy[-1])
-            _, d11ab = _pair(dact, q[-1], q_ab[-1])
+            d2, d11 = _derivative_pair(base, q[-1], q_xy[-1])
+            _, d11ab = _derivative_pair(base, q[-1], q_ab[-1])
             s2.append(None)
             qh.append(m2)
             qh_xy.append(m11)
