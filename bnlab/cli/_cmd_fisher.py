@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--batch-size={batch} with --bn-mode train is not allowed: BatchNorm's batch variance is "
                 "undefined for one sample (use >= 2 or --bn-mode eval)"
             )
-        data = standardize(load_dataset(args.dataset, "train", data_dir=args.data_dir))
+        data = load_dataset(args.dataset, "train", data_dir=args.data_dir)
         n_in = 1
         for d in data.image_shape:
             n_in *= d
@@ -118,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
                 f"--arch={args.arch!r} is not allowed with --dataset {args.dataset}: input shape "
                 f"{arch.input_shape} differs from the data's {data.image_shape}"
             )
-        sub = data.subset(min(batch, len(data)), seed=seed)
+        # the batch is standardized with its own per-channel statistics (cheap; the theory's input
+        # order parameters are taken from this same batch below)
+        sub = standardize(data.subset(min(batch, len(data)), seed=seed))
         x = sub.x.to(torch.float64)
         if len(arch.input_shape) == 1:
             x = x.reshape(x.shape[0], -1)
