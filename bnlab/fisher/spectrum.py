@@ -19,13 +19,17 @@ statistics, ``num_batches_tracked``) and train/eval flags are never changed; in 
 layers in train mode stop tracking running statistics, which also avoids torch.func's in-place
 error on BN buffers (functorch issue #986; ANCHORS.md).
 
-Products: forward mode (``torch.func.jvp``) for J v, reverse mode (``torch.func.vjp``, the pullback
-built once per operator) for Jᵀ u, forward-over-reverse for Hessian-vector products. Eigenvalues:
-ARPACK Lanczos (``scipy.sparse.linalg.eigsh`` on a ``LinearOperator``, ``which="LA"``), which
-stops when the Ritz residual is below ``tol`` relative to the eigenvalue (ARPACK's criterion
-‖A v − λ v‖ ≤ tol·|λ|), so each reported eigenvalue is within ≈ tol·λmax of an eigenvalue of the
-operator (plus the products' own rounding: use ``dtype=torch.float64`` for ≲1e-12). Very small
-operators (fewer than max(2k + 1, 16) parameters) are assembled densely and solved with eigh.
+Products: forward mode (``torch.func.jvp``) for J v and reverse mode (``torch.func.vjp``, the
+pullback built once per operator and reused) for Jᵀ u; Hessian-vector products by reverse-over-reverse
+through a gradient graph built once and retained (one backward pass per product).
+Eigenvalues: by default Lanczos in torch (float64 basis, full reorthogonalization) stopped at the
+first step where every requested Ritz pair has residual ‖C y − θ y‖ ≤ tol·λmax — the a-posteriori
+bound that places an eigenvalue of C within tol·λmax of each reported value (and, for the top one,
+typically within (tol·λmax)²/gap) — plus the products' own rounding (float32 models: ≈1e-6
+relative; use ``dtype=torch.float64`` for ≲1e-12). ``method="arpack"`` uses ARPACK
+(``scipy.sparse.linalg.eigsh`` on a ``LinearOperator``, ``which="LA"``, same tolerance meaning),
+which always spends at least ncv = max(2k + 1, 20) products per restart. Very small operators
+(fewer than max(2k + 1, 16) parameters) are assembled densely and solved with eigh.
 
 Why not curvlinops: it provides the same products (also via torch.func) and eigsh, but (ANCHORS.md)
 its determinism check fails for BN in train mode with shuffled data and it updates the running
@@ -66,6 +70,7 @@ class SpectrumResult:
     batch_size: int
     matvecs: int
     tol: float
+    method: str
     dtype: str
     seconds: float
     blocks: dict = field(default_factory=dict)
@@ -189,10 +194,13 @@ class _CurvatureOperator:
                 self._dloss = self._loss_output_grad(self._out)
         else:
 
-            def mean_loss(params):
-                return self._loss_value(forward(params))
-
-            self._grad = torch.func.grad(mean_loss)
+            # reverse-over-reverse with the gradient's graph built once and retained: each
+            # Hessian-vector product is one backward pass through it (no new forward pass)
+            leaves = {n: p.detach().clone().requires_grad_(True) for n, p in self.primals.items()}
+            with torch.enable_grad():
+                loss = self._loss_value(forward(leaves))
+                self._grads = torch.autograd.grad(loss, [leaves[n] for n in self.names], create_graph=True)
+            self._leaves = [leaves[n] for n in self.names]
 
     # -- loss pieces ---------------------------------------------------------
     def _loss_value(self, out):
@@ -225,8 +233,10 @@ class _CurvatureOperator:
         self.matvecs += 1
         tangent = self.unflatten(flat.to(device=self.device, dtype=self.dtype))
         if self.curvature == "hessian":
-            _, hv = torch.func.jvp(self._grad, (self.primals,), (tangent,))
-            return self.flatten(hv)
+            hv = torch.autograd.grad(
+                self._grads, self._leaves, grad_outputs=[tangent[n] for n in self.names], retain_graph=True
+            )
+            return torch.cat([h.reshape(-1) for h in hv])
         _, jv = torch.func.jvp(self._forward, (self.primals,), (tangent,))
         if self.curvature == "fisher" or (self.curvature == "ggn" and self.loss == "mse"):
             u = jv
@@ -289,7 +299,77 @@ def curvature_operator(
     return op
 
 
-def _top_eigenvalues(op, n, k, tol, seed, want_vectors, maxiter):
+def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device):
+    """Top-k eigenpairs of a symmetric operator by Lanczos with full reorthogonalization (float64 torch).
+
+    Stops after the first step at which each of the top-k Ritz pairs (θ_i, y_i) has residual
+    ‖A y_i − θ_i y_i‖ = β_j |s_{j,i}| ≤ tol·|θ_1| (the standard a-posteriori bound: an eigenvalue of A
+    lies within that distance of θ_i), or when the Krylov space becomes invariant, or after
+    ``max_steps`` products (``converged`` False). Stores one n-vector per step.
+    """
+    torch = _torch()
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, generator=gen, dtype=torch.float64).to(device)
+    q /= torch.linalg.norm(q)
+    # k = 1 without eigenvectors: the plain three-term recurrence (no stored basis). Loss of
+    # orthogonality (Paige) only creates spurious copies of already converged Ritz values, so the
+    # largest Ritz value and its residual bound stay valid; otherwise full reorthogonalization.
+    full = k > 1 or want_vectors
+    capacity = min(max_steps, 16) if full else 0
+    Q = torch.empty((capacity, n), dtype=torch.float64, device=device)  # one basis vector per row
+    alphas, betas = [], []
+    converged = False
+    theta = s_vecs = None
+    steps = 0
+    q_prev = None
+    for j in range(max_steps):
+        if full:
+            if j == capacity:
+                capacity = min(max_steps, 2 * capacity)
+                grown = torch.empty((capacity, n), dtype=torch.float64, device=device)
+                grown[:j] = Q[:j]
+                Q = grown
+            Q[j] = q
+        steps = j + 1
+        w = matvec(q).to(torch.float64)
+        alpha = float(torch.dot(q, w))
+        alphas.append(alpha)
+        if full:
+            basis = Q[: j + 1]
+            before = float(torch.linalg.norm(w))
+            w = torch.addmv(w, basis.T, basis @ w, alpha=-1.0)  # full reorthogonalization (CGS) ...
+            beta = float(torch.linalg.norm(w))
+            if beta < 0.7 * before:  # ... repeated once after strong cancellation (Kahan–Parlett "twice")
+                w = torch.addmv(w, basis.T, basis @ w, alpha=-1.0)
+                beta = float(torch.linalg.norm(w))
+        else:
+            w.add_(q, alpha=-alpha)
+            if q_prev is not None:
+                w.add_(q_prev, alpha=-betas[-1])
+            beta = float(torch.linalg.norm(w))
+        T = np.diag(alphas) + np.diag(betas, 1) + np.diag(betas, -1)
+        theta, s_vecs = np.linalg.eigh(T)
+        top = np.argsort(theta)[::-1][: min(k, j + 1)]
+        resid = np.abs(beta * s_vecs[-1, top])
+        scale = max(abs(theta[top[0]]), np.finfo(np.float64).tiny)
+        if j + 1 >= k and np.all(resid <= tol * scale):
+            converged = True
+            break
+        if beta <= 1e-13 * scale:  # invariant subspace: the Ritz values are exact eigenvalues
+            converged = j + 1 >= k
+            break
+        betas.append(beta)
+        q_prev, q = q, w / beta
+    top = np.argsort(theta)[::-1][:k]
+    vals = theta[top]
+    vecs = None
+    if want_vectors:
+        Q = Q[:steps].T
+        vecs = (Q @ torch.as_tensor(s_vecs[:, top], dtype=torch.float64, device=Q.device)).cpu().numpy()
+    return vals, vecs, converged
+
+
+def _top_eigenvalues(op, n, k, tol, seed, want_vectors, maxiter, method="arpack", torch_matvec=None, device=None):
     from scipy.sparse.linalg import eigsh
 
     if n < max(2 * k + 1, 16):
@@ -298,6 +378,14 @@ def _top_eigenvalues(op, n, k, tol, seed, want_vectors, maxiter):
         w, v = np.linalg.eigh(dense)
         order = np.argsort(w)[::-1][:k]
         return w[order], (v[:, order] if want_vectors else None)
+    if method == "lanczos":
+        vals, vecs, converged = _lanczos(torch_matvec, n, k, tol, seed, want_vectors, maxiter or min(n, 300), device)
+        if not converged:
+            raise RuntimeError(
+                f"Lanczos did not reach tol={tol:g} in {maxiter or min(n, 300)} products; raise maxiter or tol, "
+                "or use method='arpack'"
+            )
+        return vals, vecs
     v0 = np.random.default_rng(seed).standard_normal(n)
     out = eigsh(op, k=k, which="LA", tol=tol, v0=v0, maxiter=maxiter, return_eigenvectors=want_vectors)
     if want_vectors:
@@ -322,6 +410,7 @@ def curvature_spectrum(
     return_eigenvectors: bool = False,
     seed: int = 0,
     maxiter: int | None = None,
+    method: str = "auto",
 ) -> SpectrumResult:
     """Top-``k`` eigenvalues of the Fisher (Eq. 10 of the Fisher paper), GGN, Hessian or empirical Fisher.
 
@@ -337,17 +426,33 @@ def curvature_spectrum(
     blocks : None, ``"module"`` (each module's parameters) or {name: [parameter names]} — adds the
         top-k eigenvalues of each diagonal block
     seed : seeds Lanczos' start vector (results are deterministic)
+    method : {"auto", "lanczos", "arpack"}
+        ``"auto"`` (default): ``"lanczos"`` for k = 1, ``"arpack"`` for k > 1 (single-vector Lanczos
+        without restarts cannot resolve a repeated eigenvalue's multiplicity). ``"lanczos"``: Lanczos in torch with full reorthogonalization, stopped at the first
+        step where the top-k residuals are ≤ tol·λmax (fewest products; one stored vector per step,
+        at most ``maxiter`` = min(P, 300) steps); ``"arpack"``: ``scipy.sparse.linalg.eigsh`` on the
+        LinearOperator (implicitly restarted; ``maxiter`` = ARPACK restarts), for many eigenvalues.
     """
     torch = _torch()
     k = check_int("k", k, minimum=1)
     tol = check_real("tol", tol, minimum=0.0)
+    method = check_choice("method", method, ("auto", "lanczos", "arpack"))
+    if method == "auto":
+        method = "lanczos" if k == 1 else "arpack"
+    if maxiter is not None:
+        maxiter = check_int("maxiter", maxiter, minimum=1)
     t0 = time.perf_counter()
     op = curvature_operator(model, inputs, targets, curvature=curvature, loss=loss, bn_mode=bn_mode, dtype=dtype)
     core = op.curvature_info
     n = core.num_params
     if k >= n:
         raise ValueError(f"k={k} is not allowed: expected k < number of parameters ({n})")
-    w, vecs = _top_eigenvalues(op, n, k, tol, seed, return_eigenvectors, maxiter)
+    def torch_mv(v):
+        return core.matvec(v).detach()
+
+    w, vecs = _top_eigenvalues(
+        op, n, k, tol, seed, return_eigenvectors, maxiter, method, torch_mv, core.device
+    )
     block_eigs: dict[str, tuple] = {}
     if blocks is not None:
         from scipy.sparse.linalg import LinearOperator
@@ -361,11 +466,19 @@ def curvature_spectrum(
                 return op.matvec(full)[idx]
 
             bop = LinearOperator((nb, nb), matvec=mv, rmatvec=mv, dtype=np.float64)
+            idx_t = torch.as_tensor(idx, device=core.device)
+
+            def tmv(v, idx_t=idx_t):
+                full = torch.zeros(n, dtype=torch.float64, device=core.device)
+                full[idx_t] = v
+                return core.matvec(full).detach().to(torch.float64)[idx_t]
+
             kb = min(k, nb - 1) if nb > 1 else 1
+            bmethod = method if kb == 1 or method == "arpack" else "arpack"
             if nb == 1:
                 bw = np.array([float(mv(np.ones(1))[0])])
             else:
-                bw, _ = _top_eigenvalues(bop, nb, kb, tol, seed, False, maxiter)
+                bw, _ = _top_eigenvalues(bop, nb, kb, tol, seed, False, maxiter, bmethod, tmv, core.device)
             block_eigs[name] = tuple(float(x) for x in bw)
     return SpectrumResult(
         curvature=core.curvature,
@@ -376,6 +489,7 @@ def curvature_spectrum(
         batch_size=core.batch_size,
         matvecs=core.matvecs,
         tol=tol,
+        method=method,
         dtype=str(core.dtype).replace("torch.", ""),
         seconds=time.perf_counter() - t0,
         blocks=block_eigs,
