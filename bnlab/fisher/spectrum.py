@@ -299,13 +299,15 @@ def curvature_operator(
     return op
 
 
-def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device):
+def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device, stop="residual"):
     """Top-k eigenpairs of a symmetric operator by Lanczos with full reorthogonalization (float64 torch).
 
     Stops after the first step at which each of the top-k Ritz pairs (θ_i, y_i) has residual
     ‖A y_i − θ_i y_i‖ = β_j |s_{j,i}| ≤ tol·|θ_1| (the standard a-posteriori bound: an eigenvalue of A
     lies within that distance of θ_i), or when the Krylov space becomes invariant, or after
-    ``max_steps`` products (``converged`` False). Stores one n-vector per step.
+    ``max_steps`` products (``converged`` False). Stores one n-vector per step (none for k = 1
+    without eigenvectors). ``stop="change"`` instead stops when the top-k Ritz values changed by less
+    than tol relative since the previous step (the rule power-iteration tools use; no error bound).
     """
     torch = _torch()
     gen = torch.Generator().manual_seed(seed)
@@ -322,6 +324,7 @@ def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device):
     theta = s_vecs = None
     steps = 0
     q_prev = None
+    prev_top = None
     for j in range(max_steps):
         if full:
             if j == capacity:
@@ -352,7 +355,15 @@ def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device):
         top = np.argsort(theta)[::-1][: min(k, j + 1)]
         resid = np.abs(beta * s_vecs[-1, top])
         scale = max(abs(theta[top[0]]), np.finfo(np.float64).tiny)
-        if j + 1 >= k and np.all(resid <= tol * scale):
+        if stop == "residual":
+            done = np.all(resid <= tol * scale)
+        else:
+            current = theta[top]
+            done = prev_top is not None and len(prev_top) == len(current) and np.all(
+                np.abs(current - prev_top) <= tol * scale
+            )
+            prev_top = current
+        if j + 1 >= k and done:
             converged = True
             break
         if beta <= 1e-13 * scale:  # invariant subspace: the Ritz values are exact eigenvalues
@@ -369,7 +380,9 @@ def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device):
     return vals, vecs, converged
 
 
-def _top_eigenvalues(op, n, k, tol, seed, want_vectors, maxiter, method="arpack", torch_matvec=None, device=None):
+def _top_eigenvalues(
+    op, n, k, tol, seed, want_vectors, maxiter, method="arpack", torch_matvec=None, device=None, stop="residual"
+):
     from scipy.sparse.linalg import eigsh
 
     if n < max(2 * k + 1, 16):
@@ -379,7 +392,9 @@ def _top_eigenvalues(op, n, k, tol, seed, want_vectors, maxiter, method="arpack"
         order = np.argsort(w)[::-1][:k]
         return w[order], (v[:, order] if want_vectors else None)
     if method == "lanczos":
-        vals, vecs, converged = _lanczos(torch_matvec, n, k, tol, seed, want_vectors, maxiter or min(n, 300), device)
+        vals, vecs, converged = _lanczos(
+            torch_matvec, n, k, tol, seed, want_vectors, maxiter or min(n, 300), device, stop
+        )
         if not converged:
             raise RuntimeError(
                 f"Lanczos did not reach tol={tol:g} in {maxiter or min(n, 300)} products; raise maxiter or tol, "
@@ -411,6 +426,7 @@ def curvature_spectrum(
     seed: int = 0,
     maxiter: int | None = None,
     method: str = "auto",
+    stop: str = "residual",
 ) -> SpectrumResult:
     """Top-``k`` eigenvalues of the Fisher (Eq. 10 of the Fisher paper), GGN, Hessian or empirical Fisher.
 
@@ -432,11 +448,16 @@ def curvature_spectrum(
         step where the top-k residuals are ≤ tol·λmax (fewest products; one stored vector per step,
         at most ``maxiter`` = min(P, 300) steps); ``"arpack"``: ``scipy.sparse.linalg.eigsh`` on the
         LinearOperator (implicitly restarted; ``maxiter`` = ARPACK restarts), for many eigenvalues.
+    stop : {"residual", "change"}
+        Lanczos only. ``"residual"`` (default): the a-posteriori residual bound ≤ tol·λmax (an error
+        guarantee). ``"change"``: the top-k Ritz values changed by < tol relative in one step — the
+        stopping rule of PyHessian-style power iteration, without a guarantee.
     """
     torch = _torch()
     k = check_int("k", k, minimum=1)
     tol = check_real("tol", tol, minimum=0.0)
     method = check_choice("method", method, ("auto", "lanczos", "arpack"))
+    stop = check_choice("stop", stop, ("residual", "change"))
     if method == "auto":
         method = "lanczos" if k == 1 else "arpack"
     if maxiter is not None:
@@ -451,7 +472,7 @@ def curvature_spectrum(
         return core.matvec(v).detach()
 
     w, vecs = _top_eigenvalues(
-        op, n, k, tol, seed, return_eigenvectors, maxiter, method, torch_mv, core.device
+        op, n, k, tol, seed, return_eigenvectors, maxiter, method, torch_mv, core.device, stop
     )
     block_eigs: dict[str, tuple] = {}
     if blocks is not None:
@@ -478,7 +499,7 @@ def curvature_spectrum(
             if nb == 1:
                 bw = np.array([float(mv(np.ones(1))[0])])
             else:
-                bw, _ = _top_eigenvalues(bop, nb, kb, tol, seed, False, maxiter, bmethod, tmv, core.device)
+                bw, _ = _top_eigenvalues(bop, nb, kb, tol, seed, False, maxiter, bmethod, tmv, core.device, stop)
             block_eigs[name] = tuple(float(x) for x in bw)
     return SpectrumResult(
         curvature=core.curvature,

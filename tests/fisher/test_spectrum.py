@@ -200,3 +200,13 @@ def test_lanczos_reports_non_convergence():
     model, x = _small_models()["mlp"]
     with pytest.raises(RuntimeError, match="did not reach"):
         curvature_spectrum(model, x, bn_mode="train", tol=1e-14, maxiter=3, method="lanczos", dtype=torch.float64)
+
+
+def test_change_stopping_rule_is_accepted_and_close():
+    model, x = _small_models()["mlp"]
+    ref = curvature_spectrum(model, x, bn_mode="train", tol=1e-12, dtype=torch.float64)
+    r = curvature_spectrum(model, x, bn_mode="train", tol=1e-6, dtype=torch.float64, stop="change", method="lanczos")
+    # a Ritz value that moved by < 1e-6·λ in one step is, for this well-separated top eigenvalue, within 1e-4
+    assert r.lambda_max == pytest.approx(ref.lambda_max, rel=1e-4)
+    with pytest.raises(ValueError, match="stop"):
+        curvature_spectrum(model, x, stop="never")
