@@ -166,8 +166,13 @@ class _CurvatureOperator:
             return out.reshape(batch, -1)
 
         self._forward = forward
-        with torch.no_grad():
-            out = forward(self.primals)
+        # one forward pass, kept: the pullback (Fisher/GGN/EF) or the gradient graph (Hessian) reuse it
+        if self.curvature in ("fisher", "ggn", "empirical_fisher"):
+            out, self._pullback = torch.func.vjp(forward, self.primals)
+        else:
+            leaves = {n: p.detach().clone().requires_grad_(True) for n, p in self.primals.items()}
+            with torch.enable_grad():
+                out = forward(leaves)
         self.num_outputs = int(out.shape[1])
         if targets is not None and needs_targets:
             t = targets.detach().to(self.device)
@@ -186,19 +191,16 @@ class _CurvatureOperator:
             self.targets = None
 
         if self.curvature in ("fisher", "ggn", "empirical_fisher"):
-            out, self._pullback = torch.func.vjp(forward, self.primals)
             self._out = out.detach()
             if self.loss == "cross_entropy":
                 self._probs = torch.softmax(self._out, dim=1)
             if self.curvature == "empirical_fisher":
                 self._dloss = self._loss_output_grad(self._out)
         else:
-
             # reverse-over-reverse with the gradient's graph built once and retained: each
             # Hessian-vector product is one backward pass through it (no new forward pass)
-            leaves = {n: p.detach().clone().requires_grad_(True) for n, p in self.primals.items()}
             with torch.enable_grad():
-                loss = self._loss_value(forward(leaves))
+                loss = self._loss_value(out)
                 self._grads = torch.autograd.grad(loss, [leaves[n] for n in self.names], create_graph=True)
             self._leaves = [leaves[n] for n in self.names]
 
