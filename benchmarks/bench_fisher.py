@@ -142,7 +142,7 @@ def _train(model, arch, steps):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def run_case(arch, batch, repeat, quick, train_steps=0):
