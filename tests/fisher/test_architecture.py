@@ -69,3 +69,16 @@ def test_build_model_draws_the_papers_ensemble():
     assert isinstance(m[1], torch.nn.BatchNorm1d) and len(m) == 4
     m2 = build_model("fc:1000-1000-10", norm="none")
     assert not any(isinstance(x, torch.nn.BatchNorm1d) for x in m2)
+
+
+def test_build_model_matches_the_nets_fisher_cnn_and_mlp_shapes():
+    # bnlab.fisher.build_model follows the spec grammar (padding, any conv stack, per-layer γ);
+    # for the paper's networks it must have the same parameter shapes as bnlab.nets' builders
+    from bnlab.nets import MLP, FisherCNN
+
+    ours = build_model("conv:1x28x28-c30k3s2-c60k3s2-c90k3s2-fc10", seed=0)
+    theirs = FisherCNN((1, 28, 28), 10, seed=0)
+    assert sorted(tuple(p.shape) for p in ours.parameters()) == sorted(tuple(p.shape) for p in theirs.parameters())
+    ours = build_model("fc:784-100-100-10", seed=0)
+    theirs = MLP(784, [100, 100], 10, norm="bn", seed=0)
+    assert sorted(tuple(p.shape) for p in ours.parameters()) == sorted(tuple(p.shape) for p in theirs.parameters())

@@ -104,14 +104,16 @@ def test_vanilla_fc_paper_and_measured_coincide(sw2, sb2, depth):
 
 @settings(max_examples=20, deadline=None)
 @given(gamma=st.floats(0.05, 5.0), mu=st.floats(0.0, 0.99))
-def test_bn_relu_bound_is_quadratic_in_gamma_up_to_the_output_layer(gamma, mu):
-    # ReLU is 1-homogeneous: with σ_b² = 0 every q̂, q̂_xy scales as γ² and s² = q − q_xy as γ², so each
-    # f_l of the hidden layers is invariant ... except through γ²/s²: f_1..f_{L-1} scale as γ²·γ^0,
-    # the output term as γ². Net: the whole bound is γ² times its value at γ = 1 (exact algebra).
+def test_bn_relu_bound_is_quadratic_in_gamma(gamma, mu):
+    # exact algebra of the corrected recursions for ReLU (1-homogeneous): q̂^l = γ²/2 and q̂^l_xy =
+    # γ²/(2π) for l ≥ 1, so q^l and q^l_xy grow by σ_w²·(γ²-terms) and s² = q − q_xy ∝ γ² (σ_b² cancels);
+    # the backward gains γ²·E φ'²/s² do not depend on γ, hence f_l = N q̂^{l-1}_xy q̃^l_xy ∝ γ² for l ≥ 2
+    # and f_1 = 0: the whole bound is γ² times its value at γ = 1, for any σ_b² (here 0 and 0.7)
     arch = "fc:30-40-40-40-10"
-    r = fisher_order_parameters(arch, gamma=gamma, sigma_b2=0.0, momentum=mu)
-    r1 = fisher_order_parameters(arch, gamma=1.0, sigma_b2=0.0, momentum=mu)
-    assert r.lambda_max_bound == pytest.approx(gamma**2 * r1.lambda_max_bound, rel=1e-10)
+    for sb2 in (0.0, 0.7):
+        r = fisher_order_parameters(arch, gamma=gamma, sigma_b2=sb2, momentum=mu)
+        r1 = fisher_order_parameters(arch, gamma=1.0, sigma_b2=sb2, momentum=mu)
+        assert r.lambda_max_bound == pytest.approx(gamma**2 * r1.lambda_max_bound, rel=1e-10)
     assert r.eta_star == pytest.approx(2 * (1 + mu) / r.lambda_max_bound, rel=1e-14)
 
 
