@@ -79,7 +79,8 @@ def build_model(
             lin = torch.nn.Linear(geo["in_units"], layer.width)
         lin = lin.to(dtype)
         with torch.no_grad():
-            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen, dtype=dtype) * math.sqrt(sw2[l] / geo["fan_in"]))
+            scale = math.sqrt(sw2[l] / geo["fan_in"])
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen, dtype=dtype) * scale)
             lin.bias.copy_(torch.randn(lin.bias.shape, generator=gen, dtype=dtype) * math.sqrt(sb2[l]))
         mods.append(lin)
         if l == L - 1:

@@ -94,7 +94,7 @@ import numpy as np
 from bnlab._validation import check_choice, check_real
 from bnlab.activations import Activation, activation_from_callable, get_activation
 
-from .architecture import Architecture, ConvLayer, _as_arch, _as_sequence
+from .architecture import Architecture, _as_arch, _as_sequence
 
 __all__ = ["FORMULAS", "NORMS", "FisherTheoryResult", "fisher_order_parameters", "eta_star"]
 

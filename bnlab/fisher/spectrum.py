@@ -41,7 +41,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -267,7 +267,9 @@ class _CurvatureOperator:
                     raise ValueError(f"blocks[{key!r}] names unknown parameters {unknown}; known: {self.names}")
                 groups[str(key)] = list(names)
         else:
-            raise ValueError(f"blocks={blocks!r} is not allowed: expected None, 'module' or a dict name -> [param names]")
+            raise ValueError(
+                f"blocks={blocks!r} is not allowed: expected None, 'module' or a dict name -> [param names]"
+            )
         return {k: np.concatenate([index[n] for n in v]) for k, v in groups.items()}
 
 
@@ -446,7 +448,8 @@ def curvature_spectrum(
     seed : seeds Lanczos' start vector (results are deterministic)
     method : {"auto", "lanczos", "arpack"}
         ``"auto"`` (default): ``"lanczos"`` for k = 1, ``"arpack"`` for k > 1 (single-vector Lanczos
-        without restarts cannot resolve a repeated eigenvalue's multiplicity). ``"lanczos"``: Lanczos in torch with full reorthogonalization, stopped at the first
+        without restarts cannot resolve a repeated eigenvalue's multiplicity). ``"lanczos"``: Lanczos
+        in torch (full reorthogonalization unless k = 1 without eigenvectors), stopped at the first
         step where the top-k residuals are ≤ tol·λmax (fewest products; one stored vector per step,
         at most ``maxiter`` = min(P, 300) steps); ``"arpack"``: ``scipy.sparse.linalg.eigsh`` on the
         LinearOperator (implicitly restarted; ``maxiter`` = ARPACK restarts), for many eigenvalues.

@@ -59,8 +59,6 @@ def divergence_boundary(etas: Sequence[float], exploded_any: Sequence[bool]) -> 
 
 def run_phase_cell(params: dict) -> dict:
     """Train the (η, seed) ensemble of one γ row; test losses, explosions, the boundary and η*."""
-    import torch
-
     from bnlab.data import DatasetNotFoundError, load_dataset, standardize
     from bnlab.fisher import fisher_order_parameters, train_ensemble
 

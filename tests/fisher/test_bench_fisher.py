@@ -2,7 +2,6 @@
 import importlib.util
 import pathlib
 
-import numpy as np
 import pytest
 import torch
 
