@@ -99,7 +99,9 @@ def build_model(
 def calibrate_batchnorm_(model, inputs, *, batch_size: int = 1024):
     """Set every BN layer's running statistics to those of ``inputs`` (cumulative average; in place).
 
-    The module's train/eval flags are restored; parameters are not touched.
+    The module's train/eval flags are restored; parameters are not touched. PyTorch stores the
+    unbiased variance (factor n/(n − 1) over the biased batch variance used in train mode), an
+    O(1/n) difference between eval and train mode on the same batch.
     """
     import torch
 
