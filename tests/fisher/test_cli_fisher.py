@@ -70,3 +70,9 @@ def test_bad_input_exits_2_naming_the_argument(capsys, argv, match):
         main(["fisher", *argv])
     assert exc.value.code == 2
     assert match in capsys.readouterr().err
+
+
+def test_measure_hessian_curvature_on_digits(capsys):
+    out = _run_json(capsys, "--arch", "fc:64-32-10", "--measure", "--dataset", "digits", "--curvature", "hessian",
+                    "--batch-size", "32")
+    assert out["curvature"] == "hessian" and out["lambda_max_measured"] > 0
