@@ -68,8 +68,14 @@ class LayerHandler:
     def _input_hint(self) -> str:
         return ""
 
-    def moments(self, x: torch.Tensor, shift: torch.Tensor) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+    def moments(
+        self, x: torch.Tensor, shift: torch.Tensor, out: torch.Tensor
+    ) -> tuple[int, int, torch.Tensor, torch.Tensor]:
         """Return ``(samples, rows, s1, s2)`` of one mini-batch input ``x`` about ``shift``.
+
+        ``out`` is scratch memory of ``x``'s shape and dtype (it may be ``x`` itself when ``x`` is a
+        private copy); reusing it avoids allocating (and page-faulting) an activation-sized
+        temporary on every forward pass.
 
         ``samples`` is the mini-batch size N, ``rows`` the number of rows of Ĥ (or 𝓗̂) each column
         has (N for a dense layer), ``s1 = Σ_rows (x - c)`` and ``s2 = Σ_rows (x - c)²`` per column.
@@ -101,12 +107,12 @@ class LinearHandler(LayerHandler):
     def _input_hint(self) -> str:
         return " (N, in_features)"
 
-    def moments(self, x, shift):
-        # Lange et al., Algorithm 2 step 1: the mean/variance of the N rows of H, one pass
+    def moments(self, x, shift, out):
+        # Lange et al., Algorithm 2 step 1: the mean/variance of the N rows of H
         # (subtract, sum, square, sum: the 4·n_in·N operations of Prop. 6).
-        d = x - shift
+        d = torch.sub(x, shift, out=out)
         s1 = d.sum(0)
-        s2 = (d * d).sum(0)
+        s2 = d.mul_(d).sum(0)
         n = x.shape[0]
         return n, n, s1, s2
 
@@ -193,23 +199,23 @@ class _ConvHandler(LayerHandler):
             total *= (size + lo + hi - d * (k - 1) - 1) // s + 1
         return total
 
-    def moments(self, x, shift):
+    def moments(self, x, shift, out):
         n_samples = x.shape[0]
         spatial = x.shape[2:]
         self.positions = self.output_positions(spatial)
         if self.statistics == "channel":
             # Eqs. 21-22: per input channel over the mini-batch and all positions of the map.
             view = (-1,) + (1,) * self.nd
-            d = x - shift.view(view)
+            d = torch.sub(x, shift.view(view), out=out)
             dims = (0,) + tuple(range(2, 2 + self.nd))
             s1 = d.sum(dims)
-            s2 = (d * d).sum(dims)
+            s2 = d.mul_(d).sum(dims)
             return n_samples, n_samples * math.prod(spatial), s1, s2
         # Eqs. 19-20: per column of the unfolded matrix; unfolding is a linear copy of entries, so
         # the column sums of x and x² over the batch are the unfolds of the batch-summed maps.
         rows = n_samples * self.positions
         s_x = x.sum(0, keepdim=True)
-        s_xx = (x * x).sum(0, keepdim=True)
+        s_xx = torch.mul(x, x, out=out).sum(0, keepdim=True)
         col_x = self._unfold_sum(s_x)
         col_xx = self._unfold_sum(s_xx)
         s1 = col_x - rows * shift

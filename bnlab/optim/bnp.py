@@ -217,6 +217,7 @@ class BNPreconditioner:
         self.conv_statistics = check_choice("conv_statistics", conv_statistics, CONV_STATISTICS)
         self.process_group = process_group
         self._recording = True
+        self._workspace: dict[tuple, torch.Tensor] = {}
         self._layers: dict[str, _LayerState] = {}
         self.steps = 0
 
@@ -339,8 +340,15 @@ class BNPreconditioner:
         if state.mean.device != x.device or state.mean.dtype != dtype:
             state.mean = state.mean.to(device=x.device, dtype=dtype)
             state.var = state.var.to(device=x.device, dtype=dtype)
-        with torch.no_grad(), torch.autocast(device_type=x.device.type, enabled=False):
-            samples, rows, s1, s2 = state.handler.moments(x.detach().to(dtype), state.mean)
+        # (No autocast context needed: sub/sum/mul_ on float32 tensors are left alone by autocast.)
+        with torch.no_grad():
+            x = x.detach()
+            if x.dtype != dtype:
+                x = x.to(dtype)  # a private copy (mixed precision): it can be its own scratch
+                out = x
+            else:
+                out = self._scratch(x)
+            samples, rows, s1, s2 = state.handler.moments(x, state.mean, out)
         if state.s1 is None:
             state.samples, state.rows, state.s1, state.s2 = samples, rows, s1, s2
         else:
@@ -348,6 +356,15 @@ class BNPreconditioner:
             state.rows += rows
             state.s1 = state.s1 + s1
             state.s2 = state.s2 + s2
+
+    def _scratch(self, x: torch.Tensor) -> torch.Tensor:
+        # One buffer per (device, dtype), grown to the largest layer input: hooks run one at a time.
+        key = (x.device, x.dtype)
+        buf = self._workspace.get(key)
+        if buf is None or buf.numel() < x.numel():
+            buf = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
+            self._workspace[key] = buf
+        return buf[: x.numel()].view(x.shape)
 
     def _all_reduce(self, pending: list[_LayerState]) -> None:
         import torch.distributed as dist
@@ -368,10 +385,10 @@ class BNPreconditioner:
             flat = torch.cat(parts)
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group)
             offset = 0
-            for s in states:
+            counts = flat[[i for st in _offsets(states) for i in st]].tolist()  # one host sync
+            for j, s in enumerate(states):
                 k = s.s1.numel()
-                s.samples = flat[offset]
-                s.rows = flat[offset + 1]
+                s.samples, s.rows = counts[2 * j], counts[2 * j + 1]
                 s.s1 = flat[offset + 2: offset + 2 + k]
                 s.s2 = flat[offset + 2 + k: offset + 2 + 2 * k]
                 offset += 2 + 2 * k
@@ -409,24 +426,24 @@ class BNPreconditioner:
         return any(p.grad is not None for p in (module.weight, getattr(module, "bias", None)) if p is not None)
 
     def _step_layer(self, s: _LayerState) -> None:
-        rows = s.rows
-        # Step 1: mini-batch mean and (biased, Eq. 13) variance from the moments about c = μ_old.
-        m = s.s1 / rows
-        batch_mean = s.mean + m
-        if isinstance(rows, torch.Tensor):
-            single = rows <= 1
-            batch_var = torch.where(single, s.s2 / rows, torch.clamp_min(s.s2 / rows - m * m, 0.0))
-        elif rows > 1:
-            batch_var = torch.clamp_min(s.s2 / rows - m * m, 0.0)
+        rows, rho = s.rows, self.rho
+        # Steps 1-2 from the moments about c = μ_old (s1 = Σ(x - c), s2 = Σ(x - c)²):
+        #   μ_H = c + s1/n,  σ_H² = s2/n - (s1/n)²  (biased, Eq. 13; at n = 1 just s2: the
+        #   variance about the running mean, §3.3), then μ ← ρμ + (1-ρ)μ_H = μ + (1-ρ)s1/n and
+        #   σ² ← ρσ² + (1-ρ)σ_H², each fused into in-place updates.
+        if rho == 0.0:
+            m = s.s1 / rows
+            var_b = s.s2 / rows
+            if rows > 1:
+                var_b = torch.clamp_min(var_b.sub_(m * m), 0.0)
+            s.mean = s.mean + m
+            s.var = var_b
         else:
-            # One row (mini-batch size 1): the variance about the running mean (§3.3).
-            batch_var = s.s2 / rows
-        # Step 2: running averages.
-        if self.rho == 0.0:
-            s.mean, s.var = batch_mean, batch_var
-        else:
-            s.mean.mul_(self.rho).add_(batch_mean, alpha=1.0 - self.rho)
-            s.var.mul_(self.rho).add_(batch_var, alpha=1.0 - self.rho)
+            a = 1.0 - rho
+            s.mean.add_(s.s1, alpha=a / rows)
+            s.var.mul_(rho).add_(s.s2, alpha=a / rows)
+            if rows > 1:
+                s.var.addcmul_(s.s1, s.s1, value=-a / (rows * rows))
         # Step 3.
         var_tilde = regularized_variance(s.var, self.eps1, self.eps2)
         if self.eps1 == 0.0 and self.eps2 == 0.0 and bool((var_tilde <= 0).any()):
@@ -529,6 +546,14 @@ class BNPreconditioner:
             f"BNPreconditioner(layers={len(self._layers)}, rho={self.rho}, eps1={self.eps1}, eps2={self.eps2}, "
             f"conv_statistics={self.conv_statistics!r}, steps={self.steps})"
         )
+
+
+def _offsets(states: list[_LayerState]) -> list[tuple[int, int]]:
+    out, offset = [], 0
+    for s in states:
+        out.append((offset, offset + 1))
+        offset += 2 + 2 * s.s1.numel()
+    return out
 
 
 def _is_view_of(a: torch.Tensor, b: torch.Tensor) -> bool:
