@@ -7,6 +7,8 @@
 * :func:`register_layer_handler`, :class:`LayerHandler` — the registry of supported layer types.
 * :func:`layer_hessian_conditioning`, :class:`ConditioningLogger` — Theorem 4 measured: the condition
   number of one neuron's Hessian block with and without preconditioning, and κ(D).
+* :func:`train_network` — Lange et al.'s FC network / 5-layer CNN trained with BNP or a
+  normalization layer (needs :mod:`bnlab.nets`; imported lazily).
 """
 from __future__ import annotations
 
@@ -26,6 +28,19 @@ from bnlab.optim.conditioning import (
     neuron_hessian,
 )
 
+_LAZY = {"train_network": "bnlab.optim.training", "default_learning_rate": "bnlab.optim.training",
+         "NetworkTrainingResult": "bnlab.optim.training", "TRAIN_NORMS": "bnlab.optim.training",
+         "TRAIN_MODELS": "bnlab.optim.training"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'bnlab.optim' has no attribute {name!r}")
+
+
 __all__ = [
     "BNPreconditioner",
     "bnp_precondition_",
@@ -39,4 +54,9 @@ __all__ = [
     "condition_number",
     "HessianConditioning",
     "ConditioningLogger",
+    "train_network",
+    "default_learning_rate",
+    "NetworkTrainingResult",
+    "TRAIN_NORMS",
+    "TRAIN_MODELS",
 ]
