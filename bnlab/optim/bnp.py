@@ -162,6 +162,7 @@ class _LayerState:
     s1: torch.Tensor | None = None
     s2: torch.Tensor | None = None
     hook: Any = field(default=None, repr=False)
+    scratch: Any = field(default=None, repr=False)
 
     def clear_pending(self) -> None:
         self.samples = 0
@@ -340,15 +341,15 @@ class BNPreconditioner:
         if state.mean.device != x.device or state.mean.dtype != dtype:
             state.mean = state.mean.to(device=x.device, dtype=dtype)
             state.var = state.var.to(device=x.device, dtype=dtype)
-        # (No autocast context needed: sub/sum/mul_ on float32 tensors are left alone by autocast.)
-        with torch.no_grad():
-            x = x.detach()
-            if x.dtype != dtype:
-                x = x.to(dtype)  # a private copy (mixed precision): it can be its own scratch
-                out = x
-            else:
-                out = self._scratch(x)
-            samples, rows, s1, s2 = state.handler.moments(x, state.mean, out)
+        # Detached operands record no autograd graph, so no no_grad() context is needed; autocast
+        # leaves sub/sum/mul_ of float32 tensors alone.
+        x = x.detach()
+        if x.dtype != dtype:
+            x = x.to(dtype)  # a private copy (mixed precision): it can be its own scratch
+            out = x
+        else:
+            out = self._scratch(state, x)
+        samples, rows, s1, s2 = state.handler.moments(x, state.mean, out)
         if state.s1 is None:
             state.samples, state.rows, state.s1, state.s2 = samples, rows, s1, s2
         else:
@@ -357,14 +358,20 @@ class BNPreconditioner:
             state.s1 = state.s1 + s1
             state.s2 = state.s2 + s2
 
-    def _scratch(self, x: torch.Tensor) -> torch.Tensor:
-        # One buffer per (device, dtype), grown to the largest layer input: hooks run one at a time.
+    def _scratch(self, state: _LayerState, x: torch.Tensor) -> torch.Tensor:
+        # One buffer per (device, dtype), grown to the largest layer input (hooks run one at a time);
+        # each layer caches its view of it while the shape and the buffer stay the same.
+        cached = state.scratch
+        if cached is not None and cached[0] is self._workspace.get((x.device, x.dtype)) and cached[1].shape == x.shape:
+            return cached[1]
         key = (x.device, x.dtype)
         buf = self._workspace.get(key)
         if buf is None or buf.numel() < x.numel():
             buf = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
             self._workspace[key] = buf
-        return buf[: x.numel()].view(x.shape)
+        view = buf[: x.numel()].view(x.shape)
+        state.scratch = (buf, view)
+        return view
 
     def _all_reduce(self, pending: list[_LayerState]) -> None:
         import torch.distributed as dist
