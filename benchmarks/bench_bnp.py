@@ -3,7 +3,8 @@
     python benchmarks/bench_bnp.py [--quick] [--device cpu|cuda] [--threads 1] [--json]
 
 The network is the paper's Table 1 / Fig. 8 fully connected net (input 3072 = a CIFAR-10 image,
-two hidden layers of 100, 10 outputs, ReLU, cross-entropy, SGD).  Three variants train side by side
+two hidden layers of 100, 10 outputs, ReLU, cross-entropy, SGD); ``--input 784 --depth 3`` is the
+MNIST network of Figs. 3-4.  Three variants train side by side
 on the same pre-generated random batches, measured round-robin (so drifting load on a shared
 machine hits all of them alike) and summarized by the median time per training step:
 
@@ -13,7 +14,8 @@ machine hits all of them alike) and summarized by the median time per training s
 
 A step is zero_grad + forward + backward (+ ``pre.step()``) + ``opt.step()``; time per epoch is the
 step time × ⌈50 000 / B⌉ (one CIFAR-10 epoch).  Printed ratios: bnp/sgd (goal ≤ 1.10) and bnp/bn
-(goal ≤ 1.00).  The paper's Table 1 (V100 GPU, 20-epoch average) has BN 16.08 / 10.81 / 10.67 s and
+(goal ≤ 1.00), and BNP's two parts measured alone: the forward hooks' statistics (4·n_in·N
+elementwise operations per layer) and ``pre.step()`` (Eq. 15 on every layer).  The paper's Table 1 (V100 GPU, 20-epoch average) has BN 16.08 / 10.81 / 10.67 s and
 BNP 16.69 / 10.70 / 10.57 s at B = 16 / 256 / 512, dominated by input-pipeline time we do not have.
 """
 from __future__ import annotations
@@ -95,6 +97,46 @@ def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, round
     return {v: statistics.median(ts) for v, ts in times.items()}
 
 
+def breakdown(batch: int, *, n_in: int, hidden: int, depth: int, device: str, repeat: int) -> dict:
+    """Milliseconds of BNP's two parts in one step: the forward hooks' statistics and ``pre.step()``."""
+    model, opt, pre = build("bnp", n_in, hidden, depth, device)
+    g = torch.Generator().manual_seed(batch)
+    x = torch.randn(batch, n_in, generator=g).to(device)
+    y = torch.randint(0, 10, (batch,), generator=g).to(device)
+
+    def best(fn):
+        out = []
+        for _ in range(repeat):
+            _sync(device)
+            t = time.perf_counter()
+            fn()
+            _sync(device)
+            out.append(time.perf_counter() - t)
+        return 1e3 * statistics.median(out)
+
+    with pre.paused():
+        fwd_plain = best(lambda: model(x))
+    fwd_hooked = best(lambda: model(x))
+    for s in pre._layers.values():
+        s.clear_pending()
+    nn.functional.cross_entropy(model(x), y).backward()
+    pending = {n: (s.samples, s.rows, s.s1, s.s2) for n, s in pre._layers.items()}
+    grads = [p.grad.clone() for p in model.parameters()]
+
+    def one_step():
+        for n, s in pre._layers.items():
+            s.samples, s.rows, s.s1, s.s2 = pending[n]
+        for p, g0 in zip(model.parameters(), grads):
+            p.grad.copy_(g0)  # fresh gradients each time (repeated transforms would reach denormals)
+        pre.step()
+
+    def copies_only():
+        for p, g0 in zip(model.parameters(), grads):
+            p.grad.copy_(g0)
+
+    return {"hooks": fwd_hooked - fwd_plain, "step": best(one_step) - best(copies_only)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small network and few steps (smoke test)")
@@ -102,13 +144,16 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--input", type=int, default=3072,
+                        help="input features (3072: Table 1's CIFAR-10 net; 784: the MNIST net of Figs. 3-4)")
+    parser.add_argument("--depth", type=int, default=2, help="hidden layers of 100 (2: Table 1; 3: Figs. 3-4)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
         n_in, hidden, depth, rounds, batch_sizes = 64, 16, 2, 2, [4, 32]
     else:
-        n_in, hidden, depth, rounds, batch_sizes = 3072, 100, 2, args.rounds, args.batch_sizes
+        n_in, hidden, depth, rounds, batch_sizes = args.input, 100, args.depth, args.rounds, args.batch_sizes
     rows = []
     for b in batch_sizes:
         steps = 3 if args.quick else max(10, min(200, 20_000 // b))
@@ -120,6 +165,8 @@ def main(argv=None) -> int:
             "epoch_s": {v: s * per_epoch for v, s in t.items()},
             "bnp_over_sgd": t["bnp"] / t["sgd"],
             "bnp_over_bn": t["bnp"] / t["bn"],
+            "bnp_parts_ms": breakdown(b, n_in=n_in, hidden=hidden, depth=depth, device=args.device,
+                                      repeat=3 if args.quick else 30),
         })
     meta = {"device": args.device, "threads": args.threads, "network": [n_in] + [hidden] * depth + [10],
             "torch": torch.__version__}
@@ -128,11 +175,13 @@ def main(argv=None) -> int:
         return 0
     print(f"BNP benchmark: network {meta['network']}, device {args.device}, threads {args.threads}, "
           f"torch {torch.__version__}")
-    print(f"{'B':>5} {'SGD s/epoch':>12} {'BN s/epoch':>11} {'BNP s/epoch':>12} {'BNP/SGD':>8} {'BNP/BN':>7}")
+    print(f"{'B':>5} {'SGD s/epoch':>12} {'BN s/epoch':>11} {'BNP s/epoch':>12} {'BNP/SGD':>8} {'BNP/BN':>7} "
+          f"{'SGD ms/step':>12} {'hooks ms':>9} {'pre.step ms':>12}")
     for r in rows:
         e = r["epoch_s"]
         print(f"{r['batch_size']:>5} {e['sgd']:>12.3f} {e['bn']:>11.3f} {e['bnp']:>12.3f} "
-              f"{r['bnp_over_sgd']:>8.3f} {r['bnp_over_bn']:>7.3f}")
+              f"{r['bnp_over_sgd']:>8.3f} {r['bnp_over_bn']:>7.3f} {1e3 * r['step_s']['sgd']:>12.3f} "
+              f"{r['bnp_parts_ms']['hooks']:>9.3f} {r['bnp_parts_ms']['step']:>12.3f}")
     return 0
 
 

@@ -212,7 +212,10 @@ class _ConvHandler(LayerHandler):
             s2 = d.mul_(d).sum(dims)
             return n_samples, n_samples * math.prod(spatial), s1, s2
         # Eqs. 19-20: per column of the unfolded matrix; unfolding is a linear copy of entries, so
-        # the column sums of x and x² over the batch are the unfolds of the batch-summed maps.
+        # the column sums of x and x² over the batch are the unfolds of the batch-summed maps (no
+        # N·C·k²·L unfold).  The moments about c then follow from the raw ones; their rounding
+        # error is ~eps·(σ² + μ² + c²) absolute, harmless beside σ̃²'s floor ε₁·max σ² unless a
+        # column's |μ| exceeds ~300× the largest σ of the layer.
         rows = n_samples * self.positions
         s_x = x.sum(0, keepdim=True)
         s_xx = torch.mul(x, x, out=out).sum(0, keepdim=True)
