@@ -13,6 +13,11 @@ Condition numbers follow the paper's definition for singular matrices (§1): the
 smallest *nonzero* singular value, "nonzero" meaning above ``rtol · σ_max`` with ``rtol`` =
 dimension × machine epsilon of the matrix's dtype (the rank convention of ``torch.linalg.matrix_rank``).
 With N = 60 < n_in + 1 = 101 the Hessian block has rank ≤ N, so this definition matters.
+
+Errata: the appendix's restatement of Prop. 2 gives ĥ_j ∈ ℝ^{(n_ℓ+1)×1}; it is ℝ^{(n_{ℓ-1}+1)×1} as
+in the main text (ĥ_j stacks 1 and the layer *input* h_j^{(ℓ-1)}).  With ε₁ = 1e-2, the σ̃ part of
+BNP's own D has κ ≤ √(1.01/0.01) ≈ 10, so the κ(D) of 10²-10⁵ that Fig. 8 shows is the mini-batch D
+of Eq. 12 — the one ``kappa_D`` reports.
 """
 from __future__ import annotations
 

@@ -86,19 +86,21 @@ def _mlp(widths, seed=0):
     return nn.Sequential(*layers[:-1]).double()
 
 
-@pytest.mark.parametrize("batch", [1, 3, 16])
-def test_algorithm2_three_steps_against_dense_reference(batch):
-    """Running statistics (ρ = 0.9), σ̃ (ε₁, ε₂), q² and Eq. 15 over three steps, every layer."""
+@pytest.mark.parametrize("batch,widths", [(1, [7, 6, 5, 3]), (3, [7, 6, 5, 3]), (16, [7, 6, 5, 3]),
+                                          (4, [2, 9, 30, 3])])
+def test_algorithm2_three_steps_against_dense_reference(batch, widths):
+    """Running statistics (ρ = 0.9), σ̃ (ε₁, ε₂), q² and Eq. 15 over three steps, every layer
+    (widths growing with depth make the hooks' shared scratch buffer grow mid-forward)."""
     rho, eps1, eps2 = 0.9, 0.05, 1e-3
-    model = _mlp([7, 6, 5, 3])
+    model = _mlp(widths)
     pre = BNPreconditioner(model, rho=rho, eps1=eps1, eps2=eps2)
     linears = [m for m in model if isinstance(m, nn.Linear)]
     ref_stats = [(torch.zeros(m.in_features, dtype=torch.float64), torch.ones(m.in_features, dtype=torch.float64))
                  for m in linears]
     g = torch.Generator().manual_seed(batch)
     for _ in range(3):
-        x = 2 + 3 * torch.randn(batch, 7, generator=g, dtype=torch.float64)
-        y = torch.randint(0, 3, (batch,), generator=g)
+        x = 2 + 3 * torch.randn(batch, widths[0], generator=g, dtype=torch.float64)
+        y = torch.randint(0, widths[-1], (batch,), generator=g)
         inputs = []
         hooks = [m.register_forward_hook(lambda mod, a, o: inputs.append(a[0].detach())) for m in linears]
         model.zero_grad()
