@@ -18,6 +18,7 @@ __all__ = [
     "check_choice",
     "check_psd_matrix",
     "check_finite_array",
+    "check_device",
 ]
 
 
@@ -105,3 +106,21 @@ def check_psd_matrix(name: str, value: Any, *, rtol: float = 1e-10, min_size: in
             f"{name} is not allowed: the matrix is not positive semi-definite (smallest eigenvalue {lam_min:.3g})"
         )
     return arr
+
+
+def check_device(name: str, value: Any):
+    """Return ``value`` as a ``torch.device`` ('cpu' or 'cuda[:i]'), or raise ``ValueError`` naming ``name``.
+
+    CUDA requested on a machine without it is rejected here rather than failing deep inside torch.
+    """
+    import torch  # lazily: the NumPy parts of bnlab must not pay torch's import
+
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"{name}={value!r} is not allowed: {exc}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={value!r} is not allowed: CUDA is not available on this machine; use {name}='cpu'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}={value!r} is not allowed: expected 'cpu' or 'cuda'")
+    return dev

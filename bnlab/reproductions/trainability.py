@@ -29,6 +29,8 @@ __all__ = [
     "METRIC_KEYS",
     "load_dataset_subset",
     "require_params",
+    "OPTIMIZER_NAMES",
+    "optimizer_factory",
     "run_trainability_cell",
     "theory_max_depth",
     "trainable_threshold",
@@ -41,6 +43,30 @@ CIFAR_MISSING = "CIFAR-10 not present: bnlab data download cifar10 (170 MB, chec
 
 #: metric keys returned by :func:`run_trainability_cell`
 METRIC_KEYS = ("test_accuracy", "diverged", "diverged_at_step", "steps", "final_train_loss", "chance", "skipped")
+
+
+#: optimizer names a trainability cell's ``optimizer`` parameter may hold (part of stored cell identities)
+OPTIMIZER_NAMES = ("sgd", "rmsprop")
+
+
+def optimizer_factory(name: str, lr: float, momentum: float = 0.0):
+    """The torch optimizer factory ``params -> Optimizer`` a cell's ``optimizer`` name stands for.
+
+    ``"sgd"``: plain SGD (Yang et al. 2019, Figs. 3a,b,d, 4, 5).  ``"rmsprop"`` (Fig. 3c): RMSProp with
+    TensorFlow's defaults — decay ``alpha=0.9`` and ``eps=1e-10`` — which the paper's experiments used;
+    torch's default ``alpha=0.99`` averages the squared gradients over a ten times longer window.  The
+    name-to-optimizer mapping belongs to these reproductions; :func:`bnlab.nets.train` takes the factory.
+    """
+    import torch
+
+    from bnlab._validation import check_choice, check_real
+
+    name = check_choice("optimizer", name, OPTIMIZER_NAMES)
+    lr = check_real("lr", lr, minimum=0.0, strict_minimum=True)
+    momentum = check_real("momentum", momentum, minimum=0.0, maximum=1.0)
+    if name == "sgd":
+        return functools.partial(torch.optim.SGD, lr=lr, momentum=momentum)
+    return functools.partial(torch.optim.RMSprop, lr=lr, alpha=0.9, eps=1e-10, momentum=momentum)
 
 
 # --------------------------------------------------------------------------- cells
@@ -82,7 +108,7 @@ def run_trainability_cell(params: dict) -> dict:
     """
     import torch
 
-    from bnlab.sim.train import BNMLP, train_classifier
+    from bnlab.nets import BNMLP, train_classifier
 
     require_params(params, ("dataset", "depth", "width", "bn_batch", "batch_size", "lr", "n_train", "n_test", "seed"))
     if ("steps" in params) == ("epochs" in params):
@@ -114,8 +140,7 @@ def run_trainability_cell(params: dict) -> dict:
         model,
         train,
         test,
-        optimizer=params.get("optimizer", "sgd"),
-        lr=float(params["lr"]),
+        optimizer=optimizer_factory(params.get("optimizer", "sgd"), float(params["lr"])),
         batch_size=batch_size,
         seed=int(params["seed"]),
         device=params.get("device", "cpu"),

@@ -3,7 +3,7 @@
 ReLU BN networks (γ = 1, β = 0, ε = 1e-3) of several depths take 10 SGD
 steps on MNIST; at every step the per-layer norms of (a) the weights W^l,
 (b) the gradients ∂L/∂h^l at the pre-activations and (c) the weight gradients
-∂L/∂W^l are recorded (:func:`bnlab.sim.train.layer_norm_trajectory`).
+∂L/∂W^l are recorded (:func:`bnlab.nets.layer_norm_trajectory`).
 
 The paper's observations (§4): at initialization the weight norms are equal
 across layers and the gradients explode exponentially towards the input (the
@@ -72,8 +72,8 @@ def run_norms_cell(params: dict) -> dict:
     """
     import torch
 
-    from bnlab.reproductions.trainability import load_dataset_subset, require_params
-    from bnlab.sim.train import BNMLP, layer_norm_trajectory
+    from bnlab.nets import BNMLP, layer_norm_trajectory
+    from bnlab.reproductions.trainability import load_dataset_subset, optimizer_factory, require_params
 
     require_params(params, ("dataset", "depth", "width", "batch_size", "lr", "steps", "n_train", "seed"))
     torch.set_num_threads(1)
@@ -83,7 +83,8 @@ def run_norms_cell(params: dict) -> dict:
         phi="relu", eps=float(params.get("eps", 1e-3)), seed=int(params["seed"]),
     )
     tr = layer_norm_trajectory(
-        model, train, lr=float(params["lr"]), batch_size=int(params["batch_size"]), steps=int(params["steps"]),
+        model, train, optimizer=optimizer_factory("sgd", float(params["lr"])), batch_size=int(params["batch_size"]),
+        steps=int(params["steps"]),
         seed=int(params["seed"]), device=params.get("device", "cpu"),
     )
     wg = tr["weight_grad_norm"]

@@ -8,10 +8,10 @@ correlation, and per-layer rates with bootstrap confidence intervals.
 
 Entry point: :func:`simulate` → :class:`EnsembleResult`.  See ``docs/sim.md``.
 
-Training (the trainability experiments, ``docs/trainability.md``): :class:`BNMLP`
-(BN before φ as in Yang et al. 2019, Eq. 7, with sub-batch statistics),
-:func:`train_classifier` → :class:`TrainResult`, and :func:`layer_norm_trajectory`
-(per-layer norms over the first SGD steps, Fig. 4).
+``bnlab.sim`` does not import :mod:`bnlab.theory`: it is the theory's independent check.
+:func:`bnlab.compare.compare_with_theory` puts an ensemble beside the predictions.
+
+Trainable networks and the training loop live in :mod:`bnlab.nets` (``docs/nets.md``).
 """
 from __future__ import annotations
 
@@ -25,8 +25,6 @@ from bnlab.sim.measure import (
     weight_gradient_norm_sq,
 )
 from bnlab.sim.networks import NORMALIZATIONS, EnsembleResult, resolve_device, resolve_dtype, simulate
-from bnlab.sim._theory import theory_predictions
-from bnlab.sim.train import BNMLP, TrainResult, layer_norm_trajectory, train_classifier
 
 __all__ = [
     "simulate",
@@ -43,9 +41,4 @@ __all__ = [
     "weight_gradient_norm_sq",
     "resolve_device",
     "resolve_dtype",
-    "BNMLP",
-    "TrainResult",
-    "train_classifier",
-    "layer_norm_trajectory",
-    "theory_predictions",
 ]

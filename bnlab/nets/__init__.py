@@ -1,0 +1,75 @@
+"""Trainable networks: models, normalization layers and initializations by name, one training loop.
+
+Every trainable network of bnlab lives here (the Fisher, rank-collapse and BNP parts and the
+reproductions build on it; it imports none of them).  See ``docs/nets.md``.
+
+* normalizations by name — :data:`NORMALIZATIONS`, :func:`make_norm` and the layers PyTorch lacks
+  (:class:`BatchNormNoMean1d`, :class:`GhostBatchNorm1d`, :class:`BatchRenorm1d` and their 2d forms);
+* initializations by name — :data:`INITS`, :func:`init_weights_` (seeded by a ``torch.Generator``);
+* models — :class:`BNMLP` (Yang et al. 2019, Eq. 7), :class:`MLP` (any normalization, before or after
+  φ), :class:`FisherCNN` (the Fisher paper's conv net), :class:`BNPCNN` (Lange et al.'s 5-layer CNN),
+  :func:`vgg` and :func:`resnet` (paper scale);
+* training — :func:`train` (any ``torch.optim`` optimizer or factory, hooks between ``backward()`` and
+  ``step()``, callbacks, divergence detection, seeded data order, CPU/CUDA) → :class:`TrainResult`;
+  :func:`train_classifier`, :func:`layer_norm_trajectory` (Yang et al. 2019 §4, Figs. 3–5).
+"""
+from __future__ import annotations
+
+from bnlab.nets.init import INITS, init_weights_, initializable_layers
+from bnlab.nets.models import (
+    BNMLP,
+    BNPCNN,
+    MLP,
+    PLACEMENTS,
+    RESNET_DEPTHS,
+    VGG_DEPTHS,
+    ActivationModule,
+    BasicBlock,
+    FisherCNN,
+    resnet,
+    vgg,
+)
+from bnlab.nets.norms import (
+    NORMALIZATIONS,
+    BatchNormNoMean1d,
+    BatchNormNoMean2d,
+    BatchRenorm1d,
+    BatchRenorm2d,
+    GhostBatchNorm1d,
+    GhostBatchNorm2d,
+    ghost_batch_norm,
+    make_norm,
+)
+from bnlab.nets.train import StepInfo, TrainResult, layer_norm_trajectory, resolve_device, train, train_classifier
+
+__all__ = [
+    "NORMALIZATIONS",
+    "make_norm",
+    "BatchNormNoMean1d",
+    "BatchNormNoMean2d",
+    "GhostBatchNorm1d",
+    "GhostBatchNorm2d",
+    "BatchRenorm1d",
+    "BatchRenorm2d",
+    "ghost_batch_norm",
+    "INITS",
+    "init_weights_",
+    "initializable_layers",
+    "BNMLP",
+    "MLP",
+    "PLACEMENTS",
+    "ActivationModule",
+    "FisherCNN",
+    "BNPCNN",
+    "vgg",
+    "VGG_DEPTHS",
+    "resnet",
+    "RESNET_DEPTHS",
+    "BasicBlock",
+    "train",
+    "TrainResult",
+    "StepInfo",
+    "train_classifier",
+    "layer_norm_trajectory",
+    "resolve_device",
+]

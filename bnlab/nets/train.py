@@ -1,0 +1,485 @@
+"""One training loop for every bnlab network, and the wrappers of Yang et al. 2019's experiments.
+
+:func:`train` trains any ``nn.Module`` with any ``torch.optim`` optimizer (an instance or a factory
+``params -> Optimizer``), runs *hooks* between ``loss.backward()`` and ``optimizer.step()`` (where a
+gradient preconditioner rewrites ``.grad`` in place, as kfac-pytorch's ``precond.step()``), calls
+*callbacks* after every step (returning True stops), detects divergence (a non-finite loss), keeps
+the data order deterministic with a private ``torch.Generator`` and can evaluate once per epoch.
+
+:func:`train_classifier` and :func:`layer_norm_trajectory` are the experiments of Yang et al. 2019
+§4 (Figs. 3–5) on a :class:`~bnlab.nets.BNMLP`; :func:`train_classifier` is :func:`train` plus the
+BN-MLP's argument checks, and gives the numbers the former ``bnlab.sim.train`` gave (the regression
+test ``tests/regression`` holds them).
+
+Optimizers are never chosen by name here: a caller that stores a name (a sweep's cell parameters,
+the CLI) maps it to a factory itself, e.g. ``functools.partial(torch.optim.SGD, lr=0.1)``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from bnlab._validation import check_device, check_int, check_real
+
+__all__ = ["TrainResult", "StepInfo", "train", "train_classifier", "layer_norm_trajectory", "resolve_device"]
+
+
+def resolve_device(device: Any) -> torch.device:
+    """``torch.device(device)`` ('cpu' or 'cuda'), or a ``ValueError`` naming ``device`` (also when CUDA is absent)."""
+    return check_device("device", device)
+
+
+@dataclass
+class TrainResult:
+    """Outcome of :func:`train` / :func:`train_classifier`.
+
+    Attributes
+    ----------
+    test_accuracy:
+        Fraction of correctly classified test samples; ``chance`` when diverged; None without test data
+        or when the targets are not class labels.
+    diverged:
+        Whether the training loss (or the test logits) became NaN/inf.
+    diverged_at_step:
+        The step (0-based) whose loss was first non-finite (None if never).
+    steps:
+        Optimization steps taken (fewer than asked when diverged or stopped by a callback).
+    final_train_loss:
+        Mean training loss over the last ≤ 50 steps (NaN when diverged).
+    chance:
+        1/num_classes (classes = the model's output size), None when unknown.
+    history:
+        Per-step training losses.
+    epochs:
+        With ``eval_every_epoch``: one ``{"epoch", "train_loss", "test_accuracy"}`` per completed epoch
+        (``train_loss`` is the mean over that epoch's steps).
+    stopped_by_callback:
+        Whether a callback ended the run.
+    """
+
+    test_accuracy: float | None
+    diverged: bool
+    diverged_at_step: int | None
+    steps: int
+    final_train_loss: float
+    chance: float | None
+    history: list[float] = field(default_factory=list)
+    epochs: list[dict] = field(default_factory=list)
+    stopped_by_callback: bool = False
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary: without the per-step history (and without ``epochs``/``stopped_by_callback``
+        when they are empty/False, so stored results of the trainability sweeps keep their keys)."""
+        d = asdict(self)
+        d.pop("history")
+        if not d["epochs"]:
+            d.pop("epochs")
+        if not d["stopped_by_callback"]:
+            d.pop("stopped_by_callback")
+        if not math.isfinite(d["final_train_loss"]):
+            d["final_train_loss"] = None
+        return d
+
+
+@dataclass
+class StepInfo:
+    """What a callback sees after step ``step`` (0-based): the loss (a 0-d tensor, not yet synced to
+    the host), the model and the optimizer; ``epoch`` is the (0-based) epoch of the step."""
+
+    step: int
+    loss: torch.Tensor
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    epoch: int
+
+
+def _model_dtype(model: nn.Module) -> torch.dtype:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.get_default_dtype()
+
+
+def _as_tensors(name: str, data: Any, device: torch.device, dtype: torch.dtype):
+    """(x, y) tensors from a bnlab.data Dataset (``.x``, ``.y``) or an (x, y) pair; sample shape kept."""
+    if hasattr(data, "x") and hasattr(data, "y"):
+        x, y = data.x, data.y
+    elif isinstance(data, (tuple, list)) and len(data) == 2:
+        x, y = data
+    else:
+        raise ValueError(
+            f"{name}={type(data).__name__} is not allowed: expected a Dataset with .x/.y or an (x, y) pair"
+        )
+    x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+    y = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
+    if x.ndim < 2 or y.ndim < 1 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise ValueError(
+            f"{name} is not allowed: expected x of shape (n, ...) and y of shape (n, ...) with n ≥ 1, "
+            f"got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
+    x = x.to(device=device, dtype=dtype)
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} is not allowed: its inputs contain NaN or infinite values")
+    if y.is_floating_point():
+        if not torch.isfinite(y).all():
+            raise ValueError(f"{name} is not allowed: its targets contain NaN or infinite values")
+        return x, y.to(device=device, dtype=dtype)
+    return x, y.to(device=device, dtype=torch.long)
+
+
+def _batches(n: int, batch_size: int, steps: int, gen: torch.Generator, device: torch.device):
+    """Yield ``steps`` index batches: reshuffled epochs (a permutation drawn on the CPU from ``gen``),
+    the last partial batch of each epoch dropped."""
+    per_epoch = n // batch_size
+    done = 0
+    while done < steps:
+        perm = torch.randperm(n, generator=gen).to(device)
+        for i in range(min(per_epoch, steps - done)):
+            yield perm[i * batch_size : (i + 1) * batch_size]
+        done += min(per_epoch, steps - done)
+
+
+def _build_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer:
+    if isinstance(optimizer, torch.optim.Optimizer):
+        own = {id(p) for p in model.parameters()}
+        foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in own]
+        if foreign:
+            raise ValueError(
+                f"optimizer={type(optimizer).__name__} is not allowed: {len(foreign)} of its parameters are not "
+                "parameters of the model (build it on model.parameters())"
+            )
+        return optimizer
+    if callable(optimizer):
+        opt = optimizer(model.parameters())
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise ValueError(
+                f"optimizer={optimizer!r} is not allowed: the factory returned {type(opt).__name__}, "
+                "expected a torch.optim.Optimizer"
+            )
+        return opt
+    raise ValueError(
+        f"optimizer={optimizer!r} is not allowed: expected a torch.optim.Optimizer or a callable params -> Optimizer "
+        "(e.g. functools.partial(torch.optim.SGD, lr=0.1))"
+    )
+
+
+def _callables(name: str, fns: Any) -> tuple[Callable, ...]:
+    if fns is None:
+        return ()
+    if callable(fns):
+        fns = (fns,)
+    try:
+        fns = tuple(fns)
+    except TypeError:
+        raise ValueError(f"{name}={fns!r} is not allowed: expected a sequence of callables") from None
+    for f in fns:
+        if not callable(f):
+            raise ValueError(f"{name} is not allowed: {f!r} is not callable")
+    return fns
+
+
+@torch.no_grad()
+def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eval_batch_size: int) -> tuple[float, bool]:
+    """Test accuracy in eval mode (running statistics), and whether every logit was finite."""
+    was_training = model.training
+    model.eval()
+    correct = torch.zeros((), dtype=torch.long, device=x.device)
+    finite = torch.ones((), dtype=torch.bool, device=x.device)
+    for i in range(0, x.shape[0], eval_batch_size):
+        logits = model(x[i : i + eval_batch_size])
+        finite &= torch.isfinite(logits).all()
+        correct += (logits.argmax(dim=1) == y[i : i + eval_batch_size]).sum()
+    model.train(was_training)
+    return correct.item() / x.shape[0], bool(finite.item())
+
+
+def train(
+    model: nn.Module,
+    train_data: Any,
+    *,
+    optimizer: torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    batch_size: int,
+    steps: int | None = None,
+    epochs: float | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
+    test_data: Any = None,
+    hooks: Sequence[Callable[[nn.Module], Any]] = (),
+    callbacks: Sequence[Callable[[StepInfo], Any]] = (),
+    eval_every_epoch: bool = False,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    check_every: int = 10,
+    eval_batch_size: int = 1000,
+) -> TrainResult:
+    """Train ``model`` by minibatch steps and (with ``test_data``) report its test accuracy.
+
+    Each step: a batch of ``batch_size`` samples (epochs reshuffled by a private generator seeded with
+    ``seed``, the last partial batch dropped), ``loss = loss_fn(model(x), y)``,
+    ``optimizer.zero_grad(set_to_none=True)``, ``loss.backward()``, every ``hook(model)`` in order,
+    ``optimizer.step()``, then every ``callback(StepInfo)``; a callback returning True stops training.
+
+    Parameters
+    ----------
+    model:
+        Any ``nn.Module`` (moved to ``device`` in place; left in training mode).  Inputs keep their
+        sample shape — a model that wants flat vectors flattens itself.
+    train_data, test_data:
+        A ``bnlab.data`` Dataset (``.x``, ``.y``) or an ``(x, y)`` pair of arrays/tensors.  Integer
+        targets are class labels (``long``); floating targets are cast to the model's dtype.
+    optimizer:
+        A ``torch.optim.Optimizer`` built on ``model.parameters()`` or a factory called once with
+        ``model.parameters()`` (after the move to ``device``).
+    batch_size:
+        Samples per step (≥ 1, ≤ the training set).  BN layers in training mode reject a batch of one.
+    steps, epochs:
+        Training length, exactly one: ``epochs`` may be fractional (steps = round(epochs·⌊n/batch⌋), ≥ 1).
+    loss_fn:
+        ``loss_fn(output, target) -> 0-d tensor`` (cross-entropy by default).
+    hooks:
+        Callables ``hook(model)`` run after ``backward()`` and before ``step()``.
+    callbacks:
+        Callables ``cb(StepInfo)`` after every step; returning True stops.
+    eval_every_epoch:
+        Record ``{"epoch", "train_loss", "test_accuracy"}`` after every completed epoch (needs
+        ``test_data``; one host sync per epoch).
+    seed:
+        Seed of the data order.
+    device:
+        ``"cpu"``, ``"cuda"``, ….
+    check_every:
+        Losses are checked for NaN/inf every this many steps (each check is a host sync).
+    eval_batch_size:
+        Batch of the test passes (eval mode: running statistics, so it changes nothing beyond rounding).
+
+    Returns
+    -------
+    TrainResult
+        A non-finite training loss stops the run: ``diverged=True``, ``diverged_at_step`` the first bad
+        step, ``test_accuracy = chance``.  Non-finite test logits also count as diverged.
+
+    Notes
+    -----
+    Same model initialization, optimizer, ``seed`` and device → the same numbers (CPU kernels are
+    deterministic for a fixed thread count; on CUDA cuBLAS may reorder sums).
+    """
+    dev = resolve_device(device)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model={type(model).__name__} is not allowed: expected a torch.nn.Module")
+    dtype = _model_dtype(model)
+    x_tr, y_tr = _as_tensors("train_data", train_data, dev, dtype)
+    test = None if test_data is None else _as_tensors("test_data", test_data, dev, dtype)
+    n = x_tr.shape[0]
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    if batch_size > n:
+        raise ValueError(f"batch_size={batch_size} is not allowed: the training set has only {n} samples")
+    seed = check_int("seed", seed, minimum=0)
+    check_every = check_int("check_every", check_every, minimum=1)
+    eval_batch_size = check_int("eval_batch_size", eval_batch_size, minimum=1)
+    if (epochs is None) == (steps is None):
+        raise ValueError(f"epochs={epochs!r}, steps={steps!r} is not allowed: give exactly one of them")
+    per_epoch = n // batch_size
+    if epochs is not None:
+        epochs = check_real("epochs", epochs, minimum=0.0, strict_minimum=True)
+        steps = max(1, int(round(epochs * per_epoch)))
+    steps = check_int("steps", steps, minimum=1)
+    if not callable(loss_fn):
+        raise ValueError(f"loss_fn={loss_fn!r} is not allowed: expected a callable (output, target) -> loss")
+    hooks = _callables("hooks", hooks)
+    callbacks = _callables("callbacks", callbacks)
+    if eval_every_epoch and test is None:
+        raise ValueError("eval_every_epoch=True is not allowed without test_data")
+
+    model.to(dev).train()
+    opt = _build_optimizer(optimizer, model)
+    gen = torch.Generator().manual_seed(seed)
+    losses = torch.empty(steps, device=dev)
+    diverged_at = None
+    stopped = False
+    epoch_rows: list[dict] = []
+    chance: float | None = None
+    done = 0
+    for step, idx in enumerate(_batches(n, batch_size, steps, gen, dev)):
+        out = model(x_tr[idx])
+        if step == 0:
+            chance = _check_targets_once(out, y_tr, test)
+        loss = loss_fn(out, y_tr[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        for hook in hooks:
+            hook(model)
+        opt.step()
+        losses[step] = loss.detach()
+        done = step + 1
+        if callbacks:
+            info = StepInfo(step=step, loss=loss.detach(), model=model, optimizer=opt, epoch=step // per_epoch)
+            for cb in callbacks:
+                ret = cb(info)
+                if ret is not None and bool(ret):
+                    stopped = True
+        last = done == steps or stopped
+        end_of_epoch = done % per_epoch == 0
+        if done % check_every == 0 or last or (eval_every_epoch and end_of_epoch):
+            window = losses[done - min(check_every, done) : done]
+            if not torch.isfinite(window).all():
+                bad = (~torch.isfinite(window)).nonzero()[0].item()
+                diverged_at = done - window.numel() + bad
+                break
+        if eval_every_epoch and end_of_epoch:
+            acc, finite = _accuracy(model, test[0], test[1], eval_batch_size) if chance is not None else (None, True)
+            epoch_rows.append({"epoch": done // per_epoch,
+                               "train_loss": float(losses[done - per_epoch : done].mean().item()),
+                               "test_accuracy": acc if finite else None})
+        if stopped:
+            break
+    history = losses[:done].cpu().tolist()
+    if diverged_at is not None:
+        return TrainResult(None if test is None else chance, True, diverged_at, done, float("nan"), chance,
+                           history, epoch_rows, stopped)
+    final = float(np.mean(history[-50:]))
+    if test is None:
+        return TrainResult(None, False, None, done, final, chance, history, epoch_rows, stopped)
+    if chance is None:  # not a classifier (floating targets): no accuracy to report
+        return TrainResult(None, False, None, done, final, chance, history, epoch_rows, stopped)
+    acc, finite = _accuracy(model, test[0], test[1], eval_batch_size)
+    if not finite:
+        return TrainResult(chance, True, None, done, final, chance, history, epoch_rows, stopped)
+    return TrainResult(acc, False, None, done, final, chance, history, epoch_rows, stopped)
+
+
+def _check_targets_once(out: torch.Tensor, y_tr: torch.Tensor, test) -> float | None:
+    """Check class labels against the model's output size at the first step; return 1/classes."""
+    if out.ndim != 2 or y_tr.is_floating_point():
+        return None
+    k = out.shape[1]
+    ys = [y_tr] + ([] if test is None else [test[1]])
+    for y in ys:
+        if int(y.min()) < 0 or int(y.max()) >= k:
+            raise ValueError(f"labels are not allowed: they must lie in [0, {k}) for a model with {k} outputs")
+    return 1.0 / k
+
+
+# --------------------------------------------------------------------------- Yang et al. 2019 wrappers
+def _check_bnmlp(model, batch_size, n_train):
+    batch_size = check_int("batch_size", batch_size, minimum=2)
+    if batch_size > n_train:
+        raise ValueError(f"batch_size={batch_size} is not allowed: the training set has only {n_train} samples")
+    if model.sub_batch_size is not None and batch_size % model.sub_batch_size:
+        raise ValueError(
+            f"batch_size={batch_size} is not allowed: it must be a multiple of the model's "
+            f"sub_batch_size={model.sub_batch_size}"
+        )
+    return batch_size
+
+
+def _flat_features(name, data, model, dev):
+    x, y = _as_tensors(name, data, dev, model.readout.weight.dtype)
+    x = x.reshape(x.shape[0], -1)
+    if x.shape[1] != model.in_features:
+        raise ValueError(f"{name} with {x.shape[1]} features is not allowed: the model expects {model.in_features}")
+    if y.is_floating_point() or y.ndim != 1 or int(y.min()) < 0 or int(y.max()) >= model.num_classes:
+        raise ValueError(f"labels are not allowed: they must be integers in [0, {model.num_classes})")
+    return x, y
+
+
+def train_classifier(
+    model,
+    train_data: Any,
+    test_data: Any,
+    *,
+    optimizer: torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    batch_size: int,
+    epochs: float | None = None,
+    steps: int | None = None,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    eval_batch_size: int = 1000,
+    check_every: int = 10,
+) -> TrainResult:
+    """Train a :class:`~bnlab.nets.BNMLP` on cross-entropy and return its test accuracy (Yang et al. 2019 §4).
+
+    :func:`train` with the BN-MLP's checks: ``batch_size ≥ 2`` and a multiple of the model's
+    ``sub_batch_size``, inputs flattened to ``in_features``, labels in ``[0, num_classes)``, and a
+    test set required.  The paper trains with SGD (Figs. 3a,b,d, 5) and RMSProp (Fig. 3c) at
+    η = 1e-5·B; pass the optimizer as a factory, e.g. ``functools.partial(torch.optim.SGD, lr=...)``.
+    """
+    dev = resolve_device(device)
+    _is_bnmlp(model)
+    x_tr, y_tr = _flat_features("train", train_data, model, dev)
+    batch_size = _check_bnmlp(model, batch_size, x_tr.shape[0])
+    x_te, y_te = _flat_features("test", test_data, model, dev)
+    return train(model, (x_tr, y_tr), optimizer=optimizer, batch_size=batch_size, steps=steps, epochs=epochs,
+                 test_data=(x_te, y_te), seed=seed, device=dev, check_every=check_every,
+                 eval_batch_size=eval_batch_size)
+
+
+def _is_bnmlp(model) -> bool:
+    from bnlab.nets.models import BNMLP
+
+    if not isinstance(model, BNMLP):
+        raise ValueError(f"model={type(model).__name__} is not allowed: expected a BNMLP")
+    return True
+
+
+def layer_norm_trajectory(
+    model,
+    train_data: Any,
+    *,
+    optimizer: torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    batch_size: int,
+    steps: int = 10,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> dict[str, np.ndarray]:
+    """Per-layer norms of a :class:`~bnlab.nets.BNMLP` during its first ``steps`` optimization steps
+    (Yang et al. 2019, Fig. 4).
+
+    At every step t = 0, …, ``steps`` the current weights W^l are measured, a training batch is
+    forwarded, the cross-entropy is backpropagated and the gradients at the pre-activations h^l (before
+    BN, Eq. 7) and at W^l are measured; then (for t < ``steps``) the optimizer takes a step.  Row t
+    therefore describes the network after t updates.
+
+    Returns
+    -------
+    dict
+        ``weight_norm``, ``preact_grad_norm``, ``weight_grad_norm``: float64 arrays of shape
+        (steps + 1, depth) of Frobenius norms (layer 1 = the input layer first); ``loss``: (steps + 1,).
+        ``preact_grad_norm`` is the norm over the whole batch and all neurons of ∂loss/∂h^l, whose square
+        grows by λ_G (Yang et al. 2019, Thm 3.9) per layer towards the input at initialization.
+    """
+    dev = resolve_device(device)
+    _is_bnmlp(model)
+    x_tr, y_tr = _flat_features("train", train_data, model, dev)
+    batch_size = _check_bnmlp(model, batch_size, x_tr.shape[0])
+    steps = check_int("steps", steps, minimum=0)
+    seed = check_int("seed", seed, minimum=0)
+    model.to(dev).train()
+    opt = _build_optimizer(optimizer, model)
+    gen = torch.Generator().manual_seed(seed)
+    w_norm, g_norm, wg_norm, losses = [], [], [], []
+    for t, idx in enumerate(_batches(x_tr.shape[0], batch_size, steps + 1, gen, dev)):
+        with torch.no_grad():
+            w_norm.append(torch.stack([w.detach().norm() for w in model.weights]))
+        loss = nn.functional.cross_entropy(model(x_tr[idx], record=True), y_tr[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        g_norm.append(torch.stack([h.grad.norm() for h in model.recorded_preactivations]))
+        wg_norm.append(torch.stack([w.grad.norm() for w in model.weights]))
+        losses.append(loss.detach())
+        if t < steps:
+            opt.step()
+    model.recorded_preactivations = []
+
+    def _np(rows):
+        return torch.stack(rows).to(torch.float64).cpu().numpy()
+
+    return {
+        "weight_norm": _np(w_norm),
+        "preact_grad_norm": _np(g_norm),
+        "weight_grad_norm": _np(wg_norm),
+        "loss": _np(losses),
+    }
