@@ -52,4 +52,4 @@ def test_fig8_cell_plot_compare(tmp_path):
     paths = lange_fig8.EXPERIMENTS[0].plot(recs, tmp_path)
     assert paths and all(p.stat().st_size > 1000 for p in paths)
     rows = lange_fig8.EXPERIMENTS[0].compare(recs)
-    assert len(rows) == 3
+    assert len(rows) == 4
