@@ -298,7 +298,10 @@ def test_distributed_statistics_are_all_reduced(tmp_path):
     torch.manual_seed(1)
     x = torch.randn(12, 6, dtype=torch.float64) * 2 + 1
     y = torch.randint(0, 3, (12,))
-    mp.spawn(_dist_worker, args=(2, str(tmp_path / "init"), x, y, str(tmp_path)), nprocs=2, join=True)
+    # fork (Linux) skips re-importing torch and this module in the children; spawn elsewhere.
+    method = "fork" if "fork" in mp.get_all_start_methods() and not torch.cuda.is_initialized() else "spawn"
+    mp.start_processes(_dist_worker, args=(2, str(tmp_path / "init"), x, y, str(tmp_path)), nprocs=2, join=True,
+                       start_method=method)
     model = _mlp().double()
     pre = BNPreconditioner(model, rho=0.5)
     for _ in range(2):
