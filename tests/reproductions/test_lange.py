@@ -53,3 +53,25 @@ def test_fig8_cell_plot_compare(tmp_path):
     assert paths and all(p.stat().st_size > 1000 for p in paths)
     rows = lange_fig8.EXPERIMENTS[0].compare(recs)
     assert len(rows) == 4
+
+
+def test_fig5_grid_cell_plot_compare(tmp_path):
+    from bnlab.reproductions import lange_fig5
+
+    exp = lange_fig5.EXPERIMENTS[0]
+    for scale in ("small", "paper"):
+        cells = exp.grid(scale)
+        json.dumps(cells)
+        assert {(c["batch_size"], c["norm"]) for c in cells} == {(128, "none"), (128, "bn"), (128, "bnp"),
+                                                                (2, "none"), (2, "bn"), (2, "brn"), (2, "bnp")}
+    base = dict(dataset="mnist", epochs=1, train_size=16, test_size=50, seed=0)
+    recs = []
+    for norm in ("bnp", "bn"):
+        params = dict(base, batch_size=2, norm=norm)
+        m = lange_fig5.run_cell(params)
+        assert m["steps"] == 8 and not m["diverged"]
+        recs.append(Record(params, m))
+    paths = exp.plot(recs, tmp_path)
+    assert paths and all(p.stat().st_size > 1000 for p in paths)
+    (row,) = exp.compare(recs)
+    assert row.quantity == "mini-batch 2: final test accuracy"
