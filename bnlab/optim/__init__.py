@@ -29,6 +29,7 @@ from bnlab.optim.conditioning import (
 )
 
 _LAZY = {"train_network": "bnlab.optim.training", "default_learning_rate": "bnlab.optim.training",
+         "build_network": "bnlab.optim.training",
          "NetworkTrainingResult": "bnlab.optim.training", "TRAIN_NORMS": "bnlab.optim.training",
          "TRAIN_MODELS": "bnlab.optim.training"}
 
@@ -55,6 +56,7 @@ __all__ = [
     "HessianConditioning",
     "ConditioningLogger",
     "train_network",
+    "build_network",
     "default_learning_rate",
     "NetworkTrainingResult",
     "TRAIN_NORMS",

@@ -163,6 +163,7 @@ class _LayerState:
     s2: torch.Tensor | None = None
     hook: Any = field(default=None, repr=False)
     scratch: Any = field(default=None, repr=False)
+    last_q2: Any = None
 
     def clear_pending(self) -> None:
         self.samples = 0
@@ -298,7 +299,7 @@ class BNPreconditioner:
         mean, var = self.statistics(name)
         s = self._layers[name]
         vt = regularized_variance(var, self.eps1, self.eps2)
-        return s.handler.expand(mean), s.handler.expand(vt), getattr(s, "last_q2", None)
+        return s.handler.expand(mean), s.handler.expand(vt), s.last_q2
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

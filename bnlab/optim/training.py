@@ -18,7 +18,8 @@ import torch
 
 from bnlab._validation import check_choice, check_int, check_real
 
-__all__ = ["TRAIN_NORMS", "TRAIN_MODELS", "default_learning_rate", "train_network", "NetworkTrainingResult"]
+__all__ = ["TRAIN_NORMS", "TRAIN_MODELS", "default_learning_rate", "build_network", "train_network",
+           "NetworkTrainingResult"]
 
 #: ``norm`` values of :func:`train_network`: BNP, BNP on GroupNorm, and bnlab.nets' normalizations.
 TRAIN_NORMS = ("bnp", "bnp_gn", "none", "bn", "brn", "ln", "gn")
@@ -93,7 +94,8 @@ def _num_groups(widths: Sequence[int]) -> int:
 
 
 def build_network(model: str, norm: str, in_shape, num_classes: int, *, widths=(100, 100, 100), seed: int = 0):
-    """The network of ``train_network`` (no preconditioner attached)."""
+    """The network of :func:`train_network` (no preconditioner attached; ``bnp`` → the vanilla
+    network, ``bnp_gn`` → the GroupNorm network, 4 groups where the widths allow)."""
     from bnlab.nets import MLP, BNPCNN
 
     base = {"bnp": "none", "bnp_gn": "gn"}.get(norm, norm)

@@ -23,14 +23,12 @@ def test_grids(scale):
 
 
 def test_fc_cells_plot_compare(tmp_path):
-    base = dict(dataset="mnist", epochs=2, train_size=120, test_size=100, seed=0)
+    base = dict(dataset="mnist", epochs=2, train_size=60, test_size=100, seed=0)
     bn1 = lange_fc.run_cell(dict(base, batch_size=1, norm="bn"))
     assert bn1["trainable"] is False and "1" in bn1["error"]  # BN's first step at batch 1 fails
     bnp1 = lange_fc.run_cell(dict(base, batch_size=1, norm="bnp"))
-    assert bnp1["trainable"] and [r["epoch"] for r in bnp1["epochs"]] == [1, 2] and bnp1["steps"] == 240
-    van60 = lange_fc.run_cell(dict(base, batch_size=60, norm="none"))
-    recs = [Record(dict(base, batch_size=1, norm="bn"), bn1), Record(dict(base, batch_size=1, norm="bnp"), bnp1),
-            Record(dict(base, batch_size=60, norm="none"), van60)]
+    assert bnp1["trainable"] and [r["epoch"] for r in bnp1["epochs"]] == [1, 2] and bnp1["steps"] == 120
+    recs = [Record(dict(base, batch_size=1, norm="bn"), bn1), Record(dict(base, batch_size=1, norm="bnp"), bnp1)]
     json.dumps([r.metrics for r in recs])
     paths = lange_fc.EXPERIMENTS[0].plot(recs, tmp_path)
     assert paths and all(p.stat().st_size > 1000 for p in paths)
