@@ -6,7 +6,8 @@ Subpackages (one per part of the mission):
 * :mod:`bnlab.sim` — finite-width random networks, the independent check of every theory
 * :mod:`bnlab.data` — datasets from offline sources
 * :mod:`bnlab.experiments` — the papers' figures as declared sweeps, the results store, the report
-* (planned) fisher, rank, optim — Fisher information, rank collapse, BN preconditioning
+* :mod:`bnlab.optim` — batch normalization preconditioning (Lange et al.)
+* (planned) fisher, rank — Fisher information, rank collapse
 
 Subpackages are imported lazily so that ``import bnlab`` stays cheap.
 """
@@ -19,7 +20,7 @@ from bnlab.activations import Activation, get_activation, list_activations
 __version__ = "0.1.0"
 __all__ = ["Activation", "get_activation", "list_activations", "__version__"]
 
-_SUBPACKAGES = {"theory", "sim", "data", "experiments", "activations"}
+_SUBPACKAGES = {"theory", "sim", "data", "experiments", "activations", "optim"}
 
 
 def __getattr__(name: str):

@@ -592,11 +592,105 @@ def _validate_expression(expr: str) -> ast.Expression:
     return tree
 
 
+class _ExpressionCost(ValueError):
+    """An expression whose constant part would overflow, hang or leave the reals."""
+
+
+def _number(expr: str, value: Any) -> float:
+    """A Python number as a float64, refusing ones that overflow it or are complex."""
+    if isinstance(value, complex):
+        raise _ExpressionCost(f"phi={expr!r} has a complex value ({value!r}); phi must be real")
+    try:
+        out = float(value)
+    except OverflowError:
+        raise _ExpressionCost(
+            f"phi={expr!r} has a constant too large for a float64 (about 10^{len(str(abs(int(value)))) - 1})"
+        ) from None
+    if not math.isfinite(out):
+        raise _ExpressionCost(f"phi={expr!r} has a non-finite constant ({out!r})")
+    return out
+
+
+def _bounded_operators(expr: str) -> dict:
+    """Arithmetic for the evaluator with a cost bound: constants are float64, never big integers.
+
+    ``operator.pow`` on Python ints builds numbers of any size (``9**9**9**9`` never
+    finishes; ``2**2**40`` needs 140 GB), and simpleeval's own ``safe_power`` cannot be
+    kept because it compares tensors with ``abs(a) > limit``.  Here an operation on two
+    numbers is done in float64 (constant time; an overflow is an error, as is a complex
+    result like ``(-8)**0.5``); an operation involving a tensor is elementwise, so the
+    cost of evaluating an expression is (number of operations, at most the 500-character
+    length) × (array size).
+    """
+    t = _torch()
+
+    def both_numbers(a, b) -> bool:
+        return not t.is_tensor(a) and not t.is_tensor(b)
+
+    def binary(op, symbol):
+        def fn(a, b):
+            if both_numbers(a, b):
+                a, b = _number(expr, a), _number(expr, b)
+                try:
+                    out = op(a, b)
+                except OverflowError:
+                    raise _ExpressionCost(f"phi={expr!r}: the constant {a!r} {symbol} {b!r} overflows a float64") from None
+                except ZeroDivisionError:
+                    raise _ExpressionCost(f"phi={expr!r}: the constant {a!r} {symbol} {b!r} divides by zero") from None
+                return _number(expr, out)
+            if not t.is_tensor(a):
+                a = _number(expr, a)
+            if not t.is_tensor(b):
+                b = _number(expr, b)
+            return op(a, b)
+
+        return fn
+
+    def unary(op):
+        def fn(a):
+            return op(a) if t.is_tensor(a) else op(_number(expr, a))
+
+        return fn
+
+    return {
+        ast.Add: binary(operator.add, "+"), ast.Sub: binary(operator.sub, "-"),
+        ast.Mult: binary(operator.mul, "*"), ast.Div: binary(operator.truediv, "/"),
+        ast.Pow: binary(operator.pow, "**"), ast.USub: unary(operator.neg), ast.UAdd: unary(operator.pos),
+    }
+
+
+def _tensor_functions(expr: str) -> dict[str, Callable]:
+    """The expression functions, accepting numbers too (a constant argument becomes a float64 tensor)."""
+    t = _torch()
+
+    def wrap(fn):
+        def call(*args):
+            like = next((a for a in args if t.is_tensor(a)), None)
+            conv = [a if t.is_tensor(a) else t.tensor(_number(expr, a), dtype=t.float64 if like is None else like.dtype)
+                    for a in args]
+            return fn(*conv)
+
+        return call
+
+    return {name: wrap(fn) for name, fn in _expression_functions().items()}
+
+
+#: Points where an expression is probed when parsed: it must be real and finite there.
+_PROBE = np.array([-3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0])
+
+
 def activation_from_expression(expr: str) -> Activation:
     """Parse an expression in ``x`` into an :class:`Activation` (safe: see module docstring).
 
     The expression is evaluated with torch float64 tensors through
     ``simpleeval`` so that φ' is exact (autograd), not a finite difference.
+
+    Cost and range bounds: at most 500 characters; arithmetic between constants is
+    done in float64 (never with unbounded integers, so ``9**9**9**9`` or
+    ``2**2**40`` is an immediate error, not a hang or an exhausted memory); complex
+    constants (``(-8)**0.5``) are refused; and φ must be real and finite at the probe
+    points x ∈ {0, ±0.5, ±1, ±2, ±3} (``log(x)``, ``1/x``, ``x**0.5`` are refused: φ
+    must be defined on all of ℝ).
     """
     if not isinstance(expr, str) or not expr.strip():
         raise ValueError(f"phi={expr!r} is not allowed: expected a non-empty expression in x")
@@ -606,19 +700,18 @@ def activation_from_expression(expr: str) -> Activation:
 
     t = _torch()  # expressions are evaluated with torch so that φ' is exact (autograd)
     evaluator = SimpleEval(
-        functions=_expression_functions(),
+        functions=_tensor_functions(expr),
         names=dict(_EXPRESSION_CONSTANTS),
-        operators={
-            ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-            ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos,
-        },
+        operators=_bounded_operators(expr),
     )
 
     def torch_fn(x):
         evaluator.names = {**_EXPRESSION_CONSTANTS, "x": x}
         out = evaluator.eval(expr)
         if not t.is_tensor(out):
-            out = t.full_like(x, float(out))
+            out = t.full_like(x, _number(expr, out))
+        if out.is_complex():
+            raise ValueError(f"phi={expr!r} has complex values; phi must be real")
         return out
 
     def fn(x):
@@ -635,9 +728,18 @@ def activation_from_expression(expr: str) -> Activation:
         return g.numpy()
 
     try:
-        probe = fn(np.linspace(-2.0, 2.0, 5))
+        probe = fn(_PROBE)
+    except _ExpressionCost as exc:
+        raise ValueError(str(exc)) from None
     except Exception as exc:
         raise ValueError(f"phi={expr!r} could not be evaluated: {exc}") from None
-    if probe.shape != (5,):
+    if probe.shape != _PROBE.shape:
         raise ValueError(f"phi={expr!r} is not elementwise in x")
+    bad = ~np.isfinite(probe)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"phi={expr!r} is not allowed: phi({_PROBE[i]:g}) = {float(probe[i])!r}; phi must be real and finite "
+            "for every real x (e.g. log(x), 1/x and x**0.5 are not)"
+        )
     return Activation(name="expr", _base=fn, _base_deriv=deriv, _base_torch=torch_fn, expression=expr)

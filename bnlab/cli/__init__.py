@@ -33,9 +33,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warning_printer(command: str):
+    """Warnings as one line naming the command (not Python's ``path:line: Category: text`` + source line)."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"bnlab {command}: warning: {message}", file=file or sys.stderr)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = warnings.showwarning
+    warnings.showwarning = _warning_printer(args.command)
     try:
         return int(args.func(args) or 0)
     except ValueError as exc:
@@ -44,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        # Sizes are checked against --max-memory-gb before allocating; this is the last line of defence.
+        print(f"bnlab {args.command}: error: out of memory; use smaller sizes", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # `bnlab ... | head` closed the pipe: not an error of ours. Point stdout at devnull so the
         # interpreter's final flush does not raise again.
@@ -51,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        # A file-system or network failure is the environment's, not a bug: say what failed, no traceback.
+        what = f"{exc.strerror} ({exc.filename})" if exc.strerror and exc.filename else str(exc)
+        print(f"bnlab {args.command}: error: {what}", file=sys.stderr)
+        return 1
+    finally:
+        warnings.showwarning = previous
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,12 +24,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     q = dsub.add_parser("check", help="load a dataset, verify its checksums, print shapes and class counts")
     q.add_argument("name", help="mnist, fashion_mnist, cifar10, cifar100 or digits")
     q.add_argument("--split", choices=["train", "test", "both"], default="both")
+    q.add_argument("--sha256", default=None,
+                   help="CIFAR only: accept an archive with this SHA-256 besides the official one "
+                   "(e.g. one downloaded with data download --sha256); files next to the data are never trusted")
     common(q)
     q.set_defaults(func=_run_check)
 
     q = dsub.add_parser("download", help="download CIFAR-10/100 (checksum-verified, resumable)")
     q.add_argument("name", help="cifar10 or cifar100")
-    q.add_argument("--url", default=None, help="a mirror's URL of the same archive")
+    q.add_argument("--url", default=None, help="a mirror's URL of the same archive (the download stops at the "
+                   "official archive's size, twice that with --sha256)")
     q.add_argument("--sha256", default=None, help="expected SHA-256 when the mirror's archive differs from the official one")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
     common(q)
@@ -62,7 +66,7 @@ def _run_check(args: argparse.Namespace) -> int:
     out = []
     for split in splits:
         try:
-            d = load_dataset(args.name, split, data_dir=args.data_dir)
+            d = load_dataset(args.name, split, data_dir=args.data_dir, sha256=args.sha256)
         except DatasetNotFoundError as exc:
             return _missing(exc)
         out.append({

@@ -25,10 +25,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "of bnlab.sim.simulate, except --num-batches.",
     )
     add_phi_arguments(p)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--width", type=int, default=1000)
-    p.add_argument("--depth", type=int, default=50)
-    p.add_argument("--networks", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=32, help="samples per batch B (>= 2; default 32)")
+    p.add_argument("--width", type=int, default=1000, help="neurons per layer N (default 1000)")
+    p.add_argument("--depth", type=int, default=50, help="layers L (default 50)")
+    p.add_argument("--networks", type=int, default=200,
+                   help="independent random networks in the ensemble (default 200)")
     p.add_argument("--eps", type=float, default=0.0, help="batchnorm epsilon")
     p.add_argument("--sigma-w2", type=float, default=1.0)
     p.add_argument("--sigma-b2", type=float, default=0.0)
@@ -49,7 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="float32 or float64 (default float64: 1.2x the time of float32, rounding far below "
                    "the Monte Carlo error)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-memory-gb", type=float, default=1.0, help="working-memory bound (networks run in chunks)")
+    p.add_argument("--max-memory-gb", type=float, default=1.0, help="working-memory bound in GiB (default 1): networks run in chunks below it, and sizes "
+                   "that cannot fit (one network, or all networks' results) are refused before allocating")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -102,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from bnlab.sim import simulate
 
     act = activation_from_args(args)
-    mem = check_real("max_memory_gb", args.max_memory_gb, minimum=0.0, strict_minimum=True)
+    mem = check_real("max_memory_gb", args.max_memory_gb, minimum=0.0, strict_minimum=True, maximum=2.0**20)
     res = simulate(
         act, args.batch_size, args.width, args.depth, args.networks,
         normalization=args.normalization, init=args.init, eps=args.eps, sigma_w2=args.sigma_w2,

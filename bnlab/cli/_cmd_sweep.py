@@ -61,6 +61,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--json", action="store_true", help="machine-readable output")
     e.set_defaults(func=run_export)
 
+    v = ss.add_parser("salvage", help="copy the readable finished cells of a damaged store into a new store")
+    v.add_argument("store", help="the damaged .sqlite store (read only)")
+    v.add_argument("new_store", help="the new .sqlite store to write (must not exist)")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+    v.set_defaults(func=run_salvage)
+
 
 def _cluster_kwargs(args) -> dict:
     return {
@@ -120,7 +126,7 @@ def run_status(args) -> int:
             ("done", c["done"]),
             ("failed", c["failed"]),
             ("pending", c["pending"]),
-            ("running", c["running"]),
+            ("running", _running(st)),
             ("cell time (s)", st.cell_seconds),
             ("mean cell time (s)", st.mean_cell_seconds),
             ("updated", st.updated),
@@ -133,6 +139,18 @@ def run_status(args) -> int:
     return 0
 
 
+def _running(st) -> str:
+    """Running cells, telling a live driver's from those a killed driver left behind."""
+    n = st.counts["running"]
+    d = st.driver or {}
+    who = f"driver pid {d.get('pid')} on {d.get('host')} since {d.get('started')}" if d else "driver"
+    if n == 0:
+        return "0"
+    if st.driver_alive:
+        return f"{n} (running now: {who})"
+    return f"{n} interrupted ({who} is gone; bnlab sweep resume {st.store} runs them again)"
+
+
 def run_export(args) -> int:
     from bnlab.experiments.sweep import export_sweep, resolve_store
 
@@ -141,4 +159,16 @@ def run_export(args) -> int:
         print_json({"output": str(out)})
     else:
         print(out)
+    return 0
+
+
+def run_salvage(args) -> int:
+    from bnlab.experiments.store import salvage_store
+
+    res = salvage_store(args.store, args.new_store)
+    if args.json:
+        print_json(res)
+    else:
+        print(f"{res['recovered']} finished cells of {res['experiment']} [{res['scale']}] copied to {args.new_store} "
+              f"({res['unreadable']} unreadable); continue with: bnlab sweep resume {args.new_store}")
     return 0

@@ -9,7 +9,83 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["add_phi_arguments", "activation_from_args", "print_json", "print_table", "to_jsonable"]
+__all__ = [
+    "add_phi_arguments",
+    "activation_from_args",
+    "print_json",
+    "print_table",
+    "to_jsonable",
+    "add_data_dir_argument",
+    "apply_data_dir",
+    "check_output_dir",
+    "check_cluster_arguments",
+    "yes_no",
+]
+
+
+def add_data_dir_argument(parser: argparse.ArgumentParser) -> None:
+    """--data-dir, as ``bnlab data`` has it: where the datasets are (default $BNLAB_DATA, else ~/.cache/bnlab)."""
+    parser.add_argument("--data-dir", default=None,
+                        help="data directory of the datasets (default: $BNLAB_DATA, else ~/.cache/bnlab)")
+
+
+def apply_data_dir(args: argparse.Namespace) -> None:
+    """Make ``--data-dir`` the data directory of this process and of the workers it starts ($BNLAB_DATA)."""
+    import os
+
+    if getattr(args, "data_dir", None) is None:
+        return
+    from bnlab.data import data_dir
+
+    os.environ["BNLAB_DATA"] = str(data_dir(args.data_dir).absolute())
+
+
+def check_output_dir(name: str, value: Any) -> None:
+    """An output folder: non-empty, not an existing file or device, inside a writable folder (ValueError)."""
+    import os
+    from pathlib import Path
+
+    text = "" if value is None else str(value)
+    if not text.strip():
+        raise ValueError(f"{name}={text!r} is not allowed: expected a directory path (an empty path is not the current folder)")
+    if len(os.fsencode(text)) > 4000 or any(len(os.fsencode(p)) > 255 for p in Path(text).parts):
+        raise ValueError(f"{name} is not allowed: the path is {len(text)} characters long (at most 4000, 255 per part)")
+    p = Path(text)
+    try:
+        is_dir, exists = p.is_dir(), p.exists()
+    except OSError as exc:
+        raise ValueError(f"{name}={text!r} is not allowed: {exc.strerror}") from None
+    if exists and not is_dir:
+        raise ValueError(f"{name}={text!r} is not allowed: it exists and is not a directory")
+    parent = Path(os.path.abspath(text))
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{name}={text!r} is not allowed: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}={text!r} is not allowed: {str(parent)!r} is not writable")
+
+
+def check_cluster_arguments(args: argparse.Namespace) -> None:
+    """--workers and --scheduler checked up front, even when every cell is cached and no cluster starts."""
+    from bnlab.experiments.sweep import check_scheduler_address
+    from bnlab._validation import check_int
+
+    if getattr(args, "workers", None) is not None:
+        check_int("workers", args.workers, minimum=1, maximum=4096)
+    if getattr(args, "scheduler", None) is not None:
+        check_scheduler_address(args.scheduler)
+        if getattr(args, "workers", None) is not None:
+            raise ValueError("workers applies to a local cluster only; an existing cluster (--scheduler) has its own")
+    if getattr(args, "serial", False) and getattr(args, "scheduler", None) is not None:
+        raise ValueError("--serial runs in this process; do not also give --scheduler")
+
+
+def yes_no(value: Any) -> Any:
+    """True/False as the report writes them (yes/no); anything else unchanged."""
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    return value
 
 
 def add_phi_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ from bnlab.data.datasets import (
     load_dataset,
     standardize,
 )
+from bnlab.data._download import DownloadTooLargeError
 
 __all__ = [
     "Dataset",
@@ -23,5 +24,6 @@ __all__ = [
     "standardize",
     "DatasetNotFoundError",
     "ChecksumError",
+    "DownloadTooLargeError",
     "DATASET_NAMES",
 ]

@@ -18,7 +18,11 @@ from pathlib import Path
 
 from bnlab.data._integrity import ChecksumError, verify_digest
 
-__all__ = ["download_file"]
+__all__ = ["download_file", "DownloadTooLargeError"]
+
+
+class DownloadTooLargeError(ValueError):
+    """The server sent (or announced) more bytes than the download's size limit."""
 
 _CHUNK = 1 << 16
 
@@ -41,6 +45,7 @@ def download_file(
     md5: str | None = None,
     progress: bool = True,
     timeout: float = 60.0,
+    max_bytes: int | None = None,
 ) -> Path:
     """Download ``url`` to ``target`` and verify it; return ``target``.
 
@@ -56,6 +61,10 @@ def download_file(
         Also check this MD5 (the checksum CIFAR's authors publish).
     progress : bool
         Show a tqdm progress bar on stderr.
+    max_bytes : int, optional
+        Size limit: a ``Content-Length`` above it is refused before reading, and the
+        transfer stops (the ``.part`` removed) as soon as the file would exceed it
+        (``file:///dev/zero`` or a hostile server cannot fill the disk).
 
     Raises
     ------
@@ -71,6 +80,8 @@ def download_file(
     md = hashlib.md5() if md5 else None
     hashers = [h for h in (sha, md) if h is not None]
 
+    if part.exists() and max_bytes is not None and part.stat().st_size > max_bytes:
+        part.unlink()  # a leftover larger than the file can be is not resumed
     have = _hash_existing(part, hashers) if part.exists() else 0
     request = urllib.request.Request(url, headers={"User-Agent": "bnlab"})
     if have:
@@ -96,6 +107,12 @@ def download_file(
                 hashers = [h for h in (sha, md) if h is not None]
             length = response.headers.get("Content-Length")
             total = have + int(length) if length is not None and length.isdigit() else None
+            if max_bytes is not None and total is not None and total > max_bytes:
+                part.unlink(missing_ok=True)
+                raise DownloadTooLargeError(
+                    f"download of {url} refused: the server announces {total} bytes, more than the limit of "
+                    f"{max_bytes} bytes (the expected archive's size)"
+                )
             bar = None
             if progress:
                 from tqdm.auto import tqdm
@@ -104,7 +121,14 @@ def download_file(
                            desc=target.name, file=sys.stderr, leave=True)
             try:
                 with open(part, "ab" if have else "wb") as out:
+                    size = have
                     for chunk in iter(lambda: response.read(_CHUNK), b""):
+                        size += len(chunk)
+                        if max_bytes is not None and size > max_bytes:
+                            raise DownloadTooLargeError(
+                                f"download of {url} stopped: more than {max_bytes} bytes (the expected archive's "
+                                "size); it is not the expected file"
+                            )
                         out.write(chunk)
                         for h in hashers:
                             h.update(chunk)
@@ -112,6 +136,9 @@ def download_file(
                             bar.update(len(chunk))
                     out.flush()
                     os.fsync(out.fileno())
+            except DownloadTooLargeError:
+                part.unlink(missing_ok=True)
+                raise
             finally:
                 if bar is not None:
                     bar.close()

@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import struct
 import tarfile
+import zlib
 from pathlib import Path
 from typing import Iterable
 
@@ -52,16 +53,41 @@ def idx_bytes(array: np.ndarray) -> bytes:
     return bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
 
 
+#: Largest IDX stream read (decompressed): Fashion-MNIST's train images are 47 040 016 bytes.
+MAX_IDX_BYTES = 64 << 20
+#: Largest extracted CIFAR file read (CIFAR-100's ``train`` batch is 155 MB).
+MAX_CIFAR_FILE_BYTES = 256 << 20
+_CHUNK = 1 << 20
+
+
 def read_idx_file(path: Path, sha256: str | None, what: str, hint: str = "") -> np.ndarray:
-    """Read a (possibly gzipped) IDX file, check the SHA-256 of its *uncompressed* bytes."""
+    """Read a (possibly gzipped) IDX file, check the SHA-256 of its *uncompressed* bytes.
+
+    Decompression streams in 1 MiB chunks while hashing and stops at
+    :data:`MAX_IDX_BYTES`: a gzip bomb planted in the data folder is refused after
+    reading at most that much, never decompressed whole.
+    """
     with open(path, "rb") as f:
         head = f.read(2)
     opener = gzip.open if head == b"\x1f\x8b" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    h = hashlib.sha256()
+    chunks, size = [], 0
+    try:
+        with opener(path, "rb") as f:
+            for chunk in iter(lambda: f.read(_CHUNK), b""):
+                size += len(chunk)
+                if size > MAX_IDX_BYTES:
+                    raise ValueError(
+                        f"{what} ({path}): more than {MAX_IDX_BYTES >> 20} MiB {'after decompression ' if opener is gzip.open else ''}"
+                        f"- not an IDX file of this dataset (a corrupted file or a decompression bomb). {hint}"
+                    )
+                h.update(chunk)
+                chunks.append(chunk)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise ValueError(f"{what} ({path}): not a readable gzip file ({exc}). {hint}") from None
     if sha256 is not None:
-        verify_digest(f"{what} ({path})", hashlib.sha256(raw).hexdigest(), sha256, hint=hint)
-    return parse_idx(raw, f"{what} ({path})")
+        verify_digest(f"{what} ({path})", h.hexdigest(), sha256, hint=hint)
+    return parse_idx(b"".join(chunks), f"{what} ({path})")
 
 
 def decode_mnist_pickle(path: Path, sha256: str, hint: str = "") -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -149,6 +175,9 @@ def read_cifar_dir(folder: Path, source, split: str, hint: str = ""):
         path = folder / n
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing")
+        if path.stat().st_size > MAX_CIFAR_FILE_BYTES:
+            raise ValueError(f"{source.name} file {path} is larger than {MAX_CIFAR_FILE_BYTES >> 20} MiB: not a CIFAR "
+                             f"batch. {hint}")
         blob = path.read_bytes()
         verify_digest(f"{source.name} file {path}", hashlib.md5(blob).hexdigest(), source.file_md5[n], "md5", hint)
         blobs[n] = blob

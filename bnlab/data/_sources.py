@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -41,10 +42,23 @@ def _cache_file(root: Path, name: str, split: str, source_sha: str) -> Path:
     return root / "cache" / f"{name}-{split}-{source_sha[:16]}.npz"
 
 
+def _private(path: Path) -> bool:
+    """Owned by this user and writable by nobody else (a file another user could plant is not trusted)."""
+    st = os.stat(path, follow_symlinks=False)
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 def _cache_read(path: Path):
-    """Return (x, y, classes) from a cache file whose recorded SHA-256 still matches, else None."""
+    """Return (x, y, classes) from a cache file whose recorded SHA-256 still matches, else None.
+
+    The stamp guards against corruption only; against planting, the cache and its stamp
+    are used only when this user owns them and no one else can write them (else the
+    data is decoded again from the verified source).
+    """
     stamp = path.with_suffix(".sha256")
     try:
+        if not (_private(path) and _private(stamp)):
+            return None
         expected = stamp.read_text().strip()
         if file_digest(path) != expected:
             return None
@@ -197,12 +211,15 @@ def _load_digits(root: Path, split: str, download: bool):
 
 
 # ----------------------------------------------------------------------------- CIFAR
-def cifar_archive_trusted_sha256(archive: Path, source) -> set[str]:
-    """Hashes accepted for an archive: the pinned one, plus one recorded by download_cifar(sha256=...)."""
+def cifar_archive_trusted_sha256(archive: Path, source, sha256: str | None = None) -> set[str]:
+    """Hashes accepted for an archive: the pinned one, plus ``sha256`` when the caller gives it explicitly.
+
+    Nothing found next to the data is trusted: a ``<archive>.sha256`` file (which older
+    versions wrote and read) could be planted by anyone who can write the data folder.
+    """
     trusted = {source.archive_sha256}
-    stamp = archive.with_name(archive.name + ".sha256")
-    if stamp.is_file():
-        trusted.add(stamp.read_text().split()[0].lower())
+    if sha256 is not None:
+        trusted.add(sha256.lower())
     return trusted
 
 
@@ -226,7 +243,7 @@ def cifar_missing_message(root: Path, source) -> str:
     )
 
 
-def _load_cifar(name: str, root: Path, split: str, download: bool):
+def _load_cifar(name: str, root: Path, split: str, download: bool, sha256: str | None = None):
     source = reg.CIFAR[name]
     folder, archive = _cifar_locations(root, source)
     if folder is None and archive is None:
@@ -234,8 +251,9 @@ def _load_cifar(name: str, root: Path, split: str, download: bool):
             raise DatasetNotFoundError(cifar_missing_message(root, source))
         from bnlab.data.datasets import download_cifar
 
-        archive = download_cifar(name, root)
-    hint = f"Delete it and run:  bnlab data download {name} --data-dir {root}"
+        archive = download_cifar(name, root, sha256=sha256)
+    hint = (f"Delete it and run:  bnlab data download {name} --data-dir {root}  (or, for an archive that "
+            "differs from the official one on purpose, give its SHA-256 with --sha256)")
     if folder is not None:
         try:
             x, y, classes = read_cifar_dir(folder, source, split, hint)
@@ -244,7 +262,7 @@ def _load_cifar(name: str, root: Path, split: str, download: bool):
                                        + cifar_missing_message(root, source)) from None
         return x, y, classes, f"extracted folder {folder}"
     digest = file_digest(archive)
-    trusted = cifar_archive_trusted_sha256(archive, source)
+    trusted = cifar_archive_trusted_sha256(archive, source, sha256)
     if digest not in trusted:
         verify_digest(f"{name} archive ({archive})", digest, source.archive_sha256, hint=hint)
     cache = _cache_file(root, name, split, digest)
@@ -256,14 +274,14 @@ def _load_cifar(name: str, root: Path, split: str, download: bool):
 
 
 # --------------------------------------------------------------------------- dispatch
-def load_uint8(name: str, root: Path, split: str, download: bool):
+def load_uint8(name: str, root: Path, split: str, download: bool, sha256: str | None = None):
     if name == "mnist":
         return _load_mnist(root, split, download)
     if name == "fashion_mnist":
         return _load_fashion(root, split, download)
     if name == "digits":
         return _load_digits(root, split, download)
-    return _load_cifar(name, root, split, download)
+    return _load_cifar(name, root, split, download, sha256)
 
 
 def locate(name: str, root: Path) -> tuple[bool, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from bnlab.experiments.registry import get_experiment, list_experiments, register_experiment
 from bnlab.experiments.report import build_report
 from bnlab.experiments.spec import SCALES, Comparison, Experiment, Record, cell_device
-from bnlab.experiments.store import ResultsStore, cell_key
+from bnlab.experiments.store import ResultsStore, cell_key, salvage_store
 from bnlab.experiments.sweep import (
     SweepStatus,
     SweepSummary,
@@ -38,6 +38,7 @@ __all__ = [
     "SweepSummary",
     "SweepStatus",
     "ResultsStore",
+    "salvage_store",
     "cell_key",
     "list_experiments",
     "get_experiment",

@@ -18,6 +18,15 @@ Guarantees
 * **Nothing finished is lost.**  The journal is in WAL mode with
   ``synchronous=NORMAL``: a committed transaction survives the death of the
   process (only a power loss or OS crash can lose the last transactions).
+* **Nothing outside the store is touched.**  The lock file is opened with
+  ``O_NOFOLLOW`` (a planted symlink is refused) and never truncated or written; the
+  store is locked through its resolved path, so a symlinked alias takes the same
+  lock; the driver's pid, host and start are kept in the store's ``driver`` table.
+* **Only bnlab stores are opened.**  A directory, device, over-long path, a file that
+  is not SQLite, another program's SQLite database (never given bnlab's tables), a
+  corrupted file (``PRAGMA quick_check``) or a damaged one (a missing table, malformed
+  JSON in a row) is refused with one ``ValueError`` naming the path;
+  :func:`salvage_store` copies what is readable into a new store.
 * **Interrupted cells run again.**  Cells left ``running`` by a killed driver
   are returned to ``pending`` when the store is next opened for writing
   (:meth:`ResultsStore.requeue_running`).
@@ -38,19 +47,22 @@ submitted), ``submitted``, ``started``, ``finished`` (ISO-8601 UTC),
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import fcntl
 import hashlib
 import json
 import math
 import os
+import socket
 import sqlite3
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from bnlab.experiments.spec import Record
 
-__all__ = ["ResultsStore", "CellRow", "cell_key", "grid_hash", "canonical_json", "STATUSES"]
+__all__ = ["ResultsStore", "CellRow", "cell_key", "grid_hash", "canonical_json", "STATUSES", "salvage_store"]
 
 STATUSES = ("pending", "running", "done", "failed")
 _SCHEMA_VERSION = 1
@@ -84,7 +96,82 @@ CREATE TABLE IF NOT EXISTS cells (
     versions    TEXT
 );
 CREATE INDEX IF NOT EXISTS cells_status ON cells (status);
+CREATE TABLE IF NOT EXISTS driver (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    pid         INTEGER NOT NULL,
+    host        TEXT NOT NULL,
+    started     TEXT NOT NULL
+);
 """
+
+_COLUMNS = {
+    "sweep": {"id", "experiment", "scale", "module", "grid_hash", "n_cells", "created", "updated", "versions"},
+    "cells": {"key", "idx", "params", "status", "metrics", "error", "attempts", "submitted", "started", "finished",
+              "duration", "worker", "host", "versions"},
+}
+
+_SALVAGE = (
+    "Salvage its finished cells into a new store with:  bnlab sweep salvage STORE NEW.sqlite  "
+    "(then continue with: bnlab sweep resume NEW.sqlite)"
+)
+
+#: Longest store path accepted (Linux PATH_MAX is 4096 bytes including the terminating NUL).
+_MAX_PATH = 4000
+
+
+def _resolved(path: Path) -> Path:
+    """``path`` with symlinks and ``..`` resolved (the parent when the file does not exist yet)."""
+    return Path(os.path.realpath(path))
+
+
+def _uri_path(path: Path) -> str:
+    from urllib.parse import quote
+
+    return quote(str(path))
+
+
+def _corrupt(path: Path, exc: BaseException) -> ValueError:
+    return ValueError(f"{str(path)!r} is a corrupted or unreadable results store ({exc}). {_SALVAGE}")
+
+
+def _check_store_path(path: Path, *, readonly: bool) -> None:
+    """Refuse directories, devices, over-long paths and unwritable folders with a clear ValueError."""
+    text = str(path)
+    if not text or text.strip() != text or text in (".", ".."):
+        raise ValueError(f"store={text!r} is not allowed: expected a path to a .sqlite file")
+    if "\x00" in text:
+        raise ValueError(f"store={text!r} is not allowed: the path contains a NUL character")
+    if len(os.fsencode(text)) > _MAX_PATH or any(len(os.fsencode(p)) > 255 for p in path.parts):
+        raise ValueError(
+            f"store path is not allowed: {len(text)} characters (at most {_MAX_PATH}, 255 per component)"
+        )
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ValueError(f"store={text!r} is not allowed: {exc.strerror}") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"store={text!r} is not allowed: it is a directory; expected a .sqlite file")
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"store={text!r} is not allowed: it is not a regular file (a device, pipe or socket)")
+        if not os.access(path, os.R_OK) or (not readonly and not os.access(path, os.W_OK)):
+            raise ValueError(f"store={text!r} is not allowed: permission denied")
+    elif readonly:
+        raise ValueError(f"results store {text!r} does not exist")
+    if readonly:
+        return
+    # the nearest existing ancestor must be a writable directory
+    parent = Path(os.path.abspath(path)).parent
+    while not parent.exists() and parent != parent.parent:
+        if parent.is_symlink():
+            break
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise ValueError(f"store={text!r} is not allowed: {str(parent)!r} is a file, not a directory")
+    if parent.is_dir() and not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"store={text!r} is not allowed: the folder {str(parent)!r} is not writable")
 
 
 def _now() -> str:
@@ -142,16 +229,37 @@ class CellRow:
         return Record(params=self.params, metrics=self.metrics or {})
 
 
-def _decode(row: sqlite3.Row) -> CellRow:
-    def j(text):
-        return None if text is None else json.loads(text)
+class _Damaged(ValueError):
+    """Malformed content in a store (a damaged or hand-edited file)."""
 
+
+def _decode(row: sqlite3.Row) -> CellRow:
+    """Decode one row, refusing malformed content (a damaged or hand-edited store) with a ValueError."""
+    key = row["key"]
+
+    def j(column, kind=dict):
+        text = row[column]
+        if text is None:
+            return None
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise _Damaged(f"cell {key!r}: column {column} is not valid JSON ({exc})") from None
+        if not isinstance(value, kind):
+            raise _Damaged(f"cell {key!r}: column {column} holds {text[:60]!r}, expected a JSON object")
+        return value
+
+    params = j("params")
+    if params is None:
+        raise _Damaged(f"cell {key!r}: its params are missing")
+    if row["status"] not in STATUSES:
+        raise _Damaged(f"cell {key!r}: status {row['status']!r} is not one of {STATUSES}")
     return CellRow(
-        key=row["key"],
+        key=key,
         idx=row["idx"],
-        params=json.loads(row["params"]),
+        params=params,
         status=row["status"],
-        metrics=j(row["metrics"]),
+        metrics=j("metrics"),
         error=row["error"],
         attempts=row["attempts"],
         submitted=row["submitted"],
@@ -160,8 +268,26 @@ def _decode(row: sqlite3.Row) -> CellRow:
         duration=row["duration"],
         worker=row["worker"],
         host=row["host"],
-        versions=j(row["versions"]),
+        versions=j("versions"),
     )
+
+
+def _guarded(method):
+    """Turn SQLite errors and malformed rows met while reading into one clear ValueError naming the store."""
+    import functools
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise _corrupt(self.path, exc) from None
+        except ValueError as exc:
+            if isinstance(exc, _Damaged):
+                raise ValueError(f"{str(self.path)!r} is a damaged results store: {exc}. {_SALVAGE}") from None
+            raise
+
+    return wrapper
 
 
 class ResultsStore:
@@ -187,36 +313,109 @@ class ResultsStore:
         self.path = Path(path)
         self.readonly = bool(readonly)
         self._lock_fd: int | None = None
-        if self.readonly:
-            if not self.path.is_file():
-                raise ValueError(f"results store {str(self.path)!r} does not exist")
-            self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30.0)
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._acquire_lock()
-            self._conn = sqlite3.connect(str(self.path), timeout=30.0)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.row_factory = sqlite3.Row
-        if not self.readonly:
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, _SCHEMA_VERSION):
-                self.close()
-                raise ValueError(f"{str(self.path)!r} has store schema version {version}; this bnlab reads {_SCHEMA_VERSION}")
-            with self._conn:
-                self._conn.executescript(_SCHEMA)
-                self._conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-        else:
-            try:
-                self._conn.execute("SELECT 1 FROM sweep LIMIT 1").fetchall()
-            except sqlite3.DatabaseError as exc:
-                self.close()
-                raise ValueError(f"{str(self.path)!r} is not a bnlab results store: {exc}") from None
+        self._conn = None
+        _check_store_path(self.path, readonly=self.readonly)
+        # The store is identified by its resolved path: an alias through a symlink (or `a/../b`)
+        # takes the same lock as the real path, so it cannot escape the single-writer rule.
+        self.real_path = _resolved(self.path)
+        try:
+            if self.readonly:
+                self._conn = sqlite3.connect(f"file:{_uri_path(self.real_path)}?mode=ro", uri=True, timeout=30.0)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._acquire_lock()
+                self._conn = sqlite3.connect(str(self.real_path), timeout=30.0)
+            self._conn.row_factory = sqlite3.Row
+            self._check_contents()
+            if not self.readonly:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+                with self._conn:
+                    self._conn.executescript(_SCHEMA)
+                    self._conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+                self._record_driver()
+        except sqlite3.Error as exc:
+            self.close()
+            raise _corrupt(self.path, exc) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_contents(self) -> None:
+        """Refuse files that are not SQLite, foreign databases and corrupted stores (clear ValueErrors)."""
+        conn = self._conn
+        size = self.real_path.stat().st_size if self.real_path.exists() else 0
+        if size == 0:
+            if self.readonly:
+                raise ValueError(f"{str(self.path)!r} is not a bnlab results store: the file is empty")
+            return  # a new store
+        with open(self.real_path, "rb") as f:
+            header = f.read(16)
+        if header != b"SQLite format 3\x00":
+            raise ValueError(
+                f"{str(self.path)!r} is not a bnlab results store: not an SQLite database "
+                f"(it starts with {header[:16]!r}); give another --store path"
+            )
+        check = conn.execute("PRAGMA quick_check(5)").fetchall()
+        if [tuple(r) for r in check] != [("ok",)]:
+            problems = "; ".join(str(r[0]) for r in check)
+            raise ValueError(f"{str(self.path)!r} is a corrupted results store ({problems}). {_SALVAGE}")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if version == 0 and not tables:
+            if self.readonly:
+                raise ValueError(f"{str(self.path)!r} is not a bnlab results store: it holds no tables")
+            return  # an empty database: it becomes a store
+        if version != _SCHEMA_VERSION:
+            if version == 0:
+                raise ValueError(
+                    f"{str(self.path)!r} is not a bnlab results store: an SQLite database with other tables "
+                    f"({', '.join(sorted(tables)) or 'none'}); bnlab does not add its tables to another "
+                    "database, give another --store path"
+                )
+            raise ValueError(f"{str(self.path)!r} has store schema version {version}; this bnlab reads {_SCHEMA_VERSION}")
+        missing = {"sweep", "cells"} - tables
+        if missing:
+            raise ValueError(
+                f"{str(self.path)!r} is a damaged results store: table(s) {', '.join(sorted(missing))} missing. {_SALVAGE}"
+            )
+        for table, wanted in _COLUMNS.items():
+            have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+            if not wanted <= have:
+                raise ValueError(
+                    f"{str(self.path)!r} is a damaged results store: table {table} lacks column(s) "
+                    f"{', '.join(sorted(wanted - have))}. {_SALVAGE}"
+                )
+
+    def _record_driver(self) -> None:
+        """Note this process as the store's driver (pid, host, start): ``sweep status`` reports it."""
+        with self._conn:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO driver (id, pid, host, started) VALUES (1, ?, ?, ?)",
+                (os.getpid(), socket.gethostname(), _now()),
+            )
 
     # -- lifecycle -----------------------------------------------------------
+    def _lock_path(self) -> Path:
+        return self.real_path.with_name(self.real_path.name + ".lock")
+
     def _acquire_lock(self) -> None:
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        lock_path = self._lock_path()
+        # O_NOFOLLOW: a symlink planted at <store>.lock is refused, never followed; the lock file is
+        # never truncated or written (the driver's pid lives in the store), so even a planted hard
+        # link cannot make bnlab overwrite another file.
+        try:
+            fd = os.open(lock_path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ValueError(
+                    f"lock file {str(lock_path)!r} is a symbolic link; bnlab does not follow it "
+                    "(remove it if you did not create it)"
+                ) from None
+            raise ValueError(f"cannot create the lock file {str(lock_path)!r}: {exc.strerror}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ValueError(f"lock file {str(lock_path)!r} is not a regular file; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -225,16 +424,43 @@ class ResultsStore:
                 f"results store {str(self.path)!r} is being written by another running sweep "
                 f"(lock {str(lock_path)!r} is held); wait for it or stop it first"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
+
+    def writer_alive(self) -> bool:
+        """Whether some process holds this store's writer lock now (a live driver).
+
+        Probed without creating anything: no lock file means no driver; otherwise a
+        non-blocking ``flock`` that succeeds (and is released at once) means the
+        driver that held it is gone (killed: its cells left ``running`` are stale).
+        """
+        if self._lock_fd is not None:
+            return True
+        try:
+            fd = os.open(self._lock_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing releases a lock we may have taken
+        return False
+
+    def driver_info(self) -> dict | None:
+        """The last driver recorded in the store (``pid``, ``host``, ``started``), or None."""
+        try:
+            row = self._conn.execute("SELECT pid, host, started FROM driver WHERE id = 1").fetchone()
+        except sqlite3.OperationalError:  # a store written before the driver table existed
+            return None
+        return None if row is None else dict(row)
 
     def close(self) -> None:
         conn = getattr(self, "_conn", None)
         if conn is not None:
             conn.close()
             self._conn = None
-        if self._lock_fd is not None:
+        if getattr(self, "_lock_fd", None) is not None:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -253,15 +479,22 @@ class ResultsStore:
         return self._conn
 
     # -- the sweep row -------------------------------------------------------
+    @_guarded
     def sweep_info(self) -> dict | None:
         """The ``sweep`` row as a dict (``versions`` decoded), or None for a new store."""
         row = self._conn.execute("SELECT * FROM sweep WHERE id = 1").fetchone()
         if row is None:
             return None
         info = dict(row)
-        info["versions"] = json.loads(info["versions"])
+        try:
+            info["versions"] = json.loads(info["versions"])
+        except (TypeError, ValueError):
+            raise _Damaged("the sweep row's versions are not valid JSON") from None
+        if not isinstance(info["experiment"], str) or info["scale"] not in ("small", "paper"):
+            raise _Damaged(f"the sweep row names experiment {info['experiment']!r} at scale {info['scale']!r}")
         return info
 
+    @_guarded
     def initialize(
         self,
         experiment: str,
@@ -318,6 +551,7 @@ class ResultsStore:
         return keys
 
     # -- state transitions (driver only) -------------------------------------
+    @_guarded
     def requeue_running(self) -> int:
         """Return cells left ``running`` (by a killed or interrupted driver) to ``pending``; return how many."""
         conn = self._writable()
@@ -325,6 +559,7 @@ class ResultsStore:
             cur = conn.execute("UPDATE cells SET status = 'pending' WHERE status = 'running'")
         return cur.rowcount
 
+    @_guarded
     def requeue_failed(self, keys: Iterable[str] | None = None) -> int:
         """Return ``failed`` cells (all, or those in ``keys``) to ``pending`` so they run again."""
         conn = self._writable()
@@ -337,6 +572,7 @@ class ResultsStore:
                 )
         return cur.rowcount
 
+    @_guarded
     def mark_submitted(self, keys: Sequence[str]) -> None:
         """``pending`` → ``running`` for cells handed to the cluster (one transaction), counting an attempt."""
         conn = self._writable()
@@ -360,6 +596,7 @@ class ResultsStore:
         """Commit a cell whose ``run_cell`` raised (or whose worker kept dying), with its error text."""
         return self._finish(key, "failed", None, str(error), meta)
 
+    @_guarded
     def _finish(self, key: str, status: str, metrics: str | None, error: str | None, meta: Mapping) -> bool:
         conn = self._writable()
         unknown = set(meta) - {"started", "finished", "duration", "worker", "host", "versions"}
@@ -389,6 +626,7 @@ class ResultsStore:
         return cur.rowcount == 1
 
     # -- queries -------------------------------------------------------------
+    @_guarded
     def counts(self, keys: Sequence[str] | None = None) -> dict[str, int]:
         """Number of cells per status (every status present, zeros included)."""
         out = dict.fromkeys(STATUSES, 0)
@@ -401,6 +639,7 @@ class ResultsStore:
                 out[row.status] += 1
         return out
 
+    @_guarded
     def cells(self, status: str | Sequence[str] | None = None, keys: Sequence[str] | None = None) -> list[CellRow]:
         """Decoded rows in grid order, optionally only those with ``status`` and/or in ``keys``."""
         sql = "SELECT * FROM cells"
@@ -422,6 +661,69 @@ class ResultsStore:
             rows = [r for r in rows if r.key in wanted]
         return rows
 
+    @_guarded
     def records(self, keys: Sequence[str] | None = None) -> list[Record]:
         """The finished cells as :class:`~bnlab.experiments.spec.Record` (grid order)."""
         return [r.to_record() for r in self.cells(status="done", keys=keys)]
+
+
+def salvage_store(source: str | os.PathLike, target: str | os.PathLike) -> dict:
+    """Copy every readable finished cell of a damaged store into a new store; return counts.
+
+    Reads ``source`` read-only and row by row (a range of rows that fails to read is
+    split until the unreadable rows are isolated), keeps the ``done`` cells whose
+    params and metrics decode, and writes them to ``target`` (which must not exist) with
+    the sweep's experiment and scale.  ``bnlab sweep resume TARGET`` then runs only the
+    cells that were lost or unfinished.  Returns ``{"experiment", "scale", "recovered",
+    "unreadable"}``.
+    """
+    src, dst = Path(source), Path(target)
+    _check_store_path(src, readonly=True)
+    if dst.exists() or dst.is_symlink():
+        raise ValueError(f"target={str(dst)!r} is not allowed: it exists; salvage writes a new store")
+    conn = sqlite3.connect(f"file:{_uri_path(_resolved(src))}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        try:
+            info = conn.execute("SELECT experiment, scale, module, versions FROM sweep WHERE id = 1").fetchone()
+        except sqlite3.Error as exc:
+            raise ValueError(f"{str(src)!r}: the sweep row cannot be read ({exc}); nothing to salvage") from None
+        if info is None or info["scale"] not in ("small", "paper"):
+            raise ValueError(f"{str(src)!r}: no readable sweep row; nothing to salvage")
+        good: list[CellRow] = []
+        unreadable = 0
+
+        def read(lo: int, hi: int) -> None:
+            nonlocal unreadable
+            try:
+                rows = conn.execute("SELECT * FROM cells WHERE rowid BETWEEN ? AND ? AND status = 'done'",
+                                    (lo, hi)).fetchall()
+            except sqlite3.Error:
+                if lo == hi:
+                    unreadable += 1
+                    return
+                mid = (lo + hi) // 2
+                read(lo, mid)
+                read(mid + 1, hi)
+                return
+            for r in rows:
+                try:
+                    good.append(_decode(r))
+                except (ValueError, IndexError, KeyError):
+                    unreadable += 1
+
+        try:
+            top = conn.execute("SELECT max(rowid) FROM cells").fetchone()[0] or 0
+        except sqlite3.Error:
+            top = 1 << 20  # the b-tree's right edge is unreadable: probe a generous range
+        for lo in range(1, top + 1, 4096):
+            read(lo, min(top, lo + 4095))
+    finally:
+        conn.close()
+    with ResultsStore(dst) as out:
+        keys = out.initialize(info["experiment"], info["scale"], [r.params for r in good], module=info["module"])
+        for key, row in zip(keys, good):
+            out.record_done(key, row.metrics or {}, started=row.started, finished=row.finished,
+                            duration=row.duration, worker=row.worker, host=row.host, versions=row.versions)
+    return {"experiment": info["experiment"], "scale": info["scale"], "recovered": len(good),
+            "unreadable": unreadable}

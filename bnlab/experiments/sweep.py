@@ -40,7 +40,7 @@ from typing import IO, Any, Iterator
 from bnlab._validation import check_choice, check_int
 from bnlab.experiments._progress import SweepProgress
 from bnlab.experiments._worker import execute_cell, library_versions
-from bnlab.experiments.registry import experiment_module, get_experiment
+from bnlab.experiments.registry import experiment_module, get_experiment, list_experiments
 from bnlab.experiments.spec import SCALES, Experiment
 from bnlab.experiments.store import ResultsStore
 
@@ -55,12 +55,25 @@ __all__ = [
     "store_path",
     "resolve_store",
     "open_client",
+    "check_scheduler_address",
 ]
 
 _KILLED_HINT = (
     "the worker running this cell died repeatedly (distributed.scheduler.allowed-failures); "
     "typical causes: out of memory, a crash in native code, a job killed by the batch system"
 )
+
+
+_SCHEDULER_RE = re.compile(r"^(?:(?:tcp|tls|inproc|ucx|ws|wss)://)?[A-Za-z0-9_.\-\[\]:%]+:\d{1,5}/?$")
+
+
+def check_scheduler_address(scheduler: Any) -> str:
+    """A Dask scheduler address such as ``tcp://host:8786`` (protocol optional, port required)."""
+    if not isinstance(scheduler, str) or not _SCHEDULER_RE.match(scheduler.strip()):
+        raise ValueError(
+            f"scheduler={scheduler!r} is not allowed: expected a Dask scheduler address like tcp://host:8786"
+        )
+    return scheduler.strip()
 
 
 def default_results_dir() -> Path:
@@ -70,14 +83,22 @@ def default_results_dir() -> Path:
 
 def store_path(name: str, scale: str, results_dir: str | os.PathLike | None = None) -> Path:
     """The store of (experiment ``name``, ``scale``): ``<results_dir>/<name>-<scale>.sqlite``."""
+    if results_dir is not None and not str(results_dir).strip():
+        raise ValueError(f"results_dir={str(results_dir)!r} is not allowed: expected a directory path")
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
     return Path(results_dir if results_dir is not None else default_results_dir()) / f"{safe}-{scale}.sqlite"
 
 
 def resolve_store(target: str | os.PathLike, scale: str = "small", results_dir: str | os.PathLike | None = None) -> Path:
     """A store path from either a ``.sqlite`` path or an experiment name (+ ``scale``, ``results_dir``)."""
+    if not isinstance(target, (str, os.PathLike)) or not str(target).strip():
+        raise ValueError(f"target={target!r} is not allowed: expected a .sqlite store or an experiment name")
     p = Path(target)
-    if p.suffix == ".sqlite" or p.is_file():
+    try:
+        is_file = p.is_file()
+    except OSError:  # e.g. a name too long for the file system: not an existing store
+        is_file = False
+    if p.suffix == ".sqlite" or is_file or os.sep in str(target):
         return p
     check_choice("scale", scale, SCALES)
     return store_path(str(target), scale, results_dir)
@@ -119,6 +140,9 @@ class SweepStatus:
     mean_cell_seconds: float | None
     failures: list[dict] = field(default_factory=list)  # key, params, error (last line), attempts
     versions: dict = field(default_factory=dict)
+    driver: dict | None = None  # the last driver recorded in the store: pid, host, started
+    driver_alive: bool = False  # a process holds the store's writer lock now
+    interrupted: int = 0  # cells left "running" by a driver that is gone (a resume runs them again)
 
 
 # -- clusters ------------------------------------------------------------------------------------------
@@ -336,7 +360,9 @@ def run_sweep(
     check_choice("scale", scale, SCALES)
     retries = check_int("retries", retries, minimum=0)
     if workers is not None:
-        workers = check_int("workers", workers, minimum=1)
+        workers = check_int("workers", workers, minimum=1, maximum=4096)
+    if scheduler is not None:
+        scheduler = check_scheduler_address(scheduler)
     if serial and (client is not None or scheduler is not None):
         raise ValueError("serial=True runs in this process; do not also give client= or scheduler=")
     cells = exp.grid(scale)
@@ -400,15 +426,42 @@ def _read_info(path: Path) -> dict:
     return info
 
 
+def _experiment_of_store(info: dict, path: Path) -> Experiment:
+    """The experiment a store names, found without importing anything the store names.
+
+    A store is data that anyone could have written: its ``module`` column is never
+    imported (that would let a planted store make bnlab import any importable module).
+    The experiment is looked up by name in bnlab's registry (the reproductions and
+    :func:`~bnlab.experiments.registry.register_experiment`), or in the recorded module
+    only when this process has already imported it itself.
+    """
+    import sys
+
+    name, module = info["experiment"], info.get("module")
+    known = list_experiments()
+    if name in known:
+        return known[name]
+    if isinstance(module, str) and module in sys.modules:
+        for exp in getattr(sys.modules[module], "EXPERIMENTS", None) or ():
+            if isinstance(exp, Experiment) and exp.name == name:
+                return exp
+    raise ValueError(
+        f"results store {str(path)!r} holds sweep {name!r}, which is not a registered experiment; bnlab does not "
+        f"import the module the store names ({module!r}). Continue it by naming the experiment yourself:  "
+        f"bnlab sweep run {module}:{name} --store {path}   (or register_experiment() it in Python)"
+    )
+
+
 def resume_sweep(store: str | os.PathLike, **kwargs: Any) -> SweepSummary:
     """Continue the sweep stored in ``store`` (same keyword arguments as :func:`run_sweep`).
 
-    The experiment is found by the name recorded in the store (or imported
-    from the recorded module); its current grid is used, done cells are reused.
+    The experiment is found by the name recorded in the store among the registered
+    experiments (the store's recorded module is never imported: see
+    :func:`_experiment_of_store`); its current grid is used, done cells are reused.
     """
     path = Path(store)
     info = _read_info(path)
-    exp = get_experiment(info["experiment"], module=info.get("module"))
+    exp = _experiment_of_store(info, path)
     kwargs.pop("results_dir", None)
     return run_sweep(exp, info["scale"], store=path, **kwargs)
 
@@ -423,6 +476,8 @@ def sweep_status(store: str | os.PathLike) -> SweepStatus:
         counts = st.counts()
         done = st.cells(status="done")
         failed = st.cells(status="failed")
+        driver = st.driver_info()
+        alive = st.writer_alive()
     durations = [r.duration for r in done if r.duration is not None]
     failures = [
         {
@@ -446,7 +501,36 @@ def sweep_status(store: str | os.PathLike) -> SweepStatus:
         mean_cell_seconds=(sum(durations) / len(durations)) if durations else None,
         failures=failures,
         versions=info["versions"],
+        driver=driver,
+        driver_alive=alive,
+        interrupted=0 if alive else counts["running"],
     )
+
+
+def _check_output_file(name: str, out: Path) -> None:
+    """An output file path must not be a directory, a device or inside an unwritable folder."""
+    import stat as _stat
+
+    text = str(out)
+    if not text.strip():
+        raise ValueError(f"{name}={text!r} is not allowed: expected a file path")
+    if len(os.fsencode(text)) > 4000 or any(len(os.fsencode(p)) > 255 for p in out.parts):
+        raise ValueError(f"{name} is not allowed: the path is {len(text)} characters long (at most 4000, 255 per part)")
+    try:
+        st = os.stat(out)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ValueError(f"{name}={text!r} is not allowed: {exc.strerror}") from None
+    if st is not None and not _stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{name}={text!r} is not allowed: it exists and is not a regular file")
+    parent = Path(os.path.abspath(out)).parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{name}={text!r} is not allowed: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}={text!r} is not allowed: the folder {str(parent)!r} is not writable")
 
 
 def export_sweep(store: str | os.PathLike, output: str | os.PathLike, format: str | None = None) -> Path:
@@ -464,12 +548,19 @@ def export_sweep(store: str | os.PathLike, output: str | os.PathLike, format: st
     import pandas as pd
 
     out = Path(output)
+    _check_output_file("output", out)
     if format is None:
         suffix = out.suffix.lower().lstrip(".")
         format = {"csv": "csv", "parquet": "parquet", "pq": "parquet"}.get(suffix)
         if format is None:
-            raise ValueError(f"cannot tell the format from {str(out)!r}; give format='csv' or 'parquet'")
+            raise ValueError(f"cannot tell the format from output={str(out)!r}; give format='csv' or 'parquet'")
     check_choice("format", format, ("csv", "parquet"))
+    suffix_format = {"csv": "csv", "parquet": "parquet", "pq": "parquet"}.get(out.suffix.lower().lstrip("."))
+    if suffix_format is not None and suffix_format != format:
+        raise ValueError(
+            f"format={format!r} is not allowed for output {str(out)!r}: its suffix says {suffix_format}; "
+            f"name the file .{'parquet' if format == 'parquet' else 'csv'} or drop --format"
+        )
     path = Path(store)
     with ResultsStore(path, readonly=True) as st:
         info = st.sweep_info() or {"experiment": None, "scale": None}

@@ -50,6 +50,7 @@ Errata (Yang et al. 2019)
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -527,6 +528,8 @@ def simulate(
     # thread each: the simulator's many mid-size operations (BN/φ passes, QRs, measurements)
     # scale poorly with intra-op threads, independent networks scale perfectly.  Results do not
     # change: every network has its own generator (chunking invariance, tests/sim).
+    _check_memory(per_network, networks, depth, batch_size, k, width, d0, max_memory_bytes,
+                  conditional, bool(measure_gradients), itemsize)
     threads = torch.get_num_threads()
     workers = min(threads, networks) if dev.type == "cpu" and _trace is None else 1
     chunk = max(1, min(-(-networks // workers), max_memory_bytes // (per_network * workers)))
@@ -556,6 +559,7 @@ def simulate(
         if key not in ("cov_sum", "hidden") and parts[0][key] is not None
     }
     mean_cov = sum(p["cov_sum"] for p in parts) / networks
+    _check_finite(cat, config)
     return EnsembleResult(
         config=config,
         q=cat["q"], c=cat["c"], bsb1_residual_sq=cat["res"], diag_var=cat["dvar"], offdiag_var=cat["ovar"],
@@ -566,6 +570,86 @@ def simulate(
         chunks=len(parts),
         hidden=parts[0]["hidden"],
     )
+
+
+#: Float64 numbers kept per (network, layer) in the results (q, c, residual, 2 variances, 2
+#: cross-batch, 2 gradient norms) and once more while the chunks are concatenated.
+_RESULTS_PER_LAYER = 9 * 2
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+def _check_memory(per_network, networks, depth, b, k, width, d0, max_memory_bytes, conditional, grads, itemsize):
+    """Refuse, before allocating anything, a simulation that cannot fit ``max_memory_bytes``.
+
+    Two parts must fit: one network's working memory (networks are processed in chunks,
+    but a single network is indivisible) and the results of all networks (per-layer
+    statistics and the final B×B covariances, float64).
+    """
+    sizes = (f"width={width}, depth={depth}, batch_size={b}, num_batches={k}"
+             + (f", input_dim={d0}" if d0 != width else ""))
+    limit = f"max_memory_bytes={max_memory_bytes} ({_gib(max_memory_bytes)}; bnlab simulate --max-memory-gb)"
+    if per_network > max_memory_bytes:
+        what = "weights and activations kept for the backward pass" if grads else "weights and activations"
+        raise ValueError(
+            f"one network with {sizes} needs about {_gib(per_network)} of working memory ({what}), more than "
+            f"{limit}; reduce width, depth, batch_size or num_batches, or raise the bound"
+        )
+    results = networks * (depth * _RESULTS_PER_LAYER + 2 * b * b) * 8 + depth * b * b * 8
+    if results > max_memory_bytes:
+        raise ValueError(
+            f"the results of networks={networks} networks with {sizes} need about {_gib(results)}, more than "
+            f"{limit}; reduce networks or depth, or raise the bound"
+        )
+    physical = _physical_memory()
+    if physical is not None and min(max_memory_bytes, per_network + results) > physical:
+        raise ValueError(
+            f"a simulation with networks={networks}, {sizes} needs about {_gib(per_network + results)}, more "
+            f"than this machine's {_gib(physical)} of memory"
+        )
+
+
+def _check_finite(cat: dict, config: dict) -> None:
+    """Refuse results that overflowed or divided by zero, saying where and why (never a silent NaN)."""
+    for key, what in (("q", "pre-activation second moment q"), ("c", "correlation c"),
+                      ("g", "gradient norm"), ("wg", "weight-gradient norm")):
+        arr = cat.get(key)
+        if arr is None:
+            continue
+        bad = ~np.isfinite(arr)
+        if key == "c":
+            bad &= cat["q"] != 0.0  # c = off/q is undefined (0/0), not wrong, for a batch with no spread
+        if not bad.any():
+            continue
+        net, layer = (int(i) for i in np.argwhere(bad)[0])
+        q = cat["q"][net]
+        finite_q = q[np.isfinite(q)]
+        value = float(arr[net, layer])
+        if math.isinf(value) or (finite_q.size and finite_q.max() > 1e30) or abs(config.get("residual_scale") or 0) > 1e15:
+            peak = f" (q reached {finite_q.max():.3g})" if finite_q.size and finite_q.max() > 1e30 else ""
+            why = (f"the activations overflowed {config['dtype']}{peak}: reduce "
+                   "sigma_w2, gamma, beta, residual_scale or the nonlinearity's growth, or use dtype='float64'")
+        elif key in ("q", "c") and (finite_q.size and finite_q.min() == 0.0):
+            why = ("a batch lost all spread (q = 0: is phi constant, e.g. '0*x'?), and batch normalization "
+                   "divides by the spread; use eps > 0 or another phi")
+        elif key in ("q", "c"):
+            why = (f"the forward pass produced NaN/inf in {config['dtype']} (overflow of phi or of the weights, "
+                   "or phi undefined on some inputs): reduce sigma_w2 or gamma, or use dtype='float64'")
+        else:
+            why = (f"the backward pass overflowed {config['dtype']} (gradients explode at rate λ_G per layer): "
+                   "reduce depth, use eps > 0 or dtype='float64'")
+        raise ValueError(
+            f"the simulation's {what} is {value!r} at layer {layer + 1} of network {net}: {why}"
+        )
 
 
 def _simulate_chunk(
@@ -672,7 +756,8 @@ def _simulate_chunk(
         wg = torch.empty((n, depth), dtype=torch.float64, device=dev)
         for layer, (delta, a_in) in enumerate(zip(deltas, ins)):
             # per batch: ‖δ‖² = tr(δδᵀ) and ‖∂L/∂W‖² = ‖aᵀδ‖² = ⟨a aᵀ, δδᵀ⟩ from the B×B Gram matrices
-            r2 = residual_scale**2 if (residual_scale is not None and layer > 0) else 1.0
+            # a product, not **: 1e308**2 raises OverflowError, 1e308*1e308 is inf (then refused by _check_finite)
+            r2 = residual_scale * residual_scale if (residual_scale is not None and layer > 0) else 1.0
             grams = layer_grams[layer]
             if grams is not None and "delta" in grams:
                 # the conditional layer's own Grams; its δ' = ∂L/∂(a W) = r·δ^l carries r² already

@@ -32,7 +32,7 @@ def check_batch_size(batch_size, *, name: str = "batch_size", allow_small: bool 
         raise ValueError(
             f"{name}=2 is not allowed here: with two samples batchnorm maps every batch to (1, -1) or (-1, 1), "
             "so the covariance dynamics are constant and all gradients through the batch statistics vanish "
-            "(Yang et al. 2019, App. J); the eigenvalues and rates of the theory are undefined. Use batch_size >= 4."
+            "(Yang et al. 2019, App. J); the eigenvalues and rates of the theory are undefined. Use batch_size >= 3 (B = 3 with a warning; B >= 4 is the regular regime)."
         )
     if b == 3:
         warnings.warn(

@@ -165,13 +165,13 @@ def test_download_good_checksum_then_load(tmp_path, served_cifar10, capsys, monk
         bd.download_cifar("cifar10", dest, url=f"{base}/{archive.name}", sha256=sha, progress=False)
         assert len(seen) == 1
     assert not list(dest.glob("*.part"))
-    # The user-supplied hash is recorded so that load_dataset trusts this archive.
-    assert (dest / "cifar-10-python.tar.gz.sha256").read_text().split()[0] == sha
+    # The user-supplied hash is not recorded next to the data (a planted file there must not
+    # widen the pin): load_dataset accepts the archive only when given the hash explicitly.
+    assert not list(dest.glob("*.sha256"))
     # Only the per-file pins are substituted (they do not apply to archives): the archive is
-    # accepted because of the recorded hash, not because its pin was replaced.
+    # accepted because of the given hash, not because its pin was replaced.
     _pin(monkeypatch, fx)
-    _check_against_fixture(bd.load_dataset("cifar10", "test", data_dir=dest), fx, "test")
-    (dest / "cifar-10-python.tar.gz.sha256").unlink()
+    _check_against_fixture(bd.load_dataset("cifar10", "test", data_dir=dest, sha256=sha), fx, "test")
     with pytest.raises(ChecksumError, match="SHA256 mismatch"):
         bd.load_dataset("cifar10", "train", data_dir=dest)
 

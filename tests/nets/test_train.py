@@ -39,8 +39,11 @@ def test_same_seed_same_result_and_seed_matters():
         return train_classifier(m, train, test, optimizer=_sgd(0.05), batch_size=32, steps=40, seed=seed)
 
     a, b, c = run(0), run(0), run(1)
-    assert a.test_accuracy == b.test_accuracy and a.history == b.history
-    assert a.history != c.history
+    # same seed, same data order and weights; BLAS sums are not promised bit-identical between
+    # calls, so the float32 losses agree to rounding (6e-8) amplified by 40 steps (1e-5), another seed by O(1e-2)
+    assert a.test_accuracy == pytest.approx(b.test_accuracy, abs=1e-9)
+    assert a.history == pytest.approx(b.history, rel=1e-5)
+    assert a.history != pytest.approx(c.history, rel=1e-3)
 
 
 def test_rmsprop_trains_and_epochs_count():

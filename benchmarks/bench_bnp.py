@@ -1,0 +1,189 @@
+"""Lange et al. Table 1 on this machine: training time per epoch of BN vs BNP, and BNP's overhead over SGD.
+
+    python benchmarks/bench_bnp.py [--quick] [--device cpu|cuda] [--threads 1] [--json]
+
+The network is the paper's Table 1 / Fig. 8 fully connected net (input 3072 = a CIFAR-10 image,
+two hidden layers of 100, 10 outputs, ReLU, cross-entropy, SGD); ``--input 784 --depth 3`` is the
+MNIST network of Figs. 3-4.  Three variants train side by side
+on the same pre-generated random batches, measured round-robin (so drifting load on a shared
+machine hits all of them alike) and summarized by the median time per training step:
+
+* ``sgd``  — the vanilla network, plain SGD (the baseline of the ≤ 10 % overhead goal);
+* ``bn``   — the post-activation BN network (BatchNorm1d on each hidden layer's output), SGD;
+* ``bnp``  — the vanilla network, SGD with ``BNPreconditioner`` (hooks + ``step()``).
+
+A step is zero_grad + forward + backward (+ ``pre.step()``) + ``opt.step()``; time per epoch is the
+step time × ⌈50 000 / B⌉ (one CIFAR-10 epoch).  Printed ratios: bnp/sgd (goal ≤ 1.10) and bnp/bn
+(goal ≤ 1.00), and BNP's two parts measured alone: the forward hooks' statistics (4·n_in·N
+elementwise operations per layer) and ``pre.step()`` (Eq. 15 on every layer).  The paper's Table 1 (V100 GPU, 20-epoch average) has BN 16.08 / 10.81 / 10.67 s and
+BNP 16.69 / 10.70 / 10.57 s at B = 16 / 256 / 512, dominated by input-pipeline time we do not have.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from bnlab.optim import BNPreconditioner  # noqa: E402
+
+TRAIN_SIZE = 50_000
+
+
+def build(variant: str, n_in: int, hidden: int, depth: int, device: str):
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    width = n_in
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        if variant == "bn":
+            layers.append(nn.BatchNorm1d(hidden))  # post-activation BN (Lange et al. Eq. 2)
+        width = hidden
+    layers.append(nn.Linear(width, 10))
+    model = nn.Sequential(*layers).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    pre = BNPreconditioner(model) if variant == "bnp" else None
+    return model, opt, pre
+
+
+def make_step(model, opt, pre):
+    loss_fn = nn.functional.cross_entropy
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        if pre is not None:
+            pre.step()
+        opt.step()
+
+    return step
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, rounds: int, device: str):
+    """Median seconds per training step of each variant (round-robin blocks of ``steps`` steps)."""
+    g = torch.Generator().manual_seed(batch)
+    n_batches = 8
+    xs = [torch.randn(batch, n_in, generator=g).to(device) for _ in range(n_batches)]
+    ys = [torch.randint(0, 10, (batch,), generator=g).to(device) for _ in range(n_batches)]
+    variants = ("sgd", "bn", "bnp")
+    steppers = {}
+    for v in variants:
+        step = make_step(*build(v, n_in, hidden, depth, device))
+        for i in range(3):  # warm-up (allocator, first-call overheads)
+            step(xs[i % n_batches], ys[i % n_batches])
+        steppers[v] = step
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(rounds):
+        for v in variants:
+            _sync(device)
+            t = time.perf_counter()
+            for i in range(steps):
+                steppers[v](xs[i % n_batches], ys[i % n_batches])
+            _sync(device)
+            times[v].append((time.perf_counter() - t) / steps)
+    return {v: statistics.median(ts) for v, ts in times.items()}
+
+
+def breakdown(batch: int, *, n_in: int, hidden: int, depth: int, device: str, repeat: int) -> dict:
+    """Milliseconds of BNP's two parts in one step: the forward hooks' statistics and ``pre.step()``."""
+    model, opt, pre = build("bnp", n_in, hidden, depth, device)
+    g = torch.Generator().manual_seed(batch)
+    x = torch.randn(batch, n_in, generator=g).to(device)
+    y = torch.randint(0, 10, (batch,), generator=g).to(device)
+
+    def best(fn):
+        out = []
+        for _ in range(repeat):
+            _sync(device)
+            t = time.perf_counter()
+            fn()
+            _sync(device)
+            out.append(time.perf_counter() - t)
+        return 1e3 * statistics.median(out)
+
+    with pre.paused():
+        fwd_plain = best(lambda: model(x))
+    fwd_hooked = best(lambda: model(x))
+    for s in pre._layers.values():
+        s.clear_pending()
+    nn.functional.cross_entropy(model(x), y).backward()
+    pending = {n: (s.samples, s.rows, s.s1, s.s2) for n, s in pre._layers.items()}
+    grads = [p.grad.clone() for p in model.parameters()]
+
+    def one_step():
+        for n, s in pre._layers.items():
+            s.samples, s.rows, s.s1, s.s2 = pending[n]
+        for p, g0 in zip(model.parameters(), grads):
+            p.grad.copy_(g0)  # fresh gradients each time (repeated transforms would reach denormals)
+        pre.step()
+
+    def copies_only():
+        for p, g0 in zip(model.parameters(), grads):
+            p.grad.copy_(g0)
+
+    return {"hooks": fwd_hooked - fwd_plain, "step": best(one_step) - best(copies_only)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small network and few steps (smoke test)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 256, 512])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--input", type=int, default=3072,
+                        help="input features (3072: Table 1's CIFAR-10 net; 784: the MNIST net of Figs. 3-4)")
+    parser.add_argument("--depth", type=int, default=2, help="hidden layers of 100 (2: Table 1; 3: Figs. 3-4)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        n_in, hidden, depth, rounds, batch_sizes = 64, 16, 2, 2, [4, 32]
+    else:
+        n_in, hidden, depth, rounds, batch_sizes = args.input, 100, args.depth, args.rounds, args.batch_sizes
+    rows = []
+    for b in batch_sizes:
+        steps = 3 if args.quick else max(10, min(200, 20_000 // b))
+        t = measure(b, n_in=n_in, hidden=hidden, depth=depth, steps=steps, rounds=rounds, device=args.device)
+        per_epoch = math.ceil(TRAIN_SIZE / b)
+        rows.append({
+            "batch_size": b,
+            "step_s": t,
+            "epoch_s": {v: s * per_epoch for v, s in t.items()},
+            "bnp_over_sgd": t["bnp"] / t["sgd"],
+            "bnp_over_bn": t["bnp"] / t["bn"],
+            "bnp_parts_ms": breakdown(b, n_in=n_in, hidden=hidden, depth=depth, device=args.device,
+                                      repeat=3 if args.quick else 30),
+        })
+    meta = {"device": args.device, "threads": args.threads, "network": [n_in] + [hidden] * depth + [10],
+            "torch": torch.__version__}
+    if args.json:
+        print(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        return 0
+    print(f"BNP benchmark: network {meta['network']}, device {args.device}, threads {args.threads}, "
+          f"torch {torch.__version__}")
+    print(f"{'B':>5} {'SGD s/epoch':>12} {'BN s/epoch':>11} {'BNP s/epoch':>12} {'BNP/SGD':>8} {'BNP/BN':>7} "
+          f"{'SGD ms/step':>12} {'hooks ms':>9} {'pre.step ms':>12}")
+    for r in rows:
+        e = r["epoch_s"]
+        print(f"{r['batch_size']:>5} {e['sgd']:>12.3f} {e['bn']:>11.3f} {e['bnp']:>12.3f} "
+              f"{r['bnp_over_sgd']:>8.3f} {r['bnp_over_bn']:>7.3f} {1e3 * r['step_s']['sgd']:>12.3f} "
+              f"{r['bnp_parts_ms']['hooks']:>9.3f} {r['bnp_parts_ms']['step']:>12.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,523 @@
+"""Matrix-free curvature spectra of a real ``nn.Module`` on a fixed batch: Fisher, GGN, Hessian, empirical Fisher.
+
+What is measured (B = batch size, f = the module's output on the batch, ℓ_b the per-sample loss,
+L = (1/B) Σ_b ℓ_b; J = ∂f/∂θ of the whole batch output):
+
+* ``"fisher"``: I = (1/B) Jᵀ J, the Fisher information of Eq. 10 of the Fisher paper (Gaussian
+  conditional model, i.e. the GGN of ½‖f − y‖²); needs no targets.
+* ``"ggn"``: (1/B) Jᵀ H_ℓ J with H_ℓ the per-sample Hessian of the loss in the outputs (identity for
+  ``loss="mse"`` = ½‖f − y‖², softmax Hessian diag(p) − ppᵀ for ``"cross_entropy"``, where it is the
+  exact Fisher of the categorical model).
+* ``"hessian"``: ∇²_θ L.
+* ``"empirical_fisher"``: (1/B) Σ_b g_b g_bᵀ, g_b = ∇_θ ℓ_b (through the whole batch in BN train mode).
+
+BatchNorm: ``bn_mode="train"`` uses the statistics of the batch itself (the samples are coupled as in
+a training step; J is the Jacobian of the coupled batch output), ``"eval"`` the running statistics.
+Every other module is put in eval mode (dropout off), so the measured function is deterministic.
+The measurement runs on a deep copy of the module: the caller's parameters, buffers (running
+statistics, ``num_batches_tracked``) and train/eval flags are never changed; in the copy, BN
+layers in train mode stop tracking running statistics, which also avoids torch.func's in-place
+error on BN buffers (functorch issue #986; ANCHORS.md).
+
+Products: forward mode (``torch.func.jvp``) for J v and reverse mode (``torch.func.vjp``, the
+pullback built once per operator and reused) for Jᵀ u; Hessian-vector products by reverse-over-reverse
+through a gradient graph built once and retained (one backward pass per product).
+Eigenvalues: by default Lanczos in torch (float64 basis, full reorthogonalization) stopped at the
+first step where every requested Ritz pair has residual ‖C y − θ y‖ ≤ tol·λmax — the a-posteriori
+bound that places an eigenvalue of C within tol·λmax of each reported value (and, for the top one,
+typically within (tol·λmax)²/gap) — plus the products' own rounding (float32 models: ≈1e-6
+relative; use ``dtype=torch.float64`` for ≲1e-12). ``method="arpack"`` uses ARPACK
+(``scipy.sparse.linalg.eigsh`` on a ``LinearOperator``, ``which="LA"``, same tolerance meaning),
+which always spends at least ncv = max(2k + 1, 20) products per restart. Very small operators
+(fewer than max(2k + 1, 16) parameters) are assembled densely and solved with eigh.
+
+Why not curvlinops: it provides the same products (also via torch.func) and eigsh, but (ANCHORS.md)
+its determinism check fails for BN in train mode with shuffled data and it updates the running
+statistics as a side effect; the products needed here are a few lines of torch.func, so bnlab owns
+them and the benchmark compares against curvlinops when it is installed.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from bnlab._validation import check_choice, check_int, check_real
+
+__all__ = ["CURVATURES", "BN_MODES", "LOSSES", "SpectrumResult", "curvature_operator", "curvature_spectrum"]
+
+CURVATURES = ("fisher", "ggn", "hessian", "empirical_fisher")
+BN_MODES = ("train", "eval")
+LOSSES = ("mse", "cross_entropy")
+
+
+@dataclass(frozen=True)
+class SpectrumResult:
+    """Top eigenvalues (descending) of a curvature matrix, with how they were obtained.
+
+    ``blocks`` maps a block name (a module's qualified name) to that diagonal block's top
+    eigenvalues when per-layer blocks were requested.
+    """
+
+    curvature: str
+    bn_mode: str
+    loss: str
+    eigenvalues: tuple
+    num_params: int
+    batch_size: int
+    matvecs: int
+    tol: float
+    method: str
+    dtype: str
+    seconds: float
+    blocks: dict = field(default_factory=dict)
+    eigenvectors: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def lambda_max(self) -> float:
+        return float(self.eigenvalues[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("eigenvectors")
+        d["eigenvalues"] = [float(x) for x in self.eigenvalues]
+        d["lambda_max"] = self.lambda_max
+        d["blocks"] = {k: [float(x) for x in v] for k, v in self.blocks.items()}
+        return d
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _is_batchnorm(module) -> bool:
+    torch = _torch()
+    return isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+
+
+class _CurvatureOperator:
+    """The products v ↦ C v of one curvature matrix C on a fixed batch (torch tensors in, out)."""
+
+    def __init__(self, model, inputs, targets, curvature, loss, bn_mode, dtype):
+        torch = _torch()
+        from torch.func import functional_call
+
+        self.curvature = check_choice("curvature", curvature, CURVATURES)
+        self.loss = check_choice("loss", loss, LOSSES)
+        self.bn_mode = check_choice("bn_mode", bn_mode, BN_MODES)
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model={type(model).__name__} is not allowed: expected a torch.nn.Module")
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ValueError(
+                f"model={type(model).__name__} is not allowed: it has no parameters that require grad"
+            )
+        if not isinstance(inputs, torch.Tensor) or inputs.ndim < 1 or inputs.shape[0] < 1:
+            raise ValueError("inputs is not allowed: expected a tensor with a leading batch dimension >= 1")
+        has_bn = any(_is_batchnorm(m) for m in model.modules())
+        batch = int(inputs.shape[0])
+        if has_bn and self.bn_mode == "train" and batch < 2:
+            raise ValueError(
+                f"bn_mode='train' with a batch of {batch} is not allowed: BatchNorm's batch variance is "
+                "undefined for one sample; use a batch of >= 2 or bn_mode='eval'"
+            )
+        # the Fisher of Eq. 10 and the MSE GGN do not depend on the targets (ignored if given)
+        needs_targets = self.curvature in ("hessian", "empirical_fisher") or (
+            self.curvature == "ggn" and self.loss == "cross_entropy"
+        )
+        if needs_targets and targets is None:
+            raise ValueError(f"curvature={self.curvature!r} with loss={self.loss!r} needs targets; got None")
+
+        work = copy.deepcopy(model)
+        ref = next(model.parameters())
+        self.dtype = dtype if dtype is not None else ref.dtype
+        work = work.to(dtype=self.dtype)
+        work.eval()
+        if self.bn_mode == "train":
+            for m in work.modules():
+                if _is_batchnorm(m):
+                    m.train()
+                    # batch statistics only, no running-statistics update in the copy
+                    m.track_running_stats = False
+                    m.running_mean = None
+                    m.running_var = None
+                    m.num_batches_tracked = None
+        self.module = work
+        self.names = [n for n, p in work.named_parameters() if p.requires_grad]
+        self.primals = {n: p.detach().clone() for n, p in work.named_parameters() if p.requires_grad}
+        self.frozen = {n: p.detach() for n, p in work.named_parameters() if not p.requires_grad}
+        self.shapes = [self.primals[n].shape for n in self.names]
+        self.sizes = [int(self.primals[n].numel()) for n in self.names]
+        self.num_params = int(sum(self.sizes))
+        self.device = ref.device
+        x = inputs.detach().to(device=self.device)
+        if torch.is_floating_point(x):
+            x = x.to(self.dtype)
+        self.inputs = x
+        self.batch_size = batch
+        self.matvecs = 0
+
+        def forward(params):
+            out = functional_call(work, {**params, **self.frozen}, (x,))
+            return out.reshape(batch, -1)
+
+        self._forward = forward
+        # one forward pass, kept: the pullback (Fisher/GGN/EF) or the gradient graph (Hessian) reuse it
+        if self.curvature in ("fisher", "ggn", "empirical_fisher"):
+            out, self._pullback = torch.func.vjp(forward, self.primals)
+        else:
+            leaves = {n: p.detach().clone().requires_grad_(True) for n, p in self.primals.items()}
+            with torch.enable_grad():
+                out = forward(leaves)
+        self.num_outputs = int(out.shape[1])
+        if targets is not None and needs_targets:
+            t = targets.detach().to(self.device)
+            if self.loss == "mse":
+                t = t.to(self.dtype).reshape(batch, -1)
+                if t.shape != out.shape:
+                    raise ValueError(f"targets shape {tuple(targets.shape)} does not match outputs {tuple(out.shape)}")
+            else:
+                t = t.reshape(-1).long()
+                if t.shape[0] != batch or int(t.min()) < 0 or int(t.max()) >= self.num_outputs:
+                    raise ValueError(
+                        f"targets are not allowed: expected {batch} class indices in [0, {self.num_outputs})"
+                    )
+            self.targets = t
+        else:
+            self.targets = None
+
+        if self.curvature in ("fisher", "ggn", "empirical_fisher"):
+            self._out = out.detach()
+            if self.loss == "cross_entropy":
+                self._probs = torch.softmax(self._out, dim=1)
+            if self.curvature == "empirical_fisher":
+                self._dloss = self._loss_output_grad(self._out)
+        else:
+            # reverse-over-reverse with the gradient's graph built once and retained: each
+            # Hessian-vector product is one backward pass through it (no new forward pass)
+            with torch.enable_grad():
+                loss = self._loss_value(out)
+                self._grads = torch.autograd.grad(loss, [leaves[n] for n in self.names], create_graph=True)
+            self._leaves = [leaves[n] for n in self.names]
+
+    # -- loss pieces ---------------------------------------------------------
+    def _loss_value(self, out):
+        torch = _torch()
+        if self.loss == "mse":
+            return 0.5 * ((out - self.targets) ** 2).sum() / self.batch_size
+        return torch.nn.functional.cross_entropy(out, self.targets, reduction="mean")
+
+    def _loss_output_grad(self, out):
+        """∂ℓ_b/∂f_b per sample (not divided by B)."""
+        torch = _torch()
+        if self.loss == "mse":
+            return out - self.targets
+        p = torch.softmax(out, dim=1)
+        return p - torch.nn.functional.one_hot(self.targets, self.num_outputs).to(out.dtype)
+
+    # -- flat <-> dict -------------------------------------------------------
+    def unflatten(self, flat):
+        chunks = flat.split(self.sizes)
+        return {n: c.reshape(s) for n, c, s in zip(self.names, chunks, self.shapes)}
+
+    def flatten(self, tree):
+        torch = _torch()
+        return torch.cat([tree[n].reshape(-1) for n in self.names])
+
+    # -- the product -----------------------------------------------------------
+    def matvec(self, flat):
+        """C v for a flat torch vector v (length num_params)."""
+        torch = _torch()
+        self.matvecs += 1
+        tangent = self.unflatten(flat.to(device=self.device, dtype=self.dtype))
+        if self.curvature == "hessian":
+            hv = torch.autograd.grad(
+                self._grads, self._leaves, grad_outputs=[tangent[n] for n in self.names], retain_graph=True
+            )
+            return torch.cat([h.reshape(-1) for h in hv])
+        _, jv = torch.func.jvp(self._forward, (self.primals,), (tangent,))
+        if self.curvature == "fisher" or (self.curvature == "ggn" and self.loss == "mse"):
+            u = jv
+        elif self.curvature == "ggn":
+            p = self._probs
+            u = p * jv - p * (p * jv).sum(dim=1, keepdim=True)
+        else:  # empirical Fisher: Σ_b g_b ⟨g_b, v⟩ = Jᵀ (c_b ∇ℓ_b), c_b = ⟨∇ℓ_b, (J v)_b⟩
+            c = (self._dloss * jv).sum(dim=1, keepdim=True)
+            u = c * self._dloss
+        (g,) = self._pullback(u)
+        return self.flatten(g) / self.batch_size
+
+    def param_blocks(self, blocks) -> dict[str, np.ndarray]:
+        """Flat index arrays per block: ``"module"`` groups parameters by their owning module."""
+        offsets = np.concatenate([[0], np.cumsum(self.sizes)])
+        index = {n: np.arange(offsets[i], offsets[i + 1]) for i, n in enumerate(self.names)}
+        if blocks == "module":
+            groups: dict[str, list[str]] = {}
+            for n in self.names:
+                groups.setdefault(n.rsplit(".", 1)[0] if "." in n else "", []).append(n)
+        elif isinstance(blocks, Mapping):
+            groups = {}
+            for key, names in blocks.items():
+                unknown = [n for n in names if n not in index]
+                if unknown:
+                    raise ValueError(f"blocks[{key!r}] names unknown parameters {unknown}; known: {self.names}")
+                groups[str(key)] = list(names)
+        else:
+            raise ValueError(
+                f"blocks={blocks!r} is not allowed: expected None, 'module' or a dict name -> [param names]"
+            )
+        return {k: np.concatenate([index[n] for n in v]) for k, v in groups.items()}
+
+
+def curvature_operator(
+    model,
+    inputs,
+    targets=None,
+    *,
+    curvature: str = "fisher",
+    loss: str = "mse",
+    bn_mode: str = "train",
+    dtype=None,
+):
+    """A ``scipy.sparse.linalg.LinearOperator`` (float64 NumPy products) for the chosen curvature.
+
+    The module is deep-copied first (see the module docstring); ``op.torch_matvec`` is the
+    underlying torch product and ``op.curvature_info`` the :class:`_CurvatureOperator`.
+    """
+    from scipy.sparse.linalg import LinearOperator
+
+    torch = _torch()
+    core = _CurvatureOperator(model, inputs, targets, curvature, loss, bn_mode, dtype)
+
+    def mv(v):
+        t = torch.as_tensor(np.asarray(v, dtype=np.float64).reshape(-1))
+        return core.matvec(t).detach().to("cpu", torch.float64).numpy()
+
+    op = LinearOperator((core.num_params, core.num_params), matvec=mv, rmatvec=mv, dtype=np.float64)
+    op.curvature_info = core
+    op.torch_matvec = core.matvec
+    return op
+
+
+def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device, stop="residual"):
+    """Top-k eigenpairs of a symmetric operator by Lanczos with full reorthogonalization (float64 torch).
+
+    Stops after the first step at which each of the top-k Ritz pairs (θ_i, y_i) has residual
+    ‖A y_i − θ_i y_i‖ = β_j |s_{j,i}| ≤ tol·|θ_1| (the standard a-posteriori bound: an eigenvalue of A
+    lies within that distance of θ_i), or when the Krylov space becomes invariant, or after
+    ``max_steps`` products (``converged`` False). Stores one n-vector per step (none for k = 1
+    without eigenvectors). ``stop="change"`` instead stops when the top-k Ritz values changed by less
+    than tol relative since the previous step (the rule power-iteration tools use; no error bound).
+    """
+    torch = _torch()
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, generator=gen, dtype=torch.float64).to(device)
+    q /= torch.linalg.norm(q)
+    # k = 1 without eigenvectors: the plain three-term recurrence (no stored basis). Loss of
+    # orthogonality (Paige) only creates spurious copies of already converged Ritz values, so the
+    # largest Ritz value and its residual bound stay valid; otherwise full reorthogonalization.
+    full = k > 1 or want_vectors
+    capacity = min(max_steps, 16) if full else 0
+    Q = torch.empty((capacity, n), dtype=torch.float64, device=device)  # one basis vector per row
+    alphas, betas = [], []
+    converged = False
+    theta = s_vecs = None
+    steps = 0
+    q_prev = None
+    prev_top = None
+    for j in range(max_steps):
+        if full:
+            if j == capacity:
+                capacity = min(max_steps, 2 * capacity)
+                grown = torch.empty((capacity, n), dtype=torch.float64, device=device)
+                grown[:j] = Q[:j]
+                Q = grown
+            Q[j] = q
+        steps = j + 1
+        w = matvec(q).to(torch.float64)
+        alpha = float(torch.dot(q, w))
+        alphas.append(alpha)
+        if full:
+            basis = Q[: j + 1]
+            before = float(torch.linalg.norm(w))
+            w = torch.addmv(w, basis.T, basis @ w, alpha=-1.0)  # full reorthogonalization (CGS) ...
+            beta = float(torch.linalg.norm(w))
+            if beta < 0.7 * before:  # ... repeated once after strong cancellation (Kahan–Parlett "twice")
+                w = torch.addmv(w, basis.T, basis @ w, alpha=-1.0)
+                beta = float(torch.linalg.norm(w))
+        else:
+            w.add_(q, alpha=-alpha)
+            if q_prev is not None:
+                w.add_(q_prev, alpha=-betas[-1])
+            beta = float(torch.linalg.norm(w))
+        T = np.diag(alphas) + np.diag(betas, 1) + np.diag(betas, -1)
+        theta, s_vecs = np.linalg.eigh(T)
+        top = np.argsort(theta)[::-1][: min(k, j + 1)]
+        resid = np.abs(beta * s_vecs[-1, top])
+        scale = max(abs(theta[top[0]]), np.finfo(np.float64).tiny)
+        if stop == "residual":
+            done = np.all(resid <= tol * scale)
+        else:
+            current = theta[top]
+            done = prev_top is not None and len(prev_top) == len(current) and np.all(
+                np.abs(current - prev_top) <= tol * scale
+            )
+            prev_top = current
+        if j + 1 >= k and done:
+            converged = True
+            break
+        if beta <= 1e-13 * scale:  # invariant subspace: the Ritz values are exact eigenvalues
+            converged = j + 1 >= k
+            break
+        betas.append(beta)
+        q_prev, q = q, w / beta
+    top = np.argsort(theta)[::-1][:k]
+    vals = theta[top]
+    vecs = None
+    if want_vectors:
+        Q = Q[:steps].T
+        vecs = (Q @ torch.as_tensor(s_vecs[:, top], dtype=torch.float64, device=Q.device)).cpu().numpy()
+    return vals, vecs, converged
+
+
+def _top_eigenvalues(
+    op, n, k, tol, seed, want_vectors, maxiter, method="arpack", torch_matvec=None, device=None, stop="residual"
+):
+    from scipy.sparse.linalg import eigsh
+
+    if n < max(2 * k + 1, 16):
+        dense = np.column_stack([op.matvec(e) for e in np.eye(n)])
+        dense = 0.5 * (dense + dense.T)
+        w, v = np.linalg.eigh(dense)
+        order = np.argsort(w)[::-1][:k]
+        return w[order], (v[:, order] if want_vectors else None)
+    if method == "lanczos":
+        vals, vecs, converged = _lanczos(
+            torch_matvec, n, k, tol, seed, want_vectors, maxiter or min(n, 300), device, stop
+        )
+        if not converged:
+            raise RuntimeError(
+                f"Lanczos did not reach tol={tol:g} in {maxiter or min(n, 300)} products; raise maxiter or tol, "
+                "or use method='arpack'"
+            )
+        return vals, vecs
+    v0 = np.random.default_rng(seed).standard_normal(n)
+    out = eigsh(op, k=k, which="LA", tol=tol, v0=v0, maxiter=maxiter, return_eigenvectors=want_vectors)
+    if want_vectors:
+        w, v = out
+        order = np.argsort(w)[::-1]
+        return w[order], v[:, order]
+    return np.sort(out)[::-1], None
+
+
+def curvature_spectrum(
+    model,
+    inputs,
+    targets=None,
+    *,
+    curvature: str = "fisher",
+    loss: str = "mse",
+    bn_mode: str = "train",
+    k: int = 1,
+    tol: float = 1e-6,
+    dtype=None,
+    blocks=None,
+    return_eigenvectors: bool = False,
+    seed: int = 0,
+    maxiter: int | None = None,
+    method: str = "auto",
+    stop: str = "residual",
+) -> SpectrumResult:
+    """Top-``k`` eigenvalues of the Fisher (Eq. 10 of the Fisher paper), GGN, Hessian or empirical Fisher.
+
+    Parameters
+    ----------
+    model : nn.Module (never modified; a deep copy is measured)
+    inputs : tensor (B, ...) — the fixed batch; targets : class indices or float tensor (B, outputs)
+    curvature : {"fisher", "ggn", "hessian", "empirical_fisher"}
+    loss : {"mse", "cross_entropy"} (ℓ = ½‖f − y‖² or softmax cross-entropy; batch mean)
+    bn_mode : {"train", "eval"} — BN with the batch's own statistics or with the running statistics
+    k : number of top eigenvalues; tol : ARPACK relative residual tolerance (module docstring)
+    dtype : e.g. ``torch.float64`` for double-precision products (default: the model's dtype)
+    blocks : None, ``"module"`` (each module's parameters) or {name: [parameter names]} — adds the
+        top-k eigenvalues of each diagonal block
+    seed : seeds Lanczos' start vector (results are deterministic)
+    method : {"auto", "lanczos", "arpack"}
+        ``"auto"`` (default): ``"lanczos"`` for k = 1, ``"arpack"`` for k > 1 (single-vector Lanczos
+        without restarts cannot resolve a repeated eigenvalue's multiplicity). ``"lanczos"``: Lanczos
+        in torch (full reorthogonalization unless k = 1 without eigenvectors), stopped at the first
+        step where the top-k residuals are ≤ tol·λmax (fewest products; one stored vector per step,
+        at most ``maxiter`` = min(P, 300) steps); ``"arpack"``: ``scipy.sparse.linalg.eigsh`` on the
+        LinearOperator (implicitly restarted; ``maxiter`` = ARPACK restarts), for many eigenvalues.
+    stop : {"residual", "change"}
+        Lanczos only. ``"residual"`` (default): the a-posteriori residual bound ≤ tol·λmax (an error
+        guarantee). ``"change"``: the top-k Ritz values changed by < tol relative in one step — the
+        stopping rule of PyHessian-style power iteration, without a guarantee.
+    """
+    torch = _torch()
+    k = check_int("k", k, minimum=1)
+    tol = check_real("tol", tol, minimum=0.0)
+    method = check_choice("method", method, ("auto", "lanczos", "arpack"))
+    stop = check_choice("stop", stop, ("residual", "change"))
+    if method == "auto":
+        method = "lanczos" if k == 1 else "arpack"
+    if maxiter is not None:
+        maxiter = check_int("maxiter", maxiter, minimum=1)
+    t0 = time.perf_counter()
+    op = curvature_operator(model, inputs, targets, curvature=curvature, loss=loss, bn_mode=bn_mode, dtype=dtype)
+    core = op.curvature_info
+    n = core.num_params
+    if k >= n:
+        raise ValueError(f"k={k} is not allowed: expected k < number of parameters ({n})")
+    def torch_mv(v):
+        return core.matvec(v).detach()
+
+    w, vecs = _top_eigenvalues(
+        op, n, k, tol, seed, return_eigenvectors, maxiter, method, torch_mv, core.device, stop
+    )
+    block_eigs: dict[str, tuple] = {}
+    if blocks is not None:
+        from scipy.sparse.linalg import LinearOperator
+
+        for name, idx in core.param_blocks(blocks).items():
+            nb = len(idx)
+
+            def mv(v, idx=idx):
+                full = np.zeros(n)
+                full[idx] = np.asarray(v, dtype=np.float64).reshape(-1)
+                return op.matvec(full)[idx]
+
+            bop = LinearOperator((nb, nb), matvec=mv, rmatvec=mv, dtype=np.float64)
+            idx_t = torch.as_tensor(idx, device=core.device)
+
+            def tmv(v, idx_t=idx_t):
+                full = torch.zeros(n, dtype=torch.float64, device=core.device)
+                full[idx_t] = v
+                return core.matvec(full).detach().to(torch.float64)[idx_t]
+
+            kb = min(k, nb - 1) if nb > 1 else 1
+            bmethod = method if kb == 1 or method == "arpack" else "arpack"
+            if nb == 1:
+                bw = np.array([float(mv(np.ones(1))[0])])
+            else:
+                bw, _ = _top_eigenvalues(bop, nb, kb, tol, seed, False, maxiter, bmethod, tmv, core.device, stop)
+            block_eigs[name] = tuple(float(x) for x in bw)
+    return SpectrumResult(
+        curvature=core.curvature,
+        bn_mode=core.bn_mode,
+        loss=core.loss,
+        eigenvalues=tuple(float(x) for x in w),
+        num_params=n,
+        batch_size=core.batch_size,
+        matvecs=core.matvecs,
+        tol=tol,
+        method=method,
+        dtype=str(core.dtype).replace("torch.", ""),
+        seconds=time.perf_counter() - t0,
+        blocks=block_eigs,
+        eigenvectors=vecs,
+    )

@@ -1,0 +1,568 @@
+"""Batch normalization preconditioning (BNP) of Lange, Helfrich & Ye as a PyTorch gradient preconditioner.
+
+BNP keeps running statistics of each supported layer's *input* and uses them to precondition that
+layer's gradient, ``G ← (1/q²) P Pᵀ G`` (Lange et al., Eq. 15; Eq. 23 for convolutions), which is
+gradient descent on the reparametrized weights ``ŵ = P z`` whose Hessian is built from the
+normalized inputs (Theorem 3) and is better conditioned (Theorem 4).  The network itself is not
+changed, so BNP works at mini-batch size 1 and in online learning, where BN cannot train.
+
+Usage follows kfac-pytorch's convention: the preconditioner sits beside any ``torch.optim``
+optimizer and rewrites ``.grad`` in place::
+
+    pre = BNPreconditioner(model)                 # forward pre-hooks on Linear / Conv1d / Conv2d
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        pre.step()                                # Algorithm 2 / 3 steps 1-5 on every layer
+        opt.step()
+
+Errata and interpretations (Lange et al., JMLR version in ../shared/papers):
+
+* Algorithm 2 step 5 (and Algorithm 3 step 5) must use the *updated* G_w of step 4, which already
+  carries the factor 1/q²: only then do steps 4-5 equal ``(1/q²) P Pᵀ`` of Eq. 15
+  (``PPᵀ = [[1 + Σ μ²/σ̃², -(μ/σ̃²)ᵀ], [-μ/σ̃², diag(1/σ̃²)]]``; expanding gives
+  ``G_b ← G_b/q² - Σ_j μ_j (G_w,j - μ_j G_b)/(q² σ̃_j²)``).  Read with the old G_w, step 5 is not
+  Eq. 15.  This module uses the updated one; the Prop. 7 test pins it.
+* At mini-batch size 1 the paper estimates the variance "using the running mean" as
+  ``(h - μ)²`` without saying whether μ is the running mean before or after step 2's update.  We
+  use the value before the update (step 1 precedes step 2), which is also what the moments about
+  the running mean give for a single row (see ``_layers``).
+* Algorithm 3 uses the per-channel statistics of Eqs. 21-22 (the authors' approximation), while
+  Prop. 9 / Eqs. 19-20 define them per column of the unfolded input with zero padding counted.
+  Both are available (``conv_statistics="channel"`` is the default, as in the paper's experiments;
+  ``"unfold"`` is the exact version).  With stride or dilation, "rs" in q² = max(c k²/N, √(rs)) is
+  taken as the number of output positions (the rows of 𝓗 per sample), which equals the map size
+  r·s for the 'same' convolution the paper treats.
+* Layers without a bias have no first column e in Ĥ = [e, H], so the centering U of Eq. 12 has no
+  coordinate to act on; for them only the scaling part, ``G_w ← G_w / (q² σ̃²)``, is applied.
+* Prop. 6 counts ``6 n_in n_out`` operations for steps 4-5 because it applies 1/q² and 1/σ̃²
+  separately; folding them into one vector gives ``5 n_in n_out`` (the test counts them).
+"""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from bnlab._validation import check_choice, check_real
+from bnlab.optim._layers import (
+    CONV_STATISTICS,
+    Conv1dHandler,
+    Conv2dHandler,
+    LayerHandler,
+    LinearHandler,
+    _layer_label,
+)
+
+__all__ = [
+    "BNPreconditioner",
+    "bnp_precondition_",
+    "regularized_variance",
+    "register_layer_handler",
+    "layer_handlers",
+]
+
+_HANDLERS: dict[type, type[LayerHandler]] = {
+    nn.Linear: LinearHandler,
+    nn.Conv1d: Conv1dHandler,
+    nn.Conv2d: Conv2dHandler,
+}
+
+
+def register_layer_handler(module_type: type, handler: type[LayerHandler]) -> None:
+    """Register (or replace) the :class:`LayerHandler` subclass BNP uses for ``module_type``.
+
+    Subclasses of a registered type use its handler unless they are registered themselves.
+    """
+    if not (isinstance(module_type, type) and issubclass(module_type, nn.Module)):
+        raise ValueError(f"module_type={module_type!r} is not allowed: expected a subclass of torch.nn.Module")
+    if not (isinstance(handler, type) and issubclass(handler, LayerHandler)):
+        raise ValueError(f"handler={handler!r} is not allowed: expected a subclass of bnlab.optim.LayerHandler")
+    _HANDLERS[module_type] = handler
+
+
+def layer_handlers() -> dict[type, type[LayerHandler]]:
+    """A copy of the registry module type -> handler class."""
+    return dict(_HANDLERS)
+
+
+def _handler_for(module: nn.Module) -> type[LayerHandler] | None:
+    for klass in type(module).__mro__:
+        if klass in _HANDLERS:
+            return _HANDLERS[klass]
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Functional core
+# --------------------------------------------------------------------------------------------------
+
+
+def regularized_variance(var: torch.Tensor, eps1: float, eps2: float) -> torch.Tensor:
+    """σ̃² = σ² + ε₁·max(σ²) + ε₂ (Lange et al., Algorithm 2 step 3; Algorithm 3 step 3)."""
+    return var + (var.max() * eps1 + eps2)
+
+
+def bnp_precondition_(
+    grad_weight: torch.Tensor,
+    grad_bias: torch.Tensor | None,
+    mean: torch.Tensor,
+    var_tilde: torch.Tensor,
+    q2: float | torch.Tensor,
+) -> None:
+    """Apply ``(1/q²) P Pᵀ`` to one layer's gradients in place (Lange et al., Eq. 15, Algorithm 2 steps 4-5).
+
+    ``grad_weight`` is the (n_out, n_in) matrix G_w (for a convolution the kernel gradient reshaped
+    to (c_out, c_in·k²), Eq. 23), ``grad_bias`` the (n_out,) vector G_b or ``None``, ``mean`` and
+    ``var_tilde`` the (n_in,) vectors μ and σ̃², ``q2`` the scale q².  With P = [[1, -μᵀ], [0, I]]
+    · diag(1, 1/σ̃):
+
+        G_w(i, j) ← (G_w(i, j) - μ(j) G_b(i)) / (q² σ̃²(j))            (step 4)
+        G_b(i)    ← G_b(i) / q² - Σ_j G_w(i, j) μ(j)   (updated G_w)    (step 5)
+
+    Without a bias only the scaling ``G_w ← G_w / (q² σ̃²)`` is applied (see the module's Errata).
+    Vectorized: one rank-1 update, one scaling, one matrix-vector product (5·n_in·n_out operations).
+    """
+    inv = torch.reciprocal(var_tilde * q2)
+    if grad_bias is None:
+        grad_weight.mul_(inv)
+        return
+    grad_weight.addr_(grad_bias, mean, alpha=-1.0)
+    grad_weight.mul_(inv)
+    grad_bias.div_(q2)
+    grad_bias.addmv_(grad_weight, mean, alpha=-1.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# The preconditioner
+# --------------------------------------------------------------------------------------------------
+
+
+def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Statistics in float32 for half/bfloat16 layers (mixed precision), float64 kept for theory.
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass
+class _LayerState:
+    name: str
+    module: nn.Module
+    handler: LayerHandler
+    mean: torch.Tensor
+    var: torch.Tensor
+    steps: int = 0
+    # Moments of the inputs seen since the last step (summed over forward calls).
+    samples: Any = 0
+    rows: Any = 0
+    s1: torch.Tensor | None = None
+    s2: torch.Tensor | None = None
+    hook: Any = field(default=None, repr=False)
+    scratch: Any = field(default=None, repr=False)
+    last_q2: Any = None
+
+    def clear_pending(self) -> None:
+        self.samples = 0
+        self.rows = 0
+        self.s1 = None
+        self.s2 = None
+
+
+class BNPreconditioner:
+    """Batch normalization preconditioning of a model's Linear / Conv1d / Conv2d gradients (Lange et al.).
+
+    Parameters
+    ----------
+    model:
+        The network.  Every submodule whose type has a registered handler (``nn.Linear``,
+        ``nn.Conv1d``, ``nn.Conv2d`` and their subclasses) and is not skipped is preconditioned;
+        normalization layers (BN, GroupNorm, LayerNorm) and everything else are left alone, so
+        BNP + GN (Lange et al. §5) is ``BNPreconditioner(model_with_groupnorm)``.
+    rho:
+        Running-average factor ρ ∈ [0, 1) of the input mean and variance (Algorithm 2 step 2);
+        ρ = 0 uses the mini-batch statistics.
+    eps1, eps2:
+        ε₁, ε₂ ≥ 0 of σ̃² = σ² + ε₁·max σ² + ε₂ (Algorithm 2 step 3).
+    skip:
+        Layers not to precondition: qualified module names (``fnmatch`` patterns allowed, e.g.
+        ``"head.*"``) or module types.  A name pattern that matches no module is an error.
+    conv_statistics:
+        ``"channel"`` (Algorithm 3, Eqs. 21-22) or ``"unfold"`` (per kernel column with zero
+        padding counted, Eqs. 19-20).
+    process_group:
+        Under ``torch.distributed`` (when a default process group is initialized) the statistics of
+        all ranks are summed with one all-reduce per step, over this group (default: the world).
+
+    Statistics are recorded by forward pre-hooks when the module is in training mode and gradients
+    are enabled; several forward passes before one :meth:`step` (gradient accumulation) are pooled.
+    Running statistics start at μ = 0, σ² = 1 (Algorithm 2, "initialization").
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        rho: float = 0.99,
+        eps1: float = 1e-2,
+        eps2: float = 1e-4,
+        skip: Iterable[str | type] = (),
+        conv_statistics: str = "channel",
+        process_group: Any = None,
+    ):
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model={type(model).__name__} is not allowed: expected a torch.nn.Module")
+        self.rho, self.eps1, self.eps2 = self._check_hyper(rho, eps1, eps2)
+        self.conv_statistics = check_choice("conv_statistics", conv_statistics, CONV_STATISTICS)
+        self.process_group = process_group
+        self._recording = True
+        self._workspace: dict[tuple, torch.Tensor] = {}
+        self._layers: dict[str, _LayerState] = {}
+        self.steps = 0
+
+        skip = tuple(skip) if not isinstance(skip, (str, type)) else (skip,)
+        names, types = [], []
+        for item in skip:
+            if isinstance(item, str):
+                names.append(item)
+            elif isinstance(item, type) and issubclass(item, nn.Module):
+                types.append(item)
+            else:
+                raise ValueError(f"skip entry {item!r} is not allowed: expected a module name (str) or an nn.Module type")
+        all_names = [n for n, _ in model.named_modules()]
+        for pattern in names:
+            if not any(n == pattern or fnmatch.fnmatchcase(n, pattern) for n in all_names):
+                raise ValueError(
+                    f"skip entry {pattern!r} matches no module of the model (module names: "
+                    f"{', '.join(repr(n) for n in all_names[1:21])}{' …' if len(all_names) > 21 else ''})"
+                )
+
+        skipped = []
+        for name, module in model.named_modules():
+            handler_cls = _handler_for(module)
+            if handler_cls is None:
+                continue
+            if isinstance(module, tuple(types)) or any(
+                name == p or fnmatch.fnmatchcase(name, p) for p in names
+            ):
+                skipped.append(name)
+                continue
+            handler_cls.check(module, name, conv_statistics=self.conv_statistics)
+            handler = handler_cls(module, name, conv_statistics=self.conv_statistics)
+            weight = module.weight
+            dtype = _stats_dtype(weight.dtype)
+            cols = handler.num_columns()
+            state = _LayerState(
+                name=name,
+                module=module,
+                handler=handler,
+                mean=torch.zeros(cols, dtype=dtype, device=weight.device),
+                var=torch.ones(cols, dtype=dtype, device=weight.device),
+            )
+            self._layers[name] = state
+        if not self._layers:
+            supported = ", ".join(sorted(t.__name__ for t in _HANDLERS))
+            extra = f" ({len(skipped)} skipped: {', '.join(map(repr, skipped))})" if skipped else ""
+            raise ValueError(
+                f"model={type(model).__name__} has no layer BNP can precondition{extra}; supported types: {supported}"
+            )
+        for state in self._layers.values():
+            state.hook = state.module.register_forward_pre_hook(self._make_hook(state), with_kwargs=True)
+
+    # ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _check_hyper(rho, eps1, eps2) -> tuple[float, float, float]:
+        rho = check_real("rho", rho, minimum=0.0)
+        if rho >= 1.0:
+            raise ValueError(f"rho={rho!r} is not allowed: expected a number in [0, 1)")
+        eps1 = check_real("eps1", eps1, minimum=0.0)
+        eps2 = check_real("eps2", eps2, minimum=0.0)
+        return rho, eps1, eps2
+
+    @property
+    def layers(self) -> dict[str, nn.Module]:
+        """The preconditioned modules by qualified name."""
+        return {name: s.module for name, s in self._layers.items()}
+
+    def statistics(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The running mean μ and variance σ² (not σ̃²) of layer ``name``'s input (copies)."""
+        if name not in self._layers:
+            raise ValueError(f"name={name!r} is not allowed: expected one of {', '.join(map(repr, self._layers))}")
+        s = self._layers[name]
+        return s.mean.clone(), s.var.clone()
+
+    def preconditioner_vectors(self, name: str) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """μ, σ̃² expanded to the columns of the weight matrix, and the last q² of layer ``name``."""
+        mean, var = self.statistics(name)
+        s = self._layers[name]
+        vt = regularized_variance(var, self.eps1, self.eps2)
+        return s.handler.expand(mean), s.handler.expand(vt), s.last_q2
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Within this context forward passes record no statistics (e.g. probes, evaluation in train mode)."""
+        previous = self._recording
+        self._recording = False
+        try:
+            yield
+        finally:
+            self._recording = previous
+
+    def remove(self) -> None:
+        """Remove the forward hooks (the preconditioner can no longer record statistics)."""
+        for s in self._layers.values():
+            if s.hook is not None:
+                s.hook.remove()
+                s.hook = None
+
+    # ------------------------------------------------------------------------------------------
+    def _make_hook(self, state: _LayerState):
+        def hook(module, args, kwargs):
+            if not (self._recording and module.training and torch.is_grad_enabled()):
+                return None
+            if args:
+                x = args[0]
+            elif "input" in kwargs:
+                x = kwargs["input"]
+            else:
+                return None
+            if not isinstance(x, torch.Tensor):
+                return None
+            state.handler.check_input(x)
+            self._record(state, x)
+            return None
+
+        return hook
+
+    def _record(self, state: _LayerState, x: torch.Tensor) -> None:
+        dtype = _stats_dtype(state.module.weight.dtype)
+        if state.mean.device != x.device or state.mean.dtype != dtype:
+            state.mean = state.mean.to(device=x.device, dtype=dtype)
+            state.var = state.var.to(device=x.device, dtype=dtype)
+        # Detached operands record no autograd graph, so no no_grad() context is needed; autocast
+        # leaves sub/sum/mul_ of float32 tensors alone.
+        x = x.detach()
+        if x.dtype != dtype:
+            x = x.to(dtype)  # a private copy (mixed precision): it can be its own scratch
+            out = x
+        else:
+            out = self._scratch(state, x)
+        samples, rows, s1, s2 = state.handler.moments(x, state.mean, out)
+        if state.s1 is None:
+            state.samples, state.rows, state.s1, state.s2 = samples, rows, s1, s2
+        else:
+            state.samples += samples
+            state.rows += rows
+            state.s1 = state.s1 + s1
+            state.s2 = state.s2 + s2
+
+    def _scratch(self, state: _LayerState, x: torch.Tensor) -> torch.Tensor:
+        # One buffer per (device, dtype), grown to the largest layer input (hooks run one at a time);
+        # each layer caches its view of it while the shape and the buffer stay the same.
+        cached = state.scratch
+        if cached is not None and cached[0] is self._workspace.get((x.device, x.dtype)) and cached[1].shape == x.shape:
+            return cached[1]
+        key = (x.device, x.dtype)
+        buf = self._workspace.get(key)
+        if buf is None or buf.numel() < x.numel():
+            buf = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
+            self._workspace[key] = buf
+        view = buf[: x.numel()].view(x.shape)
+        state.scratch = (buf, view)
+        return view
+
+    def _all_reduce(self, pending: list[_LayerState]) -> None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        if dist.get_world_size(self.process_group) == 1:
+            return
+        # One flat buffer per (device, dtype): [samples, rows, s1, s2] of every layer, summed.
+        groups: dict[tuple, list[_LayerState]] = {}
+        for s in pending:
+            groups.setdefault((s.s1.device, s.s1.dtype), []).append(s)
+        for (device, dtype), states in groups.items():
+            parts = []
+            for s in states:
+                head = torch.tensor([float(s.samples), float(s.rows)], dtype=dtype, device=device)
+                parts += [head, s.s1, s.s2]
+            flat = torch.cat(parts)
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group)
+            offset = 0
+            counts = flat[[i for st in _offsets(states) for i in st]].tolist()  # one host sync
+            for j, s in enumerate(states):
+                k = s.s1.numel()
+                s.samples, s.rows = counts[2 * j], counts[2 * j + 1]
+                s.s1 = flat[offset + 2: offset + 2 + k]
+                s.s2 = flat[offset + 2 + k: offset + 2 + 2 * k]
+                offset += 2 + 2 * k
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Precondition the ``.grad`` of every layer's weight and bias (Algorithm 2 / 3, steps 1-5).
+
+        Call after ``loss.backward()`` and before ``optimizer.step()``.  Raises ``RuntimeError`` if
+        no statistics were recorded since the last step (no forward pass in training mode), or if
+        a layer has a gradient but its forward hook never saw an input.
+        """
+        pending = [s for s in self._layers.values() if s.s1 is not None]
+        if not pending:
+            raise RuntimeError(
+                "BNPreconditioner.step() was called before any forward pass recorded statistics: run the "
+                "model forward in training mode with gradients enabled between steps"
+            )
+        for s in self._layers.values():
+            if s.s1 is None and self._has_grad(s.module):
+                raise RuntimeError(
+                    f"BNP layer {_layer_label(s.name)} has a gradient but its forward hook recorded no input "
+                    "since the last step (was it called through its forward()?); skip it with "
+                    f"skip=[{s.name!r}]"
+                )
+        self._all_reduce(pending)
+        for s in pending:
+            self._step_layer(s)
+            s.clear_pending()
+            s.steps += 1
+        self.steps += 1
+
+    @staticmethod
+    def _has_grad(module: nn.Module) -> bool:
+        return any(p.grad is not None for p in (module.weight, getattr(module, "bias", None)) if p is not None)
+
+    def _step_layer(self, s: _LayerState) -> None:
+        rows, rho = s.rows, self.rho
+        # Steps 1-2 from the moments about c = μ_old (s1 = Σ(x - c), s2 = Σ(x - c)²):
+        #   μ_H = c + s1/n,  σ_H² = s2/n - (s1/n)²  (biased, Eq. 13; at n = 1 just s2: the
+        #   variance about the running mean, §3.3), then μ ← ρμ + (1-ρ)μ_H = μ + (1-ρ)s1/n and
+        #   σ² ← ρσ² + (1-ρ)σ_H², each fused into in-place updates.
+        if rho == 0.0:
+            m = s.s1 / rows
+            var_b = s.s2 / rows
+            if rows > 1:
+                var_b = torch.clamp_min(var_b.sub_(m * m), 0.0)
+            s.mean = s.mean + m
+            s.var = var_b
+        else:
+            a = 1.0 - rho
+            s.mean.add_(s.s1, alpha=a / rows)
+            s.var.mul_(rho).add_(s.s2, alpha=a / rows)
+            if rows > 1:
+                s.var.addcmul_(s.s1, s.s1, value=-a / (rows * rows))
+        # Step 3.
+        var_tilde = regularized_variance(s.var, self.eps1, self.eps2)
+        if self.eps1 == 0.0 and self.eps2 == 0.0 and bool((var_tilde <= 0).any()):
+            raise RuntimeError(
+                f"BNP layer {_layer_label(s.name)}: an input feature has zero variance and eps1 = eps2 = 0, "
+                "so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
+            )
+        q2 = s.handler.q2(s.samples)
+        s.last_q2 = q2
+        # Steps 4-5.
+        module = s.module
+        gw = module.weight.grad
+        bias = getattr(module, "bias", None)
+        gb = bias.grad if bias is not None else None
+        if gw is None and gb is None:
+            return
+        if gw is None:
+            # A frozen weight: only the bias block of PPᵀ/q² applies (G_b/q², the w-part is zero).
+            gb.div_(q2)
+            return
+        compute = torch.float32 if gw.dtype in (torch.float16, torch.bfloat16) else gw.dtype
+        gmat = s.handler.weight_matrix(gw)
+        copy_back_w = gmat.dtype != compute or not _is_view_of(gmat, gw)
+        gmat_c = gmat.to(compute) if gmat.dtype != compute else gmat
+        gb_c = None
+        if gb is not None:
+            gb_c = gb.to(compute) if gb.dtype != compute else gb
+        mean = s.handler.expand(s.mean).to(compute)
+        vt = s.handler.expand(var_tilde).to(compute)
+        bnp_precondition_(gmat_c, gb_c, mean, vt, q2)
+        if copy_back_w:
+            gw.copy_(gmat_c.reshape(gw.shape))
+        if gb is not None and gb_c is not gb:
+            gb.copy_(gb_c)
+
+    # ------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Hyperparameters, step counts and the running statistics of every layer (tensors cloned)."""
+        return {
+            "hyperparameters": {
+                "rho": self.rho,
+                "eps1": self.eps1,
+                "eps2": self.eps2,
+                "conv_statistics": self.conv_statistics,
+            },
+            "steps": self.steps,
+            "layers": {
+                name: {"mean": s.mean.detach().clone(), "var": s.var.detach().clone(), "steps": s.steps}
+                for name, s in self._layers.items()
+            },
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; tensors move to each layer's device (any map_location works).
+
+        As in ``torch.optim``, the saved hyperparameters (ρ, ε₁, ε₂) replace the constructor's.
+        Pending (not yet stepped) statistics are discarded.
+        """
+        if not isinstance(state_dict, Mapping) or not {"hyperparameters", "steps", "layers"} <= set(state_dict):
+            raise ValueError(
+                "state_dict is not allowed: expected the mapping returned by BNPreconditioner.state_dict() "
+                "(keys 'hyperparameters', 'steps', 'layers')"
+            )
+        hyper = state_dict["hyperparameters"]
+        rho, eps1, eps2 = self._check_hyper(hyper["rho"], hyper["eps1"], hyper["eps2"])
+        conv = hyper.get("conv_statistics", "channel")
+        if conv != self.conv_statistics:
+            raise ValueError(
+                f"state_dict has conv_statistics={conv!r} but this preconditioner uses {self.conv_statistics!r}"
+            )
+        layers = state_dict["layers"]
+        missing = sorted(set(self._layers) - set(layers))
+        unexpected = sorted(set(layers) - set(self._layers))
+        if missing or unexpected:
+            raise ValueError(
+                f"state_dict layers do not match this preconditioner's: missing {missing}, unexpected {unexpected}"
+            )
+        new = {}
+        for name, s in self._layers.items():
+            entry = layers[name]
+            mean, var = entry["mean"], entry["var"]
+            cols = s.handler.num_columns()
+            if tuple(mean.shape) != (cols,) or tuple(var.shape) != (cols,):
+                raise ValueError(
+                    f"state_dict layer {name!r} has statistics of shape {tuple(mean.shape)}, expected ({cols},)"
+                )
+            weight = s.module.weight
+            dtype = _stats_dtype(weight.dtype)
+            new[name] = (mean.to(device=weight.device, dtype=dtype).clone(),
+                         var.to(device=weight.device, dtype=dtype).clone(), int(entry["steps"]))
+        self.rho, self.eps1, self.eps2 = rho, eps1, eps2
+        self.steps = int(state_dict["steps"])
+        for name, (mean, var, steps) in new.items():
+            s = self._layers[name]
+            s.mean, s.var, s.steps = mean, var, steps
+            s.clear_pending()
+
+    def __repr__(self) -> str:
+        return (
+            f"BNPreconditioner(layers={len(self._layers)}, rho={self.rho}, eps1={self.eps1}, eps2={self.eps2}, "
+            f"conv_statistics={self.conv_statistics!r}, steps={self.steps})"
+        )
+
+
+def _offsets(states: list[_LayerState]) -> list[tuple[int, int]]:
+    out, offset = [], 0
+    for s in states:
+        out.append((offset, offset + 1))
+        offset += 2 + 2 * s.s1.numel()
+    return out
+
+
+def _is_view_of(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.is_contiguous() and b.is_contiguous()

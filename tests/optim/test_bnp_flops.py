@@ -1,0 +1,109 @@
+"""Prop. 6 (Lange et al.): the operations one BNP step performs on a dense layer, counted.
+
+A TorchDispatchMode sees every aten operation the implementation runs (the forward pre-hook's
+statistics and ``step()``) and charges it by a fixed table: one operation per output element of a
+pointwise op (two for a scaled add), one per input element of a reduction, 2mn(+m) for a
+matrix-vector product and 2mn for a rank-1 update.  An operation not in the table fails the test,
+so the count cannot silently miss work.  Prop. 6 gives 4·n_in·N + 6·n_in·n_out + 2·n_out + 8·n_in;
+the implementation folds 1/q² into 1/σ̃² (5·n_in·n_out, see bnlab.optim.bnp's Errata) and spends
+12·n_in + 2 on the O(n_in) terms (see ``implementation_count``), against Prop. 6's 8·n_in.  The test pins the exact count and the two leading terms against Prop. 6.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from bnlab.optim import BNPreconditioner
+
+
+def _numel(t):
+    return t.numel() if isinstance(t, torch.Tensor) else 1
+
+
+class OpCounter(TorchDispatchMode):
+    POINTWISE = {"sub", "mul", "div", "reciprocal", "clamp_min", "sqrt", "neg"}
+    REDUCTION = {"sum", "max", "amax"}
+    FREE = {"detach", "view", "_unsafe_view", "t", "alias", "lift_fresh", "clone", "copy", "_to_copy",
+            "empty_like", "zeros_like", "expand", "reshape", "lift_fresh_copy", "le", "any", "is_nonzero",
+            "_local_scalar_dense", "empty", "slice", "as_strided"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__.rstrip("_")
+        if name in self.FREE:
+            cost = 0
+        elif name == "add":
+            alpha = kwargs.get("alpha", 1)
+            cost = _numel(out) * (1 if alpha == 1 else 2)
+        elif name in self.POINTWISE:
+            cost = _numel(out)
+        elif name in self.REDUCTION:
+            cost = _numel(args[0])
+        elif name == "addcmul":
+            cost = _numel(out) * (2 if kwargs.get("value", 1) == 1 else 3)
+        elif name == "addr":
+            cost = 2 * _numel(out)
+        elif name == "addmm":  # the layer's own forward (subtracted below)
+            cost = 2 * args[1].shape[0] * args[1].shape[1] * args[2].shape[1] + _numel(out)
+        elif name == "addmv":
+            m, n = args[1].shape
+            cost = 2 * m * n + m
+        else:
+            raise AssertionError(f"operation {func} not in the cost table")
+        self.count += cost
+        self.ops.append((name, cost))
+        return out
+
+
+def count_step(n_in, n_out, batch):
+    torch.manual_seed(0)
+    layer = nn.Linear(n_in, n_out)
+    pre = BNPreconditioner(layer)
+    x = torch.randn(batch, n_in)
+    with pre.paused(), OpCounter() as plain_forward:
+        layer(x)
+    with OpCounter() as hooked_forward:
+        out = layer(x)
+    out.square().sum().backward()
+    with OpCounter() as step_count:
+        pre.step()
+    return hooked_forward.count - plain_forward.count, step_count.count
+
+
+def prop6(n_in, n_out, batch):
+    return 4 * n_in * batch + 6 * n_in * n_out + 2 * n_out + 8 * n_in
+
+
+def implementation_count(n_in, n_out, batch):
+    # O(n_in) terms: running mean 2 (scaled add), running variance 6 (scale, scaled add, scaled
+    # addcmul of -(1-ρ)(s1/n)²), σ̃² 2 (+2 scalar ops), 1/(q²σ̃²) 2.  At N = 1 the variance is s2
+    # about the running mean: no addcmul (3·n_in fewer).
+    return 4 * n_in * batch + 5 * n_in * n_out + 2 * n_out + (12 if batch > 1 else 9) * n_in + 2
+
+
+@pytest.mark.parametrize("n_in,n_out,batch", [(100, 100, 60), (784, 100, 16), (30, 10, 1), (7, 3, 512)])
+def test_bnp_step_operation_count(n_in, n_out, batch):
+    hook_ops, step_ops = count_step(n_in, n_out, batch)
+    assert hook_ops == 4 * n_in * batch  # Algorithm 2 step 1, as Prop. 6 counts it
+    total = hook_ops + step_ops
+    assert total == implementation_count(n_in, n_out, batch)
+    if n_out >= 5:  # then n_in·n_out ≥ 4·n_in + 2: the implementation does no more than Prop. 6
+        assert total <= prop6(n_in, n_out, batch)
+
+
+def test_leading_terms_match_prop6():
+    """∂count/∂N = 4·n_in exactly as Prop. 6; ∂count/∂n_out = 5·n_in + 2 ≤ Prop. 6's 6·n_in + 2."""
+    base = sum(count_step(50, 20, 8))
+    more_batch = sum(count_step(50, 20, 18))
+    more_out = sum(count_step(50, 21, 8))
+    assert more_batch - base == 4 * 50 * 10 == prop6(50, 20, 18) - prop6(50, 20, 8)
+    assert more_out - base == 5 * 50 + 2
+    assert prop6(50, 21, 8) - prop6(50, 20, 8) == 6 * 50 + 2

@@ -1,0 +1,75 @@
+"""Lange et al. reproductions (lange-fc: Figs. 3-4; lange-fig8): grids, tiny cells, plots, comparisons."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("bnlab.nets")
+
+from bnlab.experiments.spec import Record  # noqa: E402
+from bnlab.reproductions import lange_fc, lange_fig8  # noqa: E402
+
+
+@pytest.mark.parametrize("scale", ["small", "paper"])
+def test_grids(scale):
+    cells = lange_fc.EXPERIMENTS[0].grid(scale)
+    json.dumps(cells)
+    assert {(c["batch_size"], c["norm"]) for c in cells} >= {(1, "bnp"), (1, "bn"), (6, "brn"), (60, "ln")}
+    assert len({json.dumps(c, sort_keys=True) for c in cells}) == len(cells)
+    cells8 = lange_fig8.EXPERIMENTS[0].grid(scale)
+    json.dumps(cells8)
+    assert {c["method"] for c in cells8} == {"none", "bnp"} and all(c["batch_size"] == 60 for c in cells8)
+
+
+def test_fc_cells_plot_compare(tmp_path):
+    base = dict(dataset="mnist", epochs=2, train_size=60, test_size=100, seed=0)
+    bn1 = lange_fc.run_cell(dict(base, batch_size=1, norm="bn"))
+    assert bn1["trainable"] is False and "1" in bn1["error"]  # BN's first step at batch 1 fails
+    bnp1 = lange_fc.run_cell(dict(base, batch_size=1, norm="bnp"))
+    assert bnp1["trainable"] and [r["epoch"] for r in bnp1["epochs"]] == [1, 2] and bnp1["steps"] == 120
+    recs = [Record(dict(base, batch_size=1, norm="bn"), bn1), Record(dict(base, batch_size=1, norm="bnp"), bnp1)]
+    json.dumps([r.metrics for r in recs])
+    paths = lange_fc.EXPERIMENTS[0].plot(recs, tmp_path)
+    assert paths and all(p.stat().st_size > 1000 for p in paths)
+    rows = lange_fc.EXPERIMENTS[0].compare(recs)
+    assert rows[0].quantity == "BN at mini-batch size 1" and rows[0].agrees is True
+    assert any("mini-batch size 1 (online" in r.quantity for r in rows)
+
+
+def test_fig8_cell_plot_compare(tmp_path):
+    cell = dict(dataset="mnist", method="bnp", batch_size=60, widths=[20, 20], epochs=1, train_size=600,
+                test_size=200, log_every=4, seed=0)
+    m = lange_fig8.run_cell(cell)
+    assert m["steps"] == 10 and [c["step"] for c in m["conditioning"]] == [0, 4, 8]
+    for c in m["conditioning"]:
+        assert c["kappa_hessian"] >= 1 and c["kappa_bnp"] >= 1 and c["kappa_D"] >= 1
+    van = lange_fig8.run_cell(dict(cell, method="none"))
+    assert "conditioning" not in van
+    recs = [Record(cell, m), Record(dict(cell, method="none"), van)]
+    paths = lange_fig8.EXPERIMENTS[0].plot(recs, tmp_path)
+    assert paths and all(p.stat().st_size > 1000 for p in paths)
+    rows = lange_fig8.EXPERIMENTS[0].compare(recs)
+    assert len(rows) == 4
+
+
+def test_fig5_grid_cell_plot_compare(tmp_path):
+    from bnlab.reproductions import lange_fig5
+
+    exp = lange_fig5.EXPERIMENTS[0]
+    for scale in ("small", "paper"):
+        cells = exp.grid(scale)
+        json.dumps(cells)
+        assert {(c["batch_size"], c["norm"]) for c in cells} == {(128, "none"), (128, "bn"), (128, "bnp"),
+                                                                (2, "none"), (2, "bn"), (2, "brn"), (2, "bnp")}
+    base = dict(dataset="mnist", epochs=1, train_size=16, test_size=50, seed=0)
+    recs = []
+    for norm in ("bnp", "bn"):
+        params = dict(base, batch_size=2, norm=norm)
+        m = lange_fig5.run_cell(params)
+        assert m["steps"] == 8 and not m["diverged"]
+        recs.append(Record(params, m))
+    paths = exp.plot(recs, tmp_path)
+    assert paths and all(p.stat().st_size > 1000 for p in paths)
+    (row,) = exp.compare(recs)
+    assert row.quantity == "mini-batch 2: final test accuracy"
