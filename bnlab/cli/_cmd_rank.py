@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from bnlab.cli._common import print_json, print_table
 
@@ -35,29 +36,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float64", help="float32 or float64")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--max-memory-gb", type=float, default=1.0,
+                   help="working-memory bound (layers are streamed in blocks that fit; default 1)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from bnlab._validation import check_choice, check_int
+    from bnlab._validation import check_choice, check_int, check_real
     from bnlab.rank import default_record_layers, run_chain
 
     norm = _NORM_NAMES[check_choice("norm", args.norm, tuple(_NORM_NAMES))]
     points = check_int("record_points", args.record_points, minimum=1)
     depth = check_int("depth", args.depth, minimum=1)
+    mem = check_real("max_memory_gb", args.max_memory_gb, minimum=0.0, strict_minimum=True)
     gamma = args.residual_gamma
     if isinstance(gamma, str) and gamma.strip().lower() not in ("inf", "infinity"):
         try:
             gamma = float(gamma)
         except ValueError:
             raise ValueError(f"residual_gamma={args.residual_gamma!r} is not allowed: expected a number > 0 or 'inf'")
-    res = run_chain(
-        args.width, args.batch_size, depth, chains=args.chains, norm=norm, activation=args.activation,
-        placement=args.placement, residual_gamma=gamma, init=args.init, tau=args.tau,
-        record_layers=default_record_layers(depth, points), seed=args.seed, dtype=args.dtype,
-        device=args.device, eps=args.eps,
-    )
+    try:
+        res = run_chain(
+            args.width, args.batch_size, depth, chains=args.chains, norm=norm, activation=args.activation,
+            placement=args.placement, residual_gamma=gamma, init=args.init, tau=args.tau,
+            record_layers=default_record_layers(depth, points), seed=args.seed, dtype=args.dtype,
+            device=args.device, eps=args.eps, max_memory_bytes=max(1, int(mem * 2**30)),
+        )
+    except FloatingPointError as exc:
+        # not bad input but a chain BN cannot normalize (a zero row): say so and which option helps
+        print(f"bnlab rank: error: {exc} (--eps)", file=sys.stderr)
+        return 1
     out = res.to_dict()
     if args.json:
         print_json(out)

@@ -230,6 +230,7 @@ def run_chain(
     eps: float = 0.0,
     block_size: int = 256,
     measure_every: int = 1,
+    max_memory_bytes: int = 1 << 30,
 ) -> ChainResult:
     """Run ``chains`` independent chains of ``depth`` layers and measure their rank (streamed).
 
@@ -257,6 +258,9 @@ def run_chain(
     block_size : layers per batched SVD (memory ∝ block_size, not depth).
     measure_every : the running means use the layers ℓ = k, 2k, ... ≤ depth (k = measure_every);
         k > 1 saves the SVDs of the other layers (an ergodic average needs no every layer).
+    max_memory_bytes : bound on the working memory (weights and representations of one block,
+        the SVD workspace, the recorded values).  ``block_size`` is lowered to fit; if one layer
+        alone does not fit, ``ValueError`` (before anything is allocated).
 
     Memory: O(block_size · chains · d · max(d, N) + len(record_layers) · chains · min(d, N)).
     """
@@ -274,13 +278,29 @@ def run_chain(
     eps = check_real("eps", eps, minimum=0.0)
     block_size = check_int("block_size", block_size, minimum=1)
     measure_every = check_int("measure_every", measure_every, minimum=1, maximum=depth)
+    max_memory_bytes = check_int("max_memory_bytes", max_memory_bytes, minimum=1)
     dt = _resolve_dtype(dtype)
     dev = _resolve_device(device)
+    itemsize = torch.finfo(dt).bits // 8
+    # per layer of a block: its weights (d²), its representation (dN) and SVD workspace (~ 3·d·N)
+    per_layer = chains * (d * d + 4 * d * n) * itemsize
+    fixed = 4 * chains * d * n * itemsize
+    if per_layer + fixed > max_memory_bytes:
+        raise ValueError(
+            f"width={d}, batch_size={n}, chains={chains} is not allowed: one layer needs "
+            f"{(per_layer + fixed) / 2**30:.3g} GiB, more than max_memory_bytes={max_memory_bytes} "
+            f"({max_memory_bytes / 2**30:.3g} GiB); reduce width, batch_size or chains, or raise the bound")
+    block_size = max(1, min(block_size, (max_memory_bytes - fixed) // per_layer))
     if record_layers is None:
         layers = default_record_layers(depth)
     else:
         layers = np.unique(np.asarray([check_int("record_layers", v, minimum=0, maximum=depth)
                                        for v in record_layers], dtype=np.int64))
+    recorded_bytes = len(layers) * chains * (5 + min(d, n)) * 8
+    if recorded_bytes > max_memory_bytes:
+        raise ValueError(
+            f"record_layers is not allowed: {len(layers)} recorded layers of {chains} chains need "
+            f"{recorded_bytes / 2**30:.3g} GiB, more than max_memory_bytes={max_memory_bytes}; record fewer layers")
     gen = torch.Generator(device=dev)
     gen.manual_seed(seed)
     if inputs is None:

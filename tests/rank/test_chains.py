@@ -215,3 +215,16 @@ def test_measure_every_averages_the_subsampled_layers():
     np.testing.assert_array_equal(sub.final_soft_rank, full.soft_rank[:, -1])
     with pytest.raises(ValueError, match="measure_every"):
         run_chain(8, 8, 10, measure_every=11)
+
+
+def test_memory_bound_lowers_the_block_and_rejects_what_cannot_fit():
+    # d = N = 8, float64: a layer's block share is (64 + 4·64)·8 = 2560 bytes; a bound of 20 kB
+    # leaves blocks of (20000 − 2048)//2560 = 7 layers — same results as the default block size
+    # (the weights are drawn per block, so compare a depth inside one block of each: 5 layers)
+    a = run_chain(8, 8, 5, seed=2, record_layers=range(6))
+    b = run_chain(8, 8, 5, seed=2, record_layers=range(6), max_memory_bytes=20_000)
+    np.testing.assert_array_equal(a.soft_rank, b.soft_rank)
+    with pytest.raises(ValueError, match="width=100000.*max_memory_bytes"):
+        run_chain(100_000, 32, 10)
+    with pytest.raises(ValueError, match="record_layers"):
+        run_chain(8, 8, 100, record_layers=range(101), max_memory_bytes=10_000)

@@ -45,6 +45,8 @@ def test_norm_spellings_and_text_output(capsys):
         (["--residual-gamma", "abc"], "residual_gamma"),
         (["--residual-gamma", "-2"], "residual_gamma"),
         (["--activation", "tanh"], "activation"),
+        (["--width", "1000000"], "width"),
+        (["--max-memory-gb", "0"], "max_memory_gb"),
     ],
 )
 def test_bad_input_exits_2(argv, match, capsys):
