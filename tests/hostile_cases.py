@@ -160,6 +160,23 @@ CASES: list[Case] = [
     _c("data", "data", "check", "digits", "--data-dir", "{root}/d", "--json", expect="ok"),
     # ----------------------------------------------------------- activations
     _c("activations", "activations", "--json", expect="ok"),
+    # ------------------------------------------------------------------ rank
+    _c("rank", "rank", "--width", "0", names="width"),
+    _c("rank", "rank", "--width", "1000000", names="width"),
+    _c("rank", "rank", "--batch-size", "100000000", names="batch_size"),
+    _c("rank", "rank", "--depth", "-3", names="depth"),
+    _c("rank", "rank", "--tau", "nan", names="tau"),
+    _c("rank", "rank", "--tau", "0", names="tau"),
+    _c("rank", "rank", "--residual-gamma", "nan", names="residual_gamma"),
+    _c("rank", "rank", "--residual-gamma", "-inf", names="residual_gamma"),
+    _c("rank", "rank", "--norm", "batch", names="norm"),
+    _c("rank", "rank", "--chains", "0", names="chains"),
+    _c("rank", "rank", "--record-points", "0", names="record_points"),
+    _c("rank", "rank", "--dtype", "float16", names="dtype"),
+    _c("rank", "rank", "--max-memory-gb", "-1", names="max_memory_gb"),
+    _c("rank", "rank", "--depth", "50", "--width", "8", "--batch-size", "8", "--json", expect="ok"),
+    _c("rank", "rank", "--depth", "20", "--width", "8", "--batch-size", "8", "--activation", "relu",
+       "--placement", "post", "--json", names="eps"),
 ]
 
 

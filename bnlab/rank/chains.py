@@ -1,0 +1,408 @@
+"""The paper's random chains of hidden representations, streamed layer by layer.
+
+Daneshmand et al. 2020 study the Markov chain of representations H_ℓ (d × N) of a random
+deep network.  :func:`run_chain` runs ``chains`` independent chains together (batched
+matrix products), for any depth: the representations are never stored beyond a block of
+``block_size`` layers, whose rank measures are taken in one batched SVD and then either
+kept (at the requested layer indices) or folded into running sums.  Memory is therefore
+independent of depth (the paper's Fig. 3a uses L = 10⁶ layers).
+
+One layer (:func:`chain_step`), φ = identity ("linear") or ReLU, γ = ∞ meaning no skip::
+
+    placement="pre"  (default; Linear → Norm → φ, the usual MLP order):
+        H_{ℓ+1} = φ(Norm(H_ℓ + γ W_ℓ H_ℓ))          γ = ∞:  φ(Norm(W_ℓ H_ℓ))
+    placement="post" (Norm last, so every H_ℓ has tr M = d):
+        H_{ℓ+1} = Norm(H_ℓ + γ φ(W_ℓ H_ℓ))          γ = ∞:  Norm(φ(W_ℓ H_ℓ))
+
+For φ = identity the two coincide, and this is Eq. 1 for Norm = BN_{0,1} (Eq. 2, BN without mean subtraction, as
+in the paper: ``norm="bn_nomean"``), and the vanilla linear / residual products of Eq. 6 for
+``norm="none"``.  ``norm="bn"`` subtracts each row's batch mean before scaling (standard BN).
+For ``norm="none"`` the representation is divided by a scalar so that tr M(H) = d — the
+paper's normalization H̃_ℓ = B_ℓ X / ‖B_ℓ‖ of Lemma 3 up to a constant.  A scalar does not
+change the rank, r(H), the stable or effective rank, nor (φ being positively homogeneous)
+the next layers up to scale; it only fixes the scale at which the soft rank is read.
+
+Weights W_ℓ have i.i.d. zero-mean unit-variance entries (Definition 1): standard Gaussian
+or uniform on [−√3, √3] (Lemma 3b).  The weight scale is absorbed in γ (the paper's
+footnote 4); for γ = ∞ it is irrelevant under every ``norm`` (BN and the scalar
+normalization remove it).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from bnlab._validation import check_choice, check_int, check_real
+from bnlab.rank.measures import (
+    _effective_rank_from_sv,
+    _lower_bound_from_sv,
+    _numerical_rank_from_sv,
+    _stable_rank_from_sv,
+    as_representation,
+)
+
+__all__ = [
+    "CHAIN_NORMS",
+    "CHAIN_ACTIVATIONS",
+    "CHAIN_INITS",
+    "CHAIN_PLACEMENTS",
+    "ChainResult",
+    "chain_step",
+    "draw_weights",
+    "default_record_layers",
+    "run_chain",
+]
+
+CHAIN_NORMS = ("bn_nomean", "bn", "none")
+CHAIN_ACTIVATIONS = ("linear", "relu")
+CHAIN_INITS = ("gaussian", "uniform")
+CHAIN_PLACEMENTS = ("pre", "post")
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _resolve_dtype(dtype: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    return _DTYPES[check_choice("dtype", dtype, tuple(_DTYPES))]
+
+
+def _resolve_device(device: Any) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not allowed: {exc}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not allowed: expected 'cpu' or 'cuda'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} is not allowed: CUDA is not available on this machine")
+    return dev
+
+
+def _check_gamma(gamma: Any) -> float:
+    if isinstance(gamma, str) and gamma.strip().lower() in ("inf", "infinity", "∞"):
+        return math.inf
+    if isinstance(gamma, (int, float)) and not isinstance(gamma, bool) and math.isinf(gamma) and gamma > 0:
+        return math.inf
+    return check_real("residual_gamma", gamma, minimum=0.0, strict_minimum=True)
+
+
+def _normalize(pre: torch.Tensor, norm: str, eps: float) -> torch.Tensor:
+    if norm == "bn_nomean":
+        # Eq. 2 with α = 0, β = 1: rows scaled to mean square one.
+        return pre * torch.rsqrt(pre.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if norm == "bn":
+        centred = pre - pre.mean(dim=-1, keepdim=True)
+        return centred * torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + eps)
+    # "none": one scalar per matrix so that tr M = ‖H‖_F²/N = d.
+    d, n = pre.shape[-2], pre.shape[-1]
+    fro2 = pre.pow(2).sum(dim=(-2, -1), keepdim=True)
+    return pre * torch.rsqrt(fro2 / (d * n))
+
+
+def chain_step(
+    h: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    residual_gamma: float = math.inf,
+    norm: str = "bn_nomean",
+    activation: str = "linear",
+    placement: str = "pre",
+    eps: float = 0.0,
+) -> torch.Tensor:
+    """One layer of the chain (Daneshmand et al. 2020, Eqs. 1, 2 and 6; ReLU variants).
+
+    "pre": H ↦ φ(Norm(H + γ W H)); "post": H ↦ Norm(H + γ φ(W H)); γ = ∞ drops the skip
+    (H + γ ·  is replaced by the branch alone).  ``h`` (..., d, N) and ``w`` (..., d, d)
+    broadcast over the leading dimensions.  See the module docstring for the normalizations.
+    """
+    gamma = _check_gamma(residual_gamma)
+    norm = check_choice("norm", norm, CHAIN_NORMS)
+    activation = check_choice("activation", activation, CHAIN_ACTIVATIONS)
+    placement = check_choice("placement", placement, CHAIN_PLACEMENTS)
+    eps = check_real("eps", eps, minimum=0.0)
+    return _step(h, w, gamma, norm, activation, placement, eps)
+
+
+def _step(h, w, gamma, norm, activation, placement, eps):
+    branch = w @ h
+    if placement == "post" and activation == "relu":
+        branch = torch.relu(branch)
+    pre = branch if math.isinf(gamma) else h + gamma * branch
+    out = _normalize(pre, norm, eps)
+    if placement == "pre" and activation == "relu":
+        out = torch.relu(out)
+    return out
+
+
+def draw_weights(
+    shape: Sequence[int], init: str, generator: torch.Generator, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """I.i.d. zero-mean unit-variance entries (Def. 1): N(0, 1) or U[−√3, √3] (Lemma 3)."""
+    init = check_choice("init", init, CHAIN_INITS)
+    if init == "gaussian":
+        return torch.randn(tuple(shape), generator=generator, dtype=dtype, device=device)
+    u = torch.rand(tuple(shape), generator=generator, dtype=dtype, device=device)
+    return (2.0 * u - 1.0) * math.sqrt(3.0)
+
+
+def default_record_layers(depth: int, max_points: int = 200) -> np.ndarray:
+    """Layers 0..depth if there are at most ``max_points + 1``; else ~``max_points`` log-spaced ones.
+
+    Always includes 0, 1 and ``depth``.
+    """
+    depth = check_int("depth", depth, minimum=1)
+    if depth + 1 <= max_points + 1:
+        return np.arange(depth + 1)
+    pts = np.unique(np.round(np.geomspace(1, depth, max_points)).astype(np.int64))
+    return np.unique(np.concatenate([[0], pts, [depth]]))
+
+
+@dataclass(frozen=True)
+class ChainResult:
+    """Rank measurements of a batch of independent chains (NumPy arrays).
+
+    Per-layer arrays have shape (chains, len(layers)) for the recorded ``layers`` (indices in
+    0..depth; layer 0 is the input X).  Means and standard deviations are over the layers
+    1..depth (the input excluded; every ``measure_every``-th layer), one per chain,
+    accumulated on the fly.  The soft rank is
+    read at the scale tr M = d (see :mod:`bnlab.rank.chains`).
+    """
+
+    config: dict
+    layers: np.ndarray
+    soft_rank: np.ndarray
+    rank_lower_bound: np.ndarray
+    numerical_rank: np.ndarray
+    stable_rank: np.ndarray
+    effective_rank: np.ndarray
+    singular_values: np.ndarray  # (chains, len(layers), min(d, N)), of H at the scale tr M = d
+    mean_soft_rank: np.ndarray
+    std_soft_rank: np.ndarray
+    mean_rank_lower_bound: np.ndarray
+    mean_numerical_rank: np.ndarray
+    final_soft_rank: np.ndarray
+    final_rank_lower_bound: np.ndarray
+    final_numerical_rank: np.ndarray
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary: chain averages and the per-layer curves averaged over chains."""
+        return {
+            "config": dict(self.config),
+            "mean_soft_rank": float(self.mean_soft_rank.mean()),
+            "mean_r_lower_bound": float(self.mean_rank_lower_bound.mean()),
+            "mean_numerical_rank": float(self.mean_numerical_rank.mean()),
+            "final_soft_rank": float(self.final_soft_rank.mean()),
+            "final_r_lower_bound": float(self.final_rank_lower_bound.mean()),
+            "final_numerical_rank": float(self.final_numerical_rank.mean()),
+            "per_chain_mean_soft_rank": self.mean_soft_rank.tolist(),
+            "per_chain_std_soft_rank": self.std_soft_rank.tolist(),
+            "per_chain_mean_r_lower_bound": self.mean_rank_lower_bound.tolist(),
+            "layers": self.layers.tolist(),
+            "per_layer_soft_rank": self.soft_rank.mean(axis=0).tolist(),
+            "per_layer_r_lower_bound": self.rank_lower_bound.mean(axis=0).tolist(),
+            "per_layer_numerical_rank": self.numerical_rank.mean(axis=0).tolist(),
+            **self.extra,
+        }
+
+
+def run_chain(
+    width: int,
+    batch_size: int,
+    depth: int,
+    *,
+    chains: int = 1,
+    norm: str = "bn_nomean",
+    activation: str = "linear",
+    placement: str = "pre",
+    residual_gamma: float | str = math.inf,
+    init: str = "gaussian",
+    tau: float = 0.5,
+    record_layers: Sequence[int] | None = None,
+    inputs: Any = None,
+    seed: int = 0,
+    dtype: Any = "float64",
+    device: Any = "cpu",
+    eps: float = 0.0,
+    block_size: int = 256,
+    measure_every: int = 1,
+    max_memory_bytes: int = 1 << 30,
+) -> ChainResult:
+    """Run ``chains`` independent chains of ``depth`` layers and measure their rank (streamed).
+
+    Parameters
+    ----------
+    width, batch_size, depth : d, N, L.
+    chains : independent chains run together (independent weights and inputs).
+    norm : "bn_nomean" (the paper's BN, Eq. 2), "bn" (with mean subtraction) or "none".
+    activation : "linear" or "relu".
+    placement : "pre" (φ after Norm, the usual Linear → BN → φ) or "post" (Norm last); see the
+        module docstring.  Under "post" with ReLU and ``norm="bn_nomean"``, a row of ReLU outputs
+        can be all zero (the representations are non-negative and nearly collinear, so a weight
+        row can be negative on the whole batch): BN has no scale for it (raise, or eps > 0).
+    residual_gamma : γ > 0, or ``math.inf`` / "inf" for no skip connection.
+    init : "gaussian" (N(0, 1)) or "uniform" (U[−√3, √3]).
+    tau : the soft rank's threshold (Eq. 3).
+    record_layers : layer indices in 0..depth to keep per-layer values for; default
+        :func:`default_record_layers` (all layers up to depth 200, ~200 log-spaced beyond).
+    inputs : X, (d, N) or (chains, d, N); default standard Gaussian, full rank a.s. as Thm 2
+        assumes.  A (d, N) input is shared by all chains.
+    seed : seeds the ``torch.Generator`` that draws the inputs and all the weights.
+    dtype, device : "float32"/"float64", "cpu"/"cuda".
+    eps : added to the BN variance (the paper has none; 0 by default).  A row of zeros under
+        BN with eps = 0 raises ``FloatingPointError`` naming the layer.
+    block_size : layers per batched SVD (memory ∝ block_size, not depth).
+    measure_every : the running means use the layers ℓ = k, 2k, ... ≤ depth (k = measure_every);
+        k > 1 saves the SVDs of the other layers (an ergodic average needs no every layer).
+    max_memory_bytes : bound on the working memory (weights and representations of one block,
+        the SVD workspace, the recorded values).  ``block_size`` is lowered to fit; if one layer
+        alone does not fit, ``ValueError`` (before anything is allocated).
+
+    Memory: O(block_size · chains · d · max(d, N) + len(record_layers) · chains · min(d, N)).
+    """
+    d = check_int("width", width, minimum=1)
+    n = check_int("batch_size", batch_size, minimum=1)
+    depth = check_int("depth", depth, minimum=1)
+    chains = check_int("chains", chains, minimum=1)
+    norm = check_choice("norm", norm, CHAIN_NORMS)
+    activation = check_choice("activation", activation, CHAIN_ACTIVATIONS)
+    placement = check_choice("placement", placement, CHAIN_PLACEMENTS)
+    gamma = _check_gamma(residual_gamma)
+    init = check_choice("init", init, CHAIN_INITS)
+    tau = check_real("tau", tau, minimum=0.0, strict_minimum=True)
+    seed = check_int("seed", seed, minimum=0)
+    eps = check_real("eps", eps, minimum=0.0)
+    block_size = check_int("block_size", block_size, minimum=1)
+    measure_every = check_int("measure_every", measure_every, minimum=1, maximum=depth)
+    max_memory_bytes = check_int("max_memory_bytes", max_memory_bytes, minimum=1)
+    dt = _resolve_dtype(dtype)
+    dev = _resolve_device(device)
+    itemsize = torch.finfo(dt).bits // 8
+    # per layer of a block: its weights (d²), its representation (dN) and SVD workspace (~ 3·d·N)
+    per_layer = chains * (d * d + 4 * d * n) * itemsize
+    fixed = 4 * chains * d * n * itemsize
+    if per_layer + fixed > max_memory_bytes:
+        raise ValueError(
+            f"width={d}, batch_size={n}, chains={chains} is not allowed: one layer needs "
+            f"{(per_layer + fixed) / 2**30:.3g} GiB, more than max_memory_bytes={max_memory_bytes} "
+            f"({max_memory_bytes / 2**30:.3g} GiB); reduce width, batch_size or chains, or raise the bound")
+    block_size = max(1, min(block_size, (max_memory_bytes - fixed) // per_layer))
+    if record_layers is None:
+        layers = default_record_layers(depth)
+    else:
+        layers = np.unique(np.asarray([check_int("record_layers", v, minimum=0, maximum=depth)
+                                       for v in record_layers], dtype=np.int64))
+    recorded_bytes = len(layers) * chains * (5 + min(d, n)) * 8
+    if recorded_bytes > max_memory_bytes:
+        raise ValueError(
+            f"record_layers is not allowed: {len(layers)} recorded layers of {chains} chains need "
+            f"{recorded_bytes / 2**30:.3g} GiB, more than max_memory_bytes={max_memory_bytes}; record fewer layers")
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(seed)
+    if inputs is None:
+        h = torch.randn((chains, d, n), generator=gen, dtype=dt, device=dev)
+    else:
+        x = as_representation(inputs, "inputs").to(dtype=dt, device=dev)
+        if x.ndim == 2:
+            x = x.expand(chains, -1, -1)
+        if tuple(x.shape) != (chains, d, n):
+            raise ValueError(
+                f"inputs is not allowed: expected shape ({d}, {n}) or ({chains}, {d}, {n}), got {tuple(x.shape)}")
+        h = x.clone()
+
+    k = min(d, n)
+    rec_pos = {int(l): i for i, l in enumerate(layers)}
+    out = {name: np.zeros((chains, len(layers))) for name in
+           ("soft_rank", "rank_lower_bound", "numerical_rank", "stable_rank", "effective_rank")}
+    sv_out = np.zeros((chains, len(layers), k))
+    sums = {name: torch.zeros(chains, dtype=torch.float64, device=dev) for name in ("sr", "sr2", "r", "nr")}
+    final = {}
+
+    def measure(buf: torch.Tensor, layer_ids: list[int]) -> None:
+        # buf: (b, chains, d, n) — the layers layer_ids, one SVD call.
+        if not bool(torch.isfinite(buf).all()):
+            pos = int((~torch.isfinite(buf)).flatten(1).any(1).nonzero()[0, 0])
+            lo = layer_ids[pos - 1] + 1 if pos > 0 else 1
+            where = f"layer {lo}" if lo == layer_ids[pos] else f"one of layers {lo}..{layer_ids[pos]}"
+            raise FloatingPointError(
+                f"{where} produced non-finite values (under BN with eps=0 a row of zeros has no scale); "
+                "use eps > 0")
+        fro2 = buf.pow(2).sum(dim=(-2, -1))
+        sv = torch.linalg.svdvals(buf)
+        # Read the soft rank at the scale tr M = d: λ_i = σ_i² · (dN/‖H‖_F²) / N.
+        scale = torch.where(fro2 > 0, d * n / torch.where(fro2 > 0, fro2, torch.ones_like(fro2)),
+                            torch.zeros_like(fro2))
+        sv_scaled = sv * scale.sqrt().unsqueeze(-1)
+        sr = (sv_scaled.pow(2) / n >= tau).sum(-1).to(torch.float64)
+        r = _lower_bound_from_sv(sv).to(torch.float64)
+        nr = _numerical_rank_from_sv(sv, d, n, None).to(torch.float64)
+        idx = torch.tensor(layer_ids)
+        counted = ((idx >= 1) & (idx % measure_every == 0)).to(dev)
+        w = counted.to(torch.float64).unsqueeze(-1)
+        sums["sr"] += (sr * w).sum(0)
+        sums["sr2"] += (sr * sr * w).sum(0)
+        sums["r"] += (r * w).sum(0)
+        sums["nr"] += (nr * w).sum(0)
+        wanted = [(j, rec_pos[int(l)]) for j, l in enumerate(idx.tolist()) if int(l) in rec_pos]
+        if wanted:
+            js = torch.tensor([j for j, _ in wanted], device=dev)
+            ps = [p for _, p in wanted]
+            out["soft_rank"][:, ps] = sr[js].T.cpu().numpy()
+            out["rank_lower_bound"][:, ps] = r[js].T.cpu().numpy()
+            out["numerical_rank"][:, ps] = nr[js].T.cpu().numpy()
+            out["stable_rank"][:, ps] = _stable_rank_from_sv(sv[js]).T.to(torch.float64).cpu().numpy()
+            out["effective_rank"][:, ps] = _effective_rank_from_sv(sv[js]).T.to(torch.float64).cpu().numpy()
+            sv_out[:, ps, :] = sv_scaled[js].transpose(0, 1).to(torch.float64).cpu().numpy()
+        if layer_ids[-1] == depth:
+            final.update(sr=sr[-1].cpu().numpy(), r=r[-1].cpu().numpy(), nr=nr[-1].cpu().numpy())
+
+    measure(h.unsqueeze(0), [0])
+    done = 0
+    buf = torch.empty((block_size, chains, d, n), dtype=dt, device=dev)
+    with torch.no_grad():
+        while done < depth:
+            b = min(block_size, depth - done)
+            weights = draw_weights((b, chains, d, d), init, gen, dt, dev)
+            kept: list[int] = []
+            for j in range(b):
+                h = _step(h, weights[j], gamma, norm, activation, placement, eps)
+                layer = done + j + 1
+                if layer % measure_every == 0 or layer in rec_pos or layer == depth:
+                    buf[len(kept)] = h
+                    kept.append(layer)
+            if kept:
+                measure(buf[: len(kept)], kept)
+            done += b
+
+    n_counted = depth // measure_every
+    mean_sr = (sums["sr"] / n_counted).cpu().numpy()
+    var_sr = np.maximum((sums["sr2"] / n_counted).cpu().numpy() - mean_sr**2, 0.0)
+    config = {
+        "width": d, "batch_size": n, "depth": depth, "chains": chains, "norm": norm, "activation": activation,
+        "placement": placement,
+        "residual_gamma": "inf" if math.isinf(gamma) else gamma, "init": init, "tau": tau, "seed": seed,
+        "dtype": str(dt).replace("torch.", ""), "device": str(dev), "eps": eps, "block_size": block_size,
+        "measure_every": measure_every,
+        "inputs": "gaussian" if inputs is None else "given",
+    }
+    return ChainResult(
+        config=config,
+        layers=layers,
+        soft_rank=out["soft_rank"],
+        rank_lower_bound=out["rank_lower_bound"],
+        numerical_rank=out["numerical_rank"],
+        stable_rank=out["stable_rank"],
+        effective_rank=out["effective_rank"],
+        singular_values=sv_out,
+        mean_soft_rank=mean_sr,
+        std_soft_rank=np.sqrt(var_sr),
+        mean_rank_lower_bound=(sums["r"] / n_counted).cpu().numpy(),
+        mean_numerical_rank=(sums["nr"] / n_counted).cpu().numpy(),
+        final_soft_rank=final["sr"],
+        final_rank_lower_bound=final["r"],
+        final_numerical_rank=final["nr"],
+    )
