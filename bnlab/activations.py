@@ -111,6 +111,17 @@ class Activation:
     base_homogeneous_coeffs: tuple[float, float] | None = None
     expression: str | None = None
     deriv_is_exact: bool = True
+    base_kinks: tuple[float, ...] = ()
+
+    @property
+    def kinks(self) -> tuple[float, ...]:
+        """Points x where x ↦ φ(γx + β) is not smooth (φ or a derivative jumps or is singular), sorted.
+
+        The kinks u_k of the base φ (declared by the registry, traced from an expression, or passed
+        to :func:`activation_from_callable`) moved by the affine map: x_k = (u_k − β)/γ.  The theory's
+        quadrature rules split their panels there (``bnlab.theory``; Yang et al. 2019, Thm 3.3).
+        """
+        return tuple(sorted((u - self.beta) / self.gamma for u in self.base_kinks))
 
     # -- evaluation -------------------------------------------------------
     def __call__(self, x: np.ndarray | float) -> np.ndarray:
@@ -382,6 +393,13 @@ _REGISTRY: dict[str, _Family] = {
 }
 
 
+#: Registered families that are not smooth, with their kinks (φ or φ' or a higher derivative jumps at 0;
+#: alpha_relu with α < 1 has a singular φ' there).
+_KINKED_FAMILIES: dict[str, tuple[float, ...]] = {
+    "relu": (0.0,), "alpha_relu": (0.0,), "leaky_relu": (0.0,), "abs": (0.0,), "elu": (0.0,), "selu": (0.0,),
+}
+
+
 def list_activations() -> dict[str, str]:
     """Names of the registered nonlinearities with a one-line description each."""
     out = {}
@@ -445,6 +463,7 @@ def get_activation(
             params={k: float(v) for k, v in full.items()},
             base_homogeneity=made.get("alpha"),
             base_homogeneous_coeffs=made.get("coeffs"),
+            base_kinks=_KINKED_FAMILIES.get(key, ()),
         )
         return act.with_affine(gamma, beta)
     if params:

@@ -70,8 +70,8 @@ from bnlab.theory._dynamics_common import (
     _ratio_stats,
     _resolve,
     _sample_sphere,
-    _sphere_grid,
 )
+from bnlab.theory._kinks import sphere_grid_for
 from bnlab.theory.ultrasymmetric import projected_eigenvalues
 
 __all__ = [
@@ -125,7 +125,7 @@ def _check_derivative_integrable(act):
 # -- sphere -------------------------------------------------------------------
 def _backward_moments_sphere(act, b: int):
     hom = act.homogeneity
-    grid = _sphere_grid(b, float(hom) - 1.0 if hom is not None else 0.0)
+    grid = sphere_grid_for(act, b, float(hom) - 1.0 if hom is not None else 0.0)  # split at kinks (._kinks)
     x, y = grid.x, grid.y
     sb = math.sqrt(b)
     with np.errstate(invalid="ignore", divide="ignore"):

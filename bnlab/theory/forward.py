@@ -100,10 +100,10 @@ from bnlab.theory._dynamics_common import (
     _require_laplace,
     _resolve,
     _sample_sphere,
-    _sphere_grid,
     _gegenbauer_energy,
     _relu_arccos_kernel,
 )
+from bnlab.theory._kinks import sphere_grid_for
 from bnlab.theory.ultrasymmetric import projected_eigenvalues
 
 __all__ = ["ForwardEigenvalues", "forward_eigenvalues", "FORWARD_METHODS"]
@@ -144,7 +144,7 @@ def _forward_moments_sphere(act, batch_size: int):
     """
     b = batch_size
     hom = act.homogeneity
-    grid = _sphere_grid(b, float(hom) if hom is not None else 0.0)
+    grid = sphere_grid_for(act, b, float(hom) if hom is not None else 0.0)  # split at kinks (._kinks)
     x, y = grid.x, grid.y
     sb = math.sqrt(b)
     with np.errstate(invalid="ignore", divide="ignore"):
