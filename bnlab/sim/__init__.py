@@ -8,6 +8,9 @@ correlation, and per-layer rates with bootstrap confidence intervals.
 
 Entry point: :func:`simulate` → :class:`EnsembleResult`.  See ``docs/sim.md``.
 
+``bnlab.sim`` does not import :mod:`bnlab.theory`: it is the theory's independent check.
+:func:`bnlab.compare.compare_with_theory` puts an ensemble beside the predictions.
+
 Training (the trainability experiments, ``docs/trainability.md``): :class:`BNMLP`
 (BN before φ as in Yang et al. 2019, Eq. 7, with sub-batch statistics),
 :func:`train_classifier` → :class:`TrainResult`, and :func:`layer_norm_trajectory`
@@ -25,7 +28,6 @@ from bnlab.sim.measure import (
     weight_gradient_norm_sq,
 )
 from bnlab.sim.networks import NORMALIZATIONS, EnsembleResult, resolve_device, resolve_dtype, simulate
-from bnlab.sim._theory import theory_predictions
 from bnlab.sim.train import BNMLP, TrainResult, layer_norm_trajectory, train_classifier
 
 __all__ = [
@@ -47,5 +49,4 @@ __all__ = [
     "TrainResult",
     "train_classifier",
     "layer_norm_trajectory",
-    "theory_predictions",
 ]
