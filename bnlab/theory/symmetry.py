@@ -171,6 +171,18 @@ def _sphere_terms(phi: Activation, b: int):
 
 
 def _stability(phi: Activation, b: int) -> BSB1Stability:
+    if phi.homogeneity is not None and phi.homogeneous_coeffs is not None and b >= 4 and (b - 1) / 2.0 > phi.homogeneity:
+        # positive-homogeneous φ: the closed forms (Thm 3.7 for relu/identity, Thm F.33 otherwise).  The
+        # sphere sums below cancel like B·1e-16 while 1 − λ_L↑ ≈ 2.27/B for relu (issue 13: relu at
+        # B = 3e8 came out BSB2); the closed forms keep λ_L↑ = 1 − gap correctly rounded to B = 1e12
+        from bnlab.theory.fixed_point import bsb1_fixed_point
+        from bnlab.theory.forward import forward_eigenvalues
+
+        from bnlab.theory._dynamics_common import _relu_or_identity
+
+        fw = forward_eigenvalues(phi, b, method="closed" if _relu_or_identity(phi) else "laplace")
+        fp = bsb1_fixed_point(phi, b, method="closed")
+        return BSB1Stability(batch_size=b, lambda_L=fw.lambda_L, lambda_M=fw.lambda_M, mu_star=fp.mu_star)
     a1, e1, e12, a12, b12 = _sphere_terms(phi, b)
     from bnlab.theory.epsilon import _forward_gap
 
