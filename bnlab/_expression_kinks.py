@@ -3,7 +3,8 @@
 A kink of an expression built from the whitelisted functions can only sit where the argument of a
 non-smooth function crosses its own kink: relu, abs, sign, elu, selu (kinked at 0), sqrt (φ'
 singular at 0), max/min/maximum/minimum (kinked where their two arguments are equal).  So the
-kinks are the zeros of those arguments (of a − b for max/min), which this module finds by
+kinks are the zeros of those arguments (and, as singular points, the zeros of denominators, of
+log's argument and of bases raised to negative or fractional powers) (of a − b for max/min), which this module finds by
 evaluating each argument on a grid in x and refining every sign change with Brent's method
 (``scipy.optimize.brentq``, to 1e-15 relative); an argument that vanishes on a whole interval
 (relu(relu(x) ...)) contributes the ends of that interval.
@@ -83,4 +84,18 @@ def expression_kinks(tree: ast.Expression, evaluate: Callable[[str, np.ndarray],
         else:
             continue
         found |= _zeros(lambda x, src=src: evaluate(src, x), grid)
+    for node in ast.walk(tree):
+        # singular points: zeros of a denominator, of a log's argument, of a base raised to a negative or
+        # fractional power (the theory's admissibility check measures how singular φ is there)
+        src = None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            src = ast.unparse(node.right)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            expo = node.right
+            if not (isinstance(expo, ast.Constant) and float(expo.value).is_integer() and expo.value >= 0):
+                src = ast.unparse(node.left)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("log", "log1p"):
+            src = ast.unparse(node.args[0]) if node.func.id == "log" else f"1 + ({ast.unparse(node.args[0])})"
+        if src is not None:
+            found |= _zeros(lambda x, src=src: evaluate(src, x), grid)
     return tuple(sorted(found))

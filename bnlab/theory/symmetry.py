@@ -296,6 +296,13 @@ def fixed_point_kind(phi, batch_size, *, depth=60, seed=0, n_samples=20_000) -> 
         depth = check_int("depth", depth, minimum=1)
     n_samples = check_int("n_samples", n_samples, minimum=1000)
     st = _stability(phi, b)
+    if not (math.isfinite(st.lambda_L) and math.isfinite(st.lambda_M)):
+        # an overflow must never read as "not attracting"
+        raise ValueError(
+            f"the forward eigenvalues of phi={phi.spec!r} at batch_size={b} are not finite (λ_L={st.lambda_L!r}, "
+            f"λ_M={st.lambda_M!r}): φ overflows or is not square-integrable on the batchnorm sphere, so the BSB1/BSB2 "
+            "verdict cannot be computed"
+        )
     kind = "BSB1" if st.attracting else "BSB2"
     if depth is None:
         return kind
