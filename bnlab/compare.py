@@ -38,7 +38,7 @@ False when that bias exceeds the interval (measured biases in docs/sim.md and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -306,8 +306,6 @@ def compare_with_theory(
 
 
 def _with_note(comp: QuantityComparison, note: str) -> QuantityComparison:
-    from dataclasses import replace
-
     return replace(comp, notes=comp.notes + (note,))
 
 
