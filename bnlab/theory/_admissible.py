@@ -62,16 +62,20 @@ def _local_exponent(f, k: float, side: float) -> float:
 
 
 def _find_jumps(act, x: np.ndarray, fx: np.ndarray, spread: float, max_candidates: int = 12) -> list[float]:
-    """Points where φ is discontinuous: the intervals of the probe with the largest increments (and those
-    ending at a kink) are bisected into 8 pieces 40 times, following the largest increment; a jump is
-    an increment still > 1e-6 of φ's spread on an interval of width ≤ 1e-13·max(1, |x|)."""
+    """Points where φ is discontinuous: the probe's intervals whose increment is > 4× those two intervals away
+    (the probe has points at ±1e-9 around every kink, so a jump at a kink is such a spike) are cut into
+    8 pieces 40 times, following the largest increment; a jump is an increment still > 1e-6 of φ's
+    spread on an interval of width ≤ 1e-13·max(1, |x|)."""
     inc = np.abs(np.diff(fx))
     typical = float(np.median(np.abs(fx))) + spread
-    order = list(np.argsort(inc)[::-1][:max_candidates])
+    # candidates: increments that stand out from both neighbours (a jump is one interval's increment, a
+    # steep smooth φ spreads over several), the largest first
+    # (neighbours two intervals away: a jump at a probe point, φ(0) = 0 for sign, splits over two intervals)
+    nb = np.maximum(np.concatenate([[0.0, 0.0], inc[:-2]]), np.concatenate([inc[2:], [0.0, 0.0]]))
+    spikes = np.nonzero((inc > 4.0 * nb) & (inc > 1e-6 * spread))[0]
+    order = list(spikes[np.argsort(inc[spikes])[::-1]][:max_candidates])
     found: list[float] = []
     for i in order:
-        if inc[i] <= 1e-6 * spread:
-            break
         lo, hi = float(x[i]), float(x[i + 1])
         for _ in range(40):
             grid = np.linspace(lo, hi, 9)

@@ -8,12 +8,15 @@ interval, widened from 95 % to 99.9 % (× 3.29/1.96) as in test_theory_agreement
 ≈ 2/N at worst for relu/tanh (docs/sim.md), is 0.15 % of λ here, below the half-width (≈ 0.25 %);
 measured over seeds 15–17: 1.3253, 1.3250, 1.3260 against 1.32518.
 """
+import pytest
+
 from bnlab.activations import get_activation
 from bnlab.compare import compare_with_theory
 from bnlab.sim import simulate
 from bnlab.theory import analyze
 
 
+@pytest.mark.slow  # ≈ 12 s on one core with the torch start-up
 def test_relu_shifted_by_one_gradient_rate_width_1000():
     act = get_activation("relu", beta=1.0)
     theory = analyze(act, 8).grad_explosion_rate
