@@ -123,27 +123,23 @@ def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool =
     sq = np.sqrt(disc)
     ylo = (-r * x - sq) / pb
     yhi = (-r * x + sq) / pb
-    X, Y, W = [], [], []
-    kin = np.array(sorted(set(ks)), dtype=np.float64)
-    # per outer node, the panel ends: ylo, the kinks inside (ylo, yhi), yhi
-    for i in range(x.size):
-        # cut at the kinks inside (y₋, y₊) and at the density's maximum y_c = −r x/p_B (for large B the
-        # density is a peak of width ~B^{−1/2}, which the tanh-sinh nodes resolve only near panel ends)
-        yc = -r * x[i] / pb
-        inside = np.unique(np.concatenate([kin[(kin > ylo[i]) & (kin < yhi[i])], [yc]]))
-        ends = np.concatenate([[ylo[i]], inside, [yhi[i]]])
-        lo, hi = ends[:-1, None], ends[1:, None]
-        length = hi - lo
-        y = np.where(t < 0.5, lo + length * t, hi - length * tc)
-        d_lo = (lo - ylo[i]) + length * t  # exact distance to y₋ in the first panel
-        d_hi = (yhi[i] - hi) + length * tc  # exact distance to y₊ in the last panel
-        with np.errstate(divide="ignore", invalid="ignore"):
-            dens = (pb * d_lo * d_hi) ** a if a != 0.0 else np.ones_like(d_lo)
-        w = wx[i] * length * wt * dens * const
-        X.append(np.full(y.size, x[i]))
-        Y.append(y.ravel())
-        W.append(w.ravel())
-    X, Y, W = np.concatenate(X), np.concatenate(Y), np.concatenate(W)
+    kin = np.array(sorted(k for k in set(ks) if abs(k) < xmax), dtype=np.float64)
+    # panel ends per outer node: y₋, every kink and the density's maximum y_c = −r x/p_B (for large B the
+    # density is a peak of width ~B^{−1/2}, which the tanh-sinh nodes resolve only near panel ends), y₊;
+    # points outside (y₋, y₊) are clipped onto its ends, making empty panels of zero weight (vectorized)
+    yc = -r * x / pb
+    inner = np.clip(np.column_stack([np.broadcast_to(kin, (x.size, kin.size)), yc]), ylo[:, None], yhi[:, None])
+    ends = np.column_stack([ylo, np.sort(inner, axis=1), yhi])
+    lo, hi = ends[:, :-1, None], ends[:, 1:, None]
+    length = hi - lo
+    y = np.where(t < 0.5, lo + length * t, hi - length * tc)
+    d_lo = (lo - ylo[:, None, None]) + length * t  # exact distance to y₋ in the first non-empty panel
+    d_hi = (yhi[:, None, None] - hi) + length * tc  # exact distance to y₊ in the last one
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        dens = (pb * d_lo * d_hi) ** a if a != 0.0 else np.ones_like(d_lo)
+        w = wx[:, None, None] * length * wt * dens * const
+    X = np.broadcast_to(x[:, None, None], y.shape).ravel()
+    Y, W = y.ravel(), w.ravel()
     keep = np.isfinite(W) & (W > 0)
     X, Y, W = X[keep], Y[keep], W[keep]
     M_inv_q = X * X + Y * Y + (X + Y) ** 2 / (b - 2.0)
