@@ -51,7 +51,8 @@ parts are moments of one coordinate of the sphere,
 eigenvalues of −Δ on S^{B−2}, so the last one is the Dirichlet energy, by
 integration by parts, valid when f is continuous with E(1−x²)f'² < ∞), which the
 rule of the coefficients integrates to ≈1e-14 whatever the kink, because the
-rule is split at the kink (x = 0); the Dirichlet moment has a rule of its own
+rule is split at every kink (x = 0 and, for φ kinked elsewhere such as relu(x + 1), at
+x = k/√(B−1); kinks from :attr:`bnlab.activations.Activation.kinks`); the Dirichlet moment has a rule of its own
 that reaches |x| ≈ 1e-300, since φ' may be singular there (relu^α, ½ < α < 1).  What is left, the two-point tail
 Σ_{l≥n} c_l R_l(ξ), is bounded by max_{l≥n}|R_l(ξ)| Σ_{l≥n}|c_l|
 (:func:`oscillating_tail_bound`), and |R_l(ξ)| ≲ l^{−(B−3)/2} (R_400(ξ) ≈ 1e-6 at
@@ -212,7 +213,7 @@ class SeriesMoments:
     * ``dirichlet`` E (1−x²) f'(x)² = Σ_l l(l+B−3) b_l²   (l(l+B−3): eigenvalues of −Δ on S^{B−2};
       None unless requested, and inf when φ' is not square integrable, e.g. relu^α with α ≤ ½)
 
-    Accuracy ≈1e-14 relative (tanh-sinh split at the kink x = 0, see the module docstring).
+    Accuracy ≈1e-14 relative (tanh-sinh split at every kink of φ, see the module docstring).
     """
 
     second: float
