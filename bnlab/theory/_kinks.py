@@ -44,7 +44,7 @@ __all__: list[str] = []
 
 # tanh-sinh on (0, 1): step 2^-4, half-width 4.5 (nodes reach t ≈ 5e-62; omitted weights < 1e-60)
 _STEP = 1.0 / 16.0
-_STEP_SMALL_B = 1.0 / 8.0
+_STEP_SMALL_B = 1.0 / 10.0
 _SMALL_B = 32
 _HALF_WIDTH = 4.5
 
@@ -77,8 +77,9 @@ def _unit_rule(batch_size: int, singular: bool):
     # the density is a peak of width ~B^{−1/2}: the step shrinks with B (measured below); the half-width
     # 4.5 only where the integrand is singular at a kink (relu^α's φ'), else 3.2 (omitted weights < 1e-20)
     # measured on the forward/backward/cross-batch eigenvalues of relu(x + 1), selu, relu(x − 0.3) + 0.1x,
-    # relu^0.6 against steps 2^-5: step 1/8 leaves ≤ 5e-10 for 5 ≤ B ≤ 32 (B = 4, where the density
-    # (1 − Q)^{−1/2} is singular at the ellipse: 4e-9, so 1/16 there); 1/16 ≤ 5e-15 for 64 ≤ B ≤ 256
+    # relu^0.6 against steps 2^-5: step 1/10 leaves ≤ 4e-13 for 5 ≤ B ≤ 32 (1/8 left 5e-10 at B = 32;
+    # B = 4, where the density (1 − Q)^{−1/2} is singular at the ellipse: ≈ 3e-9, so 1/16 there);
+    # 1/16 ≤ 5e-14 for 33 ≤ B ≤ 256
     small = 5 <= batch_size <= _SMALL_B
     step = _STEP_SMALL_B if small else (_STEP if batch_size <= 256 else 0.5 * _STEP)
     return _tanh_sinh_step(step, _HALF_WIDTH if singular else 3.2)
@@ -91,8 +92,8 @@ def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool =
     ``kinks`` are the kinks of the integrand in u (i.e. those of φ divided by √B); ``singular``
     widens the tanh-sinh range for integrands singular at a kink.  B ≥ 4.  Accuracy on the
     eigenvalues of relu(x + 1), selu, relu(x − 0.3) + 0.1x, relu^0.6 (change when the step is
-    halved twice): ≈ 3e-9 at B = 4 (the density (1 − Q)^{−1/2} is singular on the ellipse), ≤ 5e-10
-    for 5 ≤ B ≤ 32, ≤ 5e-14 for 64 ≤ B ≤ 1024; the constant and x⁴ integrate to ≤ 1e-14.
+    halved twice): ≈ 3e-9 at B = 4 (the density (1 − Q)^{−1/2} is singular on the ellipse), ≤ 4e-13
+    for 5 ≤ B ≤ 1024; the constant and x⁴ integrate to ≤ 1e-14.
     """
     from bnlab.theory._dynamics_common import _SphereGrid
 
