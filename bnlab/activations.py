@@ -111,6 +111,17 @@ class Activation:
     base_homogeneous_coeffs: tuple[float, float] | None = None
     expression: str | None = None
     deriv_is_exact: bool = True
+    base_kinks: tuple[float, ...] = ()
+
+    @property
+    def kinks(self) -> tuple[float, ...]:
+        """Points x where x ↦ φ(γx + β) is not smooth (φ or a derivative jumps or is singular), sorted.
+
+        The kinks u_k of the base φ (declared by the registry, traced from an expression, or passed
+        to :func:`activation_from_callable`) moved by the affine map: x_k = (u_k − β)/γ.  The theory's
+        quadrature rules split their panels there (``bnlab.theory``; Yang et al. 2019, Thm 3.3).
+        """
+        return tuple(sorted((u - self.beta) / self.gamma for u in self.base_kinks))
 
     # -- evaluation -------------------------------------------------------
     def __call__(self, x: np.ndarray | float) -> np.ndarray:
@@ -386,6 +397,13 @@ _REGISTRY: dict[str, _Family] = {
 }
 
 
+#: Registered families that are not smooth, with their kinks (φ or φ' or a higher derivative jumps at 0;
+#: alpha_relu with α < 1 has a singular φ' there).
+_KINKED_FAMILIES: dict[str, tuple[float, ...]] = {
+    "relu": (0.0,), "alpha_relu": (0.0,), "leaky_relu": (0.0,), "abs": (0.0,), "elu": (0.0,), "selu": (0.0,),
+}
+
+
 def list_activations() -> dict[str, str]:
     """Names of the registered nonlinearities with a one-line description each."""
     out = {}
@@ -455,6 +473,7 @@ def get_activation(
             params={k: float(v) for k, v in full.items()},
             base_homogeneity=made.get("alpha"),
             base_homogeneous_coeffs=made.get("coeffs"),
+            base_kinks=_KINKED_FAMILIES.get(key, ()),
         )
         return act.with_affine(gamma, beta)
     if params:
@@ -478,25 +497,39 @@ def activation_from_callable(
     torch_fn: Callable[[Any], Any] | None = None,
     homogeneity: float | None = None,
     homogeneous_coeffs: tuple[float, float] | None = None,
+    kinks: "tuple[float, ...] | list[float] | None" = None,
 ) -> Activation:
-    """Wrap a user callable acting elementwise on float64 NumPy arrays.
+    """Wrap a user callable acting elementwise, written for NumPy or for torch.
 
-    Without ``derivative``, φ' is a central finite difference with step
-    ε^(1/3)·max(1, |x|) (relative error ≈ 1e-10 for smooth φ; O(1) at kinks,
-    so pass the derivative for piecewise functions).  ``homogeneity`` and
-    ``homogeneous_coeffs`` (a, b with φ = a ρ_α(x) − b ρ_α(−x)) enable the
-    Laplace method and closed forms; they are the caller's claim and are
-    spot-checked here.
+    What is accepted: ``fn`` is called with a float64 NumPy array and must return an array (or
+    anything ``np.asarray`` takes) of the same shape, e.g. ``lambda x: np.tanh(x)``; if that
+    fails or returns a torch tensor, it is called with a float64 torch tensor instead and must
+    return a tensor of the same shape, e.g. ``lambda x: torch.tanh(x)``.  A function that works
+    on neither (e.g. one using ``math.tanh``, which takes scalars only) is a ``ValueError`` that
+    says how to adapt it (``np.vectorize(f)`` or the NumPy/torch version of each call).
+
+    Derivative: ``derivative`` when given; otherwise, for a torch callable, exact by autograd
+    (``fn`` is also the torch implementation for ``bnlab.sim``); for a NumPy callable, a central
+    finite difference with step ε^(1/3)·max(1, |x|) (relative error ≈ 1e-10 for smooth φ; O(1) at
+    kinks, so pass the derivative for piecewise functions).
+
+    ``kinks``: the points where φ is not smooth (φ or a derivative jumps, or φ' is singular).
+    A callable is opaque, so they cannot be traced as for expressions; declaring them lets the
+    theory's quadrature rules split there (1e-6 → 1e-12 for relu(x − 0.3)-like φ; see
+    docs/theory-methods.md).  ``homogeneity`` and ``homogeneous_coeffs`` (a, b with
+    φ = a ρ_α(x) − b ρ_α(−x)) enable the Laplace method and closed forms; they are the caller's
+    claim and are spot-checked here (a positive-homogeneous φ is kinked at 0 at most).
     """
     if not callable(fn):
         raise ValueError(f"fn={fn!r} is not callable")
     probe = np.linspace(-3.0, 3.0, 7)
-    try:
-        out = np.asarray(fn(probe), dtype=np.float64)
-    except Exception as exc:  # the user's function failed: say so at the boundary
-        raise ValueError(f"phi callable failed on a float64 array: {exc!r}") from exc
-    if out.shape != probe.shape:
-        raise ValueError(f"phi callable must act elementwise: input shape {probe.shape} gave output shape {out.shape}")
+    base, base_deriv, base_torch, exact = _wrap_callable(fn, probe)
+    if torch_fn is None:
+        torch_fn = base_torch
+    if derivative is not None:
+        base_deriv = lambda x: np.asarray(derivative(x), dtype=np.float64)  # noqa: E731
+        exact = True
+    out = base(probe)
     if (homogeneity is None) != (homogeneous_coeffs is None):
         raise ValueError("homogeneity and homogeneous_coeffs must be given together")
     if homogeneity is not None:
@@ -506,15 +539,73 @@ def activation_from_callable(
         if not np.allclose(out, expected, rtol=1e-9, atol=1e-12):
             raise ValueError("phi callable is not a ρ_α(x) − b ρ_α(−x) with the given homogeneity and coefficients")
         homogeneous_coeffs = (a, b)
+    if kinks is None:
+        # a positive-homogeneous φ = aρ_α(x) − bρ_α(−x) is kinked at 0 unless it is linear (α = 1, a = b)
+        linear = homogeneity == 1.0 and homogeneous_coeffs is not None and homogeneous_coeffs[0] == homogeneous_coeffs[1]
+        kinks_t: tuple[float, ...] = (0.0,) if homogeneity is not None and not linear else ()
+    else:
+        try:
+            kinks_t = tuple(sorted({_check_real("kinks", k) for k in kinks}))
+        except TypeError:
+            raise ValueError(f"kinks={kinks!r} is not allowed: expected a sequence of finite real numbers") from None
     return Activation(
         name="callable",
-        _base=lambda x: np.asarray(fn(x), dtype=np.float64),
-        _base_deriv=None if derivative is None else (lambda x: np.asarray(derivative(x), dtype=np.float64)),
+        _base=base,
+        _base_deriv=base_deriv,
         _base_torch=torch_fn,
         base_homogeneity=homogeneity,
         base_homogeneous_coeffs=homogeneous_coeffs,
-        deriv_is_exact=derivative is not None,
+        deriv_is_exact=exact,
+        base_kinks=kinks_t,
     )
+
+
+def _wrap_callable(fn, probe: np.ndarray):
+    """(φ on float64 arrays, φ' or None, torch φ or None, whether φ' is exact) for a NumPy or torch callable."""
+    numpy_error: Exception | None = None
+    try:
+        out = fn(probe)
+        if type(out).__module__.split(".")[0] != "torch":
+            arr = np.asarray(out, dtype=np.float64)
+            if arr.shape != probe.shape:
+                raise ValueError(
+                    f"phi callable must act elementwise: input shape {probe.shape} gave output shape {arr.shape}"
+                )
+            return (lambda x: np.asarray(fn(x), dtype=np.float64)), None, None, False
+    except ValueError as exc:
+        if "elementwise" in str(exc):
+            raise
+        numpy_error = exc
+    except Exception as exc:  # the user's function failed on an array: try torch next
+        numpy_error = exc
+    t = _torch()
+    try:
+        out_t = fn(t.as_tensor(probe))
+        if not t.is_tensor(out_t):
+            raise TypeError(f"returned {type(out_t).__name__}, not a tensor")
+        if tuple(out_t.shape) != probe.shape:
+            raise ValueError(f"input shape {probe.shape} gave output shape {tuple(out_t.shape)}")
+    except Exception as exc:
+        raise ValueError(
+            "phi callable must act elementwise on a float64 NumPy array (e.g. lambda x: np.tanh(x)) or on a "
+            f"float64 torch tensor (e.g. lambda x: torch.tanh(x)); it failed on both (NumPy: {numpy_error!r}; "
+            f"torch: {exc!r}).  A function of one float (math.tanh) can be adapted with np.vectorize(f) or by "
+            "using the NumPy/torch version of each call"
+        ) from None
+
+    def base(x):
+        with t.no_grad():
+            return fn(t.as_tensor(np.asarray(x, dtype=np.float64))).detach().cpu().numpy().astype(np.float64)
+
+    def deriv(x):
+        xt = t.as_tensor(np.asarray(x, dtype=np.float64)).clone().requires_grad_(True)
+        y = fn(xt)
+        if not y.requires_grad:  # constant in x
+            return np.zeros(xt.shape)
+        (g,) = t.autograd.grad(y.sum(), xt, allow_unused=True)
+        return np.zeros(xt.shape) if g is None else g.detach().numpy()
+
+    return base, deriv, fn, True
 
 
 # ---------------------------------------------------------------------------
@@ -695,7 +786,7 @@ def activation_from_expression(expr: str) -> Activation:
     if not isinstance(expr, str) or not expr.strip():
         raise ValueError(f"phi={expr!r} is not allowed: expected a non-empty expression in x")
     expr = expr.strip()
-    _validate_expression(expr)
+    tree = _validate_expression(expr)
     from simpleeval import SimpleEval
 
     t = _torch()  # expressions are evaluated with torch so that φ' is exact (autograd)
@@ -742,4 +833,15 @@ def activation_from_expression(expr: str) -> Activation:
             f"phi={expr!r} is not allowed: phi({_PROBE[i]:g}) = {float(probe[i])!r}; phi must be real and finite "
             "for every real x (e.g. log(x), 1/x and x**0.5 are not)"
         )
-    return Activation(name="expr", _base=fn, _base_deriv=deriv, _base_torch=torch_fn, expression=expr)
+
+    def evaluate_sub(src, x):  # a sub-expression on a float64 array, for the kink tracer
+        evaluator.names = {**_EXPRESSION_CONSTANTS, "x": t.as_tensor(np.asarray(x, dtype=np.float64))}
+        with t.no_grad():
+            out = evaluator.eval(src)
+        return out.numpy() if t.is_tensor(out) else np.asarray(out, dtype=np.float64)
+
+    from bnlab._expression_kinks import expression_kinks
+
+    kinks = expression_kinks(tree, evaluate_sub)
+    return Activation(name="expr", _base=fn, _base_deriv=deriv, _base_torch=torch_fn, expression=expr,
+                      base_kinks=kinks)

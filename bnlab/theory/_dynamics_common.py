@@ -180,8 +180,8 @@ def _default_terms(act, batch_size: int) -> int:
     # (_GegenbauerSeries).  That is slowest at B ≤ 5, where the remainder of λ_G↓ for relu decays only
     # like n^{−3/2} with an oscillating phase (measured 8e-8 at 400 terms, 1e-8 at 1000, 3e-9 at
     # 1600 for B = 4): 1000 terms there (0.2 s); at B ≥ 8 400 terms leave ≤ 3e-11.
-    if act.homogeneity is None:
-        return 160
+    if act.homogeneity is None and not getattr(act, "kinks", ()):
+        return 160  # smooth: geometric decay
     return 1000 if batch_size <= 5 else 400
 
 

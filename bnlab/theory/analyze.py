@@ -206,13 +206,19 @@ def analyze(
     for w in caught:
         notes.append(str(w.message))
         _warnings.warn(w.message, w.category, stacklevel=2)
+    from bnlab.theory._admissible import admissible
+
+    # overflow, poles, constant φ, jumps, non-L² φ': an error or an exact reformulation, never a number
+    # that cannot be right (issue 13); |γ| of homogeneous φ and huge/tiny output scales drop out (ε = 0)
+    act, adm_notes, undefined = admissible(act, b, eps)
+    notes += adm_notes
     routes, route_notes = _route(method, act, b)
     notes += route_notes
     with _warnings.catch_warnings(record=True) as inner:
         # the building blocks' warnings (e.g. slow series convergence) go into the result;
         # B = 3 was reported once above and is not repeated
         _warnings.simplefilter("always")
-        res = _analyze(act, b, eps, sigma_w2, method, routes, notes)
+        res = _analyze(act, b, eps, sigma_w2, method, routes, notes, undefined)
     extra = [str(w.message) for w in inner if not issubclass(w.category, (SmallBatchWarning, DeprecationWarning))]
     extra = [m for m in dict.fromkeys(extra) if m not in res.warnings]
     if extra:
@@ -220,12 +226,14 @@ def analyze(
     return res
 
 
-def _analyze(act, b, eps, sigma_w2, method, routes, notes) -> TheoryResult:
+def _analyze(act, b, eps, sigma_w2, method, routes, notes, undefined=None) -> TheoryResult:
     from bnlab.theory.backward import backward_eigenvalues
     from bnlab.theory.cross_batch import cross_batch_analysis
     from bnlab.theory.fixed_point import bsb1_fixed_point
     from bnlab.theory.forward import forward_eigenvalues
 
+    undefined = undefined or {}
+    gradient_reason, cross_reason = undefined.get("backward"), undefined.get("cross_batch")
     used: dict[str, str] = {}
     base = dict(phi=act.spec, batch_size=b, eps=eps, sigma_w2=sigma_w2, method=method)
 
@@ -246,7 +254,11 @@ def _analyze(act, b, eps, sigma_w2, method, routes, notes) -> TheoryResult:
         from bnlab.theory.epsilon import epsilon_analysis
 
         er = epsilon_analysis(act, b, eps, sigma_w2=sigma_w2)
-        out.update(q_star=er.q_star, c_star=er.c_star, grad_explosion_rate=er.grad_explosion_rate)
+        out.update(q_star=er.q_star, c_star=er.c_star)
+        if gradient_reason is None:
+            out["grad_explosion_rate"] = er.grad_explosion_rate
+        else:
+            notes.append(gradient_reason)
         used["fixed_point"] = used["backward"] = f"epsilon_analysis ({er.method})"
         notes.append(
             f"eps={eps:g} > 0: the fixed point and the gradient explosion rate include ε (bnlab.theory.epsilon); "
@@ -264,7 +276,9 @@ def _analyze(act, b, eps, sigma_w2, method, routes, notes) -> TheoryResult:
         out.update(forward_lambda_G=fw.lambda_G, forward_lambda_L=fw.lambda_L, forward_lambda_M=fw.lambda_M)
         used["forward"] = fw.method
         # -- backward
-        if b < 4:
+        if gradient_reason is not None:
+            notes.append(gradient_reason)
+        elif b < 4:
             notes.append("batch_size=3: E|Gh|⁻² diverges, so the mean field backward quantities are infinite (App. J); not returned")
         else:
             try:
@@ -284,19 +298,28 @@ def _analyze(act, b, eps, sigma_w2, method, routes, notes) -> TheoryResult:
                 out.update(grad_explosion_rate=bw.lambda_G, backward_lambda_L=lam_l, backward_lambda_M=lam_m)
         # -- cross batch
         cb = cross_batch_analysis(act, b, method=routes["cross_batch"])
-        out.update(cross_batch_c_star=cb.c_star, cross_batch_rate=cb.rate)
+        out.update(cross_batch_c_star=cb.c_star, cross_batch_rate=None if cross_reason is not None else cb.rate)
+        if cross_reason is not None and cross_reason != gradient_reason:
+            notes.append(cross_reason)
         used["cross_batch"] = cb.method
     rate = out.get("grad_explosion_rate")
+    for key, val in out.items():
+        # every route checks its own result; this is the last guard that no overflow reaches the user
+        if isinstance(val, float) and not math.isfinite(val):
+            raise ValueError(
+                f"{key}={val!r} for phi={act.spec!r}, batch_size={b}, eps={eps!r}: a non-finite result (overflow in "
+                "the theory's integrals); the theory cannot be evaluated for this input"
+            )
     if rate is not None:
-        if math.isfinite(rate) and rate > 0:
+        if rate < 0:
+            raise ValueError(f"grad_explosion_rate={rate!r} < 0 for phi={act.spec!r}, batch_size={b}: not a rate (numerical failure)")
+        if rate > 0:
             out["depth_scale"] = depth_scale(rate)
             out["max_trainable_depth"] = max_trainable_depth(rate)
-            if rate <= 1.0:
-                notes.append(f"grad_explosion_rate={rate:.6g} ≤ 1: gradients do not explode; depth_scale is infinite")
         else:
-            notes.append(f"grad_explosion_rate={rate!r}: the depth scale is 0 (gradients blow up at once)")
-            out["depth_scale"] = 0.0
-            out["max_trainable_depth"] = 0.0
+            out["depth_scale"] = out["max_trainable_depth"] = math.inf
+        if rate <= 1.0:
+            notes.append(f"grad_explosion_rate={rate:.6g} ≤ 1: gradients do not explode (they vanish); depth_scale is infinite")
     return TheoryResult(**base, methods_used=used, fixed_point_kind=kind, warnings=tuple(notes), **out)
 
 

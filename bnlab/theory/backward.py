@@ -55,8 +55,9 @@ import numpy as np
 from bnlab._validation import check_int, check_real
 from bnlab.theory._dynamics_common import (
     _check_finite, _choose_route, _conditional_moments, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy,
-    _laplace_kernel_values, _ratio_stats, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere, _sphere_grid,
+    _laplace_kernel_values, _ratio_stats, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere,
 )
+from bnlab.theory._kinks import sphere_grid_for
 from bnlab.theory.ultrasymmetric import projected_eigenvalues
 
 __all__ = [
@@ -118,7 +119,7 @@ _BACKWARD = _Dynamics("the backward eigenvalues", "Thms 3.10, G.12", check=_chec
 # -- sphere -------------------------------------------------------------------
 def _backward_moments_sphere(act, b: int):
     hom = act.homogeneity
-    grid = _sphere_grid(b, float(hom) - 1.0 if hom is not None else 0.0)
+    grid = sphere_grid_for(act, b, float(hom) - 1.0 if hom is not None else 0.0)  # split at kinks (._kinks)
     x, y = grid.x, grid.y
     sb = math.sqrt(b)
     with np.errstate(invalid="ignore", divide="ignore"):

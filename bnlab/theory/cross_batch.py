@@ -55,8 +55,9 @@ from bnlab.activations import get_activation
 from bnlab.theory._checks import check_batch_size
 from bnlab.theory._dynamics_common import (
     _check_finite, _choose_route, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy, _laplace_kernel_values,
-    _radial_inverse_moment, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere, _sphere_grid,
+    _radial_inverse_moment, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere,
 )
+from bnlab.theory._kinks import sphere_grid_for
 from bnlab.theory.forward import _forward_moments_sphere
 
 __all__ = ["CrossBatchResult", "cross_batch_analysis", "cross_batch_fixed_point", "cross_batch_rate", "CROSS_BATCH_METHODS"]
@@ -108,10 +109,10 @@ def _sphere(act, b: int):
     hom = act.homogeneity
     sb = math.sqrt(b)
     # c*: E f(√B u_1), radial power α/2 for homogeneous φ
-    g0 = _sphere_grid(b, hom / 2.0 if hom is not None else 0.0)
+    g0 = sphere_grid_for(act, b, hom / 2.0 if hom is not None else 0.0)  # split at kinks (._kinks)
     m = float(g0.expect(act(sb * g0.x)))
     # rate: E φ'(√B u_1)((B−1)/B − u_1²), radial power (α−1)/2
-    g1 = _sphere_grid(b, (hom - 1.0) / 2.0 if hom is not None else 0.0)
+    g1 = sphere_grid_for(act, b, (hom - 1.0) / 2.0 if hom is not None else 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         e = float(g1.expect(act.derivative(sb * g1.x) * ((b - 1.0) / b - g1.x**2)))
     mom = _forward_moments_sphere(act, b)

@@ -212,7 +212,13 @@ _KINKED_FAMILIES = frozenset({"relu", "alpha_relu", "leaky_relu", "abs", "elu", 
 
 
 def _kink_location(phi: Activation):
-    """Argument x where φ(γx + β) has its kink, if known and not at 0 (at 0 the arc cuts handle it)."""
+    """Argument x where φ(γx + β) has its kink, if known and not at 0 (at 0 the arc cuts handle it).
+
+    From :attr:`bnlab.activations.Activation.kinks` (registry families, traced expressions, declared
+    callables) when φ has exactly one kink off 0; the aligned rule handles one kink only."""
+    off = [k for k in getattr(phi, "kinks", ()) if k != 0.0]
+    if len(off) == 1:
+        return off[0]
     if phi.name not in _KINKED_FAMILIES or phi.beta == 0.0:
         return None
     return -phi.beta / phi.gamma

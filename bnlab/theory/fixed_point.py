@@ -156,7 +156,7 @@ def _gegenbauer(act: Activation, b: int, rtol: float = 1e-13, max_terms: int = 1
         bound = oscillating_tail_bound(r_xi, float(tails[-1]))
         # stop early on the bound only for positive-homogeneous φ (kinked unless the identity, which
         # converges at once): any other φ keeps doubling as before, so analytic φ give the same result
-        early = act.homogeneity is not None and bound <= rtol * abs(q)
+        early = (act.homogeneity is not None or bool(getattr(act, "kinks", ()))) and bound <= rtol * abs(q)
         if early or n >= max_terms:  # not converged (a kink): the Parseval part from the moment
             diag, off = q, float(np.sum(coeffs**2 * r_xi))
             err = bound + RULE_RTOL * abs(q)

@@ -86,8 +86,9 @@ from scipy import special
 
 from bnlab.theory._dynamics_common import (
     _check_finite, _choose_route, _conditional_moments, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy,
-    _laplace_kernel_values, _ratio_stats, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere, _sphere_grid,
+    _laplace_kernel_values, _ratio_stats, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere,
 )
+from bnlab.theory._kinks import sphere_grid_for
 from bnlab.theory.ultrasymmetric import projected_eigenvalues
 
 __all__ = ["ForwardEigenvalues", "forward_eigenvalues", "FORWARD_METHODS"]
@@ -130,7 +131,7 @@ def _forward_moments_sphere(act, batch_size: int):
     """
     b = batch_size
     hom = act.homogeneity
-    grid = _sphere_grid(b, float(hom) if hom is not None else 0.0)
+    grid = sphere_grid_for(act, b, float(hom) if hom is not None else 0.0)  # split at kinks (._kinks)
     x, y = grid.x, grid.y
     sb = math.sqrt(b)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -220,7 +221,11 @@ def _forward_closed(kind: str, b: int):
         return lam, lam
     j1, dj1 = _relu_arccos_kernel(-1.0 / (b - 1))
     mu = 0.5 * (1.0 - j1)
-    lam_l = ((b - 2) * (1.0 - j1) + b / (b - 1.0) * dj1) / (2.0 * (b + 1) * mu)  # Thm 3.7, Eq. 13
+    # Thm 3.7, Eq. 13, λ_L = ((B−2)(1−J_1) + B/(B−1) J_1')/(2(B+1)μ*) with 2μ* = 1 − J_1, written as
+    # 1 − gap, gap = (3(B−1)(1−J_1) − B J_1')/((B−1)(B+1)(1−J_1)) ≈ 2.27/B: no cancellation in the gap
+    # (3(1−1/π) vs 1/2), so λ_L is correctly rounded up to B ~ 1e16 and stays < 1 (BSB1)
+    gap_l = (3.0 * (b - 1.0) * (1.0 - j1) - b * dj1) / ((b - 1.0) * (b + 1.0) * (1.0 - j1))
+    lam_l = 1.0 - gap_l
     lam_m = b * dj1 / (2.0 * (b + 1) * mu)  # Thm 3.7, Eq. 14
     return lam_l, lam_m
 

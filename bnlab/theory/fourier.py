@@ -201,8 +201,20 @@ def _offdiag(phi: Activation, b: int, n: int, level: int, scales, sweights) -> f
 def fourier_isotropic_entries(
     phi: Activation, batch_size: int, *, mu: float = 1.0, eps: float = 0.0
 ) -> tuple[float, float, float]:
-    """(diagonal, off-diagonal, abs_error) of V_Bφ(Σ) for GΣG = μG by the Fourier reduction."""
+    """(diagonal, off-diagonal, abs_error) of V_Bφ(Σ) for GΣG = μG by the Fourier reduction.
+
+    Its rules are cut where φ's argument vanishes only, so a φ with a kink elsewhere (relu(γx + β),
+    expressions such as relu(x − 0.3)) is a ``ValueError`` (its error, 1e-5 for relu(x + 1), would
+    not be covered by ``abs_error``); use the sphere or Gegenbauer route, which split at every kink.
+    """
     b = int(batch_size)
+    off = [k for k in getattr(phi, "kinks", ()) if k != 0.0]
+    if off:
+        raise ValueError(
+            f"method='fourier' does not apply to phi={phi.spec!r}: it has a kink away from 0 (at x = "
+            f"{', '.join(f'{k:.6g}' for k in off)}), which the Fourier route's rules do not split at; "
+            "use method='sphere' or 'gegenbauer' (both split at every kink)"
+        )
     alpha = phi.homogeneity
     if eps > 0 and alpha is not None and alpha > 0 and phi.homogeneous_coeffs is not None:
         # φ(s x) = s^α φ(x), s > 0: the radial average factors out exactly

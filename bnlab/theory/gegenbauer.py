@@ -51,7 +51,8 @@ parts are moments of one coordinate of the sphere,
 eigenvalues of −Δ on S^{B−2}, so the last one is the Dirichlet energy, by
 integration by parts, valid when f is continuous with E(1−x²)f'² < ∞), which the
 rule of the coefficients integrates to ≈1e-14 whatever the kink, because the
-rule is split at the kink (x = 0); the Dirichlet moment has a rule of its own
+rule is split at every kink (x = 0 and, for φ kinked elsewhere such as relu(x + 1), at
+x = k/√(B−1); kinks from :attr:`bnlab.activations.Activation.kinks`); the Dirichlet moment has a rule of its own
 that reaches |x| ≈ 1e-300, since φ' may be singular there (relu^α, ½ < α < 1).  What is left, the two-point tail
 Σ_{l≥n} c_l R_l(ξ), is bounded by max_{l≥n}|R_l(ξ)| Σ_{l≥n}|c_l|
 (:func:`oscillating_tail_bound`), and |R_l(ξ)| ≲ l^{−(B−3)/2} (R_400(ξ) ≈ 1e-6 at
@@ -212,7 +213,7 @@ class SeriesMoments:
     * ``dirichlet`` E (1−x²) f'(x)² = Σ_l l(l+B−3) b_l²   (l(l+B−3): eigenvalues of −Δ on S^{B−2};
       None unless requested, and inf when φ' is not square integrable, e.g. relu^α with α ≤ ½)
 
-    Accuracy ≈1e-14 relative (tanh-sinh split at the kink x = 0, see the module docstring).
+    Accuracy ≈1e-14 relative (tanh-sinh split at every kink of φ, see the module docstring).
     """
 
     second: float
@@ -250,9 +251,32 @@ def _dirichlet_moment(phi, b: int, level: int) -> float:
     return total
 
 
+def _theta_panels(phi, b: int) -> np.ndarray:
+    """Panel ends in θ: 0, π/2, π and θ_k = arccos(k/√(B−1)) for every kink k ≠ 0 of φ inside the range
+    (:func:`bnlab.theory._kinks.theta_cuts`), so that each panel's integrand is smooth."""
+    from bnlab.theory._kinks import theta_cuts
+
+    return np.array(sorted({0.0, 0.5 * math.pi, math.pi, *theta_cuts(phi, math.sqrt(b - 1.0))}))
+
+
+def _dirichlet_moment_panels(phi, b: int, ends: np.ndarray, level: int) -> float:
+    """E_μ (1−x²) f'(x)² on tanh-sinh panels in θ ending at 0, π/2, π and the kinks of φ (φ' bounded
+    or with a jump there: selu, relu(γx + β), ...; a φ' singular at a kink k ≠ 0 is resolved only to
+    |x − k| ≈ 1e-16, see :mod:`bnlab.theory._kinks`)."""
+    theta, w = tanh_sinh_panel(ends[:-1], ends[1:], level)
+    theta, w = theta.ravel(), w.ravel()
+    w = _sin_power_weight(theta, b - 3.0, w)
+    scale = math.sqrt(b - 1.0)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        fp = scale * phi.derivative(scale * np.cos(theta))
+        vals = w * np.sin(theta) ** 2 * fp * fp
+    return float(np.sum(np.where(w > 0.0, vals, 0.0)))
+
+
 def _coefficients_on_rule(phi, b: int, n: int, level: int, *, dirichlet: bool = False) -> tuple[np.ndarray, SeriesMoments]:
     lam = 0.5 * (b - 3)
-    theta, w = tanh_sinh_panel(np.array([0.0, 0.5 * math.pi]), np.array([0.5 * math.pi, math.pi]), level)
+    ends = _theta_panels(phi, b)
+    theta, w = tanh_sinh_panel(ends[:-1], ends[1:], level)
     theta, w = theta.ravel(), w.ravel()
     w = _sin_power_weight(theta, b - 3.0, w)
     x = np.cos(theta)
@@ -260,7 +284,12 @@ def _coefficients_on_rule(phi, b: int, n: int, level: int, *, dirichlet: bool = 
     f = phi(scale * x)
     ff = w * f * f
     q = float(np.sum(ff))
-    d = _dirichlet_moment(phi, b, level) if dirichlet else None
+    if not dirichlet:
+        d = None
+    elif ends.size > 3:  # kinks away from 0: φ' jumps there; panels ending at each kink
+        d = _dirichlet_moment_panels(phi, b, ends, level + 1)
+    else:
+        d = _dirichlet_moment(phi, b, level)
     moments = SeriesMoments(q, float(np.sum(ff * x * x)), d)
     # P_l itself overflows near x = ±1 for large B·l (P_l(1)² = C_l(1)/c_l ~ binom(l+B−4, l),
     # e^{1400} at B = 1024, l = 1030), where the weight sin^{B−3}θ underflows: inf·0 = NaN.

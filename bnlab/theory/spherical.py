@@ -55,6 +55,7 @@ import numpy as np
 from scipy import special
 
 from bnlab.activations import Activation
+from bnlab.theory._kinks import kinks_of, theta_cuts
 from bnlab.theory._linalg import im_g_basis, tanh_sinh_panel
 
 __all__ = ["isotropic_transform_entries", "qmc_transform", "sphere_log_normalizer"]
@@ -127,7 +128,9 @@ def _radial_rule(batch_size: int, mu: float, eps: float):
 
 def _diag_integral(phi: Activation, batch_size: int, level: int, scales, sweights) -> float:
     a = math.sqrt(batch_size - 1.0)
-    theta, w = tanh_sinh_panel(np.array([0.0, 0.5 * math.pi]), np.array([0.5 * math.pi, math.pi]), level)
+    # panels end at θ = π/2 (φ's kink at 0) and at arccos(k/a) for kinks k ≠ 0 (bnlab.theory._kinks)
+    ends = np.array(sorted({0.0, 0.5 * math.pi, math.pi, *theta_cuts(phi, a)}))
+    theta, w = tanh_sinh_panel(ends[:-1], ends[1:], level)
     theta, w = theta.ravel(), w.ravel()
     w = _sin_power_weight(theta, batch_size - 3.0, w)
     arg = a * np.cos(theta)[:, None] * scales[None, :]
@@ -144,7 +147,20 @@ def _offdiag_integral(phi: Activation, batch_size: int, level: int, scales, swei
     # curve of the second argument enters/leaves the ψ-range (sin θ_c = |ρ|):
     # the inner ψ-integral is not smooth in θ there.
     tc = math.asin(abs(rho))
-    cuts = np.array([0.0, tc, 0.5 * math.pi, math.pi - tc, math.pi])
+    cut_set = {0.0, tc, 0.5 * math.pi, math.pi - tc, math.pi}
+    # kinks k ≠ 0 (bnlab.theory._kinks): φ's first argument a cos θ = k, and the kink curve
+    # a(ρ cos θ + √(1−ρ²) sin θ cos ψ) = k enters/leaves the ψ-range: cos(θ ∓ δ) = k/a, ρ = cos δ
+    kinks = [k for k in kinks_of(phi) if k != 0.0]
+    delta = math.acos(rho)
+    for k in kinks:
+        if abs(k) < a:
+            ak = math.acos(k / a)
+            cut_set.add(ak)
+            for cand in (delta + ak, delta - ak, -delta + ak, -delta - ak, 2 * math.pi - delta - ak):
+                cand = cand % (2.0 * math.pi)
+                if 0.0 < cand < math.pi:
+                    cut_set.add(cand)
+    cuts = np.array(sorted(cut_set))
     theta, wt = tanh_sinh_panel(cuts[:-1], cuts[1:], level)
     theta, wt = theta.ravel(), wt.ravel()
     wt = _sin_power_weight(theta, b - 3.0, wt)
@@ -156,8 +172,13 @@ def _offdiag_integral(phi: Activation, batch_size: int, level: int, scales, swei
         with np.errstate(divide="ignore", invalid="ignore"):
             cpsi0 = np.where(st > 0, -rho * ct / (srho * np.where(st > 0, st, 1.0)), 2.0)
         psi0 = np.arccos(np.clip(cpsi0, -1.0, 1.0))
-        lo = np.stack([np.zeros_like(psi0), psi0], axis=-1)
-        hi = np.stack([psi0, np.full_like(psi0, math.pi)], axis=-1)
+        psis = [psi0]
+        for k in kinks:  # ψ where the second argument crosses the kink k (0 or π when it does not)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ck = np.where(st > 0, (k / a - rho * ct) / (srho * np.where(st > 0, st, 1.0)), 2.0)
+            psis.append(np.arccos(np.clip(ck, -1.0, 1.0)))
+        inner_ends = np.sort(np.stack([np.zeros_like(psi0), *psis, np.full_like(psi0, math.pi)], axis=-1), axis=-1)
+        lo, hi = inner_ends[:, :-1], inner_ends[:, 1:]  # empty panels (lo = hi) carry zero weight
         psi, wp = tanh_sinh_panel(lo, hi, level)  # (nθ, 2, nψ)
         psi = psi.reshape(theta.size, -1)
         wp = wp.reshape(theta.size, -1)
@@ -187,6 +208,14 @@ def isotropic_transform_entries(
         d, o, err = isotropic_transform_entries(phi, b, mu=mu, eps=0.0, tol=tol)
         return factor * d, factor * o, factor * err
     scales, sweights = _radial_rule(b, mu, eps)
+    if eps > 0 and any(k != 0.0 for k in kinks_of(phi)):
+        # kinks away from 0 move with the radial scale s (φ(s x) is kinked at k/s): integrate each
+        # scale with its own cuts, as the ε = 0 entries of x ↦ φ(s x) (bnlab.theory._kinks)
+        parts = np.array(
+            [isotropic_transform_entries(phi.with_affine(float(sc), 0.0), b, eps=0.0, tol=tol) for sc in scales]
+        )
+        d, o = sweights @ parts[:, 0], sweights @ parts[:, 1]
+        return float(d), float(o), float(sweights @ parts[:, 2])
     prev = None
     level = 3
     while True:

@@ -171,6 +171,18 @@ def _sphere_terms(phi: Activation, b: int):
 
 
 def _stability(phi: Activation, b: int) -> BSB1Stability:
+    if phi.homogeneity is not None and phi.homogeneous_coeffs is not None and b >= 4 and (b - 1) / 2.0 > phi.homogeneity:
+        # positive-homogeneous φ: the closed forms (Thm 3.7 for relu/identity, Thm F.33 otherwise).  The
+        # sphere sums below cancel like B·1e-16 while 1 − λ_L↑ ≈ 2.27/B for relu (issue 13: relu at
+        # B = 3e8 came out BSB2); the closed forms keep λ_L↑ = 1 − gap correctly rounded to B = 1e12
+        from bnlab.theory.fixed_point import bsb1_fixed_point
+        from bnlab.theory.forward import forward_eigenvalues
+
+        from bnlab.theory._dynamics_common import _relu_or_identity
+
+        fw = forward_eigenvalues(phi, b, method="closed" if _relu_or_identity(phi) else "laplace")
+        fp = bsb1_fixed_point(phi, b, method="closed")
+        return BSB1Stability(batch_size=b, lambda_L=fw.lambda_L, lambda_M=fw.lambda_M, mu_star=fp.mu_star)
     a1, e1, e12, a12, b12 = _sphere_terms(phi, b)
     from bnlab.theory.epsilon import _forward_gap
 
@@ -284,6 +296,13 @@ def fixed_point_kind(phi, batch_size, *, depth=60, seed=0, n_samples=20_000) -> 
         depth = check_int("depth", depth, minimum=1)
     n_samples = check_int("n_samples", n_samples, minimum=1000)
     st = _stability(phi, b)
+    if not (math.isfinite(st.lambda_L) and math.isfinite(st.lambda_M)):
+        # an overflow must never read as "not attracting"
+        raise ValueError(
+            f"the forward eigenvalues of phi={phi.spec!r} at batch_size={b} are not finite (λ_L={st.lambda_L!r}, "
+            f"λ_M={st.lambda_M!r}): φ overflows or is not square-integrable on the batchnorm sphere, so the BSB1/BSB2 "
+            "verdict cannot be computed"
+        )
     kind = "BSB1" if st.attracting else "BSB2"
     if depth is None:
         return kind

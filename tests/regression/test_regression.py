@@ -36,11 +36,49 @@ def _close(a, b, rtol, atol):
     return abs(a - b) <= atol + rtol * abs(b)
 
 
+# Issue 13 corrected these recorded numbers on purpose (the baseline itself is not re-recorded).  Before,
+# the sphere route (auto for non-homogeneous φ) used a rule cut only where φ's argument vanishes, which
+# converges algebraically for selu/elu (not homogeneous, kink at 0) and for relu(x + 1) (kink at x = −1).
+# Independent evidence for every corrected value (measured, tests/theory/test_kinks.py does the same):
+# * the kink-split Gegenbauer route (coefficients on a rule cut at every kink, tails summed through
+#   moments) gives the same q*, c*, λ_L↑, λ_M↑, λ_G↓, c_CB*, λ_M̃ to ≤ 2e-14 relative in all three cases;
+# * Monte Carlo of the sphere (bnlab's estimators, 4e5 to 1e6 samples) puts the new values within 2 SE on
+#   every quantity including λ_L↓, λ_M↓ (no Gegenbauer form); for relu(x + 1), B = 32 the old λ_M↓
+#   0.94280 is 6.9 SE from the Monte Carlo 0.94432 ± 0.00022, the new 0.94418 is 0.6 SE from it.
+# depth_scale and max_trainable_depth follow from λ_G↓ (1/log λ_G↓, 16/log λ_G↓).
+CORRECTED_BY_ISSUE_13 = {
+    ("selu", 16, "auto", "{}"): {
+        "forward_lambda_L": 0.7208612708412983, "forward_lambda_M": 0.8836507948138411,
+        "grad_explosion_rate": 1.147914264228282, "backward_lambda_L": 1.0944030168222245,
+        "backward_lambda_M": 0.9781003921090986, "cross_batch_c_star": 6.438159267671506e-07,
+        "cross_batch_rate": 0.9444525104579858, "depth_scale": 7.249181279215909,
+        "max_trainable_depth": 115.98690046745455,
+    },
+    ("elu", 16, "auto", "{}"): {
+        "forward_lambda_L": 0.7753077968033937, "forward_lambda_M": 0.8441172016088396,
+        "grad_explosion_rate": 1.1605358819359175, "backward_lambda_L": 1.0969463926958671,
+        "backward_lambda_M": 0.94195796926318, "cross_batch_c_star": 0.02649079748935932,
+        "cross_batch_rate": 0.9132162792544144, "depth_scale": 6.716734746475889,
+        "max_trainable_depth": 107.46775594361422,
+    },
+    ("relu", 32, "auto", '{"beta": 1.0}'): {
+        "c_star": 0.5960833321201715, "forward_lambda_L": 0.7374884113301071, "forward_lambda_M": 0.9019668458926186,
+        "grad_explosion_rate": 1.1554439470976625, "backward_lambda_L": 1.1258490274251867,
+        "backward_lambda_M": 0.9441844188704419, "cross_batch_c_star": 1.173478542344135,
+        "cross_batch_rate": 0.9316693614913819, "depth_scale": 6.921150931084775, "max_trainable_depth": 110.7384148973564,
+    },
+}
+
+
 def test_theory_outputs_unchanged():
     now = _record.theory_records()
     assert len(now) == len(BASELINE["theory"])
     for new, old in zip(now, BASELINE["theory"]):
+        corrected = CORRECTED_BY_ISSUE_13.get(
+            (old["phi"], old["batch_size"], old["method"], json.dumps(old["kwargs"], sort_keys=True)), {}
+        )
         for key, want in old["values"].items():
+            want = corrected.get(key, want)
             got = new["values"][key]
             assert _close(got, want, 1e-12, 1e-15), (old["phi"], old["batch_size"], old["method"], key, got, want)
 

@@ -1,0 +1,178 @@
+"""Quadrature split at the kinks of φ, wherever they are (private; Yang et al. 2019, Thm 3.3, App. F.3).
+
+The spherical routes (fixed point Thm F.5, forward App. F.3.1, backward Thm 3.9 / App. G,
+cross-batch Thm 3.11 / App. H) integrate functions of (u_1, u_2), the first two coordinates of u
+uniform on the unit sphere of the sum-zero hyperplane of R^B, or of one coordinate u_1.  Their
+rules in :mod:`._dynamics_common` and :mod:`.spherical` are cut where u_1 = 0 or u_2 = 0 only:
+exact for positive-homogeneous φ (the radial part is a Jacobi weight s^β), but a kink of
+φ(√B u_1) at u_1 = k ≠ 0 (relu(γx + β), leaky relu with β) crosses their (s, θ) cells along a
+curve, and a non-homogeneous φ kinked at 0 (selu, elu) is not polynomial in s along a ray, so
+the rules converge only algebraically there (λ_G↓ of relu(x + 1) at B = 32: 6e-4 off; selu:
+1e-4).  Here the integrals are iterated in Cartesian coordinates with every panel ending at a
+kink, so each panel's integrand is smooth up to algebraic endpoint singularities, which
+tanh-sinh quadrature integrates at its exponential rate.
+
+Density of (x, y) = (u_1, u_2) (projection of the uniform measure on S^{B−2} ⊂ W onto a
+2-plane; B ≥ 4): with M = I_2 − 11ᵀ/B, Q(x, y) = (x, y) M⁻¹ (x, y)ᵀ = x² + y² + (x + y)²/(B−2),
+
+    p(x, y) = (a + 1)/(π √det M) · (1 − Q)^a  on Q < 1,   a = (B − 5)/2,  det M = 1 − 2/B,
+
+which is the (s, θ) density (a+1)(1−s)^a ds dθ/2π of :func:`._dynamics_common._sphere_grid`
+written in Cartesian coordinates.  For fixed x, 1 − Q = p_B (y − y₋)(y₊ − y) with p_B = (B−1)/(B−2),
+so the inner panels carry the exact distances to y± (the (1 − Q)^a singularity at B = 4 is then
+integrated to full precision); the outer variable ranges over |x| ≤ √((B−1)/B) and is cut at the
+kinks k and where a kink line y = k enters or leaves the ellipse (Q(x, k) = 1), where the inner
+integral is not smooth in x.
+
+Where the integrand is singular at a kink, the tanh-sinh nodes reach 5e-62 of a panel's length
+from its ends (half-width 4.5 instead of 3.2), so that φ' singular at a kink at 0 (relu^α, ½ < α < 1: (φ')² ~ |x|^{2α−2}) loses nothing
+(the rule of :func:`._dynamics_common._sphere_grid` stops at 2e-17: relu^0.6 λ_G↓ 5e-4 off).  A
+kink k ≠ 0 with φ' singular there is resolved only to |x − k| ≈ 1e-16 |k| (rounding of k + t):
+such φ are outside the measured accuracy (see docs/theory-methods.md).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from bnlab.theory._linalg import _tanh_sinh_step
+
+__all__: list[str] = []
+
+# tanh-sinh on (0, 1): step 2^-4, half-width 4.5 (nodes reach t ≈ 5e-62; omitted weights < 1e-60)
+_STEP = 1.0 / 16.0
+_STEP_SMALL_B = 1.0 / 10.0
+_SMALL_B = 32
+_HALF_WIDTH = 4.5
+
+
+def kinks_of(act) -> tuple[float, ...]:
+    """The points x where x ↦ φ(γx + β) (``act``) is not smooth (a jump of φ or of one of its
+    derivatives), sorted; () for smooth φ.  See :attr:`bnlab.activations.Activation.kinks`."""
+    return tuple(getattr(act, "kinks", ()) or ())
+
+
+def needs_kink_rule(act, radial_power: float | None = None) -> bool:
+    """Whether the spherical integrals of ``act`` need the kink-split rule of this module.
+
+    Yes for a non-homogeneous φ with a kink anywhere (selu, elu, relu(γx + β), expressions with
+    relu/abs/...), and for a positive-homogeneous φ whose integrand is singular at its kink
+    (``radial_power`` < 0: φ' of relu^α with α < 1).  Smooth φ and relu-like φ with a bounded
+    integrand keep the (s, θ) rule, which is exact for them.
+    """
+    if act.homogeneity is not None:
+        return radial_power is not None and radial_power < 0.0
+    return bool(kinks_of(act))
+
+
+def _panels(lo: float, hi: float, cuts) -> list[tuple[float, float]]:
+    pts = sorted({lo, hi, *(c for c in cuts if lo < c < hi)})
+    return [(a, b) for a, b in zip(pts[:-1], pts[1:]) if b > a]
+
+
+def _unit_rule(batch_size: int, singular: bool):
+    # the density is a peak of width ~B^{−1/2}: the step shrinks with B (measured below); the half-width
+    # 4.5 only where the integrand is singular at a kink (relu^α's φ'), else 3.2 (omitted weights < 1e-20)
+    # measured on the forward/backward/cross-batch eigenvalues of relu(x + 1), selu, relu(x − 0.3) + 0.1x,
+    # relu^0.6 against steps 2^-5: step 1/10 leaves ≤ 4e-13 for 5 ≤ B ≤ 32 (1/8 left 5e-10 at B = 32;
+    # B = 4, where the density (1 − Q)^{−1/2} is singular at the ellipse: ≈ 3e-9, so 1/16 there);
+    # 1/16 ≤ 5e-14 for 33 ≤ B ≤ 256
+    small = 5 <= batch_size <= _SMALL_B
+    step = _STEP_SMALL_B if small else (_STEP if batch_size <= 256 else 0.5 * _STEP)
+    return _tanh_sinh_step(step, _HALF_WIDTH if singular else 3.2)
+
+
+@lru_cache(maxsize=64)
+def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool = True):
+    """A :class:`._dynamics_common._SphereGrid` (β = 0) for E over (u_1, u_2), cut at u_1, u_2 ∈ ``kinks``.
+
+    ``kinks`` are the kinks of the integrand in u (i.e. those of φ divided by √B); ``singular``
+    widens the tanh-sinh range for integrands singular at a kink.  B ≥ 4.  Accuracy on the
+    eigenvalues of relu(x + 1), selu, relu(x − 0.3) + 0.1x, relu^0.6 (change when the step is
+    halved twice): ≈ 3e-9 at B = 4 (the density (1 − Q)^{−1/2} is singular on the ellipse), ≤ 4e-13
+    for 5 ≤ B ≤ 1024; the constant and x⁴ integrate to ≤ 1e-14.
+    """
+    from bnlab.theory._dynamics_common import _SphereGrid
+
+    b = int(batch_size)
+    if b < 4:
+        raise ValueError("the kink-split spherical rule needs batch_size >= 4")
+    a = 0.5 * (b - 5)
+    pb = (b - 1.0) / (b - 2.0)
+    r = 1.0 / (b - 2.0)
+    xmax = math.sqrt((b - 1.0) / b)
+    const = (a + 1.0) / (math.pi * math.sqrt(1.0 - 2.0 / b))
+    ks = [float(k) for k in kinks]
+    # outer cuts: kinks in x and where the line y = k meets the ellipse: p x² + 2 r k x + p k² − 1 = 0
+    cuts = list(ks) + [0.0]
+    for k in ks:
+        disc = r * r * k * k - pb * (pb * k * k - 1.0)
+        if disc > 0:
+            sq = math.sqrt(disc)
+            cuts += [(-r * k - sq) / pb, (-r * k + sq) / pb]
+    t, tc, wt = _unit_rule(b, singular)
+    xs, wx = [], []
+    for lo, hi in _panels(-xmax, xmax, cuts):
+        length = hi - lo
+        xs.append(np.where(t < 0.5, lo + length * t, hi - length * tc))
+        wx.append(length * wt)
+    x = np.concatenate(xs)
+    wx = np.concatenate(wx)
+    # inner: y between the roots y± of p y² + 2 r x y + p x² − 1 = 0
+    disc = np.maximum(pb - (pb * pb - r * r) * x * x, 0.0)
+    sq = np.sqrt(disc)
+    ylo = (-r * x - sq) / pb
+    yhi = (-r * x + sq) / pb
+    kin = np.array(sorted(k for k in set(ks) if abs(k) < xmax), dtype=np.float64)
+    # panel ends per outer node: y₋, every kink and the density's maximum y_c = −r x/p_B (for large B the
+    # density is a peak of width ~B^{−1/2}, which the tanh-sinh nodes resolve only near panel ends), y₊;
+    # points outside (y₋, y₊) are clipped onto its ends, making empty panels of zero weight (vectorized)
+    yc = -r * x / pb
+    inner = np.clip(np.column_stack([np.broadcast_to(kin, (x.size, kin.size)), yc]), ylo[:, None], yhi[:, None])
+    ends = np.column_stack([ylo, np.sort(inner, axis=1), yhi])
+    lo, hi = ends[:, :-1, None], ends[:, 1:, None]
+    length = hi - lo
+    y = np.where(t < 0.5, lo + length * t, hi - length * tc)
+    d_lo = (lo - ylo[:, None, None]) + length * t  # exact distance to y₋ in the first non-empty panel
+    d_hi = (yhi[:, None, None] - hi) + length * tc  # exact distance to y₊ in the last one
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        dens = (pb * d_lo * d_hi) ** a if a != 0.0 else np.ones_like(d_lo)
+        w = wx[:, None, None] * length * wt * dens * const
+    X = np.broadcast_to(x[:, None, None], y.shape).ravel()
+    Y, W = y.ravel(), w.ravel()
+    keep = np.isfinite(W) & (W > 0)
+    X, Y, W = X[keep], Y[keep], W[keep]
+    M_inv_q = X * X + Y * Y + (X + Y) ** 2 / (b - 2.0)
+    for arr in (X, Y, W, M_inv_q):
+        arr.setflags(write=False)
+    return _SphereGrid(b, 0.0, X, Y, W, M_inv_q)
+
+
+def sphere_grid_for(act, batch_size: int, radial_power: float):
+    """The rule for the spherical integrals of φ = ``act`` at B = ``batch_size``: the kink-split rule
+    of this module when :func:`needs_kink_rule`, else ``_sphere_grid(B, radial_power)`` (radial
+    power for homogeneous φ, 0 otherwise), as the routes used before."""
+    from bnlab.theory._dynamics_common import _sphere_grid
+
+    b = int(batch_size)
+    if b >= 4 and needs_kink_rule(act, radial_power):
+        ks = kinks_of(act) or (0.0,)
+        scale = math.sqrt(b)
+        singular = act.homogeneity is not None and radial_power < 0.0
+        return kink_sphere_grid(b, tuple(sorted({k / scale for k in ks})), singular)
+    return _sphere_grid(b, float(radial_power) if act.homogeneity is not None else 0.0)
+
+
+def theta_cuts(act, amplitude: float) -> list[float]:
+    """Angles θ ∈ (0, π) where φ(amplitude · cos θ) has a kink: θ = arccos(k/amplitude) for each
+    kink k of φ with |k| < amplitude.  Used to split the 1-D angular rules (Gegenbauer
+    coefficients, Thm 3.4; the sphere fixed point, Thm F.5)."""
+    out = []
+    for k in kinks_of(act):
+        c = k / amplitude
+        if -1.0 < c < 1.0 and k != 0.0:
+            out.append(math.acos(c))
+    return out
