@@ -58,9 +58,9 @@ def test_output_scale_drops_out():
 @pytest.mark.parametrize(
     "phi,kw,match",
     [
-        ("x*1e308", {}, "not finite"),
-        ("exp(exp(exp(x)))", {}, "not finite"),
-        ("1/x", {}, "not finite|pole"),
+        ("x*1e308", {}, "not finite|real and finite"),
+        ("exp(exp(exp(x)))", {}, "not finite|real and finite"),
+        ("1/x", {}, "not finite|real and finite|pole"),
         ("1/(x - 0.123456)", {}, "not finite|pole|unbounded"),
         ("alpha_relu", {"alpha": 1e308}, "not finite"),
         ("0*x + 1", {}, "constant"),
