@@ -179,6 +179,10 @@ class Activation:
         beta = _check_real("beta", beta)
         if gamma == 0.0:
             raise ValueError("gamma=0.0 is not allowed: φ(0·x + β) is constant; use gamma != 0")
+        if gamma == 1.0 and beta == 0.0:
+            # the same object back: resolving an Activation is free and keeps its identity, so the
+            # per-(φ, B) caches of the theory (keyed on the Activation) are shared by every caller
+            return self
         # φ(γ1(γ2 x + β2) + β1) = φ(γ1γ2 x + γ1β2 + β1)
         return replace(self, gamma=self.gamma * gamma, beta=self.gamma * beta + self.beta)
 
@@ -399,6 +403,12 @@ def get_activation(
     **params: float,
 ) -> Activation:
     """Resolve ``phi`` to an :class:`Activation` computing φ(γx + β).
+
+    This is bnlab's one resolution of φ: every public function that accepts a
+    nonlinearity calls it once at its entry and hands the :class:`Activation`
+    down; internal functions take an :class:`Activation` and never resolve
+    again.  An :class:`Activation` with γ = 1, β = 0 and no parameters comes
+    back as the same object.
 
     Parameters
     ----------

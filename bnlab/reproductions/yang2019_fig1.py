@@ -81,17 +81,18 @@ def _grid_ab(scale: str) -> list[dict]:
 
 def run_gradient_cell(params: dict) -> dict:
     """Simulate one B: fitted λ_G with CI, theory λ_G, per-layer gradient norm² mean and sd."""
+    from bnlab.compare import compare_with_theory
     from bnlab.sim import simulate
 
     res = simulate(params["phi"], params["batch_size"], params["width"], params["depth"], params["networks"],
                    seed=params["seed"], dtype="float32", device=params.get("device", "cpu"))
     kw = {} if params.get("rate_ci") == "heavy_tail" else {"tail_index": None}  # None: percentile bootstrap
-    fit = res.grad_explosion_rate(estimator=params.get("rate_estimator", "step_ratio"), **kw)
+    kw["estimator"] = params.get("rate_estimator", "step_ratio")
+    rate = compare_with_theory(res, quantities="grad_explosion_rate", rate_options=kw)["grad_explosion_rate"]
     g = res.grad_norm_sq
     return dict(
-        grad_rate=fit.rate, grad_rate_ci=[fit.ci_low, fit.ci_high], grad_rate_ci_method=fit.ci_method,
-        fit_layers=[fit.first_layer, fit.last_layer],
-        theory_grad_rate=_theory_grad_rate(params["phi"], params["batch_size"]),
+        grad_rate=rate.simulated, grad_rate_ci=list(rate.ci), grad_rate_ci_method=rate.ci_method,
+        fit_layers=list(rate.layers), theory_grad_rate=rate.theory,
         grad_norm_sq_mean=g.mean(0).tolist(), grad_norm_sq_sd=g.std(0, ddof=1).tolist(),
         log_grad_norm_sq_mean=np.log(g).mean(0).tolist(), log_grad_norm_sq_sd=np.log(g).std(0, ddof=1).tolist(),
     )

@@ -59,45 +59,34 @@ def _grid(scale: str) -> list[dict]:
     ]
 
 
-def _relu_fixed_point(b: int) -> tuple[float, float]:
-    from bnlab.theory import bsb1_fixed_point
-
-    fp = bsb1_fixed_point("relu", b)
-    return float(fp.q_star), float(fp.c_star)
-
-
-def _tanh_grad_rate(b: int) -> float | None:
-    from bnlab.theory import gradient_explosion_rate
-
-    try:
-        return float(gradient_explosion_rate("tanh", b))
-    except ValueError:
-        return None
-
-
 def run_cell(params: dict) -> dict:
     """One width: the bias of Σ^L (ReLU) and of λ_G (tanh) relative to the theory."""
+    from bnlab.compare import compare_with_theory
     from bnlab.sim import simulate
 
     b, width, depth = params["batch_size"], params["width"], params["depth"]
     dev = params.get("device", "cpu")
-    q_star, c_star = _relu_fixed_point(b)
     relu = simulate("relu", b, width, depth, params["relu_networks"], measure_gradients=False,
                     seed=params["seed"], dtype="float64", device=dev)
-    tail = slice(depth // 4, None)
-    q = float(relu.q[:, tail].mean())
-    qc = float((relu.q * relu.c)[:, tail].mean())
+    first = depth // 4 + 1  # past the transient
+    state = compare_with_theory(relu, quantities=("q_star", "c_star"), state_layers=(first, depth))
+    q_star, c_star = state["q_star"].theory, state["c_star"].theory
+    q = float(relu.q[:, first - 1 :].mean())
+    # the entries of Σ are averaged (off-diagonal = q·c per network and layer), not q and c separately
+    qc = float((relu.q * relu.c)[:, first - 1 :].mean())
     # ‖BSB1(q, qc) − Σ*‖_F / ‖Σ*‖_F, BSB1 written by its diagonal and off-diagonal entries
     num = b * (q - q_star) ** 2 + b * (b - 1) * (qc - q_star * c_star) ** 2
     den = b * q_star**2 + b * (b - 1) * (q_star * c_star) ** 2
     tanh = simulate("tanh", b, width, depth, params["tanh_networks"], seed=params["seed"] + 1,
                     dtype="float32", device=dev)
-    fit = tanh.grad_explosion_rate(estimator=params.get("rate_estimator", "step_ratio"))
-    theory = _tanh_grad_rate(b)
+    rate = compare_with_theory(tanh, quantities="grad_explosion_rate",
+                               rate_options={"estimator": params.get("rate_estimator", "step_ratio")})
+    fit = rate["grad_explosion_rate"]
+    theory = fit.theory
     return dict(
         sigma_bias=math.sqrt(num / den), q=q, c=qc / q, q_star=q_star, c_star=c_star,
-        grad_rate=fit.rate, grad_rate_ci=[fit.ci_low, fit.ci_high], theory_grad_rate=theory,
-        grad_rate_bias=None if theory is None else fit.rate - theory,
+        grad_rate=fit.simulated, grad_rate_ci=list(fit.ci), theory_grad_rate=theory,
+        grad_rate_bias=None if theory is None else fit.simulated - theory,
     )
 
 

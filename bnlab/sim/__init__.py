@@ -9,6 +9,9 @@ correlation, and per-layer rates with bootstrap confidence intervals.
 Entry point: :func:`simulate` → :class:`EnsembleResult`.  See ``docs/sim.md``.
 
 Trainable networks and the training loop live in :mod:`bnlab.nets` (``docs/nets.md``).
+
+``bnlab.sim`` does not import :mod:`bnlab.theory`: it is the theory's independent check.
+:func:`bnlab.compare.compare_with_theory` puts an ensemble beside the predictions.
 """
 from __future__ import annotations
 
@@ -22,7 +25,6 @@ from bnlab.sim.measure import (
     weight_gradient_norm_sq,
 )
 from bnlab.sim.networks import NORMALIZATIONS, EnsembleResult, resolve_device, resolve_dtype, simulate
-from bnlab.sim._theory import theory_predictions
 
 __all__ = [
     "simulate",
@@ -39,5 +41,4 @@ __all__ = [
     "weight_gradient_norm_sq",
     "resolve_device",
     "resolve_dtype",
-    "theory_predictions",
 ]

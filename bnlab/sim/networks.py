@@ -347,7 +347,7 @@ def simulate(
     bn_beta: float = 0.0,
     residual_scale: float | None = None,
     num_batches: int = 1,
-    input_correlation: float = 0.9,
+    input_correlation: float = 0.1,
     input_dim: int | None = None,
     inputs=None,
     measure_gradients: bool = True,
@@ -381,9 +381,15 @@ def simulate(
         If given, the residual variant h^l = h^{l−1} + r·(layer l).
     num_batches : int
         k ≥ 1 batches pushed through the same networks (k ≥ 2 enables the
-        cross-batch measurements between batch 0 and the others).
+        cross-batch measurements between batch 0 and the others).  Default 1: for
+        the gradients and Σ^l, independent networks are worth more than more batches
+        of the same networks at the same cost (``bnlab simulate`` uses 4 because it
+        reports the cross-batch rate).
     input_correlation : float
-        ρ₀ ∈ [−1, 1] between the default random input batches.
+        ρ₀ ∈ [−1, 1] between the default random input batches (default 0.1, as ``bnlab simulate``:
+        the cross-batch rate is that of the linearized dynamics, Thm H.13, and
+        :meth:`EnsembleResult.cross_batch_rate` fits only layers with ρ̄ ≤ 0.5, so a small ρ₀ puts
+        every layer in the fitted regime; it matters only with ``num_batches`` ≥ 2).
     input_dim : int, optional
         Dimension of the default random inputs (default: ``width``).
     inputs : array (B, d) or (k, B, d), optional
@@ -396,6 +402,9 @@ def simulate(
         (seed, i), so results do not depend on the chunking (``max_memory_bytes``).
     device : {"cpu", "cuda", ...}
     dtype : {"float32", "float64"}
+        Default float64 (as ``bnlab simulate``): it keeps rounding far below every other error
+        at 1.2× the time of float32 (relu, B = 32, width 1000, depth 50, 10 networks,
+        conditional sampling: 1.46 s vs 1.19 s on one core).
     max_memory_bytes : int
         Bound on the working memory; the networks are processed in chunks below it.
     record_layers : sequence of int

@@ -17,9 +17,11 @@ only what the dynamics need on top of it:
 * the numerical engine of the spherical / Monte Carlo / Laplace routes
   (:func:`_sphere_grid`, :func:`_conditional_moments`, :func:`_radial_inverse_moment`,
   :func:`_sample_sphere`, :func:`_ratio_stats`, :func:`_montecarlo_samples`,
-  :func:`_laplace_kernel_values`, :func:`_require_laplace`) and the argument plumbing
-  (:func:`_resolve`, :func:`_closed_kind`, :func:`_check_method`, :func:`_check_finite`,
-  ``MAX_QUADRATURE_BATCH``), moved unchanged from :mod:`.forward`, which re-imports them.
+  :func:`_laplace_kernel_values`, :func:`_require_laplace`), moved unchanged from :mod:`.forward`;
+* the one prologue of the three public entry points, :func:`_choose_route`: φ resolved once
+  (:func:`bnlab.activations.get_activation`), B and the method checked, the route chosen
+  ("auto": :func:`_relu_or_identity` closed forms, else the sphere) and its own preconditions
+  checked; each dynamics states only what differs (:class:`_Dynamics`).
 
 Measured agreement of the core's coefficients with the former dynamics-private
 Gauss–Jacobi quadrature (relu, tanh, sin, gelu, alpha_relu(0.5); B = 4, 8, 32,
@@ -40,6 +42,7 @@ import numpy as np
 from scipy import special
 
 from bnlab._validation import check_choice, check_int
+from bnlab.theory._checks import check_batch_size
 from bnlab.theory._linalg import _tanh_sinh_step
 from bnlab.theory.gegenbauer import (
     RULE_RTOL as _RULE_RTOL,
@@ -312,20 +315,11 @@ def _ratio_stats(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
     return float(r), float(resid.std(ddof=1) / (abs(den.mean()) * math.sqrt(n)))
 
 
-def _resolve(phi, gamma: float = 1.0, beta: float = 0.0):
-    from bnlab.activations import Activation, get_activation
+def _relu_or_identity(act) -> str | None:
+    """'relu' or 'identity' when φ is one of them up to a positive scale (which batchnorm ignores), else None.
 
-    if isinstance(phi, Activation) and gamma == 1.0 and beta == 0.0:
-        return phi
-    return get_activation(phi, gamma=gamma, beta=beta)
-
-
-def _homogeneity(act) -> float | None:
-    return act.homogeneity
-
-
-def _closed_kind(act) -> str | None:
-    """'relu' or 'identity' (up to a positive scale, which batchnorm ignores) or None."""
+    These are the φ for which the dynamics (Thms 3.7, 3.10, 3.11, G.12, H.6) have closed forms.
+    """
     if act.homogeneity != 1.0 or act.homogeneous_coeffs is None:
         return None
     a, b = act.homogeneous_coeffs
@@ -344,6 +338,84 @@ def _check_method(method, allowed, what: str) -> str:
             f"fixed point here; expected one of {', '.join(map(repr, allowed))}"
         )
     return method
+
+
+#: Routes of the three dynamics (forward, backward, cross-batch); "fourier" is developed for the fixed point only.
+DYNAMICS_METHODS = ("auto", "closed", "laplace", "sphere", "gegenbauer", "montecarlo")
+
+
+@dataclass(frozen=True)
+class _Dynamics:
+    """What differs between the forward, backward and cross-batch routes' preconditions.
+
+    what: the quantity, for messages; closed_refs: the theorems of its closed forms;
+    closed_min_batch: the smallest B of the closed forms; gegenbauer_min_batch: that of the
+    Gegenbauer route; check: extra preconditions on (act, B), run before anything else.
+    """
+
+    what: str
+    closed_refs: str
+    closed_min_batch: int = 3
+    gegenbauer_min_batch: int = 3
+    check: object = None
+
+
+@dataclass(frozen=True)
+class _Route:
+    """The resolved φ, the checked B and the chosen route (never "auto") with its own arguments."""
+
+    act: object
+    batch_size: int
+    method: str
+    relu_or_identity: str | None
+    n_terms: int | None = None
+    n_samples: int | None = None
+    rng: object = None
+
+
+def _choose_route(phi, batch_size, method, dynamics: _Dynamics, *, n_terms=None, n_samples=None, seed=None) -> _Route:
+    """The one prologue of :func:`~bnlab.theory.forward_eigenvalues`, :func:`~bnlab.theory.backward_eigenvalues`
+    and :func:`~bnlab.theory.cross_batch_analysis`: resolve φ (once, :func:`bnlab.activations.get_activation`),
+    check B and the method, pick the route ("auto": the closed form for relu and identity where it applies,
+    else the spherical integral) and check what that route needs (its B range, a positive-homogeneous φ for
+    Laplace, the number of Gegenbauer terms, the Monte Carlo sample size and seed)."""
+    from bnlab.activations import get_activation
+
+    act = get_activation(phi)
+    b = check_batch_size(batch_size)
+    if dynamics.check is not None:
+        dynamics.check(act, b)
+    method = _check_method(method, DYNAMICS_METHODS, dynamics.what)
+    kind = _relu_or_identity(act)
+    if method == "auto":
+        method = "closed" if kind is not None and b >= max(4, dynamics.closed_min_batch) else "sphere"
+    route = dict(act=act, batch_size=b, method=method, relu_or_identity=kind)
+    if method == "closed":
+        if kind is None:
+            raise ValueError(
+                f"method='closed' is not available for phi={act.spec!r}: {dynamics.what} have closed forms for relu "
+                f"and identity only ({dynamics.closed_refs}); use method='sphere' or 'gegenbauer'"
+            )
+        if b < dynamics.closed_min_batch:
+            raise ValueError(
+                f"method='closed' needs batch_size >= {dynamics.closed_min_batch} ({dynamics.closed_refs} assume "
+                f"B > {dynamics.closed_min_batch - 1}); got batch_size={b}"
+            )
+    elif method == "laplace":
+        _require_laplace(act, b, dynamics.what)
+    elif method == "gegenbauer":
+        if b > MAX_QUADRATURE_BATCH:
+            raise ValueError(f"batch_size={b} is not allowed for method='gegenbauer': expected <= {MAX_QUADRATURE_BATCH}")
+        if b < dynamics.gegenbauer_min_batch:
+            # Thm 3.8 / F.22 divide by B − 3 (c_{B−1,l} = (B−3)/(B−3+2l) vanishes at B = 3)
+            raise ValueError(
+                f"batch_size={b} is not allowed for method='gegenbauer': the Gegenbauer route needs batch_size >= "
+                f"{dynamics.gegenbauer_min_batch} (Thm 3.8 divides by B − 3); use method='sphere' for batch_size={b}"
+            )
+        route["n_terms"] = _default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
+    elif method == "montecarlo":
+        route["n_samples"], route["rng"] = _montecarlo_samples(n_samples, seed)
+    return _Route(**route)
 
 
 def _montecarlo_samples(n_samples, seed):

@@ -117,15 +117,14 @@ class TheoryResult:
 
 def _route(method: str, act, b: int):
     """Method per group of quantities (fixed point, forward, backward, cross-batch) and notes."""
-    from bnlab.theory._dynamics_common import _closed_kind
+    from bnlab.theory._dynamics_common import _relu_or_identity
 
-    kind = _closed_kind(act)
     notes = []
     if method == "auto":
-        dyn = "closed" if (kind is not None and b >= 4) else "sphere"
-        return {"fixed_point": "auto", "forward": dyn, "backward": dyn, "cross_batch": dyn}, notes
+        # each dynamics chooses its own route (bnlab.theory._dynamics_common._choose_route)
+        return {"fixed_point": "auto", "forward": "auto", "backward": "auto", "cross_batch": "auto"}, notes
     if method == "closed":
-        if kind is None:
+        if _relu_or_identity(act) is None:
             raise ValueError(
                 f"method='closed' does not apply to phi={act.spec!r}: closed forms of the dynamics exist for relu and "
                 "identity (Thms 3.7, 3.10, G.12, H.6); use method='laplace' (positive-homogeneous φ), 'sphere', "

@@ -53,24 +53,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnlab._validation import check_int, check_real
-from bnlab.theory._checks import check_batch_size
 from bnlab.theory._dynamics_common import (
-    _RULE_RTOL,
-    _default_terms,
-    _gegenbauer_energy,
-    _relu_arccos_kernel,
-    MAX_QUADRATURE_BATCH,
-    _check_finite,
-    _check_method,
-    _closed_kind,
-    _conditional_moments,
-    _laplace_kernel_values,
-    _montecarlo_samples,
-    _require_laplace,
-    _ratio_stats,
-    _resolve,
-    _sample_sphere,
-    _sphere_grid,
+    _check_finite, _choose_route, _conditional_moments, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy,
+    _laplace_kernel_values, _ratio_stats, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere, _sphere_grid,
 )
 from bnlab.theory.ultrasymmetric import projected_eigenvalues
 
@@ -82,7 +67,7 @@ __all__ = [
     "BACKWARD_METHODS",
 ]
 
-BACKWARD_METHODS = ("auto", "closed", "laplace", "sphere", "gegenbauer", "montecarlo")
+BACKWARD_METHODS = DYNAMICS_METHODS
 
 
 @dataclass(frozen=True)
@@ -120,6 +105,14 @@ def _check_derivative_integrable(act):
             f"phi={act.spec!r} has a derivative of degree {hom - 1:g} that is not square integrable "
             "(Thm 3.9 needs φ'(√(B−1)x) ∈ L²): the gradient explosion rate is infinite; use a degree > 1/2"
         )
+
+
+def _check_backward_preconditions(act, b: int):
+    _require_b4(b)
+    _check_derivative_integrable(act)
+
+
+_BACKWARD = _Dynamics("the backward eigenvalues", "Thms 3.10, G.12", check=_check_backward_preconditions)
 
 
 # -- sphere -------------------------------------------------------------------
@@ -275,24 +268,16 @@ def _gradient_rate_gegenbauer(act, b: int, n_terms: int) -> tuple[float, float]:
 
 # -- public ---------------------------------------------------------------------------
 def backward_eigenvalues(
-    phi,
-    batch_size: int,
-    *,
-    method: str = "auto",
-    n_terms: int | None = None,
-    n_samples: int = 200_000,
-    seed=0,
+    phi, batch_size: int, *, method: str = "auto", n_terms: int | None = None, n_samples: int = 200_000, seed=0
 ) -> BackwardEigenvalues:
     """Eigenvalues λ_G↓ (gradient explosion rate), λ_L↓, λ_M↓ of the backward dynamics at the BSB1 fixed point.
 
     Parameters
     ----------
-    phi : str, callable or Activation
+    phi, method, n_terms, n_samples, seed :
+        As in :func:`bnlab.theory.forward_eigenvalues` (the three dynamics share one prologue).
     batch_size : int
         B ≥ 4 (B = 3: the mean field backward map diverges, ``ValueError``).
-    method : {"auto", "closed", "laplace", "sphere", "gegenbauer", "montecarlo"}
-    n_terms, n_samples, seed :
-        Gegenbauer truncation; Monte Carlo sample size and seed.
 
     Returns
     -------
@@ -314,37 +299,21 @@ def backward_eigenvalues(
     ----------
     Yang et al. 2019, Thms 3.9, 3.10, G.5, G.12, App. G.1.1.
     """
-    act = _resolve(phi)
-    b = check_batch_size(batch_size)
-    _require_b4(b)
-    method = _check_method(method, BACKWARD_METHODS, "the backward eigenvalues")
-    _check_derivative_integrable(act)
-    kind = _closed_kind(act)
-    if method == "auto":
-        method = "closed" if kind is not None else "sphere"
+    r = _choose_route(phi, batch_size, method, _BACKWARD, n_terms=n_terms, n_samples=n_samples, seed=seed)
+    act, b, method = r.act, r.batch_size, r.method
     stderr = trunc = None
     if method == "closed":
-        if kind is None:
-            raise ValueError(
-                f"method='closed' is not available for phi={act.spec!r}: closed forms exist for relu and identity "
-                "(Thm 3.10, G.12); use method='sphere' or 'gegenbauer'"
-            )
-        lam_g, lam_l, lam_m = _backward_closed(kind, b)
+        lam_g, lam_l, lam_m = _backward_closed(r.relu_or_identity, b)
     elif method == "laplace":
-        _require_laplace(act, b, "the backward eigenvalues")
         lam_g, lam_l, lam_m = _backward_laplace(act, b)
     elif method == "sphere":
         ev = _backward_sphere(act, b)
         lam_g, lam_l, lam_m = ev.lambda_G, ev.lambda_L, ev.lambda_M
     elif method == "gegenbauer":
-        if b > MAX_QUADRATURE_BATCH:
-            raise ValueError(f"batch_size={b} is not allowed for method='gegenbauer': expected <= {MAX_QUADRATURE_BATCH}")
-        nt = _default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
-        lam_g, trunc = _gradient_rate_gegenbauer(act, b, nt)
+        lam_g, trunc = _gradient_rate_gegenbauer(act, b, r.n_terms)
         lam_l, lam_m = None, None
     else:
-        n, rng = _montecarlo_samples(n_samples, seed)
-        (lam_g, lam_l, lam_m), stderr = _backward_montecarlo(act, b, n, rng)
+        (lam_g, lam_l, lam_m), stderr = _backward_montecarlo(act, b, r.n_samples, r.rng)
     _check_finite(act, b, method, lam_g, lam_l, lam_m)
     f = lambda v: None if v is None else float(v)  # noqa: E731
     return BackwardEigenvalues(float(lam_g), f(lam_l), f(lam_m), method, stderr, trunc)

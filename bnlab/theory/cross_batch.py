@@ -51,30 +51,19 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from bnlab._validation import check_int
+from bnlab.activations import get_activation
 from bnlab.theory._checks import check_batch_size
 from bnlab.theory._dynamics_common import (
-    _RULE_RTOL,
-    _default_terms,
-    _gegenbauer_energy,
-    _relu_arccos_kernel,
-    MAX_QUADRATURE_BATCH,
-    _check_finite,
-    _check_method,
-    _closed_kind,
-    _laplace_kernel_values,
-    _require_laplace,
-    _montecarlo_samples,
-    _radial_inverse_moment,
-    _resolve,
-    _sample_sphere,
-    _sphere_grid,
+    _check_finite, _choose_route, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy, _laplace_kernel_values,
+    _radial_inverse_moment, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere, _sphere_grid,
 )
 from bnlab.theory.forward import _forward_moments_sphere
 
 __all__ = ["CrossBatchResult", "cross_batch_analysis", "cross_batch_fixed_point", "cross_batch_rate", "CROSS_BATCH_METHODS"]
 
-CROSS_BATCH_METHODS = ("auto", "closed", "laplace", "sphere", "gegenbauer", "montecarlo")
+CROSS_BATCH_METHODS = DYNAMICS_METHODS
+
+_CROSS_BATCH = _Dynamics("the cross-batch dynamics", "Thms 3.11, H.6")
 
 
 @dataclass(frozen=True)
@@ -193,22 +182,12 @@ def cross_batch_analysis(phi, batch_size: int, *, method: str = "auto", n_terms=
     ≤ 2e-12 (B = 4), ≤ 2e-13 (B ≥ 8) with μ*'s Parseval part summed exactly
     (``truncation_error`` bounds the rest); montecarlo: the returned standard errors.
     """
-    act = _resolve(phi)
-    b = check_batch_size(batch_size)
-    method = _check_method(method, CROSS_BATCH_METHODS, "the cross-batch dynamics")
-    kind = _closed_kind(act)
-    if method == "auto":
-        method = "closed" if kind is not None and b >= 4 else "sphere"
+    r = _choose_route(phi, batch_size, method, _CROSS_BATCH, n_terms=n_terms, n_samples=n_samples, seed=seed)
+    act, b, method = r.act, r.batch_size, r.method
     stderr = trunc = None
     if method == "closed":
-        if kind is None:
-            raise ValueError(
-                f"method='closed' is not available for phi={act.spec!r}: the cross-batch rate has closed forms for "
-                "relu and identity (Thm 3.11, H.6); use method='sphere' or 'gegenbauer'"
-            )
-        c, lam = _c_star_closed(act, b), _rate_closed(kind, b)
+        c, lam = _c_star_closed(act, b), _rate_closed(r.relu_or_identity, b)
     elif method == "laplace":
-        _require_laplace(act, b, "the cross-batch dynamics")
         v = _laplace_kernel_values(act, b)
         al = v["alpha"]
         # Thm H.14: λ = B/2 ((B−1)/2)^{α−1} P(B/2, α/2)⁻² μ*⁻¹ c_α J'_φ(0)
@@ -217,13 +196,9 @@ def cross_batch_analysis(phi, batch_size: int, *, method: str = "auto", n_terms=
     elif method == "sphere":
         c, lam = _sphere(act, b)
     elif method == "gegenbauer":
-        if b > MAX_QUADRATURE_BATCH:
-            raise ValueError(f"batch_size={b} is not allowed for method='gegenbauer': expected <= {MAX_QUADRATURE_BATCH}")
-        nt = _default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
-        c, lam, trunc = _gegenbauer(act, b, nt)
+        c, lam, trunc = _gegenbauer(act, b, r.n_terms)
     else:
-        n, rng = _montecarlo_samples(n_samples, seed)
-        c, lam, stderr = _montecarlo(act, b, n, rng)
+        c, lam, stderr = _montecarlo(act, b, r.n_samples, r.rng)
     _check_finite(act, b, method, c, lam)
     return CrossBatchResult(b, float(c), float(lam), method, stderr, trunc)
 
@@ -235,7 +210,7 @@ def cross_batch_fixed_point(phi, batch_size: int, *, method: str = "auto") -> fl
     applies to every positive-homogeneous φ (Thm H.6); see
     :func:`cross_batch_analysis` for the other methods and their accuracy.
     """
-    act = _resolve(phi)
+    act = get_activation(phi)
     if method == "closed" and act.homogeneity is not None:
         return _c_star_closed(act, check_batch_size(batch_size))
     return cross_batch_analysis(act, batch_size, method=method).c_star

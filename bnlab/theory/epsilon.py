@@ -309,18 +309,6 @@ def _chi2_log_rule(dof: int):
     return q, wts
 
 
-def _resolve_phi(phi) -> Activation:
-    if isinstance(phi, Activation):
-        return phi
-    if isinstance(phi, str):
-        return get_activation(phi)
-    if callable(phi):
-        from bnlab.activations import activation_from_callable
-
-        return activation_from_callable(phi)
-    raise ValueError(f"phi={phi!r} is not allowed: expected an Activation, an activation name/expression or a callable")
-
-
 # ---------------------------------------------------------------------------
 # BSB1 moments at amplitude A = sqrt((B-1) w)
 # ---------------------------------------------------------------------------
@@ -575,7 +563,7 @@ def epsilon_analysis(
     ----------
     Yang et al. 2019, Eq. 7, Thm 3.9, §3.1.2 "Effect of ε", Fig. 5c,d.
     """
-    phi = _resolve_phi(phi)
+    phi = get_activation(phi)
     b = check_batch_size(batch_size)
     eps = check_real("eps", eps, minimum=0.0)
     sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)

@@ -84,32 +84,18 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from bnlab._validation import check_int
-from bnlab.theory._checks import check_batch_size
 from bnlab.theory._dynamics_common import (
-    _RULE_RTOL,
-    _check_finite,
-    _check_method,
-    _closed_kind,
-    _conditional_moments,
-    _default_terms,
-    _laplace_kernel_values,
-    MAX_QUADRATURE_BATCH,
-    _montecarlo_samples,
-    _ratio_stats,
-    _require_laplace,
-    _resolve,
-    _sample_sphere,
-    _sphere_grid,
-    _gegenbauer_energy,
-    _relu_arccos_kernel,
+    _check_finite, _choose_route, _conditional_moments, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy,
+    _laplace_kernel_values, _ratio_stats, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere, _sphere_grid,
 )
 from bnlab.theory.ultrasymmetric import projected_eigenvalues
 
 __all__ = ["ForwardEigenvalues", "forward_eigenvalues", "FORWARD_METHODS"]
 
 #: Methods accepted by :func:`forward_eigenvalues`.
-FORWARD_METHODS = ("auto", "closed", "laplace", "sphere", "gegenbauer", "montecarlo")
+FORWARD_METHODS = DYNAMICS_METHODS
+
+_FORWARD = _Dynamics("the forward eigenvalues", "Thm 3.7", closed_min_batch=4, gegenbauer_min_batch=4)
 
 
 
@@ -346,13 +332,7 @@ def _forward_gegenbauer(act, b: int, n_terms: int):
 # public API
 # ---------------------------------------------------------------------------
 def forward_eigenvalues(
-    phi,
-    batch_size: int,
-    *,
-    method: str = "auto",
-    n_terms: int | None = None,
-    n_samples: int = 200_000,
-    seed=0,
+    phi, batch_size: int, *, method: str = "auto", n_terms: int | None = None, n_samples: int = 200_000, seed=0
 ) -> ForwardEigenvalues:
     """Eigenvalues λ_G↑ (= 0), λ_L↑, λ_M↑ of the linearized forward dynamics at the BSB1 fixed point.
 
@@ -385,42 +365,20 @@ def forward_eigenvalues(
     ----------
     Yang et al. 2019, Thms 3.6–3.8, E.62, F.22, F.24, F.33; App. F.3.1.
     """
-    act = _resolve(phi)
-    b = check_batch_size(batch_size)
-    method = _check_method(method, FORWARD_METHODS, "the forward eigenvalues")
-    kind = _closed_kind(act)
-    if method == "auto":
-        method = "closed" if kind is not None and b >= 4 else "sphere"
+    r = _choose_route(phi, batch_size, method, _FORWARD, n_terms=n_terms, n_samples=n_samples, seed=seed)
+    act, b, method = r.act, r.batch_size, r.method
     stderr = trunc = None
     if method == "closed":
-        if kind is None:
-            raise ValueError(
-                f"method='closed' is not available for phi={act.spec!r}: closed forms exist for relu and identity "
-                "(Thm 3.7); use method='sphere' or 'gegenbauer'"
-            )
-        if b < 4:
-            raise ValueError("method='closed' needs batch_size >= 4 (Thm 3.7 assumes B > 3)")
-        lam_l, lam_m = _forward_closed(kind, b)
+        lam_l, lam_m = _forward_closed(r.relu_or_identity, b)
     elif method == "laplace":
-        _require_laplace(act, b, "the forward eigenvalues")
         lam_l, lam_m = _forward_laplace(act, b)
     elif method == "sphere":
         ev = _forward_sphere(act, b)
         lam_l, lam_m = ev.lambda_L, ev.lambda_M
     elif method == "gegenbauer":
-        if b > MAX_QUADRATURE_BATCH:
-            raise ValueError(f"batch_size={b} is not allowed for method='gegenbauer': expected <= {MAX_QUADRATURE_BATCH}")
-        if b < 4:
-            # Thm 3.8 / F.22 divide by B − 3 (c_{B−1,l} = (B−3)/(B−3+2l) vanishes at B = 3)
-            raise ValueError(
-                f"batch_size={b} is not allowed for method='gegenbauer': the Gegenbauer route needs batch_size >= 4 "
-                "(Thm 3.8 divides by B − 3); use method='sphere' for batch_size=3"
-            )
-        nt = _default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
-        lam_l, lam_m, trunc = _forward_gegenbauer(act, b, nt)
+        lam_l, lam_m, trunc = _forward_gegenbauer(act, b, r.n_terms)
     else:  # montecarlo
-        n, rng = _montecarlo_samples(n_samples, seed)
-        lam_l, lam_m, stderr = _forward_montecarlo(act, b, n, rng)
+        lam_l, lam_m, stderr = _forward_montecarlo(act, b, r.n_samples, r.rng)
     if b == 3:
         lam_m = None
     _check_finite(act, b, method, lam_l, lam_m)

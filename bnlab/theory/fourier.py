@@ -123,7 +123,7 @@ from bnlab._validation import check_psd_matrix, check_real
 from bnlab.activations import Activation, get_activation
 from bnlab.theory._linalg import _tanh_sinh_step, bsb1, im_g_basis, isotropic_g_scale, tanh_sinh_panel
 from bnlab.theory.spherical import _radial_rule
-from bnlab.theory.vphi import _closed_kind, alpha_kernel_hypergeometric
+from bnlab.theory.vphi import _kernel_closed_form, alpha_kernel_hypergeometric
 
 __all__ = [
     "fourier_transform",
@@ -320,7 +320,7 @@ def _homogeneous_vphi_complex(phi: Activation, m_i, m_j, m_ij, diagonal: np.ndar
     analytic on the convex set {Re M ≻ 0} and equals the complex Gaussian integral there
     (checked against a direct 2-D quadrature in the tests).
     """
-    if _closed_kind(phi) == "identity":
+    if _kernel_closed_form(phi) == "identity":
         return phi.gamma**2 * m_ij
     alpha = float(phi.homogeneity)
     a, b = phi.homogeneous_coeffs

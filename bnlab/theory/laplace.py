@@ -35,7 +35,7 @@ import math
 import numpy as np
 from bnlab.activations import Activation
 from bnlab.theory._linalg import centering_matrix, tanh_sinh_panel
-from bnlab.theory.vphi import _closed_kind, _quadrature, alpha_relu_kernel
+from bnlab.theory.vphi import _kernel_closed_form, _quadrature, alpha_relu_kernel
 
 __all__ = ["laplace_transform", "require_homogeneous"]
 
@@ -102,7 +102,7 @@ def laplace_transform(
     ``"closed"`` or ``"quadrature"`` (the V_φ route used inside the integral).
     """
     alpha = require_homogeneous(phi)
-    if kernel == "closed" and _closed_kind(phi) is None:  # pragma: no cover - homogeneous ⇒ closed
+    if kernel == "closed" and _kernel_closed_form(phi) is None:  # pragma: no cover - homogeneous ⇒ closed
         kernel = "quadrature"
     b = sigma.shape[0]
     g = centering_matrix(b)

@@ -99,9 +99,9 @@ def nngp_kernel(
     if x.shape[1] < 1:
         raise ValueError(f"inputs is not allowed: expected shape (B, d) with d >= 1, got {x.shape}")
     depth = check_int("depth", depth, minimum=1)
-    from bnlab.theory.epsilon import _resolve_phi
+    from bnlab.activations import get_activation
 
-    phi = _resolve_phi(phi)
+    phi = get_activation(phi)
     eps = check_real("eps", eps, minimum=0.0)
     sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
     sigma_b2 = check_real("sigma_b2", sigma_b2, minimum=0.0)

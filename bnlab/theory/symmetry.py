@@ -139,12 +139,6 @@ class BSB2FixedPoint:
         return q * math.sqrt((bsz - 1) / bsz)
 
 
-def _resolve_phi(phi) -> Activation:
-    from bnlab.theory.epsilon import _resolve_phi as resolve
-
-    return resolve(phi)
-
-
 def _sphere_terms(phi: Activation, b: int):
     """(a1, e1, e12, a12, b12) = E v̂1²φ1², E φ1², E φ1φ2, E v̂1²φ1φ2, E v̂1φ1v̂2φ2."""
     from bnlab.theory.epsilon import _angle_rule, _is_homogeneous, _pair_nodes, _radial_moment
@@ -217,7 +211,7 @@ def bsb1_stability(phi, batch_size) -> BSB1Stability:
     ----------
     Yang et al. 2019, Thm 3.3, Thm 3.6, Thm 3.7, Thm 3.8, App. F.3.
     """
-    phi = _resolve_phi(phi)
+    phi = get_activation(phi)
     b = check_batch_size(batch_size)
     return _stability(phi, b)
 
@@ -284,7 +278,7 @@ def fixed_point_kind(phi, batch_size, *, depth=60, seed=0, n_samples=20_000) -> 
     ----------
     Yang et al. 2019, Thm 3.8 discussion, App. F.3.2, App. J, App. K, Fig. 1c,d.
     """
-    phi = _resolve_phi(phi)
+    phi = get_activation(phi)
     b = check_batch_size(batch_size)
     if depth is not None:
         depth = check_int("depth", depth, minimum=1)
@@ -391,7 +385,7 @@ def bsb2_fixed_point(phi, batch_size) -> BSB2FixedPoint:
         If λ* = 0 (φ(√(B−1)) = φ(−1/√(B−1)) and φ(−√(B−1)) = φ(1/√(B−1))): then Σ* is
         constant on im G and BN of it is undefined.
     """
-    phi = _resolve_phi(phi)
+    phi = get_activation(phi)
     b = check_batch_size(batch_size)
     r = math.sqrt(b - 1)
     hi_p, hi_m = float(phi(np.array(r))), float(phi(np.array(-r)))

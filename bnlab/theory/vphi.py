@@ -71,21 +71,13 @@ KERNEL_METHODS = ("auto", "closed", "quadrature")
 _RADIAL_CUTOFF = 10.0
 
 
-def _resolve(phi) -> Activation:
-    try:
-        return get_activation(phi)
-    except ValueError:
-        raise
-    except Exception as exc:  # pragma: no cover - defensive
-        raise ValueError(f"phi={phi!r} is not allowed: {exc}") from None
-
-
 def has_closed_form(phi: Activation) -> bool:
     """Whether :func:`gaussian_kernel` has a closed form for ``phi``."""
-    return _closed_kind(phi) is not None
+    return _kernel_closed_form(phi) is not None
 
 
-def _closed_kind(phi: Activation) -> str | None:
+def _kernel_closed_form(phi: Activation) -> str | None:
+    """Which closed form of the Gaussian kernel V_φ applies: 'identity', 'erf', 'homogeneous' or None."""
     if phi.beta != 0.0:
         return None
     if phi.name == "identity":
@@ -232,9 +224,9 @@ def gaussian_kernel(phi, Sigma, *, method: str = "auto") -> np.ndarray:
     Yang et al. 2019, Defn 3.1, Prop. E.10, Cor. E.19; Cho & Saul 2009; Williams 1997.
     """
     method = check_choice("method", method, KERNEL_METHODS)
-    act = _resolve(phi)
+    act = get_activation(phi)
     sigma = check_psd_matrix("Sigma", Sigma)
-    kind = _closed_kind(act)
+    kind = _kernel_closed_form(act)
     if method == "closed" and kind is None:
         raise ValueError(
             f"method='closed' is not allowed for phi={act.spec!r}: V_phi has a closed form only for "

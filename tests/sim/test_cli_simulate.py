@@ -25,12 +25,46 @@ def test_json_output_keys_and_values(capsys):
     assert out["grad_norm_tail_index"] == 3.5  # (B − 1)/2 at B = 8, eps = 0
     assert out["grad_explosion_rate_ci_method"] == "percentile_bootstrap"
     assert not any("tail index" in note for note in out["notes"])
-    # the CLI only calls the library: same arguments, same numbers
-    res = simulate("relu", 8, 64, 12, 6, num_batches=2, input_correlation=0.1, seed=4, dtype="float32")
+    # the CLI only calls the library: same arguments and defaults, same numbers
+    res = simulate("relu", 8, 64, 12, 6, num_batches=2, seed=4)
     assert out["grad_explosion_rate"] == pytest.approx(res.grad_explosion_rate().rate, rel=1e-12)
     np.testing.assert_allclose(out["per_layer_grad_norm_sq"], res.grad_norm_sq.mean(0), rtol=1e-12)
     if out["theory_grad_explosion_rate"] is not None:
         assert out["theory_grad_explosion_rate"] == pytest.approx(ref.relu_grad_rate(8), rel=1e-6)
+
+
+def test_cli_defaults_are_the_library_defaults_but_num_batches():
+    # one documented difference: the command reports the cross-batch rate, which needs >= 2 batches
+    import argparse
+    import inspect
+
+    from bnlab.cli import _cmd_simulate
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    _cmd_simulate.add_parser(sub)
+    parser = sub.choices["simulate"]
+    library = inspect.signature(simulate).parameters
+    compared = 0
+    for action in parser._actions:
+        name = action.dest
+        if name in library and library[name].default is not inspect.Parameter.empty:
+            compared += 1
+            if name == "num_batches":
+                assert (action.default, library[name].default) == (4, 1)
+            else:
+                assert action.default == library[name].default, name
+    assert compared >= 12  # eps, sigma_w2, sigma_b2, init, normalization, residual_scale, input_correlation, ...
+
+
+def test_json_has_the_comparison_of_every_quantity(capsys):
+    argv = ["simulate", "--batch-size", "8", "--width", "64", "--depth", "10", "--networks", "4", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    comp = out["comparison"]
+    assert set(comp) == {"q_star", "c_star", "grad_explosion_rate", "weight_grad_explosion_rate", "cross_batch_rate"}
+    assert comp["q_star"]["simulated"] == out["q"] and comp["q_star"]["theory"] == out["theory_q_star"]
+    assert comp["q_star"]["layers"] == [9, 10]  # the last 20 % of 10 layers
+    assert comp["cross_batch_rate"]["theory"] == out["theory_cross_batch_rate"]
 
 
 def test_small_batch_notes_the_infinite_variance_and_its_interval(capsys):

@@ -1,7 +1,10 @@
 """Simulated finite networks against the mean field theory (Yang et al. 2019).
 
 References are the closed forms and the Gegenbauer quadrature of tests/sim/_reference.py
-(independent of the simulator), and bnlab.theory where it is present.
+(independent of the simulator and of bnlab.theory).  The simulated values, their intervals and
+bnlab.theory's predictions are read from bnlab.compare.compare_with_theory, the one function that
+puts a simulation beside the theory (its own tests: tests/test_compare.py); the predictions are
+checked against the references here as well.
 
 Tolerances
 ----------
@@ -22,6 +25,7 @@ route is checked against the theory in test_gradient_explosion_rate_explicit_wei
 import numpy as np
 import pytest
 
+from bnlab.compare import compare_with_theory
 from bnlab.sim import simulate
 from tests.sim import _reference as ref
 
@@ -32,10 +36,15 @@ def _theory_grad_rate(phi, b):
     return ref.gegenbauer_theory(np.tanh, b)["grad_rate"]
 
 
-def _check_rate(fit, theory, width):
-    half = max(fit.rate - fit.ci_low, fit.ci_high - fit.rate)
-    tol = half + 4.0 / width
-    assert abs(fit.rate - theory) <= tol, (fit, theory, tol)
+def _check_rate(comparison, reference, width):
+    """The simulated rate within its interval's half-width plus 4/N of the independent reference,
+    and bnlab.theory's prediction equal to the reference (closed forms: rounding; the tanh
+    quadrature reference: ≤ 1e-9 at these B)."""
+    assert comparison.theory == pytest.approx(reference, rel=1e-8)
+    lo, hi = comparison.ci
+    sim = comparison.simulated
+    tol = max(sim - lo, hi - sim) + 4.0 / width
+    assert abs(sim - reference) <= tol, (comparison, reference, tol)
 
 
 @pytest.mark.parametrize("phi", ["relu", "tanh"])
@@ -43,17 +52,18 @@ def _check_rate(fit, theory, width):
 def test_gradient_explosion_rate_small(phi, b):
     width = 256
     res = simulate(phi, b, width, 16, 16, seed=100 + b, dtype="float32")
-    fit = res.grad_explosion_rate()
-    _check_rate(fit, _theory_grad_rate(phi, b), width)
+    comp = compare_with_theory(res, quantities=("grad_explosion_rate", "weight_grad_explosion_rate"))
+    _check_rate(comp["grad_explosion_rate"], _theory_grad_rate(phi, b), width)
     # App. L / §3.1: the weight gradients explode at the same rate
-    _check_rate(res.grad_explosion_rate(weights=True), _theory_grad_rate(phi, b), width)
+    _check_rate(comp["weight_grad_explosion_rate"], _theory_grad_rate(phi, b), width)
 
 
 def test_gradient_explosion_rate_explicit_weights():
     # the same check on explicitly drawn weights (the route the naive reference pins exactly)
     width = 256
     res = simulate("relu", 8, width, 16, 16, seed=108, dtype="float32", weight_sampling="explicit")
-    _check_rate(res.grad_explosion_rate(), _theory_grad_rate("relu", 8), width)
+    _check_rate(compare_with_theory(res, quantities="grad_explosion_rate")["grad_explosion_rate"],
+                _theory_grad_rate("relu", 8), width)
 
 
 @pytest.mark.parametrize("phi", ["relu", "tanh"])
@@ -90,9 +100,10 @@ def test_cross_batch_correlation_decays_at_theory_rate(phi, b, width, networks, 
     # 8 batches per network give 7 exchangeable pairs (0, j) for the average.
     res = simulate(phi, b, width, depth, networks, num_batches=8, input_correlation=rho0,
                    measure_gradients=False, seed=3, dtype="float32")
-    fit = res.cross_batch_rate()
-    assert fit.last_layer - fit.first_layer >= 3
-    assert abs(fit.rate / theory - 1) < 0.05, (fit, theory)
+    x = compare_with_theory(res, quantities="cross_batch_rate")["cross_batch_rate"]
+    assert x.theory == pytest.approx(theory, rel=1e-8)  # bnlab.theory's closed forms vs the reference's
+    assert x.layers[1] - x.layers[0] >= 3
+    assert abs(x.simulated / theory - 1) < 0.05, (x, theory)
 
 
 @pytest.mark.parametrize("phi,b", [("relu", 8), ("tanh", 8), ("relu", 32)])
@@ -107,8 +118,11 @@ def test_covariance_approaches_bsb1_fixed_point(phi, b):
     # Past the transient (layers 6..12): average over 7 layers × 16 networks.  Each Σ^l entry has
     # sd ≈ q·sqrt(2/N) ≈ 0.06q; the mean of q over B diagonal entries and 112 samples has
     # sd ≈ 0.06q/sqrt(112·B) < 2e-3 q, the bias is O(B/N) (≈ 0.3 % at B=8, 1 % at B=32 for c).
-    q_sim = res.q[:, 5:].mean()
-    c_sim = res.c[:, 5:].mean()
+    comp = compare_with_theory(res, quantities=("q_star", "c_star"), state_layers=(6, 12))
+    # bnlab.theory's fixed point is the reference's (closed form for relu; quadrature ≤ 1e-9 for tanh)
+    assert comp["q_star"].theory == pytest.approx(q_star, rel=1e-8)
+    assert comp["c_star"].theory == pytest.approx(c_star, rel=1e-8)
+    q_sim, c_sim = comp["q_star"].simulated, comp["c_star"].simulated
     assert q_sim == pytest.approx(q_star, rel=0.01 + 0.5 * b / width)
     assert c_sim == pytest.approx(c_star, abs=0.005 + 0.5 * b / width * abs(c_star))
     d = res.bsb1_distance(q_star, c_star).mean(0)
@@ -117,12 +131,9 @@ def test_covariance_approaches_bsb1_fixed_point(phi, b):
     assert d[-1] < 2.0 * np.sqrt(2.0 / width) * q_star * b / np.sqrt(b * q_star**2 + b * (b - 1) * (q_star * c_star) ** 2)
 
 
-def test_agrees_with_theory_engine_when_present():
-    theory = pytest.importorskip("bnlab.theory.backward")
-    rate = theory.gradient_explosion_rate("relu", 8)
-    assert rate == pytest.approx(ref.relu_grad_rate(8), rel=1e-8)
+def test_agrees_with_theory_engine():
     res = simulate("relu", 8, 256, 20, 16, seed=9, dtype="float32")
-    _check_rate(res.grad_explosion_rate(), rate, 256)
+    _check_rate(compare_with_theory(res)["grad_explosion_rate"], ref.relu_grad_rate(8), 256)
 
 
 def test_theory_engine_cross_batch_rate_matches_references_when_present():

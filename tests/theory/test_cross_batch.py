@@ -25,22 +25,6 @@ except ImportError:
 from bnlab.theory import cross_batch_fixed_point, cross_batch_rate
 from bnlab.theory.cross_batch import cross_batch_analysis
 
-BATCHES = [4, 5, 8, 32, 128]
-
-
-@pytest.mark.parametrize("b", BATCHES)
-@pytest.mark.parametrize("name", ["relu", "identity"])
-def test_closed_vs_sphere_vs_gegenbauer(name, b):
-    closed = cross_batch_analysis(name, b, method="closed")
-    sphere = cross_batch_analysis(name, b, method="sphere")
-    assert closed.rate == pytest.approx(sphere.rate, rel=1e-9)
-    assert closed.c_star == pytest.approx(sphere.c_star, rel=1e-9, abs=1e-15)
-    if name == "relu":
-        # μ*'s Parseval part summed through E f²: measured ≤ 2e-12 (B = 4), ≤ 8e-14 (B ≥ 8)
-        geg = cross_batch_analysis(name, b, method="gegenbauer")
-        assert closed.rate == pytest.approx(geg.rate, rel=1e-9)
-        assert closed.c_star == pytest.approx(geg.c_star, rel=1e-9)
-        assert abs(closed.rate - geg.rate) <= geg.truncation_error
 
 
 def test_identity_rate_thm_3_11():
@@ -73,15 +57,6 @@ def test_alpha_relu(b):
     assert lap.rate == pytest.approx(geg.rate, rel=1e-6)
     # the sphere's φ' ∝ x^{−1/2} singularity costs accuracy: measured 2e-8
     assert lap.rate == pytest.approx(sphere.rate, rel=1e-6)
-
-
-@pytest.mark.parametrize("name", ["tanh", "sin", "gelu", "sigmoid"])
-@pytest.mark.parametrize("b", [4, 8, 32, 128])
-def test_smooth_phi_sphere_vs_gegenbauer(name, b):
-    sphere = cross_batch_analysis(name, b, method="sphere")
-    geg = cross_batch_analysis(name, b, method="gegenbauer")
-    assert sphere.rate == pytest.approx(geg.rate, rel=1e-6)
-    assert sphere.c_star == pytest.approx(geg.c_star, rel=1e-6, abs=1e-14)
 
 
 @pytest.mark.parametrize("name", ["relu", "gelu", "sigmoid"])
@@ -124,11 +99,3 @@ def test_every_method_agrees_with_direct_monte_carlo(name, b):
         assert abs(r.rate - lam_mc) < 3 * lam_se + 1e-12, (m, r.rate, lam_mc, lam_se)
         assert abs(r.c_star - c_mc) < 3 * c_se + 1e-12, (m, r.c_star, c_mc, c_se)
 
-
-def test_bad_input():
-    with pytest.raises(ValueError, match="batch_size=2"):
-        cross_batch_rate("relu", 2)
-    with pytest.raises(ValueError, match="closed"):
-        cross_batch_rate("tanh", 8, method="closed")
-    with pytest.raises(ValueError, match="fourier"):
-        cross_batch_rate("tanh", 8, method="fourier")
