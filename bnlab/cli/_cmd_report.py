@@ -1,4 +1,4 @@
-"""``bnlab report``: one self-contained HTML page with every reproduction's claim, figure and table."""
+"""``bnlab report``: one self-contained HTML page with every reproduction's claim, figure, table and verdict."""
 from __future__ import annotations
 
 import argparse
@@ -7,50 +7,58 @@ import dataclasses
 from bnlab.cli._common import print_json, print_table
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="run (or reuse) every reproduction and write the HTML report")
-    p.add_argument("--out", default="bnlab-report", help="output directory (default bnlab-report)")
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the cells run and which stores are reused: the options ``report`` and ``reproduce`` share."""
     p.add_argument("--scale", default="small", choices=["small", "paper"], help="grid size (default small)")
     p.add_argument("--results-dir", default=None, help="results stores to reuse (default $BNLAB_RESULTS or bnlab-results)")
-    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="only these reproductions")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="an existing Dask cluster")
     p.add_argument("--workers", type=int, default=None, help="worker processes of the local cluster (default: cores)")
     p.add_argument("--serial", action="store_true", help="run the cells in this process (debugging)")
     p.add_argument("--no-retry-failed", action="store_true", help="keep cells recorded as failed instead of rerunning them")
-    p.add_argument("--strict", action="store_true", help="exit 1 unless every reproduction is ok")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars or messages")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run_options(args: argparse.Namespace) -> dict:
+    """The keyword arguments of ``build_report``/``reproduce`` that :func:`add_run_arguments` parsed."""
+    return dict(scale=args.scale, results_dir=args.results_dir, scheduler=args.scheduler, workers=args.workers,
+                serial=args.serial, retry_failed=not args.no_retry_failed, progress=not args.no_progress)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="run (or reuse) every reproduction and write the HTML report with verdicts")
+    p.add_argument("--out", default="bnlab-report", help="output directory (default bnlab-report)")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="only these reproductions")
+    add_run_arguments(p)
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 unless every reproduction that is not skipped has the verdict 'reproduced' "
+                   "(partly, not_reproduced and error all fail; without --strict the exit status is 0 "
+                   "whatever the verdicts)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from bnlab.experiments.report import build_report
 
-    rep = build_report(
-        args.out,
-        scale=args.scale,
-        results_dir=args.results_dir,
-        only=args.only,
-        scheduler=args.scheduler,
-        workers=args.workers,
-        serial=args.serial,
-        retry_failed=not args.no_retry_failed,
-        progress=not args.no_progress,
-    )
+    rep = build_report(args.out, only=args.only, **run_options(args))
     if args.json:
         print_json(
             {
                 "index": str(rep.index),
                 "scale": rep.scale,
                 "ok": rep.ok,
+                "all_reproduced": rep.all_reproduced,
+                "verdicts": rep.verdict_counts,
                 "seconds": rep.seconds,
                 "sections": [dataclasses.asdict(s) for s in rep.sections],
                 "broken_modules": rep.broken_modules,
             }
         )
     else:
-        print_table([(s.name, s.status, s.done, s.failed, s.total) for s in rep.sections]
-                    + [(m, "error (import)", "-", "-", "-") for m in rep.broken_modules],
-                    header=["reproduction", "status", "done", "failed", "cells"])
-        print(f"\nreport: {rep.index} ({rep.seconds:.1f} s)")
-    return 1 if (args.strict and not rep.ok) else 0
+        print_table([(s.name, s.verdict, s.verdict_reason, s.status, f"{s.done}/{s.failed}/{s.total}")
+                     for s in rep.sections]
+                    + [(m, "error", "module failed to import", "-", "-") for m in rep.broken_modules],
+                    header=["reproduction", "verdict", "why", "cells", "done/failed/total"])
+        counts = ", ".join(f"{n} {v}" for v, n in rep.verdict_counts.items() if n)
+        print(f"\nverdicts: {counts}\nreport: {rep.index} ({rep.seconds:.1f} s)")
+    return 1 if (args.strict and not rep.all_reproduced) else 0

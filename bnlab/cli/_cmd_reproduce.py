@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from bnlab.cli._cmd_report import add_run_arguments, run_options
 from bnlab.cli._common import print_json, print_table
 
 
@@ -11,15 +12,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reproduce", help="list the paper reproductions or run one (sweep + figures + table)")
     p.add_argument("name", nargs="?", help="reproduction name (see --list) or package.module:NAME")
     p.add_argument("--list", action="store_true", help="list the registered reproductions")
-    p.add_argument("--scale", default="small", choices=["small", "paper"], help="grid size (default small)")
     p.add_argument("--out", default="bnlab-figures", help="where figures go (<out>/figures/<name>/)")
-    p.add_argument("--results-dir", default=None, help="results stores (default $BNLAB_RESULTS or bnlab-results)")
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="an existing Dask cluster")
-    p.add_argument("--workers", type=int, default=None, help="worker processes of the local cluster (default: cores)")
-    p.add_argument("--serial", action="store_true", help="run the cells in this process (debugging)")
-    p.add_argument("--no-retry-failed", action="store_true", help="keep cells recorded as failed instead of rerunning them")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_run_arguments(p)
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 unless the verdict is 'reproduced' or 'skipped' (without it, exit 1 only when "
+                   "cells, the figure or the table failed)")
     p.set_defaults(func=run)
 
 
@@ -48,21 +45,12 @@ def run(args: argparse.Namespace) -> int:
 
     from bnlab.experiments.report import reproduce
 
-    sec = reproduce(
-        args.name,
-        scale=args.scale,
-        out=args.out,
-        results_dir=args.results_dir,
-        scheduler=args.scheduler,
-        workers=args.workers,
-        serial=args.serial,
-        retry_failed=not args.no_retry_failed,
-        progress=not args.no_progress,
-    )
+    sec = reproduce(args.name, out=args.out, **run_options(args))
     if args.json:
         print_json(dataclasses.asdict(sec))
     else:
-        print(f"{sec.name}: {sec.status} ({sec.done} of {sec.total} cells done, {sec.failed} failed)")
+        print(f"{sec.name}: {sec.verdict.replace('_', ' ')} — {sec.verdict_reason} "
+              f"(cells: {sec.done} of {sec.total} done, {sec.failed} failed)")
         for f in sec.figures:
             print(f"figure: {f}")
         if sec.comparisons:
@@ -70,4 +58,6 @@ def run(args: argparse.Namespace) -> int:
                         header=["quantity", "paper", "bnlab", "agrees"])
         for e in sec.errors:
             print(f"\n{e['what']}\n{e['text']}")
-    return 0 if sec.status == "ok" else 1
+    if sec.status not in ("ok", "skipped"):
+        return 1  # the run itself failed (cells, plot or table): see the errors above
+    return 1 if (args.strict and sec.verdict not in ("reproduced", "skipped")) else 0

@@ -13,28 +13,11 @@ import time
 import traceback
 from typing import Any, Callable
 
+from bnlab.experiments.spec import library_versions  # public in spec (the report reads it too)
+
 __all__ = ["execute_cell", "library_versions", "jsonable_metrics"]
 
-_VERSION_PACKAGES = ("numpy", "scipy", "torch", "dask", "distributed", "pandas")
-_versions_cache: dict | None = None
 _threads_limited = False
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of python, bnlab and the numerical libraries (read from package metadata, no imports)."""
-    global _versions_cache
-    if _versions_cache is None:
-        import platform
-        from importlib import metadata
-
-        out = {"python": platform.python_version(), "platform": platform.platform()}
-        for pkg in ("bnlab",) + _VERSION_PACKAGES:
-            try:
-                out[pkg] = metadata.version(pkg)
-            except metadata.PackageNotFoundError:
-                out[pkg] = None
-        _versions_cache = out
-    return dict(_versions_cache)
 
 
 def _limit_threads() -> None:

@@ -2,7 +2,11 @@
 
 :func:`build_report` runs (or reuses from the results stores) the sweep of
 each registered reproduction at one scale, calls its ``plot`` and
-``compare``, and writes ``<out>/index.html``.  The page loads nothing from
+``compare``, and writes ``<out>/index.html``.  Each section gets a *verdict*
+computed from its comparison rows (:func:`verdict`): ``reproduced`` (every
+checked row agrees), ``partly``, ``not_reproduced``, ``skipped`` (the cells
+cannot run on this machine, with the reason) or ``error`` (the sweep, plot or
+table failed); the run status (did the cells run) is reported beside it.  The page loads nothing from
 the network: the CSS is inline and every figure is embedded as a ``data:``
 URI (the PNG/SVG files also stay in ``<out>/figures/<name>/``).  A
 reproduction whose module fails to import, whose grid raises, whose cells
@@ -24,13 +28,12 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Sequence
 
 from bnlab._validation import check_choice
-from bnlab.experiments._worker import library_versions
 from bnlab.experiments.registry import discovery_errors, get_experiment, list_experiments
-from bnlab.experiments.spec import SCALES, Comparison, Experiment
+from bnlab.experiments.spec import SCALES, VERDICTS, Comparison, Experiment, library_versions
 from bnlab.experiments.store import ResultsStore, cell_key
 from bnlab.experiments.sweep import open_client, run_sweep, store_path
 
-__all__ = ["build_report", "reproduce", "Report", "ReportSection"]
+__all__ = ["build_report", "reproduce", "verdict", "Report", "ReportSection", "VERDICTS"]
 
 _MAX_FAILURES_SHOWN = 10
 _MIME = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
@@ -56,6 +59,11 @@ class ReportSection:
     errors: list[dict] = field(default_factory=list)  # {"what", "text"}
     notes: list[dict] = field(default_factory=list)  # {"what", "text"}: not errors (e.g. skipped cells)
     failures: list[dict] = field(default_factory=list)  # {"key", "params", "error"}
+    verdict: str = "error"  # one of VERDICTS, from the comparison rows (see verdict())
+    verdict_reason: str = ""
+    settings: list[dict] = field(default_factory=list)  # {"what", "paper", "bnlab", "why"} at this scale
+    checks: list[dict] = field(default_factory=list)  # {"name", "meaning"}
+    limitations: str = ""
 
 
 @dataclass
@@ -70,7 +78,75 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        """Every reproduction's cells ran (says nothing about agreement: see :attr:`all_reproduced`)."""
         return not self.broken_modules and all(s.status in ("ok", "skipped") for s in self.sections)
+
+    @property
+    def verdict_counts(self) -> dict[str, int]:
+        """How many sections have each verdict (a module that failed to import counts as ``error``)."""
+        counts = {v: 0 for v in VERDICTS}
+        for s in self.sections:
+            counts[s.verdict] += 1
+        counts["error"] += len(self.broken_modules)
+        return counts
+
+    @property
+    def all_reproduced(self) -> bool:
+        """Every reproduction that is not skipped is ``reproduced`` (what ``bnlab report --strict`` checks)."""
+        return not self.broken_modules and all(s.verdict in ("reproduced", "skipped") for s in self.sections)
+
+
+def verdict(status: str, comparisons: Sequence[dict], *, failed_cells: int = 0, skip_reason: str = "",
+            errors: Sequence[dict] = ()) -> tuple[str, str]:
+    """The verdict of a reproduction and its reason, from its run status and comparison rows.
+
+    ``skipped`` when every cell was skipped (the reason is the cells' own); ``error`` when the sweep
+    could not run, nothing finished, or no row has a criterion (nothing to judge); otherwise by the
+    rows whose ``agrees`` is not None: all agree → ``reproduced``, some → ``partly``, none →
+    ``not_reproduced``.  A ``reproduced`` with failed cells or a failed plot/table is downgraded to
+    ``partly`` (the rows then rest on part of the grid).
+    """
+    if status == "skipped":
+        return "skipped", skip_reason or "every cell was skipped"
+    if status in ("error", "failed") and not comparisons:
+        what = "; ".join(e["what"] for e in errors) or "nothing finished"
+        return "error", what
+    judged = [c for c in comparisons if c.get("agrees") is not None]
+    if not judged:
+        return "error", "no comparison row has a criterion: nothing to judge"
+    n_ok = sum(bool(c["agrees"]) for c in judged)
+    reason = f"{n_ok} of {len(judged)} checked rows agree"
+    if n_ok == 0:
+        return "not_reproduced", reason
+    if n_ok < len(judged):
+        return "partly", reason
+    caveats = ([f"{failed_cells} cell{'s' if failed_cells != 1 else ''} failed"] if failed_cells else []) + [
+        e["what"] for e in errors]
+    if caveats:
+        return "partly", reason + ", but " + "; ".join(caveats)
+    return "reproduced", reason
+
+
+class _LazyClient:
+    """A Dask client started on first use only (no cluster when every cell is in the stores)."""
+
+    def __init__(self, stack: contextlib.ExitStack, client: Any, scheduler: str | None, workers: int | None):
+        self._stack, self._client, self._scheduler, self._workers = stack, client, scheduler, workers
+
+    def __call__(self) -> Any:
+        if self._client is None:
+            self._client = self._stack.enter_context(open_client(self._scheduler, self._workers))
+        return self._client
+
+
+def _say(progress, text: str) -> None:
+    """One progress line on stderr (or the given stream) when progress is on."""
+    if progress is False or progress is None:
+        return
+    import sys
+
+    stream = sys.stderr if progress is True else progress
+    print(text, file=stream, flush=True)
 
 
 def _anchor(name: str) -> str:
@@ -102,9 +178,26 @@ def _section(
     exp: Experiment, scale: str, results_dir, outdir: Path, retry_failed: bool, get_client, serial: bool,
     progress,
 ) -> ReportSection:
+    """Run or reuse one reproduction, plot and tabulate it, and judge it (:func:`verdict`)."""
+    sec = _run_section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress)
+    skip_reason = "\n".join(n["text"] for n in sec.notes if "skipped" in n["what"])
+    sec.verdict, sec.verdict_reason = verdict(sec.status, sec.comparisons, failed_cells=sec.failed,
+                                              skip_reason=skip_reason, errors=sec.errors)
+    return sec
+
+
+def _run_section(
+    exp: Experiment, scale: str, results_dir, outdir: Path, retry_failed: bool, get_client, serial: bool,
+    progress,
+) -> ReportSection:
     path = store_path(exp.name, scale, results_dir)
-    sec = ReportSection(name=exp.name, paper=exp.paper, figure=exp.figure, title=exp.title, claim=exp.claim,
-                        status="ok", store=str(path))
+    sec = ReportSection(
+        name=exp.name, paper=exp.paper, figure=exp.figure, title=exp.title, claim=exp.claim, status="ok",
+        store=str(path),
+        settings=[{"what": s.what, "paper": s.paper, "bnlab": s.at(scale), "why": s.why} for s in exp.settings],
+        checks=[{"name": c.name, "meaning": c.meaning} for c in exp.checks],
+        limitations=exp.limitations if scale == "small" else "",
+    )
     reused = None
     try:
         if _needs_run(exp, scale, path, retry_failed):
@@ -134,6 +227,16 @@ def _section(
         sec.errors.append({"what": "No cell finished, so there is no figure.",
                            "text": "see the failed cells below" if failed else "the grid is empty"})
         return sec
+    # Cells may declare themselves skipped ({"skipped": True, "skip_reason": ...}, e.g. a dataset that is
+    # not on this machine): that is neither a success nor a failure, and the page must say so.
+    skipped = [r for r in records if r.metrics.get("skipped")]
+    if skipped:
+        reasons = sorted({str(r.metrics.get("skip_reason", "no reason given")) for r in skipped})
+        sec.notes.append({"what": f"{len(skipped)} of {len(records)} cells were skipped.", "text": "\n".join(reasons)})
+        if len(skipped) == len(records):
+            sec.status = "failed" if failed else "skipped"  # nothing to plot or compare: no placeholder figure
+            return sec
+    _say(progress, f"plotting {exp.name} ({len(records)} cells) …")
     try:
         import matplotlib.pyplot as plt
 
@@ -157,19 +260,35 @@ def _section(
         sec.comparisons = [asdict(c) for c in comps]
     except Exception:
         sec.errors.append({"what": "compare() raised.", "text": traceback.format_exc()})
-    # Cells may declare themselves skipped ({"skipped": True, "skip_reason": ...}, e.g. a dataset that is
-    # not on this machine): that is neither a success nor a failure, and the page must say so.
-    skipped = [r for r in records if r.metrics.get("skipped")]
-    if skipped:
-        reasons = sorted({str(r.metrics.get("skip_reason", "no reason given")) for r in skipped})
-        sec.notes.append({"what": f"{len(skipped)} of {len(records)} cells were skipped.", "text": "\n".join(reasons)})
     if sec.errors:
         sec.status = "failed" if not sec.figures else "partial"
     elif failed:
         sec.status = "partial"
-    elif skipped and len(skipped) == len(records):
-        sec.status = "skipped"
     return sec
+
+
+def _figure_views(paths: Sequence[str], name: str) -> list[dict]:
+    """One entry per figure: the raster image shown (PNG preferred), every other format linked.
+
+    Files with the same stem are one figure in several formats (``fig1ab.png`` + ``fig1ab.svg``):
+    the page shows the PNG once and links the SVG (embedded as a data: URI, so the page stays
+    self-contained), instead of showing the same figure twice at half width.
+    """
+    by_stem: dict[str, list[Path]] = {}
+    for p in map(Path, paths):
+        by_stem.setdefault(p.stem, []).append(p)
+    views = []
+    for stem, files in by_stem.items():
+        order = {".png": 0, ".jpg": 1, ".jpeg": 1, ".gif": 2, ".svg": 3}
+        files = sorted(files, key=lambda f: order.get(f.suffix.lower(), 9))
+        shown = files[0]
+        views.append({
+            "name": shown.name,
+            "alt": f"{name}: {stem}",
+            "src": _data_uri(shown),
+            "links": [{"name": f.name, "href": _data_uri(f)} for f in files[1:]],
+        })
+    return views
 
 
 def _render(report: Report, generated: str) -> str:
@@ -190,7 +309,8 @@ def _render(report: Report, generated: str) -> str:
             "anchor": _anchor(s.name),
             "n_judged": len(judged),
             "n_agree": sum(bool(c["agrees"]) for c in judged),
-            "figures": [{"name": Path(p).name, "src": _data_uri(Path(p))} for p in s.figures],
+            "verdict_label": s.verdict.replace("_", " "),
+            "figures": _figure_views(s.figures, s.name),
             "failures": [
                 {
                     "params": json.dumps(f["params"], sort_keys=True),
@@ -205,8 +325,10 @@ def _render(report: Report, generated: str) -> str:
         by_paper.setdefault(s.paper, []).append(view)
     broken = [{"module": m, "error": e, "anchor": _anchor(m)} for m, e in sorted(report.broken_modules.items())]
     versions = {k: (v or "—") for k, v in library_versions().items()}
+    counts = report.verdict_counts
     return env.get_template("report.html").render(
         css=(templates / "report.css").read_text(),
+        verdict_counts=[(v.replace("_", " "), v, counts[v]) for v in VERDICTS],
         scale=report.scale,
         generated=generated,
         total_seconds=report.seconds,
@@ -259,7 +381,8 @@ def build_report(
     Returns
     -------
     Report
-        The sections (status, counts, figures, comparisons, errors) and the page's path.
+        The sections (status, verdict, counts, figures, comparisons, errors) and the page's path;
+        ``report.json`` beside the page holds the same, with the top-level ``verdicts`` counts.
     """
     check_choice("scale", scale, SCALES)
     os.environ.setdefault("MPLBACKEND", "Agg")  # figures are files; never open a window
@@ -276,16 +399,11 @@ def build_report(
             exps = list(list_experiments().values())
         broken = {} if only else discovery_errors()
     with contextlib.ExitStack() as stack:
-        holder: dict[str, Any] = {"client": client}
-
-        def get_client():
-            if holder["client"] is None:  # started only when some cell has to run
-                holder["client"] = stack.enter_context(open_client(scheduler, workers))
-            return holder["client"]
-
+        get_client = _LazyClient(stack, client, scheduler, workers)
         sections = [
             _section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress) for exp in exps
         ]
+    _say(progress, "writing the page …")
     report = Report(index=outdir / "index.html", scale=scale, sections=sections, broken_modules=broken,
                     seconds=time.perf_counter() - t0)
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -297,6 +415,8 @@ def build_report(
                 "generated": generated,
                 "seconds": report.seconds,
                 "ok": report.ok,
+                "all_reproduced": report.all_reproduced,
+                "verdicts": report.verdict_counts,
                 "sections": [asdict(s) for s in sections],
                 "broken_modules": broken,
             },
@@ -324,18 +444,12 @@ def reproduce(
     """Run (or reuse) one reproduction's sweep, write its figures to ``<out>/figures/<name>/``, tabulate it.
 
     Same arguments as :func:`build_report`; returns the section the report
-    would show (status, counts, figure paths, comparisons, errors).
+    would show (status, verdict, counts, figure paths, comparisons, errors).
     """
     check_choice("scale", scale, SCALES)
     os.environ.setdefault("MPLBACKEND", "Agg")
     exp = get_experiment(experiment)
     outdir = Path(out)
     with contextlib.ExitStack() as stack:
-        holder: dict[str, Any] = {"client": client}
-
-        def get_client():
-            if holder["client"] is None:
-                holder["client"] = stack.enter_context(open_client(scheduler, workers))
-            return holder["client"]
-
-        return _section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress)
+        return _section(exp, scale, results_dir, outdir, retry_failed, _LazyClient(stack, client, scheduler, workers),
+                        serial, progress)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["Experiment", "Record", "Comparison", "SCALES", "cell_device"]
+__all__ = ["Experiment", "Record", "Comparison", "Setting", "Check", "SCALES", "VERDICTS", "cell_device",
+           "library_versions"]
 
 #: ``small``: minutes on 2 CPU cores (used by ``bnlab report`` and tests);
 #: ``paper``: the paper's sizes (a GPU or a Dask cluster).
@@ -37,6 +38,38 @@ class Comparison:
     paper: str  # what the paper reports, as text (e.g. "π/(π−1) ≈ 1.467")
     bnlab: str  # what bnlab computed or measured, as text
     agrees: bool | None = None  # None when there is no sharp criterion
+
+
+#: What a reproduction's comparison rows add up to (see ``bnlab.experiments.report.verdict``):
+#: every checked row agrees / some do / none do / the cells could not run here (with the reason) /
+#: the sweep, plot or table failed, so nothing can be judged.
+VERDICTS = ("reproduced", "partly", "not_reproduced", "skipped", "error")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One line of a reproduction's scale table: what the paper used beside what bnlab uses.
+
+    ``small`` and ``paper_scale`` describe bnlab's two scales (:data:`SCALES`); ``why`` says why
+    a scale deviates from the paper, where it does.
+    """
+
+    what: str  # e.g. "width", "depth grid", "steps / epochs", "η", "training images", "restarts"
+    paper: str  # what the paper used ("not stated" where it does not say)
+    small: str
+    paper_scale: str
+    why: str = ""
+
+    def at(self, scale: str) -> str:
+        return self.small if scale == "small" else self.paper_scale
+
+
+@dataclass(frozen=True)
+class Check:
+    """What one kind of comparison row tests: its criterion and agreement window, in words."""
+
+    name: str  # matches the start of the rows' ``quantity``
+    meaning: str  # what agreement means, with the window (e.g. "… within [16ξ/1.6, 1.6·16ξ]")
 
 
 @dataclass(frozen=True)
@@ -68,6 +101,15 @@ class Experiment:
     compare:
         ``compare(records) -> list[Comparison]``: the paper's numbers beside
         bnlab's, for the report table.
+    settings:
+        The scale table: each :class:`Setting` states what the paper used beside bnlab's
+        ``small`` and ``paper`` scales (width, depth grid, steps or epochs, η, data size,
+        restarts, thresholds).  Data, so the report can show it beside the figure.
+    checks:
+        What each kind of comparison row tests and its agreement window (:class:`Check`).
+    limitations:
+        Where the ``small`` scale cannot show the claim: what, why, and the measurement that
+        shows it (shown in the section at that scale).
     uses_gpu:
         Whether cells benefit from CUDA (the engine gives them a GPU when
         present): unless the cell's parameters set ``"device"``, ``run_cell``
@@ -87,6 +129,9 @@ class Experiment:
     plot: Callable[[Sequence[Record], Path], list[Path]]
     compare: Callable[[Sequence[Record]], list[Comparison]] = field(default=lambda records: [])
     uses_gpu: bool = False
+    settings: Sequence[Setting] = ()
+    checks: Sequence[Check] = ()
+    limitations: str = ""
 
 
 def cell_device() -> str:
@@ -116,3 +161,24 @@ def cell_device() -> str:
     except (ImportError, ValueError, TypeError):
         index = 0
     return f"cuda:{index}"
+
+
+_VERSION_PACKAGES = ("numpy", "scipy", "torch", "dask", "distributed", "pandas")
+_versions_cache: dict | None = None
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of python, bnlab and the numerical libraries (read from package metadata, no imports)."""
+    global _versions_cache
+    if _versions_cache is None:
+        import platform
+        from importlib import metadata
+
+        out = {"python": platform.python_version(), "platform": platform.platform()}
+        for pkg in ("bnlab",) + _VERSION_PACKAGES:
+            try:
+                out[pkg] = metadata.version(pkg)
+            except metadata.PackageNotFoundError:
+                out[pkg] = None
+        _versions_cache = out
+    return dict(_versions_cache)

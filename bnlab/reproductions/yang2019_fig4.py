@@ -29,14 +29,15 @@ from typing import Sequence
 
 import numpy as np
 
-from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
+from bnlab.reproductions.plotting import plain_log_ticks, pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_norms_cell"]
 
 _QUANTITIES = (
-    ("weight_norm", "‖W^l‖"),
-    ("preact_grad_norm", "‖∂L/∂h^l‖"),
-    ("weight_grad_norm", "‖∂L/∂W^l‖"),
+    ("weight_norm", r"$\|W^l\|$"),
+    ("preact_grad_norm", r"$\|\partial L/\partial h^l\|$"),
+    ("weight_grad_norm", r"$\|\partial L/\partial W^l\|$"),
 )
 
 
@@ -115,14 +116,9 @@ def _grid(scale: str) -> list[dict]:
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.colors import LinearSegmentedColormap
 
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     recs = sorted(records, key=lambda r: int(r.params["depth"]))
     cmap = LinearSegmentedColormap.from_list("black_green", ["black", "green"])
     fig, axes = plt.subplots(len(recs), 3, figsize=(11, 2.4 * max(len(recs), 1)), dpi=100, squeeze=False)
@@ -134,15 +130,13 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
             for t in range(n):
                 ax.plot(np.arange(1, arr.shape[1] + 1), arr[t] / arr[t, -1], color=cmap(t / max(n - 1, 1)), lw=1)
             ax.set_yscale("log")
-            ax.set_title(f"depth {r.params['depth']}: {label} / top layer", fontsize=8)
+            plain_log_ticks(ax, "y")
+            ax.set_title(f"depth {r.params['depth']}: {label} / top layer", fontsize=9)
             if i == len(recs) - 1:
                 ax.set_xlabel("layer l")
     fig.suptitle("Yang et al. 2019 Fig. 4: relative per-layer magnitudes, steps 0 (black) → 10 (green)", fontsize=10)
     fig.tight_layout()
-    path = outdir / "yang2019-fig4.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return [path]
+    return save_figure(fig, outdir, "yang2019-fig4")
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:
@@ -198,5 +192,25 @@ EXPERIMENTS = [
         plot=_plot,
         compare=_compare,
         uses_gpu=True,
+        settings=[
+            Setting("width N", "384 (as Fig. 3)", str(_grid("small")[0]["width"]), str(_grid("paper")[0]["width"]),
+                    "2 CPU cores"),
+            Setting("depths", "not listed in the text", ", ".join(str(c["depth"]) for c in _grid("small")),
+                    ", ".join(str(c["depth"]) for c in _grid("paper"))),
+            Setting("batch size B", "not stated", "32", "32"),
+            Setting("steps", "10", "10", "10"),
+            Setting("learning rate η", "1e-5·B (as Fig. 3)", "3e-3·B", "1e-5·B",
+                    "as the small-scale Fig. 3; with the paper's η the first step only dominates the weights of "
+                    "the deeper nets"),
+            Setting("training images", "60 000", "10000", "60000"),
+        ],
+        checks=[
+            Check("initial ‖∂L/∂h^l‖² growth per layer", "agrees when the per-layer growth at step 0 (fitted over "
+                  "the middle 60 % of the layers) is within 10 % of λ_G↓(B) (Thm 3.10)"),
+            Check("dynamic range of ‖∂L/∂W^l‖", "judged only where step 0 has a range > 100 (the deep nets): agrees "
+                  "when every later step's range is below a third of step 0's"),
+            Check("‖W^1‖ after one step / before", "agrees when the growth does not decrease with depth and exceeds 2 "
+                  "at the deepest net"),
+        ],
     )
 ]

@@ -27,17 +27,19 @@ where 16ξ = 16/log λ_G↓ is no longer a trainable-depth limit (shown as ∞).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
+from bnlab.experiments.spec import Experiment, Record, Setting
 from bnlab.reproductions.trainability import (
+    DEPTH_CHECKS,
     compare_depths,
+    describe_grid,
     heatmap,
     run_trainability_cell,
     theory_max_depth,
 )
-from bnlab.experiments.spec import Experiment
 
 __all__ = ["EXPERIMENTS"]
 
@@ -62,14 +64,35 @@ _PANELS: dict[str, dict[str, Any]] = {
               xlabel="ε", xlog=True, title="tanh: BN ε"),
     "d": dict(phi="relu", key="eps", fixed=dict(gamma=1.0, beta=2.0),
               small=[1e-3, 1e-2, 1e-1, 1.0], paper=[float(f"{v:.3g}") for v in np.logspace(-3, 1, 13)],
-              xlabel="ε", xlog=True, title="ReLU (β = 2): BN ε"),
+              xlabel="ε", xlog=True, title="ReLU: BN ε",
+              # β = 2 puts 16ξ ≥ 330 at every ε: no affordable depth grid could contradict the claim (every
+              # row agreed by construction).  β = 0.5 keeps ReLU shifted but puts 16ξ = 63 → 88 → ∞ over
+              # ε = 1e-3 … 1 inside a grid reaching 120 = 1.9·16ξ, where the claim can fail.
+              small_fixed=dict(beta=0.5), small_depths=[10, 20, 40, 80, 120]),
 }
+_SMALL_DEPTHS = [5, 10, 20, 40, 60]
+_PAPER_DEPTHS = [2, 5, 10, 15, 20, 30, 40, 50, 60, 80, 100, 150, 200]
 
 
-def _settings(letter: str, x: float) -> dict:
+def _fixed(letter: str, scale: str) -> dict:
+    """The hyperparameters a panel holds fixed at ``scale``."""
+    p = _PANELS[letter]
+    return {**p["fixed"], **(p.get("small_fixed", {}) if scale == "small" else {})}
+
+
+def _fixed_of(letter: str, records) -> dict:
+    """The fixed hyperparameters the records were run with (so plot and table match their grid)."""
+    p = _PANELS[letter]
+    for r in records:
+        if not r.metrics.get("skipped"):
+            return {k: float(r.params.get(k, v)) for k, v in p["fixed"].items()}
+    return dict(p["fixed"])
+
+
+def _settings(letter: str, x: float, fixed: dict | None = None) -> dict:
     p = _PANELS[letter]
     s = dict(gamma=1.0, beta=0.0, eps=0.0)
-    s.update(p["fixed"])
+    s.update(p["fixed"] if fixed is None else fixed)
     s[p["key"]] = float(x)
     if p["key"] != "eps":
         # ε = 1e-3 ≪ the pre-activation variance: the ε = 0 theory applies (as for Fig. 3)
@@ -77,19 +100,41 @@ def _settings(letter: str, x: float) -> dict:
     return s
 
 
-def _theory_at(letter: str, x: float) -> float | None:
+def _theory_at(letter: str, x: float, fixed: dict | None = None) -> float | None:
     if _PANELS[letter]["key"] == "gamma" and x <= 0:
         return None
-    s = _settings(letter, x)
+    s = _settings(letter, x, fixed)
     return theory_max_depth(_PANELS[letter]["phi"], _B, s["eps"], s["gamma"], s["beta"])
 
 
-def _theory_curve(letter: str, xs) -> np.ndarray:
+def _theory_curve(letter: str, xs, fixed: dict | None = None) -> np.ndarray:
     out = []
     for x in np.atleast_1d(xs):
-        t = _theory_at(letter, float(x))
+        t = _theory_at(letter, float(x), fixed)
         out.append(np.nan if t is None else t)
     return np.array(out)
+
+
+def _title(letter: str, fixed: dict) -> str:
+    p = _PANELS[letter]
+    shown = ", ".join(f"{_SYMBOL[k]} = {v:g}" for k, v in fixed.items() if k != "eps" and (k, v) != ("gamma", 1.0))
+    return f"Yang et al. 2019 Fig. 5{letter}: {p['title']} (B = {_B}{', ' + shown if shown else ''})"
+
+
+_SYMBOL = {"gamma": "γ", "beta": "β", "eps": "ε"}
+
+
+def _plot(records: Sequence[Record], outdir, *, letter: str):
+    fixed = _fixed_of(letter, records)
+    p = _PANELS[letter]
+    return heatmap(records, outdir, name=f"yang2019-fig5{letter}", xkey=p["key"], xlabel=p["xlabel"], xlog=p["xlog"],
+                   title=_title(letter, fixed), theory_curve=functools.partial(_theory_curve, letter, fixed=fixed))
+
+
+def _compare(records: Sequence[Record], *, letter: str):
+    fixed = _fixed_of(letter, records)
+    return compare_depths(records, xkey=_PANELS[letter]["key"], xname=_SYMBOL[_PANELS[letter]["key"]],
+                          theory_at=functools.partial(_theory_at, letter, fixed=fixed))
 
 
 def _grid(scale: str, *, letter: str) -> list[dict]:
@@ -99,12 +144,12 @@ def _grid(scale: str, *, letter: str) -> list[dict]:
     check_choice("scale", scale, SCALES)
     p = _PANELS[letter]
     small = scale == "small"
-    depths = [5, 10, 20, 40, 60] if small else [2, 5, 10, 15, 20, 30, 40, 50, 60, 80, 100, 150, 200]
+    depths = p.get("small_depths", _SMALL_DEPTHS) if small else _PAPER_DEPTHS
     cells = []
     for x in p["small"] if small else p["paper"]:
         for d in depths:
             c = dict(dataset="mnist", phi=p["phi"], gamma=1.0, beta=0.0, eps=1e-3)
-            c.update(p["fixed"])
+            c.update(_fixed(letter, scale))
             c[p["key"]] = float(x)
             c.update(depth=d, width=128 if small else 384, bn_batch=_B, batch_size=_B, optimizer="sgd",
                      lr=(_SMALL_LR_PER_B[letter] if small else 1e-5) * _B, n_train=10_000 if small else 60_000,
@@ -115,6 +160,39 @@ def _grid(scale: str, *, letter: str) -> list[dict]:
                 c["epochs"] = 10
             cells.append(c)
     return cells
+
+
+_LIMITS = {
+    "d": "The paper's β = 2 puts 16ξ at 330–800 layers for ε ≤ 0.3 (B = 32): a grid that could contradict the "
+    "claim would need depths beyond 500, hours on a CPU (the old small grid to depth 60 agreed by construction). "
+    "This scale uses β = 0.5, where 16ξ = 63, 63, 69 and ∞ at ε = 0.001, 0.01, 0.1 and 1 lies inside a grid "
+    "reaching depth 120: measured there at ε = 0.001, depths 80 and 120 stay at chance (accuracy 0.09).",
+}
+
+
+def _scale_table(letter: str) -> list[Setting]:
+    p = _PANELS[letter]
+    small = describe_grid(_grid("small", letter=letter))
+    paper = describe_grid(_grid("paper", letter=letter))
+    swept = {"small": ", ".join(f"{v:g}" for v in p["small"]), "paper": ", ".join(f"{v:g}" for v in p["paper"])}
+    fixed_s = ", ".join(f"{_SYMBOL[k]} = {v:g}" for k, v in _fixed(letter, "small").items())
+    fixed_p = ", ".join(f"{_SYMBOL[k]} = {v:g}" for k, v in _fixed(letter, "paper").items())
+    paper_fixed = fixed_p + (" (β = 2 for ReLU: locally linear at 0)" if letter == "d" else "")
+    return [
+        Setting(f"{_SYMBOL[p['key']]} grid", "not listed in the text", swept["small"], swept["paper"]),
+        Setting("fixed", paper_fixed, fixed_s, fixed_p,
+                "puts 16ξ inside an affordable depth grid (see below)" if "small_fixed" in p else ""),
+        Setting("batch size B", "not stated", str(_B), str(_B), "the 16ξ line is computed at the same B"),
+        Setting("width N", "not stated (Fig. 3: 384)", small["width"], paper["width"], "2 CPU cores"),
+        Setting("depth grid", "not listed in the text", small["depths"], paper["depths"]),
+        Setting("training length", "not stated (Fig. 3: 10 epochs)", small["length"], paper["length"],
+                "hours per cell at the paper's budget; see Fig. 3"),
+        Setting("learning rate η", "not stated (Fig. 3: 1e-5·B)", small["lr"], paper["lr"],
+                "ReLU with β > 0 blows up within 150 steps at 3e-3·B (measured at β = 2, depth 40: loss 72–221)"
+                if p["phi"] == "relu" else "as the small-scale Fig. 3"),
+        Setting("training images", "60 000", small["n_train"], paper["n_train"]),
+        Setting("restarts per cell", "not stated", small["seeds"], paper["seeds"]),
+    ]
 
 
 def _make(letter: str) -> Experiment:
@@ -134,16 +212,12 @@ def _make(letter: str) -> Experiment:
         ),
         grid=functools.partial(_grid, letter=letter),
         run_cell=run_trainability_cell,
-        plot=functools.partial(
-            heatmap, name=name, xkey=p["key"], xlabel=p["xlabel"], xlog=p["xlog"],
-            title=f"Yang et al. 2019 Fig. 5{letter}: {p['title']} (B = {_B})",
-            theory_curve=functools.partial(_theory_curve, letter),
-        ),
-        compare=functools.partial(
-            compare_depths, xkey=p["key"], xname={"gamma": "γ", "beta": "β", "eps": "ε"}[p["key"]],
-            theory_at=functools.partial(_theory_at, letter),
-        ),
+        plot=functools.partial(_plot, letter=letter),
+        compare=functools.partial(_compare, letter=letter),
         uses_gpu=True,
+        settings=_scale_table(letter),
+        checks=DEPTH_CHECKS,
+        limitations=_LIMITS.get(letter, ""),
     )
 
 

@@ -20,7 +20,8 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.experiments.spec import Comparison, Experiment, Record, Setting
+from bnlab.reproductions.plotting import grid_ticks, plain_log_ticks, pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_theory_cell"]
 
@@ -90,13 +91,7 @@ def _by(records, **match):
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     markers = {"closed": "-", "sphere": "o", "gegenbauer": "x", "montecarlo": "s"}
     for label in _PHIS:
@@ -118,17 +113,21 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
             if method in ("closed", "sphere") and (method == "closed" or label not in ("relu", "identity")):
                 axes[1].plot(bs, [r.metrics["max_trainable_depth"] for r in rs], "-o", ms=3, color=color, label=label)
     axes[0].axhline(math.pi / (math.pi - 1), ls="--", c="k", lw=0.8, label="π/(π−1)")
-    axes[0].set(xscale="log", yscale="log", xlabel="batch size B", ylabel="λ_G↓ (gradient explosion rate)",
-                title="Thms 3.9, 3.10: λ_G↓ by method")
+    axes[0].set(xscale="log", yscale="log", xlabel="batch size B",
+                ylabel=r"$\lambda_{G\downarrow}$ (gradient explosion rate)",
+                title=r"Thms 3.9, 3.10: $\lambda_{G\downarrow}$ by method")
     axes[0].legend(fontsize=6, ncol=2)
-    axes[1].axhline(16 / math.log(math.pi / (math.pi - 1)), ls="--", c="k", lw=0.8, label="relu, B→∞")
-    axes[1].set(xscale="log", yscale="log", xlabel="batch size B", ylabel="16ξ = 16/log λ_G↓", title="§4: predicted max trainable depth")
+    axes[1].axhline(16 / math.log(math.pi / (math.pi - 1)), ls="--", c="k", lw=0.8, label="relu, B → ∞")
+    axes[1].set(xscale="log", yscale="log", xlabel="batch size B",
+                ylabel=r"$16\xi = 16/\log\lambda_{G\downarrow}$", title="§4: predicted max trainable depth")
     axes[1].legend(fontsize=7)
+    bs = sorted({r.params["batch_size"] for r in records})
+    for ax in axes:
+        if bs:
+            grid_ticks(ax, "x", bs)
+        plain_log_ticks(ax, "y")
     fig.tight_layout()
-    path = outdir / "yang2019_theory_rates.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    return save_figure(fig, outdir, "yang2019_theory_rates")
 
 
 def _rel(a, b):
@@ -215,5 +214,13 @@ EXPERIMENTS = [
         plot=_plot,
         compare=_compare,
         uses_gpu=False,
+        settings=[
+            Setting("batch sizes B", "(theorems: every B ≥ 4)", ", ".join(map(str, _SCALES["small"]["batch_sizes"])),
+                    ", ".join(map(str, _SCALES["paper"]["batch_sizes"]))),
+            Setting("φ", "relu, identity (closed forms); any φ (Thm 3.9)", ", ".join(_PHIS), ", ".join(_PHIS)),
+            Setting("Monte Carlo samples", "—", f"{_SCALES['small']['n_samples']:,} (B ≤ "
+                    f"{_SCALES['small']['montecarlo_max_b']})".replace(",", " "),
+                    f"{_SCALES['paper']['n_samples']:,}".replace(",", " ")),
+        ],
     )
 ]

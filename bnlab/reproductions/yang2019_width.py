@@ -30,7 +30,8 @@ from typing import Sequence
 
 import numpy as np
 
-from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
+from bnlab.reproductions.plotting import grid_ticks, pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_cell", "fit_loglog_slope"]
 
@@ -113,16 +114,11 @@ def _series(records: Sequence[Record]):
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     recs, w, sig, lam = _series(records)
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    for y, label in ((sig, "Σ^L (ReLU): ‖Σ̄ − Σ*‖/‖Σ*‖"), (lam, "λ_G (tanh): |λ̂ − λ|")):
+    for y, label in ((sig, r"$\Sigma^L$ (ReLU): $\|\bar\Sigma - \Sigma^*\| / \|\Sigma^*\|$"),
+                     (lam, r"$\lambda_G$ (tanh): $|\hat\lambda - \lambda|$")):
         if y is None or len(y) < 3:
             continue
         slope, se = fit_loglog_slope(w, y)
@@ -134,13 +130,11 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     ax.set_xlabel("width N")
     ax.set_ylabel("bias relative to the mean field limit")
     ax.set_title(f"Finite-width corrections, B = {_B}")
+    if len(w):
+        grid_ticks(ax, "x", w)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    paths = [outdir / "yang2019_width.png", outdir / "yang2019_width.svg"]
-    for p in paths:
-        fig.savefig(p)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, outdir, "yang2019_width")
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:
@@ -172,5 +166,17 @@ EXPERIMENTS = [
         plot=_plot,
         compare=_compare,
         uses_gpu=True,
+        settings=[
+            Setting("widths N", "(not a figure of the paper: its infinite-width limit)",
+                    ", ".join(map(str, _SCALES["small"]["widths"])), ", ".join(map(str, _SCALES["paper"]["widths"]))),
+            Setting("B", "—", str(_B), str(_B)),
+            Setting("depth", "—", str(_SCALES["small"]["depth"]), str(_SCALES["paper"]["depth"])),
+            Setting("networks", "—", f"ReLU {_SCALES['small']['relu_networks']}·N/64, tanh "
+                    f"{_SCALES['small']['tanh_networks']}", f"ReLU {_SCALES['paper']['relu_networks']}·N/64, tanh "
+                    f"{_SCALES['paper']['tanh_networks']}",
+                    "the Monte Carlo error of the ReLU ensemble mean ∝ 1/√(networks·N) must stay below the bias ∝ 1/N"),
+        ],
+        checks=[Check("log–log slope of the bias", "agrees when the least-squares slope of log|bias| on log N is "
+                      "within max(0.25, 2 standard errors) of −1")],
     )
 ]

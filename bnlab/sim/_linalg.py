@@ -13,7 +13,10 @@ the bottom block row is one bmm over all columns and the top-left block recurses
 CPU's bmm loses efficiency below ≈ 64 rows).  Measured at 8 × (256 × 1000), float32, one
 thread: L·Z 7.1 → 5.1 ms, x xᵀ 7.0 → 5.8 ms (benchmarks/bench_sim.py shows the effect on the
 whole simulator).  Results equal the plain products up to the rounding of a different
-summation order; the Gram matrix is exactly symmetric (its upper triangle is a copy).
+summation order.  The Gram matrix is exactly symmetric by construction: every upper triangle
+(of the off-diagonal blocks and of the base-case blocks alike) is a copy of the lower one, because
+a plain bmm of x xᵀ is *not* bit-for-bit symmetric on every BLAS (measured on an AMD EPYC: the two
+triangles differ in the last bits), and the Cholesky factorizations downstream read one triangle.
 """
 from __future__ import annotations
 
@@ -26,7 +29,10 @@ _MIN_BLOCK = 64
 def gram(x: torch.Tensor) -> torch.Tensor:
     """x xᵀ for ``x`` of shape (..., m, n): shape (..., m, m), exactly symmetric."""
     if x.requires_grad and torch.is_grad_enabled():
-        return torch.matmul(x, x.transpose(-1, -2))  # the blocked products write into slices (out=)
+        # the blocked products write into slices (out=), so the differentiable route is a plain
+        # product, made symmetric out of place: lower triangle plus its mirror
+        full = torch.matmul(x, x.transpose(-1, -2))
+        return full.tril() + full.tril(-1).transpose(-1, -2)
     lead = x.shape[:-2]
     m, n = x.shape[-2:]
     x3 = x.reshape(-1, m, n)
@@ -39,12 +45,23 @@ def _gram_into(x: torch.Tensor, out: torch.Tensor) -> None:
     m = x.shape[1]
     if m <= _MIN_BLOCK:
         torch.bmm(x, x.transpose(1, 2), out=out)
+        _mirror_lower_into_upper(out)
         return
     h = m // 2
     # bottom block row x₂ xᵀ in one product, the top-left block recursively, the top-right by symmetry
     torch.bmm(x[:, h:], x.transpose(1, 2), out=out[:, h:])
+    _mirror_lower_into_upper(out[:, h:, h:])  # x₂x₂ᵀ came from a full product: symmetrize it too
     _gram_into(x[:, :h], out[:, :h, :h])
     out[:, :h, h:] = out[:, h:, :h].transpose(1, 2)
+
+
+def _mirror_lower_into_upper(square: torch.Tensor) -> None:
+    """Overwrite the strict upper triangle of each (m, m) matrix of ``square`` (possibly a view)
+    with the transpose of its strict lower triangle, in place."""
+    m = square.shape[-1]
+    if m > 1:
+        rows, cols = torch.triu_indices(m, m, 1, device=square.device)
+        square[:, rows, cols] = square[:, cols, rows]
 
 
 def lower_triangular_matmul(lower: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,9 @@ same grid when given the same environment):
 * ``BNLAB_TEST_FAIL`` — comma-separated indices of cells that raise (read when the cell runs, so it is
   not part of the parameters: "fixing" a failure keeps the cell's key, as fixing a bug in code would)
 * ``BNLAB_TEST_SLOW`` — ``index:seconds`` pairs overriding the sleep of some cells
+* ``BNLAB_TEST_BLOCK_AFTER`` — ``k``: a cell that starts when ``k`` or more cells have finished
+  (counted from the ``done`` markers) blocks until the file ``$BNLAB_TEST_MARKERS/release`` exists
+  (or 300 s pass), so a test can interrupt a sweep at a known point however loaded the machine is
 """
 from __future__ import annotations
 
@@ -48,9 +51,19 @@ def _mark(kind: str, i: int) -> None:
         Path(d, f"{kind}-{i}-{os.getpid()}-{uuid.uuid4().hex}").touch()
 
 
+def _block_if_asked() -> None:
+    k, d = os.environ.get("BNLAB_TEST_BLOCK_AFTER", "").strip(), os.environ.get("BNLAB_TEST_MARKERS")
+    if not k or not d or len(list(Path(d).glob("done-*"))) < int(k):
+        return
+    deadline = time.monotonic() + 300
+    while not Path(d, "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def run_cell(params: dict) -> dict:
     i = params["i"]
     _mark("start", i)
+    _block_if_asked()
     time.sleep(params["sleep"])
     if i in _ints("BNLAB_TEST_FAIL"):
         raise ValueError(f"cell {i} fails on purpose")

@@ -18,12 +18,14 @@ CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/ch
 class _Images(HTMLParser):
     def __init__(self):
         super().__init__()
-        self.srcs, self.tags = [], []
+        self.srcs, self.tags, self.links = [], [], []
 
     def handle_starttag(self, tag, attrs):
         self.tags.append((tag, dict(attrs)))
         if tag == "img":
             self.srcs.append(dict(attrs)["src"])
+        if tag == "a" and dict(attrs).get("href", "").startswith("data:"):
+            self.links.append(dict(attrs)["href"])
 
 
 def _parse(html):
@@ -66,9 +68,11 @@ def test_report_structure_and_failures(report, tmp_path):
 def test_report_is_self_contained_with_embedded_figures(report):
     html = report.index.read_text()
     parsed = _parse(html)
-    assert len(parsed.srcs) == 2
+    # one image per figure: the PNG is shown, the SVG of the same figure is a download link
+    assert len(parsed.srcs) == 1 and parsed.srcs[0].startswith("data:image/png")
+    assert len(parsed.links) == 1 and parsed.links[0].startswith("data:image/svg+xml")
     kinds = set()
-    for src in parsed.srcs:
+    for src in parsed.srcs + parsed.links:
         m = re.fullmatch(r"data:(image/png|image/svg\+xml);base64,([A-Za-z0-9+/=]+)", src)
         assert m, src[:60]
         raw = base64.b64decode(m.group(2))
@@ -127,38 +131,84 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     page = report.index.with_name("render-check.html")
     page.write_text(html.replace("</body>", _CHECK + "</body>"))
     counts = _render_counts(page, tmp_path)
-    assert counts == {"images": 2, "loaded": 2, "sections": 3}
+    assert counts == {"images": 1, "loaded": 1, "sections": 3}
     # Negative control: the same check sees a figure that cannot load.
     broken = page.with_name("render-broken.html")
     broken.write_text(re.sub(r'src="data:image/png[^"]*"', 'src="figures/missing.png"', page.read_text(), count=1))
-    assert _render_counts(broken, tmp_path) == {"images": 2, "loaded": 1, "sections": 3}
+    assert _render_counts(broken, tmp_path) == {"images": 1, "loaded": 0, "sections": 3}
 
 
-def _skipping_cell(params):
-    return {"skipped": True, "skip_reason": "dataset X not present: bnlab data download x"}
+def test_verdicts_badges_counts_and_json_from_known_disagreements(tmp_path, test_env):
+    """Stored results with known agreements (tests/experiments/_verdict_helpers.py) get the verdicts
+    they must: on the badges, in the summary counts and in report.json."""
+    from tests.experiments import _verdict_helpers as vh
 
-
-def _plot_skipped(records, outdir):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(3, 2))
-    ax.text(0.5, 0.5, records[0].metrics["skip_reason"], ha="center")
-    path = Path(outdir) / "skipped.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return [path]
-
-
-def test_all_skipped_cells_give_a_skipped_section_with_the_reason(tmp_path, helpers):
-    # A reproduction whose cells legitimately cannot run here (data absent) is neither ok nor failed.
-    exp = Experiment(name="bnlab-test-skipped", paper="Test et al. 2024", figure="Fig. 9", title="t", claim="c",
-                     grid=lambda scale: [{"seed": 0}, {"seed": 1}], run_cell=_skipping_cell, plot=_plot_skipped)
-    rep = build_report(tmp_path / "out", results_dir=tmp_path / "res", experiments=[exp], serial=True,
+    rep = build_report(tmp_path / "out", results_dir=tmp_path / "res", experiments=vh.EXPERIMENTS, serial=True,
                        progress=False)
-    (sec,) = rep.sections
-    assert sec.status == "skipped" and rep.ok
+    assert {s.name: s.verdict for s in rep.sections} == vh.EXPECTED
+    assert rep.ok and not rep.all_reproduced  # every cell ran, but not every claim is reproduced
+    by_name = {s.name: s for s in rep.sections}
+    assert by_name["bnlab-test-two-of-five"].verdict_reason == "2 of 5 checked rows agree"
+    assert by_name["bnlab-test-data-missing"].verdict_reason == vh.SKIP_REASON
+    assert by_name["bnlab-test-data-missing"].figures == []  # no placeholder figure for a skipped section
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["verdicts"] == {"reproduced": 1, "partly": 1, "not_reproduced": 1, "skipped": 1, "error": 1}
+    assert [s["verdict"] for s in data["sections"]] == list(vh.EXPECTED.values())
+    assert data["all_reproduced"] is False
     html = rep.index.read_text()
-    assert "2 of 2 cells were skipped." in html and "dataset X not present: bnlab data download x" in html
+    # the section badges: one per section heading, in the verdict's colour class
+    badges = re.findall(r'<h3>[^<]*<span class="badge (\w+)">([\w ]+)</span></h3>', html)
+    assert badges == [(v, v.replace("_", " ")) for v in vh.EXPECTED.values()]
+    # the summary's counts and table
+    assert '<span class="badge partly">partly</span> 1' in html
+    assert html.count('<td class="num">2 of 5</td>') == 1 and "– (skipped)" in html
+    # the scale table and the checks are on the page
+    assert "<td>width</td><td>384</td><td>128<br>" in html and "agrees when the numbers match" in html
+    # a skipped section has no image; the four others have one each
+    assert len(_parse(html).srcs) == 4
+
+
+def test_strict_exit_code_follows_the_verdicts(tmp_path, test_env, capsys):
+    from bnlab.cli import main
+    from tests.experiments import _verdict_helpers as vh
+
+    def report(*names, strict=True):
+        argv = ["report", "--only", *[f"{vh.__name__}:{n}" for n in names], "--results-dir", str(tmp_path / "res"),
+                "--out", str(tmp_path / "out"), "--serial", "--no-progress"] + (["--strict"] if strict else [])
+        code = main(argv)
+        capsys.readouterr()
+        return code
+
+    assert report("bnlab-test-all-agree", "bnlab-test-data-missing") == 0  # skipped does not count against
+    assert report("bnlab-test-all-agree", "bnlab-test-two-of-five") == 1  # partly is not reproduced
+    assert report("bnlab-test-none-agree") == 1 and report("bnlab-test-unjudged") == 1
+    assert report("bnlab-test-none-agree", strict=False) == 0  # without --strict verdicts do not set the exit code
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        main(["report", "--help"])
+    assert "unless every reproduction that is not skipped has the verdict 'reproduced'" in " ".join(buf.getvalue().split())
+    # bnlab reproduce prints the verdict and honours --strict the same way
+    ref = f"{vh.__name__}:bnlab-test-two-of-five"
+    common = [ref, "--results-dir", str(tmp_path / "res"), "--out", str(tmp_path / "figs"), "--serial", "--no-progress"]
+    assert main(["reproduce", *common]) == 0
+    assert "bnlab-test-two-of-five: partly — 2 of 5 checked rows agree" in capsys.readouterr().out
+    assert main(["reproduce", *common, "--strict"]) == 1
+    capsys.readouterr()
+
+
+def test_verdict_rules():
+    from bnlab.experiments.report import verdict
+
+    rows = lambda *a: [{"agrees": x} for x in a]  # noqa: E731
+    assert verdict("ok", rows(True, True, None)) == ("reproduced", "2 of 2 checked rows agree")
+    assert verdict("ok", rows(True, False))[0] == "partly"
+    assert verdict("ok", rows(False, None))[0] == "not_reproduced"
+    assert verdict("ok", rows(None))[0] == "error" and verdict("ok", [])[0] == "error"
+    assert verdict("skipped", rows(True), skip_reason="no data") == ("skipped", "no data")
+    assert verdict("error", [], errors=[{"what": "The sweep could not run."}]) == ("error", "The sweep could not run.")
+    # rows that all agree but rest on part of the grid are only "partly"
+    assert verdict("partial", rows(True), failed_cells=2) == ("partly", "1 of 1 checked rows agree, but 2 cells failed")
+    assert verdict("partial", rows(True), errors=[{"what": "plot() raised."}])[0] == "partly"

@@ -55,12 +55,30 @@ def test_cells_plot_compare(tmp_path):
     paths = EXP.plot(recs, tmp_path)
     assert len(paths) == 4 and all(p.stat().st_size > 1000 for p in paths)
     rows = EXP.compare(recs)
-    assert len(rows) == 2 and all(r.agrees for r in rows)
+    # the circle row agrees; the decay row is judged against its CI (the ≈ 6 % finite-width bias at
+    # B/N = 1/16 may or may not fit the CI of 6 networks, so only that it is judged is asserted)
+    assert len(rows) == 2 and rows[0].agrees is True and rows[1].agrees is not None
+
+
+def test_decay_check_fails_when_the_ci_excludes_the_theory():
+    # The small-scale measurement of issue #17: rate 0.99325 [0.99263, 0.99385] against 0.99210.
+    # On λ it is 0.1 % off (a 5 % window on λ passed it); on the decay 1 − λ it is 15 % off and the
+    # decay's CI [0.00615, 0.00737] excludes the theory's 0.00790: the check must fail.
+    c = fig2.decay_check(0.99325, [0.99263, 0.99385], 0.99210)
+    assert c["agrees"] is False and c["rel_diff"] == pytest.approx(-0.146, abs=0.002)
+    assert c["ci"] == pytest.approx((0.00615, 0.00737))
+    row = EXP.compare([Record(dict(kind="gaussian", batch_size=64, width=512, networks=8),
+                              dict(rate=0.99325, rate_ci=[0.99263, 0.99385], paper_rate=0.99210, theory_rate=0.99210,
+                                   theory_source="test", fit_layers=[3, 40]))])[0]
+    assert row.agrees is False and "−15 %" in row.bnlab.replace("-", "−")
+    # a CI that holds the theory's decay passes
+    assert fig2.decay_check(0.99200, [0.99150, 0.99250], 0.99210)["agrees"] is True
 
 
 @pytest.mark.slow
-def test_small_scale_all_rows_agree(tmp_path):
+def test_small_scale_rows(tmp_path):
     recs = [Record(p, EXP.run_cell(p)) for p in EXP.grid("small")]
     EXP.plot(recs, tmp_path)
     rows = EXP.compare(recs)
-    assert rows and all(r.agrees is not False for r in rows), rows
+    # the decay check is expected to fail at width 512 (see the experiment's `limitations`)
+    assert rows and rows[0].agrees is True and all(r.agrees is not None for r in rows), rows

@@ -70,7 +70,8 @@ def test_run_cell_metrics_and_determinism():
     a = fig3.run_trainability_cell(_tiny())
     b = fig3.run_trainability_cell(_tiny())
     assert set(fig3.METRIC_KEYS) <= set(a)
-    assert a == b
+    # same seed: equal up to BLAS rounding amplified by the training steps (not promised bit-identical)
+    assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
     json.dumps(a)
     assert a["skipped"] is False and not a["diverged"]
     assert a["test_accuracy"] > 0.5  # a depth-2 net learns digits in 30 steps (chance 0.1)
@@ -125,10 +126,10 @@ def test_compare_finds_the_boundary_against_a_given_theory():
 def test_plot_writes_png(tmp_path):
     recs = _synthetic_records({8: 16, 32: 32}, [4, 8, 16, 32, 64], [8, 32])
     paths = EXPS["yang2019-fig3a"].plot(recs, tmp_path)
-    assert len(paths) == 1 and paths[0].suffix == ".png" and paths[0].stat().st_size > 5000
+    assert [p.suffix for p in paths] == [".png", ".svg"] and paths[0].stat().st_size > 5000
+    # every cell skipped: no placeholder figure (the report states the reason instead)
     skipped = [Record(_tiny(dataset="cifar10"), dict(skipped=True, skip_reason=fig3.CIFAR_MISSING))]
-    p = EXPS["yang2019-fig3d"].plot(skipped, tmp_path / "d")
-    assert p[0].exists()
+    assert EXPS["yang2019-fig3d"].plot(skipped, tmp_path / "d") == []
 
 
 def test_theory_line_matches_thm_3_10():

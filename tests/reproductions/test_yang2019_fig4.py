@@ -52,7 +52,7 @@ def test_run_cell_metrics(records):
 
 def test_plot_and_compare(records, tmp_path):
     paths = EXP.plot(records, tmp_path)
-    assert len(paths) == 1 and paths[0].stat().st_size > 5000
+    assert [p.suffix for p in paths] == [".png", ".svg"] and paths[0].stat().st_size > 5000
     rows = EXP.compare(records)
     assert len(rows) == 2 * len(records) + 1
     assert all(r.quantity and r.bnlab for r in rows)

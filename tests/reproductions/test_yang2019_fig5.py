@@ -28,8 +28,8 @@ def test_grids(letter):
         assert all("seed" in c for c in cells)
         phi = {"a": "tanh", "b": "relu", "c": "tanh", "d": "relu"}[letter]
         assert all(c["phi"] == phi for c in cells)
-        if letter == "d":
-            assert all(c["beta"] == 2.0 for c in cells)
+        if letter == "d":  # the paper's β = 2; β = 0.5 at small scale puts 16ξ inside the depth grid
+            assert all(c["beta"] == (0.5 if scale == "small" else 2.0) for c in cells)
         if letter == "a":
             assert min(c["gamma"] for c in cells) > 0 and max(c["gamma"] for c in cells) == 2.0
         if letter == "b":
@@ -67,3 +67,32 @@ def test_plot_and_compare_synthetic(letter, tmp_path, monkeypatch):
     assert paths[0].exists() and paths[0].stat().st_size > 5000
     rows = e.compare(recs)
     assert sum(r.quantity.startswith("max trainable depth") for r in rows) == len(xs)
+
+
+def _trains_to(depth_limit, xs, depths, key="eps"):
+    return [Record({key: x, "depth": d, "seed": 0, "beta": 0.5, "gamma": 1.0},
+                   {"test_accuracy": 0.9 if d <= depth_limit else 0.1, "chance": 0.1, "skipped": False})
+            for x in xs for d in depths]
+
+
+def test_fig5d_grid_can_contradict_the_claim(monkeypatch):
+    # At the small grid (β = 0.5, depths to 120) with 16ξ ≈ 63: if every depth up to 120 trained, the
+    # boundary [120, ∞) misses [63/1.6, 1.6·63] and the rows must disagree; a boundary at 40–80 agrees.
+    monkeypatch.setattr(fig5, "theory_max_depth", lambda phi, b, eps, gamma, beta: 63.0)
+    e = EXPS["yang2019-fig5d"]
+    xs = sorted({c["eps"] for c in e.grid("small")})
+    depths = sorted({c["depth"] for c in e.grid("small")})
+    assert max(depths) > 1.6 * 63.0  # the grid reaches past the agreement window
+    rows = [r for r in e.compare(_trains_to(1000, xs, depths)) if r.quantity.startswith("max trainable depth")]
+    assert len(rows) == len(xs) and all(r.agrees is False for r in rows)
+    rows = [r for r in e.compare(_trains_to(40, xs, depths)) if r.quantity.startswith("max trainable depth")]
+    assert all(r.agrees is True for r in rows)
+
+
+def test_a_grid_that_ends_below_the_window_is_not_counted_as_agreement(monkeypatch):
+    # The old small Fig. 5d: depths to 60 with 16ξ ≥ 332 — everything trains, and the rows used to
+    # "agree" by construction.  Now they are not judged.
+    monkeypatch.setattr(fig5, "theory_max_depth", lambda phi, b, eps, gamma, beta: 332.0)
+    rows = EXPS["yang2019-fig5d"].compare(_trains_to(1000, [1e-3, 1e-2], [5, 10, 20, 40, 60]))
+    depth_rows = [r for r in rows if r.quantity.startswith("max trainable depth")]
+    assert depth_rows and all(r.agrees is None and "not tested" in r.bnlab for r in depth_rows)

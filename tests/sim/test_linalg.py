@@ -26,6 +26,37 @@ def test_gram_equals_x_xT_and_is_exactly_symmetric(dtype, m):
     got = gram(x)
     assert got.shape == (3, 2, m, m)
     torch.testing.assert_close(got, x @ x.transpose(-1, -2), rtol=_rtol(dtype, 70), atol=_rtol(dtype, 70) * 70)
+    # exact symmetry is asserted because gram() builds the upper triangle as a copy of the lower
+    # one (a plain bmm does not promise it: on an AMD EPYC its two triangles differ in the last bits)
+    assert torch.equal(got, got.transpose(-1, -2))
+
+
+def test_gram_is_exactly_symmetric_even_when_the_base_product_is_not(monkeypatch):
+    # Simulate a BLAS whose x xᵀ differs between the triangles (as on an AMD EPYC): every bmm
+    # perturbs the upper triangle of the diagonal block it computes (the last square block of a
+    # row slab x₂xᵀ, or the whole of a base-case x xᵀ); gram() must still return a symmetric
+    # matrix, equal to the lower triangle's (unperturbed) values.
+    real_bmm = torch.bmm
+
+    def skewed_bmm(a, b, out=None):
+        res = real_bmm(a, b)
+        rows, cols = res.shape[-2:]
+        res = res + 1e-3 * torch.ones_like(res).triu(cols - rows + 1)
+        if out is None:
+            return res
+        out.copy_(res)
+        return out
+
+    monkeypatch.setattr(_linalg.torch, "bmm", skewed_bmm)
+    x = torch.randn(2, 150, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    got = gram(x)
+    assert torch.equal(got, got.transpose(-1, -2))
+    torch.testing.assert_close(got, x @ x.transpose(-1, -2), rtol=1e-12, atol=1e-12)
+
+
+def test_differentiable_gram_is_exactly_symmetric():
+    x = torch.randn(2, 90, 30, dtype=torch.float32, requires_grad=True)
+    got = gram(x)
     assert torch.equal(got, got.transpose(-1, -2))
 
 

@@ -188,10 +188,12 @@ def test_montecarlo_reproducible():
     s = _generic(4)
     a = batchnorm_transform_montecarlo("tanh", s, n_samples=1000, seed=42)
     b = batchnorm_transform_montecarlo("tanh", s, n_samples=1000, seed=42)
-    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    # same draws; BLAS sums are equal to rounding, not promised bit-identical
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(a[1], b[1], rtol=1e-12, atol=1e-15)
     c = batchnorm_transform("tanh", s, method="sphere", seed=3, n_samples=256)
     d = batchnorm_transform("tanh", s, method="sphere", seed=3, n_samples=256)
-    assert np.array_equal(c, d)
+    np.testing.assert_allclose(c, d, rtol=1e-12, atol=1e-15)
 
 
 def test_b3_supported_by_numerical_routes():

@@ -204,7 +204,9 @@ def test_every_method_agrees_with_direct_jacobian_of_the_forward_map(name, b):
 def test_montecarlo_is_reproducible():
     a = forward_eigenvalues("tanh", 8, method="montecarlo", n_samples=5000, seed=7)
     b = forward_eigenvalues("tanh", 8, method="montecarlo", n_samples=5000, seed=7)
-    assert a == b
+    # same draws; equal up to the rounding of BLAS sums, which no BLAS promises bit-identical
+    assert a.method == b.method and a.stderr == pytest.approx(b.stderr, rel=1e-12, abs=1e-15)
+    assert (a.lambda_G, a.lambda_L, a.lambda_M) == pytest.approx((b.lambda_G, b.lambda_L, b.lambda_M), rel=1e-12, abs=1e-15)
 
 
 def test_b3_warns_and_has_no_m_eigenvalue():
