@@ -34,6 +34,7 @@ import numpy as np
 from bnlab.experiments.spec import Experiment, Record, Setting
 from bnlab.reproductions.trainability import (
     DEPTH_CHECKS,
+    as_columns,
     compare_depths,
     describe_grid,
     heatmap,
@@ -159,7 +160,8 @@ def _grid(scale: str, *, letter: str) -> list[dict]:
             else:
                 c["epochs"] = 10
             cells.append(c)
-    return cells
+    # small scale: one cell per column (all depths of an x value), trained as one batched ensemble
+    return as_columns(cells) if small else cells
 
 
 _LIMITS = {
