@@ -270,7 +270,8 @@ def _init_all(model: nn.Module, init: str, sigma_w2: float | None, sigma_b2: flo
     if init == "torch_default":
         if sigma_w2 is not None or sigma_b2 != 0.0:
             raise ValueError(
-                f"sigma_w2={sigma_w2}, sigma_b2={sigma_b2} are not allowed with init='torch_default' (it has its own scales)"
+                f"sigma_w2={sigma_w2}, sigma_b2={sigma_b2} are not allowed with init='torch_default' "
+                "(it has its own scales)"
             )
         init_weights_(model, init, generator=torch.Generator().manual_seed(seed))
         return
@@ -390,7 +391,8 @@ class MLP(nn.Module):
         for w in widths:
             lin = nn.Linear(fan_in, w, bias=bias, dtype=dtype)
             nrm = make_norm(norm, w, dims=1, dtype=dtype, **nkw)
-            blocks.append(nn.Sequential(lin, nrm, self.phi) if placement == "pre" else nn.Sequential(lin, self.phi, nrm))
+            order = (lin, nrm, self.phi) if placement == "pre" else (lin, self.phi, nrm)
+            blocks.append(nn.Sequential(*order))
             fan_in = w
         self.blocks = nn.ModuleList(blocks)
         self.readout = nn.Linear(fan_in, self.num_classes, bias=bias, dtype=dtype)
@@ -442,7 +444,8 @@ class _ConvNet(nn.Module):
             return
         if x.ndim != 4 or tuple(x.shape[1:]) != self.in_shape:
             raise ValueError(
-                f"x of shape {tuple(x.shape)} is not allowed: the model expects (N, {', '.join(map(str, self.in_shape))})"
+                f"x of shape {tuple(x.shape)} is not allowed: the model expects "
+                f"(N, {', '.join(map(str, self.in_shape))})"
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -524,8 +527,8 @@ class BNPCNN(_ConvNet):
     """The 5-layer CNN of Lange et al. (BNP, §5 "Convolutional Neural Networks"; TensorFlow's CNN tutorial).
 
     "3 convolution layers, each with a 3×3 kernel, of filter size 32-64-32, followed by two dense
-    layers": Conv(32) → Norm → φ → MaxPool 2 → Conv(64) → Norm → φ → MaxPool 2 → Conv(32) → Norm → φ →
-    Dense(``hidden`` = 64) → Norm → φ → Dense(num_classes), valid convolutions as in the tutorial,
+    layers": Conv(32) → Norm → φ → MaxPool 2 → Conv(64) → Norm → φ → MaxPool 2 →
+    Conv(32) → Norm → φ → Dense(``hidden`` = 64) → Norm → φ → Dense(num_classes), valid convolutions as in the tutorial,
     Glorot-uniform weights and zero biases (Appendix B).  For CIFAR-10: 32 → 30 → 15 → 13 → 6 → 4, so the
     first dense layer has 4·4·32 = 512 inputs (71,338 parameters without normalization).
 

@@ -41,7 +41,8 @@ class TrainResult:
     Attributes
     ----------
     test_accuracy:
-        Fraction of correctly classified test samples; ``chance`` when diverged; None without test data.
+        Fraction of correctly classified test samples; ``chance`` when diverged; None without test data
+        or when the targets are not class labels.
     diverged:
         Whether the training loss (or the test logits) became NaN/inf.
     diverged_at_step:
@@ -111,7 +112,9 @@ def _as_tensors(name: str, data: Any, device: torch.device, dtype: torch.dtype):
     elif isinstance(data, (tuple, list)) and len(data) == 2:
         x, y = data
     else:
-        raise ValueError(f"{name}={type(data).__name__} is not allowed: expected a Dataset with .x/.y or an (x, y) pair")
+        raise ValueError(
+            f"{name}={type(data).__name__} is not allowed: expected a Dataset with .x/.y or an (x, y) pair"
+        )
     x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
     y = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
     if x.ndim < 2 or y.ndim < 1 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
@@ -327,7 +330,7 @@ def train(
                 diverged_at = done - window.numel() + bad
                 break
         if eval_every_epoch and end_of_epoch:
-            acc, finite = _accuracy(model, test[0], test[1], eval_batch_size)
+            acc, finite = _accuracy(model, test[0], test[1], eval_batch_size) if chance is not None else (None, True)
             epoch_rows.append({"epoch": done // per_epoch,
                                "train_loss": float(losses[done - per_epoch : done].mean().item()),
                                "test_accuracy": acc if finite else None})
@@ -339,6 +342,8 @@ def train(
                            history, epoch_rows, stopped)
     final = float(np.mean(history[-50:]))
     if test is None:
+        return TrainResult(None, False, None, done, final, chance, history, epoch_rows, stopped)
+    if chance is None:  # not a classifier (floating targets): no accuracy to report
         return TrainResult(None, False, None, done, final, chance, history, epoch_rows, stopped)
     acc, finite = _accuracy(model, test[0], test[1], eval_batch_size)
     if not finite:

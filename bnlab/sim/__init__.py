@@ -8,10 +8,10 @@ correlation, and per-layer rates with bootstrap confidence intervals.
 
 Entry point: :func:`simulate` → :class:`EnsembleResult`.  See ``docs/sim.md``.
 
-Trainable networks and the training loop live in :mod:`bnlab.nets` (``docs/nets.md``).
-
 ``bnlab.sim`` does not import :mod:`bnlab.theory`: it is the theory's independent check.
 :func:`bnlab.compare.compare_with_theory` puts an ensemble beside the predictions.
+
+Trainable networks and the training loop live in :mod:`bnlab.nets` (``docs/nets.md``).
 """
 from __future__ import annotations
 

@@ -2,7 +2,6 @@
 batches; the general MLP (placement, parameter counts), the papers' CNNs, VGG/ResNet builders, bad input."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from torch import nn

@@ -372,6 +372,12 @@ def test_brn_warmup_schedule_is_configurable_and_follows_the_layers_own_counter(
     layer.eval()
     layer(torch.randn(4, 2))  # eval passes do not advance the schedule
     assert int(layer.num_batches_tracked) == 15 and layer.clip_limits() == pytest.approx((1.5, 2.5))
+    # the limits the forward pass uses (computed on the device, no host sync) are the documented ones
+    for step in (0, 10, 12, 20, 25, 29, 30, 31, 100):
+        layer.num_batches_tracked.fill_(step)
+        on_device = [float(t) for t in layer._limits_on_device(torch.zeros((), dtype=F64))]
+        assert on_device == pytest.approx(list(layer.clip_limits()), rel=1e-12), step
+    layer.num_batches_tracked.fill_(15)
     copy = BatchRenorm1d(2, r_max=3.0, d_max=5.0, warmup_start=10, r_max_at=30, d_max_at=20)
     copy.load_state_dict(layer.state_dict())
     assert copy.clip_limits() == layer.clip_limits()
@@ -389,3 +395,23 @@ def test_layer_norm_and_group_norm_against_the_formula():
         g = x4.reshape(3, groups, -1)
         want = ((g - g.mean(2, keepdim=True)) / torch.sqrt(g.var(2, unbiased=False, keepdim=True) + 1e-3))
         torch.testing.assert_close(y, want.reshape(x4.shape), **TOL)
+
+
+def test_brn_limits_on_device_with_an_instant_schedule():
+    layer = BatchRenorm1d(2, warmup_start=5, r_max_at=5, d_max_at=5)
+    for step, want in ((4, (1.0, 0.0)), (5, (3.0, 5.0)), (6, (3.0, 5.0))):
+        layer.num_batches_tracked.fill_(step)
+        assert [float(t) for t in layer._limits_on_device(torch.zeros(()))] == list(want) == list(layer.clip_limits())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["bn_nomean", "ghost_bn", "brn"])
+def test_cuda_matches_cpu(name):
+    # float64 on both devices: reductions in another order, agreement to ~1e-15 relative
+    layer = make_norm(name, 4, dims=2, dtype=F64, ghost_batch_size=2 if name == "ghost_bn" else None)
+    gpu = make_norm(name, 4, dims=2, dtype=F64, ghost_batch_size=2 if name == "ghost_bn" else None).cuda()
+    for step in range(3):
+        x = _x((4, 4, 3, 3), seed=step)
+        torch.testing.assert_close(gpu(x.cuda()).cpu(), layer(x), rtol=1e-10, atol=1e-12)
+    for (k, a), (_, b) in zip(layer.state_dict().items(), gpu.state_dict().items()):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-10, atol=1e-12, msg=k)

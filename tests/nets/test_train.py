@@ -282,7 +282,7 @@ def test_sample_shape_is_kept_for_conv_models_and_float_targets_work():
     seen = []
     conv.register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape[1:]))
     r = train(conv, (x, torch.randn(16, 1)), optimizer=_sgd(0.01), batch_size=4, steps=3,
-              loss_fn=torch.nn.functional.mse_loss)
+              loss_fn=torch.nn.functional.mse_loss, test_data=(x[:4], torch.randn(4, 1)))
     assert set(seen) == {torch.Size([2, 5, 5])} and r.chance is None and r.test_accuracy is None
 
 

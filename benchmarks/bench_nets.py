@@ -1,0 +1,158 @@
+"""Time per training step of bnlab.nets MLPs with every normalization, side by side.
+
+    python benchmarks/bench_nets.py [--width 1024] [--depth 4] [--batch 128] [--steps 30] [--repeat 3]
+                                    [--threads 1] [--dtype float32] [--quick]
+
+For one MLP shape (784 inputs, ``depth`` hidden layers of ``width``, 10 outputs, ReLU, pre-activation
+placement) it measures the median wall time of one SGD training step (forward, cross-entropy,
+backward, step) for each normalization of ``bnlab.nets.NORMALIZATIONS`` and prints:
+
+* ``× none`` — the step time over that of the same MLP without normalization;
+* ``× matmul`` — the step time over the time of the matrix products alone that a step needs
+  (forward h = a Wᵀ per layer, backward dA = dH W and dW = dHᵀ A per layer), timed with ``torch.mm``
+  on the same shapes: the machine's matmul floor for this network;
+* for the whole loop, ``train()`` (the library's loop: data indexing, the hooks/callbacks machinery,
+  the divergence checks) against the bare loop of the first table, for ``norm="bn"``.
+
+The configurations are timed interleaved (each repeat runs all of them in turn), so a change of load
+on a shared machine affects all alike; use ``--repeat`` ≥ 5 there.  Nothing is asserted;
+``tests/nets/test_bench_nets.py`` runs ``--quick`` as a smoke test.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bnlab.nets import MLP, NORMALIZATIONS, train  # noqa: E402
+
+IN, OUT = 784, 10
+
+
+def _norm_kwargs(name: str, batch: int) -> dict:
+    if name == "ghost_bn":
+        return {"ghost_batch_size": max(2, batch // 4)}
+    if name == "gn":
+        return {"num_groups": 32}
+    return {}
+
+
+def _interleaved_medians(runners: dict, steps: int, repeat: int) -> dict:
+    """Median seconds per step of each runner, the runners interleaved within every repeat so that a
+    change of machine load (the benchmark shares its cores) hits all of them alike."""
+    for run in runners.values():
+        run(2)  # warm-up (allocations, first-call dispatch)
+    times = {k: [] for k in runners}
+    for _ in range(repeat):
+        for k, run in runners.items():
+            t = time.perf_counter()
+            run(steps)
+            times[k].append((time.perf_counter() - t) / steps)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _step_runner(norm: str, width: int, depth: int, batch: int, dtype):
+    model = MLP(IN, [width] * depth, OUT, norm=norm, norm_kwargs=_norm_kwargs(norm, batch), dtype=dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, IN, generator=g, dtype=dtype)
+    y = torch.randint(0, OUT, (batch,), generator=g)
+
+    def run(k):
+        for _ in range(k):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    return run
+
+
+def _matmul_runner(width: int, depth: int, batch: int, dtype):
+    """The matrix products of one training step, alone: forward per layer, dA and dW per layer."""
+    g = torch.Generator().manual_seed(1)
+    dims = [IN] + [width] * depth + [OUT]
+    ws = [torch.randn(o, i, generator=g, dtype=dtype) for i, o in zip(dims[:-1], dims[1:])]
+    acts = [torch.randn(batch, i, generator=g, dtype=dtype) for i in dims[:-1]]
+    grads = [torch.randn(batch, o, generator=g, dtype=dtype) for o in dims[1:]]
+
+    def run(k):
+        for _ in range(k):
+            for a, w in zip(acts, ws):
+                torch.mm(a, w.T)
+            for layer, (a, w, dh) in enumerate(zip(acts, ws, grads)):
+                torch.mm(dh.T, a)
+                if layer > 0:  # no gradient for the input
+                    torch.mm(dh, w)
+
+    return run
+
+
+def _train_loop_runner(width: int, depth: int, batch: int, steps: int, dtype):
+    g = torch.Generator().manual_seed(2)
+    n = batch * steps
+    x = torch.randn(n, IN, generator=g, dtype=dtype)
+    y = torch.randint(0, OUT, (n,), generator=g)
+    model = MLP(IN, [width] * depth, OUT, norm="bn", dtype=dtype)
+    sgd = functools.partial(torch.optim.SGD, lr=1e-3)
+
+    def run(k):
+        train(model, (x, y), optimizer=sgd, batch_size=batch, steps=k)
+
+    return run
+
+
+def bench(width: int = 1024, depth: int = 4, batch: int = 128, steps: int = 30, repeat: int = 3, threads: int = 1,
+          dtype: str = "float32") -> dict:
+    """Seconds per step for every normalization, the matmul floor and the train() loop; restores threads."""
+    tdtype = {"float32": torch.float32, "float64": torch.float64}[dtype]
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        runners = {name: _step_runner(name, width, depth, batch, tdtype) for name in NORMALIZATIONS}
+        runners["matmul"] = _matmul_runner(width, depth, batch, tdtype)
+        runners["train_loop_bn"] = _train_loop_runner(width, depth, batch, steps, tdtype)
+        t = _interleaved_medians(runners, steps, repeat)
+    finally:
+        torch.set_num_threads(old)
+    return {"per_norm": {name: t[name] for name in NORMALIZATIONS}, "matmul": t["matmul"],
+            "train_loop_bn": t["train_loop_bn"],
+            "shape": dict(width=width, depth=depth, batch=batch, threads=threads, dtype=dtype)}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (smoke test)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.width, a.depth, a.batch, a.steps, a.repeat = 64, 2, 16, 3, 1
+    r = bench(a.width, a.depth, a.batch, a.steps, a.repeat, a.threads, a.dtype)
+    s = r["shape"]
+    print(f"MLP 784 → {s['depth']}×{s['width']} → 10, batch {s['batch']}, {s['dtype']}, {s['threads']} thread(s); "
+          f"median of {a.repeat} × {a.steps} steps")
+    none = r["per_norm"]["none"]
+    print(f"{'norm':<10} {'ms/step':>9} {'× none':>8} {'× matmul':>9}")
+    for name, t in r["per_norm"].items():
+        print(f"{name:<10} {1e3 * t:9.3f} {t / none:8.2f} {t / r['matmul']:9.2f}")
+    print(f"{'matmuls':<10} {1e3 * r['matmul']:9.3f} {r['matmul'] / none:8.2f} {1.0:9.2f}")
+    bare = r["per_norm"]["bn"]
+    print(f"train() loop, norm='bn': {1e3 * r['train_loop_bn']:.3f} ms/step = {r['train_loop_bn'] / bare:.2f} × "
+          "the bare loop")
+
+
+if __name__ == "__main__":
+    main()
