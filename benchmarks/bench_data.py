@@ -29,14 +29,8 @@ import bnlab.data as bd  # noqa: E402
 from bnlab.data import _registry as reg  # noqa: E402
 from bnlab.data import _sources  # noqa: E402
 
-
-def _median_time(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import median_time as _median_time  # noqa: E402
 
 
 def _cold_warm(name, split, repeat, setup=None):

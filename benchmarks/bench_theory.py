@@ -18,18 +18,16 @@ Prints timings and ratios; asserts nothing (performance claims live here, not in
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import median_time  # noqa: E402
 
 
 def _timeit(fn, repeat=5):
-    fn()  # warm-up: imports, quadrature caches
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return median_time(fn, repeat, warmup=True)  # warm-up: imports, quadrature caches
 
 
 def bench_vs_montecarlo(b=32, n0=20_000):

@@ -42,7 +42,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "nets": frozenset({"activations", "data"}),
     "fisher": frozenset({"activations", "theory", "nets", "data"}),
     "rank": frozenset({"activations", "theory", "nets", "data"}),
-    "optim": frozenset({"activations", "nets"}),
+    "optim": frozenset({"activations", "nets", "data"}),
     "compare": frozenset({"activations", "theory", "sim"}),
     "experiments": frozenset(),
     "reproductions": frozenset({"activations", "theory", "sim", "nets", "fisher", "rank", "optim", "compare",

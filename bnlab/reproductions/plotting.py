@@ -43,7 +43,19 @@ def save_figure(fig: Any, outdir: str | Path, stem: str, *, formats: Sequence[st
 
 
 def _number(v: float) -> str:
-    return f"{v:g}"
+    """A tick label in plain decimals from 0.001 to 99 999 ("0.001", "1.04", "1000"), in mathtext
+    powers of ten beyond ("$10^{5}$", "$2\\times10^{-4}$") — never "1e+03" or "1.04×10⁰"."""
+    import math
+
+    import numpy as np
+
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    exp = math.floor(math.log10(abs(v)) + 1e-9)
+    if -3 <= exp <= 4:
+        return np.format_float_positional(v, precision=3, unique=True, fractional=False, trim="-")
+    mant = v / 10**exp
+    return f"$10^{{{exp}}}$" if abs(mant - 1) < 1e-9 else f"${mant:.2g}\\times10^{{{exp}}}$"
 
 
 def grid_ticks(ax: Any, axis: str, values: Sequence[float]) -> None:
@@ -68,7 +80,7 @@ def plain_log_ticks(ax: Any, axis: str = "y") -> None:
     lo, hi = (ax.get_xlim() if axis == "x" else ax.get_ylim())
     if lo <= 0 or hi <= 0:
         return
-    fmt = FuncFormatter(lambda v, _pos: f"{v:.3g}")
+    fmt = FuncFormatter(lambda v, _pos: _number(v))
     target.set_major_formatter(fmt)
     if math.log10(hi / lo) < 2:
         target.set_minor_locator(LogLocator(base=10, subs=(2, 3, 5), numticks=12))

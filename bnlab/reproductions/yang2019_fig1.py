@@ -334,37 +334,26 @@ _LIMITS_CD = ("At depth 20 and width 128 the diagonal variance rises over the wh
               "to fail here; the symmetry breaking needs deeper, wider networks to settle (paper scale: depth "
               "50, width 1000).")
 
+def _declare(panels: str, figure: str, title: str, claim: str, functions, settings, checks,
+             limitations: str = "") -> Experiment:
+    grid, run_cell, plot, compare = functions
+    return Experiment(name=f"yang2019-fig1{panels}", paper=_PAPER, figure=figure, title=title, claim=claim,
+                      grid=grid, run_cell=run_cell, plot=plot, compare=compare, uses_gpu=True, settings=settings,
+                      checks=checks, limitations=limitations)
+
+
 EXPERIMENTS = [
-    Experiment(
-        name="yang2019-fig1ab",
-        paper=_PAPER,
-        figure="Fig. 1a,b",
-        title="ReLU gradient explosion: simulation vs theory",
-        claim="The gradient norm² of ReLU-BN networks grows geometrically with depth at the rate λ_G↓ of "
+    _declare(
+        "ab", "Fig. 1a,b", "ReLU gradient explosion: simulation vs theory",
+        "The gradient norm² of ReLU-BN networks grows geometrically with depth at the rate λ_G↓ of "
         "Thm 3.10, which decreases with B to π/(π−1) ≈ 1.467; Monte Carlo simulations of 200 networks of "
         "width 1000 match the theory.",
-        grid=_grid_ab,
-        run_cell=run_gradient_cell,
-        plot=_plot_ab,
-        compare=_compare_ab,
-        uses_gpu=True,
-        settings=_SETTINGS_AB,
-        checks=_CHECKS_AB,
+        (_grid_ab, run_gradient_cell, _plot_ab, _compare_ab), _SETTINGS_AB, _CHECKS_AB,
     ),
-    Experiment(
-        name="yang2019-fig1cd",
-        paper=_PAPER,
-        figure="Fig. 1c,d",
-        title="α-ReLU: BSB1 → BSB2 symmetry breaking",
-        claim="As the degree α of α-ReLU grows past α_transition(B) the covariance fixed point breaks the "
+    _declare(
+        "cd", "Fig. 1c,d", "α-ReLU: BSB1 → BSB2 symmetry breaking",
+        "As the degree α of α-ReLU grows past α_transition(B) the covariance fixed point breaks the "
         "permutation symmetry (BSB1 → BSB2): the variance of the diagonal and off-diagonal entries of Σ^L jumps.",
-        grid=_grid_cd,
-        run_cell=run_alpha_cell,
-        plot=_plot_cd,
-        compare=_compare_cd,
-        uses_gpu=True,
-        settings=_SETTINGS_CD,
-        checks=_CHECKS_CD,
-        limitations=_LIMITS_CD,
+        (_grid_cd, run_alpha_cell, _plot_cd, _compare_cd), _SETTINGS_CD, _CHECKS_CD, _LIMITS_CD,
     ),
 ]

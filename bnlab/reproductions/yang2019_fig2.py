@@ -259,6 +259,7 @@ EXPERIMENTS = [
         ],
         limitations="The finite-width bias of the decay is of relative order B/width: at width 512 and B = 64 "
         "the simulated decay 1 − λ was 0.00675 [0.00615, 0.00737] against the theory's 0.00790 (−15 %), so the "
-        "rate check is expected to fail at this scale; the paper scale (width 1000) halves the bias.",
+        "rate check is expected to fail at this scale; at the paper scale (width 1000) an O(B/width) bias would "
+        "be about half as large.",
     )
 ]

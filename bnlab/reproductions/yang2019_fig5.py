@@ -118,7 +118,7 @@ def _theory_curve(letter: str, xs, fixed: dict | None = None) -> np.ndarray:
 
 def _title(letter: str, fixed: dict) -> str:
     p = _PANELS[letter]
-    shown = ", ".join(f"{_SYMBOL[k]} = {v:g}" for k, v in fixed.items() if k != "eps" and (k, v) != ("gamma", 1.0))
+    shown = ", ".join(f"{_SYMBOL[k]} = {v:g}" for k, v in fixed.items() if k != "eps" and (k, v) not in (("gamma", 1.0), ("beta", 0.0)))
     return f"Yang et al. 2019 Fig. 5{letter}: {p['title']} (B = {_B}{', ' + shown if shown else ''})"
 
 
@@ -165,10 +165,20 @@ def _grid(scale: str, *, letter: str) -> list[dict]:
 
 
 _LIMITS = {
+    "a": "The grid's depths stop at 60, so at γ = 0.25 and 0.5 (16ξ = 431, 252) the claim is not tested (the rows "
+    "are not judged).  Measured at this scale (150 steps): boundaries 40–60 at γ = 1 (16ξ = 85, agrees) and "
+    "10–20 at γ = 2 (16ξ = 32: a 2–3× overestimate) — the short training budget biases the boundary low, "
+    "as in Fig. 3 (see Fig. 3a's measurement at a fixed η·steps).",
+    "c": "Measured at this scale (150 steps): the deepest trainable depth is 40, 40, 40, 20 at ε = 0.001, 0.01, "
+    "0.1, 1 against 16ξ = 85, 87, 112, ∞: larger ε does not train deeper tanh nets here, and ε = 1, where the "
+    "theory predicts no explosion, is the worst column — the paper's trend is not reproduced at this scale "
+    "(its cause is investigated separately: issue #17 item 4).",
     "d": "The paper's β = 2 puts 16ξ at 330–800 layers for ε ≤ 0.3 (B = 32): a grid that could contradict the "
     "claim would need depths beyond 500, hours on a CPU (the old small grid to depth 60 agreed by construction). "
     "This scale uses β = 0.5, where 16ξ = 63, 63, 69 and ∞ at ε = 0.001, 0.01, 0.1 and 1 lies inside a grid "
-    "reaching depth 120: measured there at ε = 0.001, depths 80 and 120 stay at chance (accuracy 0.09).",
+    "reaching depth 120.  Measured at this scale (150 steps): at ε = 0.001 the boundary is 40–80 against "
+    "16ξ = 63 (agrees), at ε = 0.01 and 0.1 it is 20–40, and at ε = 1, where the theory predicts no explosion "
+    "(16ξ = ∞), depth 80 fails as well — larger ε does not train deeper nets here, as in Fig. 5c.",
 }
 
 

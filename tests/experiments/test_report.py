@@ -108,6 +108,7 @@ _CHECK = """<script>window.addEventListener("load", function () {
   document.body.setAttribute("data-images", imgs.length);
   document.body.setAttribute("data-loaded", imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length);
   document.body.setAttribute("data-sections", document.querySelectorAll("section.experiment").length);
+  document.body.setAttribute("data-verdicts", document.querySelectorAll("section.experiment h3 .badge").length);
 });</script>"""
 
 
@@ -121,7 +122,18 @@ def _render_counts(page: Path, tmp_path: Path) -> dict:
     assert out.returncode == 0, out.stderr[-2000:]
     body = re.search(r"<body([^>]*)>", out.stdout)
     assert body, out.stdout[:500]
-    return {k: int(v) for k, v in re.findall(r'data-(images|loaded|sections)="(\d+)"', body.group(1))}
+    return {k: int(v) for k, v in re.findall(r'data-(images|loaded|sections|verdicts)="(\d+)"', body.group(1))}
+
+
+def _screenshot(page: Path, tmp_path: Path) -> Path:
+    shot = tmp_path / "screenshot.png"
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1200,3000",
+           "--virtual-time-budget=10000", f"--screenshot={shot}", page.resolve().as_uri()]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and shot.is_file(), out.stderr[-2000:]
+    return shot
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian package 'chromium')")
@@ -131,11 +143,20 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     page = report.index.with_name("render-check.html")
     page.write_text(html.replace("</body>", _CHECK + "</body>"))
     counts = _render_counts(page, tmp_path)
-    assert counts == {"images": 1, "loaded": 1, "sections": 3}
+    assert counts == {"images": 1, "loaded": 1, "sections": 3, "verdicts": 3}  # no section without a verdict
     # Negative control: the same check sees a figure that cannot load.
     broken = page.with_name("render-broken.html")
     broken.write_text(re.sub(r'src="data:image/png[^"]*"', 'src="figures/missing.png"', page.read_text(), count=1))
-    assert _render_counts(broken, tmp_path) == {"images": 1, "loaded": 0, "sections": 3}
+    assert _render_counts(broken, tmp_path) == {"images": 1, "loaded": 0, "sections": 3, "verdicts": 3}
+    # The screenshot shows the page: the figure's pixels (its plotted line) and the coloured badges are
+    # there, not a blank render.
+    from PIL import Image
+
+    img = Image.open(_screenshot(report.index, tmp_path)).convert("RGB")
+    colours = img.getcolors(maxcolors=1 << 20) or []
+    assert img.size == (1200, 3000) and len(colours) > 50
+    red_badge = (0xCF, 0x22, 0x2E)  # --bad: the error verdict badge of the broken-grid section
+    assert any(rgb == red_badge for _, rgb in colours)
 
 
 def test_verdicts_badges_counts_and_json_from_known_disagreements(tmp_path, test_env):
@@ -157,10 +178,10 @@ def test_verdicts_badges_counts_and_json_from_known_disagreements(tmp_path, test
     assert data["all_reproduced"] is False
     html = rep.index.read_text()
     # the section badges: one per section heading, in the verdict's colour class
-    badges = re.findall(r'<h3>[^<]*<span class="badge (\w+)">([\w ]+)</span></h3>', html)
+    badges = re.findall(r'<h3>[^<]*<span class="badge v-(\w+)">([\w ]+)</span></h3>', html)
     assert badges == [(v, v.replace("_", " ")) for v in vh.EXPECTED.values()]
     # the summary's counts and table
-    assert '<span class="badge partly">partly</span> 1' in html
+    assert '<span class="badge v-partly">partly</span> 1' in html
     assert html.count('<td class="num">2 of 5</td>') == 1 and "– (skipped)" in html
     # the scale table and the checks are on the page
     assert "<td>width</td><td>384</td><td>128<br>" in html and "agrees when the numbers match" in html

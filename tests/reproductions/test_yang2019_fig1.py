@@ -109,10 +109,10 @@ def test_jump_check_passes_a_step_at_the_transition_and_not_elsewhere():
 def test_small_scale_rows(tmp_path):
     # Fig. 1a,b agrees at the small scale; Fig. 1c,d's jump check is expected to fail there (see
     # its `limitations`), so only that it judges is asserted.
+    from tests.reproductions._small import small_scale_rows
+
     for e in EXPS.values():
-        recs = [Record(p, e.run_cell(p)) for p in e.grid("small")]
-        e.plot(recs, tmp_path)
-        rows = e.compare(recs)
+        rows = small_scale_rows(e, tmp_path)
         if e.name == "yang2019-fig1ab":
             assert rows and all(r.agrees is not False for r in rows), rows
         else:

@@ -77,8 +77,8 @@ def test_decay_check_fails_when_the_ci_excludes_the_theory():
 
 @pytest.mark.slow
 def test_small_scale_rows(tmp_path):
-    recs = [Record(p, EXP.run_cell(p)) for p in EXP.grid("small")]
-    EXP.plot(recs, tmp_path)
-    rows = EXP.compare(recs)
+    from tests.reproductions._small import small_scale_rows
+
+    rows = small_scale_rows(EXP, tmp_path)
     # the decay check is expected to fail at width 512 (see the experiment's `limitations`)
     assert rows and rows[0].agrees is True and all(r.agrees is not None for r in rows), rows

@@ -56,7 +56,7 @@ def test_cells_bias_shrinks_with_width(tmp_path):
 
 @pytest.mark.slow
 def test_small_scale_all_rows_agree(tmp_path):
-    recs = [Record(p, EXP.run_cell(p)) for p in EXP.grid("small")]
-    EXP.plot(recs, tmp_path)
-    rows = EXP.compare(recs)
+    from tests.reproductions._small import small_scale_rows
+
+    rows = small_scale_rows(EXP, tmp_path)
     assert rows and all(r.agrees is not False for r in rows), rows
