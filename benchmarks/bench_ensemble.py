@@ -61,7 +61,8 @@ def main(argv=None) -> dict:
     if args.quick:
         width, steps, batch, n_nets, deep = 32, 10, 16, 4, [2, 3, 4, 6]
     else:
-        width, steps, batch, n_nets, deep = 128, 200, 32, 16, [4, 8, 12, 16, 24, 32, 48, 64]
+        # one Fig. 3a column (B = 8, depths 4…64) and 8 seeds × lr of one depth, 100 steps each
+        width, steps, batch, n_nets, deep = 128, 100, 8, 8, [4, 8, 12, 16, 24, 32, 48, 64]
     data, test = _data(4096), _data(1000, seed=1)
     grids = {
         f"{n_nets} seeds × lr, depth 16" if not args.quick else f"{n_nets} seeds × lr, depth 3": (
