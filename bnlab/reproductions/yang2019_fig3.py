@@ -16,19 +16,15 @@ Deviations at ``small`` scale (2 CPU cores, minutes) and why
 ------------------------------------------------------------
 The paper trains width N = 384 for 10 epochs (MNIST; 50 for CIFAR-10) with
 η = 1e-5·B, i.e. 600 000 samples per cell and up to 75 000 steps at B = 8.
-At ``small`` scale every cell takes a fixed budget of 200 steps on the first
-10 000 training images with width 128, and η = 3e-3·B: the learning rate keeps
-the paper's proportionality to B but is 300× larger, so that 200 steps move
-the network as far as the paper's η does in ~60 000 (η·steps is what matters
-for plain SGD on BN networks, whose output is invariant to the weight scale).
-Fewer steps favour shallow networks (deeper ones train more slowly even below
-16ξ), so at ``small`` scale the measured maximum trainable depth lies somewhat
-below 16ξ at small B; the claim that remains visible is the one of the paper:
-accuracy collapses to chance beyond roughly 16ξ, whatever B, while shallower
-networks train.  Fig. 3b uses a training batch of 128 (not 1000), 100 steps and
-B ∈ {4, 8, 16, 32, 64} at ``small`` scale; Fig. 3c uses B ∈ {8, 32, 128},
-depths {4, 8, 16, 24, 32, 48} and η = 1e-4·B (RMSProp steps are ~η per coordinate whatever the gradient
-scale, so the SGD compensation factor does not apply).  ``paper`` scale uses the paper's sizes.
+At ``small`` scale width is 128 on the first 10 000 training images, and every column (all depths
+of one B) is one cell trained as one batched ensemble (:func:`bnlab.nets.train_ensemble`).  SGD runs
+at η = 1e-3·B — the paper's proportionality to B with a 100× larger constant — for 600 steps up to
+B = 32 and 25 600 samples beyond (Fig. 3a, 3d); Fig. 3b takes 300 steps of a training batch of 128 at
+3e-3·B, Fig. 3c 600 RMSProp steps at 1e-4·B (RMSProp steps are ~η per coordinate whatever the gradient
+scale).  η·steps is what matters for plain SGD on BN networks, whose output is invariant to the weight
+scale.  These budgets were chosen by measurement (see ``_LIMITS``): they put the measured boundary inside
+[16ξ/1.6, 1.6·16ξ] at every B of Figs. 3a–c, at 0.6–0.9 × 16ξ (the short budget still biases it low).
+``paper`` scale uses the paper's sizes, one network per cell.
 
 "Trainable" in :func:`compare` means a test accuracy above
 chance + ½·(best accuracy of the sweep − chance); the measured maximum
