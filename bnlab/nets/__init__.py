@@ -11,10 +11,13 @@ reproductions build on it; it imports none of them).  See ``docs/nets.md``.
   :func:`vgg` and :func:`resnet` (paper scale);
 * training — :func:`train` (any ``torch.optim`` optimizer or factory, hooks between ``backward()`` and
   ``step()``, callbacks, divergence detection, seeded data order, CPU/CUDA) → :class:`TrainResult`;
-  :func:`train_classifier`, :func:`layer_norm_trajectory` (Yang et al. 2019 §4, Figs. 3–5).
+  :func:`train_classifier`, :func:`layer_norm_trajectory` (Yang et al. 2019 §4, Figs. 3–5);
+  :func:`train_ensemble` (many networks of one architecture at once, network for network as
+  :func:`train`: per-network learning rates, seeds, depths and BN constants, divergence masks).
 """
 from __future__ import annotations
 
+from bnlab.nets.ensemble import ENSEMBLE_OPTIMIZERS, train_ensemble
 from bnlab.nets.init import INITS, init_weights_, initializable_layers
 from bnlab.nets.models import (
     BNMLP,
@@ -70,6 +73,8 @@ __all__ = [
     "TrainResult",
     "StepInfo",
     "train_classifier",
+    "train_ensemble",
+    "ENSEMBLE_OPTIMIZERS",
     "layer_norm_trajectory",
     "resolve_device",
 ]

@@ -33,6 +33,10 @@ __all__ = [
     "OPTIMIZER_NAMES",
     "optimizer_factory",
     "run_trainability_cell",
+    "run_trainability_ensemble",
+    "expand_records",
+    "expand_cells",
+    "as_columns",
     "theory_max_depth",
     "trainable_threshold",
     "measured_max_depth",
@@ -109,6 +113,9 @@ def run_trainability_cell(params: dict) -> dict:
     ``optimizer``, ``lr``, ``steps`` or ``epochs``, ``n_train``, ``n_test``,
     ``seed``; optional ``device`` (default ``"cpu"``).
 
+    A cell with ``depths`` and ``seeds`` (lists) instead of ``depth`` and ``seed`` is a whole column
+    trained as one ensemble: :func:`run_trainability_ensemble`.
+
     Returns the metrics ``test_accuracy``, ``diverged``, ``diverged_at_step``,
     ``steps``, ``final_train_loss``, ``chance`` and ``skipped`` (False), or
     ``{"skipped": True, "skip_reason": …}`` when the dataset is not on the
@@ -118,6 +125,8 @@ def run_trainability_cell(params: dict) -> dict:
 
     from bnlab.nets import BNMLP, train_classifier
 
+    if isinstance(params, dict) and "depths" in params:
+        return run_trainability_ensemble(params)
     require_params(params, ("dataset", "depth", "width", "bn_batch", "batch_size", "lr", "n_train", "n_test", "seed"))
     if ("steps" in params) == ("epochs" in params):
         raise ValueError(f"params={params!r} is not allowed: give exactly one of 'steps' and 'epochs'")
@@ -156,6 +165,113 @@ def run_trainability_cell(params: dict) -> dict:
     )
     out = result.to_dict()
     out["skipped"] = False
+    return out
+
+
+def run_trainability_ensemble(params: dict) -> dict:
+    """Train every (depth, seed) of one trainability column together (:func:`bnlab.nets.train_ensemble`).
+
+    ``params``: the keys of :func:`run_trainability_cell` with ``depths`` (a list) in place of ``depth``
+    and ``seeds`` (a list) in place of ``seed``.  Network (depth d, seed s) is initialized with seed s
+    and draws its batches from a generator seeded with s — the same network and data order as
+    :func:`run_trainability_cell` with ``depth=d, seed=s`` gives, trained with the same numbers to
+    float32 rounding (``tests/nets/test_ensemble.py``).  Depths are stacked without padding (layer l
+    is computed for the networks deeper than l only), so one column costs Σ depths, in a few large
+    batched products instead of many tiny ones.
+
+    Returns ``{"networks": [metrics of run_trainability_cell + "depth", "seed"], "skipped": False}``,
+    or the skipped metrics; :func:`expand_records` turns its record into one record per network.
+    """
+    import torch
+
+    from bnlab.nets import BNMLP, train_ensemble
+
+    require_params(params, ("dataset", "depths", "seeds", "width", "bn_batch", "batch_size", "lr", "n_train",
+                            "n_test"))
+    if ("steps" in params) == ("epochs" in params):
+        raise ValueError(f"params={params!r} is not allowed: give exactly one of 'steps' and 'epochs'")
+    depths, seeds = list(params["depths"]), list(params["seeds"])
+    if not depths or not seeds:
+        raise ValueError(f"depths={depths!r}, seeds={seeds!r} is not allowed: give at least one of each")
+    torch.set_num_threads(1)
+    try:
+        train, test, num_classes = load_dataset_subset(params["dataset"], int(params["n_train"]), int(params["n_test"]))
+    except Exception as exc:  # DatasetNotFoundError: report, don't fail the sweep
+        if type(exc).__name__ != "DatasetNotFoundError":
+            raise
+        reason = CIFAR_MISSING if params["dataset"] == "cifar10" else f"{params['dataset']} not present: {exc}"
+        return {"skipped": True, "skip_reason": reason}
+    bn_batch, batch_size = int(params["bn_batch"]), int(params["batch_size"])
+    nets = [(int(d), int(s)) for s in seeds for d in depths]
+    models = [
+        BNMLP(train[0].shape[1], num_classes, depth=d, width=int(params["width"]), phi=params.get("phi", "relu"),
+              gamma=float(params.get("gamma", 1.0)), beta=float(params.get("beta", 0.0)),
+              eps=float(params.get("eps", 1e-3)), sub_batch_size=None if bn_batch == batch_size else bn_batch, seed=s)
+        for d, s in nets
+    ]
+    opt = params.get("optimizer", "sgd")
+    # the optimizer names of optimizer_factory: RMSProp with TensorFlow's decay 0.9 and ε 1e-10
+    length = {"steps": int(params["steps"])} if "steps" in params else {"epochs": float(params["epochs"])}
+    results = train_ensemble(models, train, test_data=test, lr=float(params["lr"]), batch_size=batch_size,
+                             optimizer=opt, rmsprop_alpha=0.9, rmsprop_eps=1e-10, seeds=[s for _, s in nets],
+                             device=params.get("device", "cpu"), **length)
+    rows = []
+    for (d, s), r in zip(nets, results):
+        row = r.to_dict()
+        row.update(depth=d, seed=s, skipped=False)
+        rows.append(row)
+    return {"networks": rows, "skipped": False}
+
+
+def expand_records(records: Sequence[Record]) -> list[Record]:
+    """One record per network: an ensemble record (:func:`run_trainability_ensemble`) becomes a record
+    with ``depth`` and ``seed`` per network; single-network records pass through."""
+    out = []
+    for r in records:
+        if "depths" not in r.params:
+            out.append(r)
+            continue
+        base = {k: v for k, v in r.params.items() if k not in ("depths", "seeds")}
+        if r.metrics.get("skipped", False) or "networks" not in r.metrics:
+            out.append(Record({**base, "depth": int(r.params["depths"][0]), "seed": int(r.params["seeds"][0])},
+                              r.metrics))
+            continue
+        for row in r.metrics["networks"]:
+            metrics = {k: v for k, v in row.items() if k not in ("depth", "seed")}
+            out.append(Record({**base, "depth": row["depth"], "seed": row["seed"]}, metrics))
+    return out
+
+
+def as_columns(cells: Sequence[dict]) -> list[dict]:
+    """Group single-network cells that differ only in ``depth`` and ``seed`` into ensemble cells
+    (``depths``, ``seeds``: one :func:`run_trainability_ensemble` each), in first-seen order.
+
+    A column trains every depth × seed of it, so a group whose (depth, seed) pairs are not a full
+    product is refused."""
+    groups: dict[str, list[dict]] = {}
+    for c in cells:
+        key = repr(sorted((k, v) for k, v in c.items() if k not in ("depth", "seed")))
+        groups.setdefault(key, []).append(c)
+    out = []
+    for members in groups.values():
+        depths = sorted({int(c["depth"]) for c in members})
+        seeds = sorted({int(c["seed"]) for c in members})
+        if len(members) != len(depths) * len(seeds):
+            raise ValueError(f"cells={members!r} are not allowed as one column: depths × seeds is not complete")
+        base = {k: v for k, v in members[0].items() if k not in ("depth", "seed")}
+        out.append({**base, "depths": depths, "seeds": seeds})
+    return out
+
+
+def expand_cells(cells: Sequence[dict]) -> list[dict]:
+    """The networks of a grid: ensemble cells (``depths``, ``seeds``) listed one network per dict."""
+    out = []
+    for c in cells:
+        if "depths" not in c:
+            out.append(c)
+            continue
+        base = {k: v for k, v in c.items() if k not in ("depths", "seeds")}
+        out.extend({**base, "depth": d, "seed": s} for s in c["seeds"] for d in c["depths"])
     return out
 
 
@@ -199,6 +315,8 @@ def describe_grid(cells: Sequence[dict]) -> dict[str, str]:
     """The settings of a trainability grid in words, read off the cells themselves (so the report's
     scale table cannot drift from the grid): width, depths, BN batch, training batch, length, η,
     training images, seeds."""
+    cells = expand_cells(cells)
+
     def values(key):
         return sorted({c[key] for c in cells if key in c})
 
@@ -222,7 +340,7 @@ def describe_grid(cells: Sequence[dict]) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- records → tables
 def _usable(records: Sequence[Record]) -> list[Record]:
-    return [r for r in records if not r.metrics.get("skipped", False)]
+    return [r for r in expand_records(records) if not r.metrics.get("skipped", False)]
 
 
 def _accuracy_table(records: Sequence[Record], xkey: str):

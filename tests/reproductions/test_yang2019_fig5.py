@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bnlab.reproductions import yang2019_fig5 as fig5
+from bnlab.reproductions.trainability import expand_cells
 from bnlab.experiments.spec import Record
 
 EXPS = {e.name: e for e in fig5.EXPERIMENTS}
@@ -25,7 +26,7 @@ def test_grids(letter):
         json.dumps(cells)
         key = KEYS[letter]
         assert len({c[key] for c in cells}) >= 4
-        assert all("seed" in c for c in cells)
+        assert all(("seed" in c) if scale == "paper" else ("seeds" in c and "depths" in c) for c in cells)
         phi = {"a": "tanh", "b": "relu", "c": "tanh", "d": "relu"}[letter]
         assert all(c["phi"] == phi for c in cells)
         if letter == "d":  # the paper's β = 2; β = 0.5 at small scale puts 16ξ inside the depth grid
@@ -81,7 +82,7 @@ def test_fig5d_grid_can_contradict_the_claim(monkeypatch):
     monkeypatch.setattr(fig5, "theory_max_depth", lambda phi, b, eps, gamma, beta: 63.0)
     e = EXPS["yang2019-fig5d"]
     xs = sorted({c["eps"] for c in e.grid("small")})
-    depths = sorted({c["depth"] for c in e.grid("small")})
+    depths = sorted({c["depth"] for c in expand_cells(e.grid("small"))})
     assert max(depths) > 1.6 * 63.0  # the grid reaches past the agreement window
     rows = [r for r in e.compare(_trains_to(1000, xs, depths)) if r.quantity.startswith("max trainable depth")]
     assert len(rows) == len(xs) and all(r.agrees is False for r in rows)
@@ -96,3 +97,25 @@ def test_a_grid_that_ends_below_the_window_is_not_counted_as_agreement(monkeypat
     rows = EXPS["yang2019-fig5d"].compare(_trains_to(1000, [1e-3, 1e-2], [5, 10, 20, 40, 60]))
     depth_rows = [r for r in rows if r.quantity.startswith("max trainable depth")]
     assert depth_rows and all(r.agrees is None and "not tested" in r.bnlab for r in depth_rows)
+
+
+def test_eps_beyond_sigma_w2_collapses_the_forward_signal():
+    # The measurement behind Fig. 5c,d's limitation text: at ε = 3 > σ_w² = 1 the batch-centred
+    # variance q(1 − c) of a tanh BN net shrinks by σ_w² φ'(0)²/ε = 1/3 per layer (BN acts as the fixed
+    # gain 1/√ε once the variance is ≪ ε), the collapsed fixed point of bnlab.theory (λ_G↓ = 1/3), while
+    # at ε = 0.1 it stays at the BSB1 value.  12 nets of width 64: the per-layer ratio's sampling error
+    # is ~1/sqrt(12·64) ≈ 4 %, so ±15 % around 1/3 cannot pass by chance if the decay were absent.
+    import torch
+
+    from bnlab.sim import simulate
+    from bnlab.theory import analyze
+
+    torch.set_num_threads(1)
+    collapsed = simulate("tanh", 32, width=64, depth=8, networks=12, eps=3.0, seed=0, measure_gradients=False)
+    mu = (collapsed.q * (1 - collapsed.c)).mean(axis=0)
+    ratio = (mu[6] / mu[3]) ** (1 / 3)
+    assert ratio == pytest.approx(1 / 3, rel=0.15)
+    assert analyze("tanh", 32, eps=3.0).grad_explosion_rate == pytest.approx(1 / 3, rel=1e-6)
+    healthy = simulate("tanh", 32, width=64, depth=8, networks=12, eps=0.1, seed=0, measure_gradients=False)
+    mu_h = (healthy.q * (1 - healthy.c)).mean(axis=0)
+    assert mu_h[7] > 0.25 and mu_h[7] / mu_h[2] > 0.8

@@ -1,0 +1,89 @@
+"""Benchmark: batched ensemble training (bnlab.nets.train_ensemble) against one-at-a-time training.
+
+The grid is a column of a trainability figure (Yang et al. 2019, Figs. 3, 5): M BN-MLPs of width 128
+on MNIST-shaped inputs (784 features, 10 classes), trained with SGD at batch size B for a fixed
+number of steps, once one after the other with ``bnlab.nets.train_classifier`` and once together
+with ``train_ensemble``, in the same process, side by side.  Two grids: networks that differ only
+in seed and learning rate (equal depth), and networks of different depths (the depth-sorted prefix
+stacking, no padding).  Prints the wall times and their ratio.
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_ensemble.py [--quick] [--threads 2] [--json]
+
+Random inputs (no dataset needed): the cost does not depend on the pixel values.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+
+import torch
+
+
+def _data(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 784, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def _models(depths, width, seeds):
+    from bnlab.nets import BNMLP
+
+    return [BNMLP(784, 10, depth=d, width=width, seed=s) for d, s in zip(depths, seeds)]
+
+
+def _one_at_a_time(depths, width, seeds, lrs, data, test, batch, steps):
+    from bnlab.nets import train_classifier
+
+    t = time.perf_counter()
+    for m, s, lr in zip(_models(depths, width, seeds), seeds, lrs):
+        train_classifier(m, data, test, optimizer=functools.partial(torch.optim.SGD, lr=lr), batch_size=batch,
+                         steps=steps, seed=s)
+    return time.perf_counter() - t
+
+
+def _together(depths, width, seeds, lrs, data, test, batch, steps):
+    from bnlab.nets import train_ensemble
+
+    t = time.perf_counter()
+    train_ensemble(_models(depths, width, seeds), data, test_data=test, lr=lrs, batch_size=batch, steps=steps,
+                   seeds=seeds)
+    return time.perf_counter() - t
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test, seconds)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2: the target machine)")
+    ap.add_argument("--json", action="store_true", help="print the table as JSON")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        width, steps, batch, n_nets, deep = 32, 10, 16, 4, [2, 3, 4, 6]
+    else:
+        # one Fig. 3a column (B = 8, depths 4…64) and 8 seeds × lr of one depth, 100 steps each
+        width, steps, batch, n_nets, deep = 128, 100, 8, 8, [4, 8, 12, 16, 24, 32, 48, 64]
+    data, test = _data(4096), _data(1000, seed=1)
+    grids = {
+        f"{n_nets} seeds × lr, depth 16" if not args.quick else f"{n_nets} seeds × lr, depth 3": (
+            [16 if not args.quick else 3] * n_nets, list(range(n_nets)), [10 ** (-3 + 2 * i / n_nets) for i in range(n_nets)]),
+        f"depths {deep[0]}…{deep[-1]} ({len(deep)} nets)": (deep, list(range(len(deep))), [0.1] * len(deep)),
+    }
+    rows = []
+    for name, (depths, seeds, lrs) in grids.items():
+        a = _one_at_a_time(depths, width, seeds, lrs, data, test, batch, steps)
+        b = _together(depths, width, seeds, lrs, data, test, batch, steps)
+        rows.append({"grid": name, "width": width, "batch": batch, "steps": steps, "one_at_a_time_s": round(a, 3),
+                     "ensemble_s": round(b, 3), "speedup": round(a / b, 2)})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"threads={args.threads}")
+        print(f"{'grid':34s} {'one-at-a-time s':>16s} {'ensemble s':>11s} {'ratio':>6s}")
+        for r in rows:
+            print(f"{r['grid']:34s} {r['one_at_a_time_s']:16.2f} {r['ensemble_s']:11.2f} {r['speedup']:6.2f}×")
+    return {"rows": rows}
+
+
+if __name__ == "__main__":
+    main()

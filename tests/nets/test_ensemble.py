@@ -1,0 +1,176 @@
+"""bnlab.nets.train_ensemble against one-at-a-time bnlab.nets.train / train_classifier, network for network.
+
+Tolerances.  The ensemble runs the same arithmetic as one-at-a-time training in float64; the only
+differences are the order of the floating-point sums inside a batched product (a BLAS may block a
+``bmm`` differently from an ``mm``) and the SGD/RMSProp update written as ``p − lr·g`` instead of
+torch's fused ``add_(g, alpha=−lr)``.  Each such sum of k ≤ 64 products has a relative error
+≤ k·u with u = 2⁻⁵³ ≈ 1.1e-16 (Higham, Accuracy and Stability of Numerical Algorithms, §3.1), so
+≤ 1e-14 per layer; 40 SGD steps through ≤ 5 BN layers amplify a perturbation by the product of the
+step maps' Lipschitz constants, which for these learning rates (loss ~ 2, gradients ~ 1) stays below
+~10³ (ghost batches of 4 with ε = 1e-3 amplify most: measured 1e-11 absolute) — hence final
+weights agree to 1e-9 relative, 1e-10 absolute (a 10⁴-fold margin over 1e-14·10³, and 10⁶-fold
+below the ~1e-3 weight change a single step makes, so a missed step or a wrong learning rate
+fails).  :func:`bnlab.nets.train` stores its loss history in float32, so losses agree to float32
+rounding: 2⁻²⁴ ≈ 6e-8 relative (asserted at 2e-7: three ulps).  Test accuracies count argmax
+agreements, exact unless two logits tie within 1e-9 (none do on these data).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from bnlab.nets import BNMLP, MLP, train, train_classifier, train_ensemble
+
+torch.set_num_threads(1)
+F64 = torch.float64
+
+
+def _digits():
+    """sklearn's 8x8 digits (1797 samples, 64 features in [0, 1]) — bundled, no download."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = (d.data / 16.0).astype(np.float64)
+    y = d.target.astype(np.int64)
+    perm = np.random.default_rng(0).permutation(len(y))
+    x, y = x[perm], y[perm]
+    return (x[:1400], y[:1400]), (x[1400:], y[1400:])
+
+
+# depth, γ, β, ε, init seed, learning rate, data seed: every per-network degree of freedom varies
+_SPECS = [
+    dict(depth=3, gamma=1.0, beta=0.0, eps=1e-3, seed=0, lr=0.05, data_seed=0),
+    dict(depth=5, gamma=0.5, beta=0.2, eps=0.1, seed=1, lr=0.02, data_seed=1),
+    dict(depth=2, gamma=1.0, beta=0.0, eps=1e-3, seed=2, lr=0.1, data_seed=2),
+    dict(depth=5, gamma=1.5, beta=0.0, eps=0.0, seed=3, lr=0.01, data_seed=0),
+]
+
+
+def _bnmlp(spec, phi="tanh"):
+    return BNMLP(64, 10, depth=spec["depth"], width=24, gamma=spec["gamma"], beta=spec["beta"], eps=spec["eps"],
+                 seed=spec["seed"], phi=phi, dtype=F64)
+
+
+def _assert_same(ens_result, ens_model, one_result, one_model):
+    assert ens_result.diverged == one_result.diverged
+    assert ens_result.steps == one_result.steps
+    assert ens_result.test_accuracy == pytest.approx(one_result.test_accuracy, abs=1e-12)
+    assert np.allclose(ens_result.history, one_result.history, rtol=2e-7, atol=0)
+    for (k, a), b in zip(ens_model.state_dict().items(), one_model.state_dict().values()):
+        # 1e-9 relative to the entries' scale (weights ~ 0.1, statistics ~ 1): near-zero entries carry
+        # the absolute error of their neighbours, so a pure relative bound would be meaningless there
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-10), k
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rmsprop"])
+def test_bnmlp_ensemble_matches_one_at_a_time(optimizer):
+    train_set, test_set = _digits()
+    models = [_bnmlp(s) for s in _SPECS]
+    results = train_ensemble(models, train_set, test_data=test_set, lr=[s["lr"] for s in _SPECS], batch_size=16,
+                             steps=40, seeds=[s["data_seed"] for s in _SPECS], optimizer=optimizer,
+                             rmsprop_alpha=0.9, rmsprop_eps=1e-10)
+    for spec, r, m in zip(_SPECS, results, models):
+        one = _bnmlp(spec)
+        opt = (functools.partial(torch.optim.SGD, lr=spec["lr"]) if optimizer == "sgd"
+               else functools.partial(torch.optim.RMSprop, lr=spec["lr"], alpha=0.9, eps=1e-10))
+        r1 = train_classifier(one, train_set, test_set, optimizer=opt, batch_size=16, steps=40, seed=spec["data_seed"])
+        _assert_same(r, m, r1, one)
+        assert r.test_accuracy > 0.15  # trained (chance 0.1): the comparison is not between two untrained nets
+
+
+def test_ghost_batches_relu_and_shared_order():
+    # sub-batch statistics (Fig. 3b) and one data order shared by every network (seeds=int)
+    train_set, test_set = _digits()
+    specs = _SPECS[:3]
+    mk = lambda s: BNMLP(64, 10, depth=s["depth"], width=24, eps=s["eps"], seed=s["seed"], sub_batch_size=4, dtype=F64)
+    models = [mk(s) for s in specs]
+    results = train_ensemble(models, train_set, test_data=test_set, lr=0.05, batch_size=16, epochs=0.5, seeds=7)
+    for spec, r, m in zip(specs, results, models):
+        one = mk(spec)
+        r1 = train_classifier(one, train_set, test_set, optimizer=functools.partial(torch.optim.SGD, lr=0.05),
+                              batch_size=16, epochs=0.5, seed=7)
+        _assert_same(r, m, r1, one)
+
+
+def test_generic_modules_through_vmap_match():
+    # any nn.Module: bnlab's MLP with torch's BatchNorm1d (running statistics updated under vmap)
+    train_set, test_set = _digits()
+    lrs = [0.05, 0.1, 0.02]
+    models = [MLP(64, [24, 24], 10, norm="bn", seed=s, dtype=F64) for s in range(3)]
+    results = train_ensemble(models, train_set, test_data=test_set, lr=torch.tensor(lrs, dtype=F64), batch_size=16, steps=30,
+                             seeds=[0, 1, 2])
+    for s, (r, m) in enumerate(zip(results, models)):
+        one = MLP(64, [24, 24], 10, norm="bn", seed=s, dtype=F64)
+        r1 = train(one, train_set, optimizer=functools.partial(torch.optim.SGD, lr=lrs[s]), batch_size=16, steps=30,
+                   test_data=test_set, seed=s)
+        _assert_same(r, m, r1, one)
+
+
+def test_a_diverging_network_stops_alone():
+    # lr = 1e200 sends the (not scale-invariant) readout weights to ~1e200, the logits to inf and the
+    # loss to NaN at the second step; the other networks must train exactly as without it.
+    train_set, test_set = _digits()
+    specs = _SPECS[:2]
+    lrs = [1e200, specs[1]["lr"]]
+    models = [_bnmlp(s) for s in specs]
+    results = train_ensemble(models, train_set, test_data=test_set, lr=lrs, batch_size=16, steps=40,
+                             seeds=[s["data_seed"] for s in specs], check_every=10)
+    ones = [_bnmlp(s) for s in specs]
+    refs = [train_classifier(o, train_set, test_set, optimizer=functools.partial(torch.optim.SGD, lr=lr),
+                             batch_size=16, steps=40, seed=s["data_seed"], check_every=10)
+            for o, s, lr in zip(ones, specs, lrs)]
+    bad, good = results
+    assert refs[0].diverged and bad.diverged
+    assert bad.diverged_at_step == refs[0].diverged_at_step
+    assert bad.steps == refs[0].steps < 40
+    assert bad.test_accuracy == refs[0].test_accuracy == pytest.approx(0.1)
+    assert np.isnan(bad.final_train_loss)
+    assert len(bad.history) == len(refs[0].history)
+    _assert_same(good, models[1], refs[1], ones[1])
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(lr=[0.1]), "lr with 1 values"),
+        (dict(lr=-1.0), "lr"),
+        (dict(lr=0.1, optimizer="adam"), "optimizer"),
+        (dict(lr=0.1, seeds=[0, 1, 2]), "seeds"),
+        (dict(lr=0.1, batch_size=5000), "batch_size"),
+    ],
+)
+def test_bad_arguments_name_themselves(kwargs, match):
+    train_set, _ = _digits()
+    models = [_bnmlp(_SPECS[0]), _bnmlp(_SPECS[1])]
+    args = dict(batch_size=16, steps=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        train_ensemble(models, train_set, **args)
+
+
+def test_mixed_architectures_are_refused():
+    train_set, _ = _digits()
+    a = BNMLP(64, 10, depth=2, width=24)
+    b = BNMLP(64, 10, depth=2, width=16)
+    with pytest.raises(ValueError, match="width"):
+        train_ensemble([a, b], train_set, lr=0.1, batch_size=16, steps=1)
+    with pytest.raises(ValueError, match="structure"):
+        train_ensemble([MLP(64, [8], 10, norm="bn"), MLP(64, [8], 10, norm="ln")], train_set, lr=0.1, batch_size=16,
+                       steps=1)
+    with pytest.raises(ValueError, match="twice"):
+        train_ensemble([a, a], train_set, lr=0.1, batch_size=16, steps=1)
+
+
+def test_benchmark_quick_runs():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ensemble.py"
+    spec = importlib.util.spec_from_file_location("bench_ensemble", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--quick", "--threads", "1", "--json"])
+    assert len(out["rows"]) == 2 and all(r["speedup"] > 0 for r in out["rows"])
