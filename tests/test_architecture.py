@@ -74,6 +74,8 @@ def part_of(module: str) -> str:
         return "package"
     if bits[1] == "experiments" and len(bits) > 2 and bits[2] == "report":
         return "report"
+    if bits[1] == "_expression_kinks":  # the kink tracer of activations' expressions
+        return "activations"
     return bits[1].removesuffix(".py")
 
 
