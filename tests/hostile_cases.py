@@ -77,7 +77,7 @@ CASES: list[Case] = [
     _c("theory", "theory", "-B", "8", "--gamma", "0", names="gamma"),
     _c("theory", "theory", "-B", "8", "--phi", "alpha_relu", "--alpha", "-1", names="alpha"),
     _c("theory", "theory", "-B", "8", "--phi", "relu", "--json", expect="ok"),
-    _c("theory", "theory", "-B", "2048", "--phi", "tanh", "--method", "montecarlo", expect="ok", slow=True),
+    _c("theory", "theory", "-B", "2048", "--phi", "tanh", "--method", "montecarlo", names="batch_size"),
     # -------------------------------------------------------------- simulate
     *[_c("simulate", "simulate", *_SMALL_SIM, "--phi", e, names=n) for e, n in _EXPRESSIONS_HOSTILE[:5]],
     _c("simulate", "simulate", "--networks", "1000000", names="networks"),

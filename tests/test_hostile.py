@@ -169,8 +169,6 @@ def test_case_as_subprocess_with_memory_bound(case, fixtures):
         if holder is not None:
             holder.kill()
             holder.wait()
-    if case.command == "theory" and case.expect == "ok" and outcome == "hang":
-        pytest.xfail("theory -B 2048 --method montecarlo: the theory's Monte Carlo cost is issue #13's")
     assert outcome == ("sensible" if case.expect == "ok" else "clean error"), last
 
 

@@ -358,6 +358,8 @@ class _Dynamics:
     closed_min_batch: int = 3
     gegenbauer_min_batch: int = 3
     check: object = None
+    #: the power p of B in the Monte Carlo route's work per sample (B^p elementwise operations)
+    montecarlo_batch_power: int = 1
 
 
 @dataclass(frozen=True)
@@ -415,7 +417,37 @@ def _choose_route(phi, batch_size, method, dynamics: _Dynamics, *, n_terms=None,
         route["n_terms"] = _default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
     elif method == "montecarlo":
         route["n_samples"], route["rng"] = _montecarlo_samples(n_samples, seed)
+        _check_montecarlo_work(route["n_samples"], b, dynamics)
     return _Route(**route)
+
+
+#: Seconds of one core per unit of Monte Carlo work n_samples·B^p, measured on tanh (B = 64…256,
+#: float64, this package's chunked routes): ≈1e-7 for the O(B) routes (fixed point, forward,
+#: cross-batch), ≈1.5e-8 per B² for the backward route's B×B matrix per sample.
+_MONTECARLO_SECONDS_PER_UNIT = {1: 1e-7, 2: 1.5e-8}
+#: Monte Carlo runs estimated above this many seconds are refused up front instead of running for minutes.
+MAX_MONTECARLO_SECONDS = 60.0
+
+
+def montecarlo_seconds(n_samples: int, b: int, batch_power: int = 1) -> float:
+    """Estimated one-core seconds of a Monte Carlo route with work n_samples·B^batch_power."""
+    return float(n_samples) * float(b) ** batch_power * _MONTECARLO_SECONDS_PER_UNIT[batch_power]
+
+
+def check_montecarlo_cost(n_samples: int, b: int, what: str, batch_power: int = 1) -> None:
+    """Refuse a Monte Carlo run whose estimated time exceeds :data:`MAX_MONTECARLO_SECONDS`."""
+    secs = montecarlo_seconds(n_samples, b, batch_power)
+    if secs > MAX_MONTECARLO_SECONDS:
+        most = int(n_samples * MAX_MONTECARLO_SECONDS / secs)
+        raise ValueError(
+            f"batch_size={b} is not allowed for method='montecarlo' with n_samples={n_samples}: {what} would take "
+            f"about {secs:.0f} s (> {MAX_MONTECARLO_SECONDS:.0f} s); use n_samples <= {max(most, 0)} (standard "
+            "errors grow as 1/sqrt(n_samples)) or a deterministic method ('auto', 'sphere', 'gegenbauer')"
+        )
+
+
+def _check_montecarlo_work(n_samples: int, b: int, dynamics: "_Dynamics") -> None:
+    check_montecarlo_cost(n_samples, b, dynamics.what, dynamics.montecarlo_batch_power)
 
 
 def _montecarlo_samples(n_samples, seed):

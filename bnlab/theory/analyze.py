@@ -150,6 +150,20 @@ def _route(method: str, act, b: int):
     return {"fixed_point": method, "forward": method, "backward": method, "cross_batch": method}, notes
 
 
+def _check_analyze_montecarlo_cost(b: int, n_samples: int = 200_000) -> None:
+    """Refuse ``method="montecarlo"`` up front when its four routes together would take minutes."""
+    from bnlab.theory._dynamics_common import MAX_MONTECARLO_SECONDS, montecarlo_seconds
+
+    secs = 3 * montecarlo_seconds(n_samples, b, 1) + montecarlo_seconds(n_samples, b, 2)
+    if secs > MAX_MONTECARLO_SECONDS:
+        raise ValueError(
+            f"batch_size={b} is not allowed with method='montecarlo': its {n_samples} samples per route would take "
+            f"about {secs:.0f} s (> {MAX_MONTECARLO_SECONDS:.0f} s); use a deterministic method ('auto', 'sphere', "
+            "'gegenbauer'), or the single quantities (forward_eigenvalues, backward_eigenvalues, ...) with fewer "
+            "n_samples"
+        )
+
+
 def analyze(
     phi,
     batch_size: int,
@@ -214,6 +228,10 @@ def analyze(
     notes += adm_notes
     routes, route_notes = _route(method, act, b)
     notes += route_notes
+    if method == "montecarlo":
+        # every route's time at once, before any runs (fixed point, forward and cross-batch are O(B) per
+        # sample, backward O(B²)): a run refused only at its last route would have cost minutes first
+        _check_analyze_montecarlo_cost(b)
     with _warnings.catch_warnings(record=True) as inner:
         # the building blocks' warnings (e.g. slow series convergence) go into the result;
         # B = 3 was reported once above and is not repeated

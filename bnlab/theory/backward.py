@@ -113,7 +113,8 @@ def _check_backward_preconditions(act, b: int):
     _check_derivative_integrable(act)
 
 
-_BACKWARD = _Dynamics("the backward eigenvalues", "Thms 3.10, G.12", check=_check_backward_preconditions)
+_BACKWARD = _Dynamics("the backward eigenvalues", "Thms 3.10, G.12", check=_check_backward_preconditions,
+                      montecarlo_batch_power=2)  # a B×B matrix per sample
 
 
 # -- sphere -------------------------------------------------------------------

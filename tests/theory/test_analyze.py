@@ -158,3 +158,16 @@ def test_depth_scale_and_max_depth():
 def test_to_dict_is_json_serializable():
     d = analyze("relu", 8).to_dict()
     json.dumps(d, allow_nan=False)
+
+
+def test_montecarlo_refused_up_front_when_it_would_take_minutes():
+    """B = 2048 by Monte Carlo (issue 18: it ran for minutes with no progress) is refused before any route
+    runs, naming batch_size and the way out; a feasible B still runs that route."""
+    # the whole-analysis message (not a single route's "n_samples <= ..."): refused before any route ran
+    with pytest.raises(ValueError, match=r"batch_size=2048 .*method='montecarlo': its 200000 samples per route"):
+        analyze("tanh", 2048, method="montecarlo")
+    from bnlab.theory import backward_eigenvalues
+
+    with pytest.raises(ValueError, match=r"batch_size=512 .*n_samples <= "):
+        backward_eigenvalues("tanh", 512, method="montecarlo")
+    assert backward_eigenvalues("tanh", 512, method="montecarlo", n_samples=200) is not None
