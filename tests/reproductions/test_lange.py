@@ -99,3 +99,18 @@ def test_fig5_bnp_at_128_judged_only_with_enough_steps():
     swapped = [Record(r.params, dict(r.metrics, test_accuracy=0.99 if r.params["norm"] == "none" else
                                      r.metrics["test_accuracy"])) for r in recs(93, 0.8)]
     assert {r.quantity: r for r in exp.compare(swapped)}["mini-batch 128: BN above vanilla"].agrees is False
+
+
+def test_fig5_settings_are_read_off_the_grid():
+    from bnlab.reproductions import lange_fig5
+
+    exp = lange_fig5.EXPERIMENTS[0]
+    rows = {s.what: s for s in exp.settings}
+    for scale in ("small", "paper"):
+        cells = exp.grid(scale)
+        for what, key in (("epochs", "epochs"), ("training images", "train_size")):
+            per = {c["batch_size"]: c[key] for c in cells}
+            want = ", ".join(f"{'all' if per[b] is None else per[b]} at {b}" for b in (128, 2))
+            assert rows[what].at(scale) == want
+        assert rows["seeds"].at(scale) == str(len({c["seed"] for c in cells}))
+    assert "paper" in exp.limitations and "128" in exp.limitations
