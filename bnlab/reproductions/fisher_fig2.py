@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.experiments.spec import Comparison, Experiment, Record, Setting
 
 __all__ = ["EXPERIMENTS", "run_phase_cell", "divergence_boundary"]
 
@@ -43,6 +43,25 @@ def _grid(scale: str) -> list[dict]:
 
     s = _SCALES[check_choice("scale", scale, tuple(_SCALES))]
     return [dict(gamma=g, seed=0, **{k: v for k, v in s.items() if k != "gammas"}) for g in s["gammas"]]
+
+
+def _settings() -> list[Setting]:
+    # read off _SCALES, so the report's table cannot drift from the grid
+    s, p = _SCALES["small"], _SCALES["paper"]
+
+    def etas(d):
+        return f"{len(d['etas'])} log-spaced in [{min(d['etas']):g}, {max(d['etas']):g}]"
+
+    return [
+        Setting("network", "fc:784-1000-1000-1000-10", s["arch"], p["arch"]),
+        Setting("training images", "60 000", str(s["n_train"]), str(p["n_train"])),
+        Setting("steps (batch 64)", "5 epochs", str(s["steps"]), str(p["steps"])),
+        Setting("η grid", "not stated", etas(s), etas(p)),
+        Setting("γ rows", "not stated", ", ".join(f"{g:g}" for g in s["gammas"]),
+                f"{len(p['gammas'])} log-spaced in [{min(p['gammas']):g}, {max(p['gammas']):g}]",
+                "small: 3 rows (the ends and the middle) to fit bnlab report's 10 minutes on 2 CPU cores"),
+        Setting("seeds per (γ, η)", "5 random restarts", str(len(s["seeds"])), str(len(p["seeds"]))),
+    ]
 
 
 def divergence_boundary(etas: Sequence[float], exploded_any: Sequence[bool]) -> float | None:
@@ -159,5 +178,6 @@ EXPERIMENTS = [
         plot=_plot,
         compare=_compare,
         uses_gpu=False,
+        settings=_settings(),
     )
 ]
