@@ -8,8 +8,11 @@ BN, Batch Renorm (at 2) and BNP (the vanilla CNN + ``bnlab.optim.BNPreconditione
 with per-channel statistics).  "BN with 4 things" is not reproduced.  The paper uses CIFAR-10,
 which is not available offline here; the cells use MNIST (stated in the report).
 
-Scales.  ``small``: 8 000 / 2 000 training images at batch 128 / 2 (seeded draws) for 6 / 2 epochs
-(372 / 2 000 steps), 2 000 test images, one seed.  ``paper``: the full data set, 20 epochs at 128
+Scales.  ``small``: 4 000 / 1 000 training images at batch 128 / 2 (seeded draws) for 3 / 2 epochs
+(93 / 1 000 steps), 2 000 test images, one seed (cut to fit ``bnlab report``'s 10-minute budget on
+2 CPU cores).  At 93 steps BNP is still catching up with BN at mini-batch 128 (it starts slower, as
+in the paper), so "BNP comparable to BN at 128" is judged only at ``paper`` scale; ``small`` judges
+BN above vanilla at 128 and the mini-batch-2 ordering (see the experiment's ``limitations``).  ``paper``: the full data set, 20 epochs at 128
 and 5 at 2, five seeds.
 """
 from __future__ import annotations
@@ -17,14 +20,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.experiments.spec import Comparison, Experiment, Record, Setting
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
 _PAPER = "Lange, Helfrich & Ye, Batch Normalization Preconditioning for Neural Network Training (JMLR)"
 _METHODS = {128: ("none", "bn", "bnp"), 2: ("none", "bn", "brn", "bnp")}
 _SCALES = {
-    "small": dict(train_size={128: 8000, 2: 2000}, test_size=2000, epochs={128: 6, 2: 2}, seeds=(0,)),
+    "small": dict(train_size={128: 4000, 2: 1000}, test_size=2000, epochs={128: 3, 2: 2}, seeds=(0,)),
     "paper": dict(train_size={128: None, 2: None}, test_size=None, epochs={128: 20, 2: 5}, seeds=(0, 1, 2, 3, 4)),
 }
 _LABEL = {"none": "vanilla", "bn": "BN", "brn": "Batch Renorm", "ln": "LN", "bnp": "BNP"}
@@ -38,6 +41,23 @@ def _grid(scale: str) -> list[dict]:
         dict(dataset="mnist", batch_size=b, norm=norm, epochs=s["epochs"][b], train_size=s["train_size"][b],
              test_size=s["test_size"], seed=seed)
         for b, norms in _METHODS.items() for norm in norms for seed in s["seeds"]
+    ]
+
+
+def _settings() -> list[Setting]:
+    # read off _SCALES, so the report's table cannot drift from the grid
+    s, p = _SCALES["small"], _SCALES["paper"]
+
+    def per_batch(d, fmt=str):
+        return ", ".join(f"{fmt(d[b])} at {b}" for b in (128, 2))
+
+    return [
+        Setting("data set", "CIFAR-10", "MNIST", "MNIST", "CIFAR-10 is not available offline"),
+        Setting("training images", "50 000 (CIFAR-10)", per_batch(s["train_size"]),
+                per_batch(p["train_size"], lambda v: "all" if v is None else str(v))),
+        Setting("epochs", "not stated in the text", per_batch(s["epochs"]), per_batch(p["epochs"]),
+                "small: cut to fit bnlab report's 10 minutes on 2 CPU cores"),
+        Setting("seeds", "5 tests", str(len(s["seeds"])), str(len(p["seeds"]))),
     ]
 
 
@@ -117,6 +137,18 @@ def _mean(v):
     return sum(v) / len(v)
 
 
+# BNP at mini-batch 128 starts slower than BN and catches up late: measured (MNIST, 8 000 images,
+# seed 0) 0.80 vs 0.97 after 124 steps, 0.95 vs 0.98 after 310, 0.96 vs 0.97 after 372.  The
+# "comparable" row is judged only when the BNP cell ran at least this many steps.
+_MIN_STEPS_128 = 1000
+
+
+def _judges_bnp_at_128(records: Sequence[Record]) -> bool:
+    steps = [r.metrics.get("steps") for r in records
+             if r.params["batch_size"] == 128 and r.params["norm"] == "bnp" and r.metrics.get("trainable")]
+    return bool(steps) and min(s or 0 for s in steps) >= _MIN_STEPS_128
+
+
 def _compare(records: Sequence[Record]) -> list[Comparison]:
     finals = _finals(records)
     rows = []
@@ -126,11 +158,21 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
 
     if acc(128, "bnp") is not None and acc(128, "bn") is not None:
         a_bnp, a_bn, a_van = acc(128, "bnp"), acc(128, "bn"), acc(128, "none")
+        full = _judges_bnp_at_128(records)
         rows.append(Comparison(
             quantity="mini-batch 128: final test accuracy",
             paper="BN and BNP comparable, both above vanilla (Fig. 5 left; CIFAR-10)",
-            bnlab=f"BNP {a_bnp:.4f}, BN {a_bn:.4f}" + (f", vanilla {a_van:.4f}" if a_van is not None else "") + " (MNIST)",
-            agrees=abs(a_bnp - a_bn) <= 0.02 and (a_van is None or a_bnp >= a_van - 0.005),
+            bnlab=f"BNP {a_bnp:.4f}, BN {a_bn:.4f}" + (f", vanilla {a_van:.4f}" if a_van is not None else "")
+            + " (MNIST)" + ("" if full else f"; not judged below {_MIN_STEPS_128} steps (BNP still catching up)"),
+            agrees=(abs(a_bnp - a_bn) <= 0.02 and (a_van is None or a_bnp >= a_van - 0.005)) if full else None,
+        ))
+    if acc(128, "bn") is not None and acc(128, "none") is not None:
+        a_bn, a_van = acc(128, "bn"), acc(128, "none")
+        rows.append(Comparison(
+            quantity="mini-batch 128: BN above vanilla",
+            paper="BN above vanilla (Fig. 5 left; CIFAR-10)",
+            bnlab=f"BN {a_bn:.4f}, vanilla {a_van:.4f} (MNIST)",
+            agrees=a_bn > a_van,
         ))
     if acc(2, "bnp") is not None and acc(2, "bn") is not None:
         a_bnp, a_bn = acc(2, "bnp"), acc(2, "bn")
@@ -157,5 +199,10 @@ EXPERIMENTS = [
         plot=_plot,
         compare=_compare,
         uses_gpu=True,
+        settings=_settings(),
+        limitations="At ``small`` scale (93 steps at mini-batch 128) BNP is still catching up with BN — it "
+        "starts slower, as in the paper (measured on 8 000 images: 0.80 vs 0.97 after 124 steps, 0.96 vs 0.97 "
+        "after 372) — so 'BNP comparable to BN at 128' is judged only at ``paper`` scale (≥ 1 000 steps); "
+        "``small`` judges BN above vanilla at 128 and BNP above BN and Batch Renorm at mini-batch 2.",
     )
 ]

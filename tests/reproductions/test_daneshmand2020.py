@@ -185,3 +185,13 @@ def test_fig4_small_scale_agrees_at_depth_32(tmp_path):
     rows = {r.quantity.split(":")[0]: r for r in exp.compare(recs)}
     assert rows["depth 32"].agrees is True
     assert rows["depth 8"].agrees is None
+
+
+def test_fig6_settings_are_read_off_the_grid():
+    exp = f6.EXPERIMENTS[0]
+    rows = {s.what: s for s in exp.settings}
+    for scale in ("small", "paper"):
+        cells = exp.grid(scale)
+        assert rows["seeds"].at(scale) == str(len({c["seed"] for c in cells}))
+        assert rows["training images"].at(scale) == str(cells[0]["n_train"])
+        assert rows["SGD steps (batch 64, lr 0.01)"].at(scale) == str(cells[0]["steps"])

@@ -14,7 +14,8 @@ def test_grid():
     for scale in ("small", "paper"):
         cells = E.grid(scale)
         json.dumps(cells)
-        assert len(cells) >= 5 and all("seed" in c and len(c["etas"]) >= 13 for c in cells)
+        assert len(cells) >= 3 and all("seed" in c and len(c["etas"]) >= 13 for c in cells)
+    assert len(E.grid("paper")) >= 10  # the paper scale keeps its 10 γ rows
 
 
 def test_divergence_boundary_definition():
@@ -40,3 +41,15 @@ def test_plot_and_compare_with_stand_in_records(tmp_path):
     rows = {r.quantity: r for r in E.compare(recs)}
     assert rows["η* (as printed) / measured explosion boundary, per γ (within a factor 2?)"].agrees is True
     assert rows["η* (corrected, train) / measured explosion boundary, per γ (within a factor 2?)"].agrees is False
+
+
+def test_settings_are_read_off_the_grid():
+    rows = {s.what: s for s in E.settings}
+    for scale in ("small", "paper"):
+        cells = E.grid(scale)
+        assert rows["network"].at(scale) == cells[0]["arch"]
+        assert rows["steps (batch 64)"].at(scale) == str(cells[0]["steps"])
+        assert rows["seeds per (γ, η)"].at(scale) == str(len(cells[0]["seeds"]))
+        assert rows["η grid"].at(scale).startswith(f"{len(cells[0]['etas'])} log-spaced")
+    assert rows["γ rows"].at("small") == ", ".join(f"{c['gamma']:g}" for c in E.grid("small"))
+    assert rows["γ rows"].at("paper").startswith(f"{len(E.grid('paper'))} log-spaced")
