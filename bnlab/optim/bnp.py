@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -57,6 +58,7 @@ from bnlab.optim._layers import (
     LayerHandler,
     LinearHandler,
     _layer_label,
+    block_rows,
 )
 
 __all__ = [
@@ -347,7 +349,7 @@ class BNPreconditioner:
         x = x.detach()
         if x.dtype != dtype:
             x = x.to(dtype)  # a private copy (mixed precision): it can be its own scratch
-            out = x
+            out = None
         else:
             out = self._scratch(state, x)
         samples, rows, s1, s2 = state.handler.moments(x, state.mean, out)
@@ -360,17 +362,20 @@ class BNPreconditioner:
             state.s2 = state.s2 + s2
 
     def _scratch(self, state: _LayerState, x: torch.Tensor) -> torch.Tensor:
-        # One buffer per (device, dtype), grown to the largest layer input (hooks run one at a time);
-        # each layer caches its view of it while the shape and the buffer stay the same.
+        # One buffer per (device, dtype), grown to the largest block of layer input the handlers
+        # use (``block_rows`` samples; hooks run one at a time); each layer caches its view of it
+        # while the shape and the buffer stay the same.
+        shape = (block_rows(x),) + tuple(x.shape[1:])
         cached = state.scratch
-        if cached is not None and cached[0] is self._workspace.get((x.device, x.dtype)) and cached[1].shape == x.shape:
+        if cached is not None and cached[0] is self._workspace.get((x.device, x.dtype)) and cached[1].shape == shape:
             return cached[1]
         key = (x.device, x.dtype)
+        numel = math.prod(shape)
         buf = self._workspace.get(key)
-        if buf is None or buf.numel() < x.numel():
-            buf = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=x.dtype, device=x.device)
             self._workspace[key] = buf
-        view = buf[: x.numel()].view(x.shape)
+        view = buf[:numel].view(shape)
         state.scratch = (buf, view)
         return view
 
