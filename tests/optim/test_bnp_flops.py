@@ -27,7 +27,7 @@ class OpCounter(TorchDispatchMode):
     REDUCTION = {"sum", "max", "amax"}
     FREE = {"detach", "view", "_unsafe_view", "t", "alias", "lift_fresh", "clone", "copy", "_to_copy",
             "empty_like", "zeros_like", "expand", "reshape", "lift_fresh_copy", "le", "any", "is_nonzero",
-            "_local_scalar_dense", "empty", "slice", "as_strided"}
+            "_local_scalar_dense", "empty", "slice", "as_strided", "stack", "unbind", "select"}
 
     def __init__(self):
         super().__init__()
@@ -38,6 +38,19 @@ class OpCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__.rstrip("_")
+        if name.startswith("_foreach_"):
+            # A batched op over a list of tensors: charged as the same op on each of them
+            # (broadcast operands are the same size as or smaller than args[0]'s entries).
+            # The foreach addcmul takes its scale positionally, the plain one as a keyword.
+            if name == "_foreach_addcmul" and len(args) > 3:
+                kwargs = {**kwargs, "value": args[3]}
+            self.count += sum(self._cost(name[len("_foreach_"):], t, (t,) + tuple(args[1:]), kwargs)
+                              for t in args[0])
+            return out
+        self.count += self._cost(name, out, args, kwargs)
+        return out
+
+    def _cost(self, name, out, args, kwargs):
         if name in self.FREE:
             cost = 0
         elif name == "add":
@@ -57,10 +70,9 @@ class OpCounter(TorchDispatchMode):
             m, n = args[1].shape
             cost = 2 * m * n + m
         else:
-            raise AssertionError(f"operation {func} not in the cost table")
-        self.count += cost
+            raise AssertionError(f"operation {name} not in the cost table")
         self.ops.append((name, cost))
-        return out
+        return cost
 
 
 def count_step(n_in, n_out, batch):
