@@ -465,9 +465,8 @@ class BNPreconditioner:
             #   μ_H = c + s1/n,  σ_H² = s2/n - (s1/n)²  (biased, Eq. 13; at n = 1 just s2: the
             #   variance about the running mean, §3.3), then μ ← ρμ + (1-ρ)μ_H = μ + (1-ρ)s1/n and
             #   σ² ← ρσ² + (1-ρ)σ_H², each fused into in-place updates.
-            torch._foreach_add_(means, s1s, alpha=a / rows)
             torch._foreach_mul_(variances, rho)
-            torch._foreach_add_(variances, s2s, alpha=a / rows)
+            torch._foreach_add_(means + variances, s1s + s2s, alpha=a / rows)  # one call for both
             if rows > 1:
                 torch._foreach_addcmul_(variances, s1s, s1s, value=-a / (rows * rows))
                 if rho == 0.0:  # the mini-batch variance itself: no rounding below zero
