@@ -471,9 +471,16 @@ class BNPreconditioner:
                 torch._foreach_addcmul_(variances, s1s, s1s, value=-a / (rows * rows))
                 if rho == 0.0:  # the mini-batch variance itself: no rounding below zero
                     torch._foreach_clamp_min_(variances, 0.0)
-            # Step 3: σ̃² = σ² + (ε₁·max σ² + ε₂), one shift per layer (regularized_variance).
-            shifts = torch.stack(torch._foreach_max(variances)).mul_(self.eps1).add_(self.eps2)
-            var_tilde = torch._foreach_add(variances, list(shifts.unbind(0)))
+            # Step 3 and the factor of steps 4-5: 1/(q² σ̃²) = 1/(q²·σ² + q²·(ε₁·max σ² + ε₂)),
+            # σ̃² as in regularized_variance with one shift per layer, 1/q² folded in (Errata).
+            q2s = []
+            for s in states:
+                s.last_q2 = s.handler.q2(s.samples)
+                q2s.append(float(s.last_q2))
+            shifts = torch._foreach_mul(torch._foreach_max(variances), [self.eps1 * q for q in q2s])
+            torch._foreach_add_(shifts, [self.eps2 * q for q in q2s])
+            var_tilde = torch._foreach_mul(variances, q2s)  # q²·σ̃² once the shifts are added
+            torch._foreach_add_(var_tilde, shifts)
             if self.eps1 == 0.0 and self.eps2 == 0.0:
                 for s, vt in zip(states, var_tilde):
                     if bool((vt <= 0).any()):
@@ -481,12 +488,6 @@ class BNPreconditioner:
                             f"BNP layer {_layer_label(s.name)}: an input feature has zero variance and eps1 = "
                             "eps2 = 0, so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
                         )
-            q2s = []
-            for s in states:
-                s.last_q2 = s.handler.q2(s.samples)
-                q2s.append(float(s.last_q2))
-            # Steps 4-5 need 1/(q² σ̃²) (1/q² folded into 1/σ̃², see the module's Errata).
-            torch._foreach_mul_(var_tilde, q2s)
             torch._foreach_reciprocal_(var_tilde)
             for i, inv in zip(index, var_tilde):
                 inverses[i] = inv
