@@ -337,25 +337,34 @@ class BNPreconditioner:
                 return None
             if not isinstance(x, torch.Tensor):
                 return None
-            state.handler.check_input(x)
+            handler = state.handler
+            if x.dim() != handler.expected_input_ndim:
+                handler.check_input(x)  # raises, naming the layer
             self._record(state, x)
             return None
 
         return hook
 
     def _record(self, state: _LayerState, x: torch.Tensor) -> None:
-        dtype = _stats_dtype(state.module.weight.dtype)
-        if state.mean.device != x.device or state.mean.dtype != dtype:
-            state.mean = state.mean.to(device=x.device, dtype=dtype)
-            state.var = state.var.to(device=x.device, dtype=dtype)
         # Detached operands record no autograd graph, so no no_grad() context is needed; autocast
         # leaves sub/sum/mul_ of float32 tensors alone.
         x = x.detach()
-        if x.dtype != dtype:
-            x = x.to(dtype)  # a private copy (mixed precision): it can be its own scratch
-            out = None
-        else:
+        mean = state.mean
+        if x.dtype == mean.dtype and x.device == mean.device:
+            # The common case, checked first to keep the per-call Python overhead small: the
+            # statistics' dtype is the input's (an input of another dtype than the statistics
+            # either is converted below or, if the weight's dtype changed, moves them).
             out = self._scratch(state, x)
+        else:
+            dtype = _stats_dtype(state.module.weight.dtype)
+            if mean.device != x.device or mean.dtype != dtype:
+                state.mean = state.mean.to(device=x.device, dtype=dtype)
+                state.var = state.var.to(device=x.device, dtype=dtype)
+            if x.dtype != dtype:
+                x = x.to(dtype)  # a private copy (mixed precision): it can be its own scratch
+                out = None
+            else:
+                out = self._scratch(state, x)
         samples, rows, s1, s2 = state.handler.moments(x, state.mean, out)
         if state.s1 is None:
             state.samples, state.rows, state.s1, state.s2 = samples, rows, s1, s2
@@ -369,18 +378,19 @@ class BNPreconditioner:
         # One buffer per (device, dtype), grown to the largest block of layer input the handlers
         # use (``block_rows`` samples; hooks run one at a time); each layer caches its view of it
         # while the shape and the buffer stay the same.
-        shape = (block_rows(x),) + tuple(x.shape[1:])
         cached = state.scratch
-        if cached is not None and cached[0] is self._workspace.get((x.device, x.dtype)) and cached[1].shape == shape:
+        if (cached is not None and cached[2] == x.shape and cached[3] == (x.device, x.dtype)
+                and cached[0] is self._workspace.get(cached[3])):
             return cached[1]
         key = (x.device, x.dtype)
+        shape = (block_rows(x),) + tuple(x.shape[1:])
         numel = math.prod(shape)
         buf = self._workspace.get(key)
         if buf is None or buf.numel() < numel:
             buf = torch.empty(numel, dtype=x.dtype, device=x.device)
             self._workspace[key] = buf
         view = buf[:numel].view(shape)
-        state.scratch = (buf, view)
+        state.scratch = (buf, view, x.shape, key)
         return view
 
     def _all_reduce(self, pending: list[_LayerState]) -> None:
@@ -506,14 +516,19 @@ class BNPreconditioner:
             # A frozen weight: only the bias block of PPᵀ/q² applies (G_b/q², the w-part is zero).
             gb.div_(q2)
             return
+        handler = s.handler
+        gmat = handler.weight_matrix(gw)
+        if (gmat.dtype == inv.dtype and (gb is None or gb.dtype == inv.dtype)
+                and (gmat is gw or _is_view_of(gmat, gw))):
+            # The common case (gradients in the statistics' dtype, G_w a view): in place, no copies.
+            _precondition_with_inverse_(gmat, gb, handler.expand(s.mean), handler.expand(inv), q2)
+            return
         compute = torch.float32 if gw.dtype in (torch.float16, torch.bfloat16) else gw.dtype
-        gmat = s.handler.weight_matrix(gw)
         copy_back_w = gmat.dtype != compute or not _is_view_of(gmat, gw)
         gmat_c = gmat.to(compute) if gmat.dtype != compute else gmat
         gb_c = None
         if gb is not None:
             gb_c = gb.to(compute) if gb.dtype != compute else gb
-        handler = s.handler
         mean = handler.expand(s.mean)
         inv = handler.expand(inv)
         if mean.dtype != compute:
