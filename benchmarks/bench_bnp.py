@@ -5,8 +5,8 @@
 The network is the paper's Table 1 / Fig. 8 fully connected net (input 3072 = a CIFAR-10 image,
 two hidden layers of 100, 10 outputs, ReLU, cross-entropy, SGD); ``--input 784 --depth 3`` is the
 MNIST network of Figs. 3-4.  Three variants train side by side
-on the same pre-generated random batches, measured round-robin (so drifting load on a shared
-machine hits all of them alike) and summarized by the median time per training step:
+on the same pre-generated random batches, interleaved step by step (so drifting load on a shared
+machine hits all of them alike) and summarized by the median time of a single training step:
 
 * ``sgd``  — the vanilla network, plain SGD (the baseline of the ≤ 10 % overhead goal);
 * ``bn``   — the post-activation BN network (BatchNorm1d on each hidden layer's output), SGD;
@@ -97,7 +97,12 @@ def _sync(device):
 
 
 def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, rounds: int, device: str):
-    """Median seconds per training step of each variant (round-robin blocks of ``steps`` steps)."""
+    """Median seconds per training step of each variant, the variants interleaved step by step.
+
+    On a shared machine a preemption lands in one step of one variant; the median over the
+    ``rounds × steps`` single steps of each variant drops it, where a mean over a block of steps
+    would keep it (block-of-steps timing swung BNP/SGD by up to 0.25 between runs here).
+    """
     g = torch.Generator().manual_seed(batch)
     n_batches = 8
     xs = [torch.randn(batch, n_in, generator=g).to(device) for _ in range(n_batches)]
@@ -111,13 +116,13 @@ def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, round
         steppers[v] = step
     times: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(rounds):
-        for v in variants:
-            _sync(device)
-            t = time.perf_counter()
-            for i in range(steps):
+        for i in range(steps):
+            for v in variants:
+                _sync(device)
+                t = time.perf_counter()
                 steppers[v](xs[i % n_batches], ys[i % n_batches])
-            _sync(device)
-            times[v].append((time.perf_counter() - t) / steps)
+                _sync(device)
+                times[v].append(time.perf_counter() - t)
     return {v: statistics.median(ts) for v, ts in times.items()}
 
 
@@ -128,19 +133,32 @@ def breakdown(batch: int, *, n_in: int, hidden: int, depth: int, device: str, re
     x = torch.randn(batch, n_in, generator=g).to(device)
     y = torch.randint(0, 10, (batch,), generator=g).to(device)
 
-    def best(fn):
-        out = []
-        for _ in range(repeat):
-            _sync(device)
-            t = time.perf_counter()
-            fn()
-            _sync(device)
-            out.append(time.perf_counter() - t)
-        return 1e3 * statistics.median(out)
+    def timed(fn):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        return time.perf_counter() - t
 
-    with pre.paused():
-        fwd_plain = best(lambda: model(x))
-    fwd_hooked = best(lambda: model(x))
+    def paired(fn_a, fn_b, between=lambda: None):
+        # The two alternate call by call (load drifts hit both alike); milliseconds, medians.
+        a, b = [], []
+        for _ in range(repeat):
+            a.append(timed(fn_a))
+            between()
+            b.append(timed(fn_b))
+            between()
+        return 1e3 * statistics.median(a), 1e3 * statistics.median(b)
+
+    def plain_forward():
+        with pre.paused():
+            model(x)
+
+    def clear():
+        for s in pre._layers.values():
+            s.clear_pending()  # one forward's statistics each time, as in a training step
+
+    fwd_plain, fwd_hooked = paired(plain_forward, lambda: model(x), clear)
     for s in pre._layers.values():
         s.clear_pending()
     nn.functional.cross_entropy(model(x), y).backward()
@@ -158,7 +176,8 @@ def breakdown(batch: int, *, n_in: int, hidden: int, depth: int, device: str, re
         for p, g0 in zip(model.parameters(), grads):
             p.grad.copy_(g0)
 
-    return {"hooks": fwd_hooked - fwd_plain, "step": best(one_step) - best(copies_only)}
+    with_step, copies = paired(one_step, copies_only)
+    return {"hooks": fwd_hooked - fwd_plain, "step": with_step - copies}
 
 
 def main(argv=None) -> int:
@@ -191,7 +210,7 @@ def main(argv=None) -> int:
             "bnp_over_bn": t["bnp"] / t["bn"],
             "floor_over_sgd": t["floor"] / t["sgd"],
             "bnp_parts_ms": breakdown(b, n_in=n_in, hidden=hidden, depth=depth, device=args.device,
-                                      repeat=3 if args.quick else 30),
+                                      repeat=3 if args.quick else 100),
         })
     meta = {"device": args.device, "threads": args.threads, "network": [n_in] + [hidden] * depth + [10],
             "torch": torch.__version__}
