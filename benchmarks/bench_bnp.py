@@ -91,13 +91,28 @@ def make_step(model, opt, pre):
     return step
 
 
+def _clock(device) -> float:
+    """Seconds: this thread's CPU time on a CPU device, wall time on a GPU.
+
+    On an oversubscribed machine the scheduler takes the CPU away for a time slice (~3 ms here)
+    every few milliseconds; wall time then puts a preemption into a fraction of the steps that
+    grows with the step's length, and once that fraction passes one half the median jumps by a
+    whole slice (BNP/SGD read 3.9 at B = 256 on the MNIST net in one run, 1.4 in the next).  The
+    thread's CPU time leaves the preemptions out; it is used only with one thread (``--threads 1``,
+    the default), which then does all the work.
+    """
+    if str(device).startswith("cuda") or torch.get_num_threads() > 1:
+        return time.perf_counter()
+    return time.thread_time()
+
+
 def _sync(device):
     if device == "cuda":
         torch.cuda.synchronize()
 
 
 def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, rounds: int, device: str):
-    """Median seconds per training step of each variant, the variants interleaved step by step.
+    """Median seconds (see :func:`_clock`) per training step of each variant, interleaved step by step.
 
     On a shared machine a preemption lands in one step of one variant; the median over the
     ``rounds × steps`` single steps of each variant drops it, where a mean over a block of steps
@@ -119,10 +134,10 @@ def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, round
         for i in range(steps):
             for v in variants:
                 _sync(device)
-                t = time.perf_counter()
+                t = _clock(device)
                 steppers[v](xs[i % n_batches], ys[i % n_batches])
                 _sync(device)
-                times[v].append(time.perf_counter() - t)
+                times[v].append(_clock(device) - t)
     return {v: statistics.median(ts) for v, ts in times.items()}
 
 
@@ -135,10 +150,10 @@ def breakdown(batch: int, *, n_in: int, hidden: int, depth: int, device: str, re
 
     def timed(fn):
         _sync(device)
-        t = time.perf_counter()
+        t = _clock(device)
         fn()
         _sync(device)
-        return time.perf_counter() - t
+        return _clock(device) - t
 
     def paired(fn_a, fn_b, between=lambda: None):
         # The two alternate call by call (load drifts hit both alike); milliseconds, medians.
@@ -212,7 +227,8 @@ def main(argv=None) -> int:
             "bnp_parts_ms": breakdown(b, n_in=n_in, hidden=hidden, depth=depth, device=args.device,
                                       repeat=3 if args.quick else 100),
         })
-    meta = {"device": args.device, "threads": args.threads, "network": [n_in] + [hidden] * depth + [10],
+    meta = {"device": args.device, "threads": args.threads,
+            "clock": "wall" if args.device.startswith("cuda") or args.threads > 1 else "thread CPU time", "network": [n_in] + [hidden] * depth + [10],
             "torch": torch.__version__}
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=2))
