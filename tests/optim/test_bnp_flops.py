@@ -6,7 +6,10 @@ pointwise op (two for a scaled add), one per input element of a reduction, 2mn(+
 matrix-vector product and 2mn for a rank-1 update.  An operation not in the table fails the test,
 so the count cannot silently miss work.  Prop. 6 gives 4·n_in·N + 6·n_in·n_out + 2·n_out + 8·n_in;
 the implementation folds 1/q² into 1/σ̃² (5·n_in·n_out, see bnlab.optim.bnp's Errata) and spends
-12·n_in + 2 on the O(n_in) terms (see ``implementation_count``), against Prop. 6's 8·n_in.  The test pins the exact count and the two leading terms against Prop. 6.
+12·n_in + 2 on the O(n_in) terms (see ``implementation_count``), against Prop. 6's 8·n_in.  The
+hook's statistics run over cache blocks of 2¹⁸ input elements; every size here fits one block
+(a further block would add 2·n_in accumulating additions).  ``step()`` batches its vector updates
+with ``torch._foreach_*``; those are charged as the same operation on each tensor of the list.  The test pins the exact count and the two leading terms against Prop. 6.
 """
 from __future__ import annotations
 
