@@ -29,6 +29,46 @@ __all__ = ["LayerHandler", "LinearHandler", "Conv1dHandler", "Conv2dHandler", "C
 #: How a convolution's input statistics are taken (see :class:`_ConvHandler`).
 CONV_STATISTICS = ("channel", "unfold")
 
+#: Elements of layer input per block of :func:`_shifted_moments` (1 MiB of float32): the
+#: subtract-square-sum passes then run on a block that stays in the L2 cache, so the input is read
+#: from memory once instead of the temporary being written and re-read (measured at N = 512 ×
+#: 3072: 0.70 ms blocked against 1.2 ms in one piece, the single read ``x.sum(0)`` being 0.21 ms).
+_BLOCK_ELEMENTS = 1 << 18
+
+
+def block_rows(x: torch.Tensor) -> int:
+    """Samples per block of :func:`_shifted_moments` for an input shaped like ``x``."""
+    per_sample = max(1, math.prod(x.shape[1:]))
+    return max(1, min(x.shape[0], _BLOCK_ELEMENTS // per_sample))
+
+
+def _shifted_moments(x: torch.Tensor, shift: torch.Tensor, scratch: torch.Tensor | None, dims):
+    """``(Σ (x - c), Σ (x - c)²)`` over ``dims`` (which include the sample dimension 0).
+
+    ``shift`` broadcasts against ``x``; ``scratch`` holds at least :func:`block_rows` samples of
+    ``x``'s trailing shape, or is ``None`` when ``x`` is a private copy that may be overwritten.
+    The samples are taken in cache-sized blocks (a loop over blocks, not over samples); each block
+    costs the 4 operations per entry that Prop. 6 counts (subtract, sum, square, sum), plus two
+    additions per column to accumulate the blocks when there is more than one.
+    """
+    n = x.shape[0]
+    step = block_rows(x)
+    if step >= n:  # one block (no slicing: a view per call costs ~1 µs of the hook's overhead)
+        d = x.sub_(shift) if scratch is None else torch.sub(x, shift, out=scratch)
+        return d.sum(dims), d.mul_(d).sum(dims)
+    s1 = s2 = None
+    for start in range(0, n, step):
+        xb = x[start:start + step]
+        d = xb.sub_(shift) if scratch is None else torch.sub(xb, shift, out=scratch[: xb.shape[0]])
+        b1 = d.sum(dims)
+        b2 = d.mul_(d).sum(dims)
+        if s1 is None:
+            s1, s2 = b1, b2
+        else:
+            s1.add_(b1)
+            s2.add_(b2)
+    return s1, s2
+
 
 def _layer_label(name: str) -> str:
     return repr(name) if name else "'<root module>'"
@@ -73,9 +113,10 @@ class LayerHandler:
     ) -> tuple[int, int, torch.Tensor, torch.Tensor]:
         """Return ``(samples, rows, s1, s2)`` of one mini-batch input ``x`` about ``shift``.
 
-        ``out`` is scratch memory of ``x``'s shape and dtype (it may be ``x`` itself when ``x`` is a
-        private copy); reusing it avoids allocating (and page-faulting) an activation-sized
-        temporary on every forward pass.
+        ``out`` is scratch memory of ``x``'s dtype holding :func:`block_rows` samples of ``x``'s
+        trailing shape, or ``None`` when ``x`` is a private copy (mixed precision) that may be
+        overwritten; reusing it avoids allocating (and page-faulting) a temporary on every forward
+        pass.
 
         ``samples`` is the mini-batch size N, ``rows`` the number of rows of Ĥ (or 𝓗̂) each column
         has (N for a dense layer), ``s1 = Σ_rows (x - c)`` and ``s2 = Σ_rows (x - c)²`` per column.
@@ -110,9 +151,7 @@ class LinearHandler(LayerHandler):
     def moments(self, x, shift, out):
         # Lange et al., Algorithm 2 step 1: the mean/variance of the N rows of H
         # (subtract, sum, square, sum: the 4·n_in·N operations of Prop. 6).
-        d = torch.sub(x, shift, out=out)
-        s1 = d.sum(0)
-        s2 = d.mul_(d).sum(0)
+        s1, s2 = _shifted_moments(x, shift, out, 0)
         n = x.shape[0]
         return n, n, s1, s2
 
@@ -206,10 +245,8 @@ class _ConvHandler(LayerHandler):
         if self.statistics == "channel":
             # Eqs. 21-22: per input channel over the mini-batch and all positions of the map.
             view = (-1,) + (1,) * self.nd
-            d = torch.sub(x, shift.view(view), out=out)
             dims = (0,) + tuple(range(2, 2 + self.nd))
-            s1 = d.sum(dims)
-            s2 = d.mul_(d).sum(dims)
+            s1, s2 = _shifted_moments(x, shift.view(view), out, dims)
             return n_samples, n_samples * math.prod(spatial), s1, s2
         # Eqs. 19-20: per column of the unfolded matrix; unfolding is a linear copy of entries, so
         # the column sums of x and x² over the batch are the unfolds of the batch-summed maps (no
@@ -218,7 +255,13 @@ class _ConvHandler(LayerHandler):
         # column's |μ| exceeds ~300× the largest σ of the layer.
         rows = n_samples * self.positions
         s_x = x.sum(0, keepdim=True)
-        s_xx = torch.mul(x, x, out=out).sum(0, keepdim=True)
+        s_xx = None
+        step = block_rows(x)
+        for start in range(0, n_samples, step):  # cache-sized blocks, as in _shifted_moments
+            xb = x[start:start + step]
+            sq = xb.mul_(xb) if out is None else torch.mul(xb, xb, out=out[: xb.shape[0]])
+            part = sq.sum(0, keepdim=True)
+            s_xx = part if s_xx is None else s_xx.add_(part)
         col_x = self._unfold_sum(s_x)
         col_xx = self._unfold_sum(s_xx)
         s1 = col_x - rows * shift

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -57,6 +58,7 @@ from bnlab.optim._layers import (
     LayerHandler,
     LinearHandler,
     _layer_label,
+    block_rows,
 )
 
 __all__ = [
@@ -128,7 +130,11 @@ def bnp_precondition_(
     Without a bias only the scaling ``G_w ← G_w / (q² σ̃²)`` is applied (see the module's Errata).
     Vectorized: one rank-1 update, one scaling, one matrix-vector product (5·n_in·n_out operations).
     """
-    inv = torch.reciprocal(var_tilde * q2)
+    _precondition_with_inverse_(grad_weight, grad_bias, mean, torch.reciprocal(var_tilde * q2), q2)
+
+
+def _precondition_with_inverse_(grad_weight, grad_bias, mean, inv, q2) -> None:
+    """:func:`bnp_precondition_` given ``inv`` = 1/(q² σ̃²) (Lange et al., Algorithm 2 steps 4-5)."""
     if grad_bias is None:
         grad_weight.mul_(inv)
         return
@@ -331,25 +337,34 @@ class BNPreconditioner:
                 return None
             if not isinstance(x, torch.Tensor):
                 return None
-            state.handler.check_input(x)
+            handler = state.handler
+            if x.dim() != handler.expected_input_ndim:
+                handler.check_input(x)  # raises, naming the layer
             self._record(state, x)
             return None
 
         return hook
 
     def _record(self, state: _LayerState, x: torch.Tensor) -> None:
-        dtype = _stats_dtype(state.module.weight.dtype)
-        if state.mean.device != x.device or state.mean.dtype != dtype:
-            state.mean = state.mean.to(device=x.device, dtype=dtype)
-            state.var = state.var.to(device=x.device, dtype=dtype)
         # Detached operands record no autograd graph, so no no_grad() context is needed; autocast
         # leaves sub/sum/mul_ of float32 tensors alone.
         x = x.detach()
-        if x.dtype != dtype:
-            x = x.to(dtype)  # a private copy (mixed precision): it can be its own scratch
-            out = x
-        else:
+        mean = state.mean
+        if x.dtype == mean.dtype and x.device == mean.device:
+            # The common case, checked first to keep the per-call Python overhead small: the
+            # statistics' dtype is the input's (an input of another dtype than the statistics
+            # either is converted below or, if the weight's dtype changed, moves them).
             out = self._scratch(state, x)
+        else:
+            dtype = _stats_dtype(state.module.weight.dtype)
+            if mean.device != x.device or mean.dtype != dtype:
+                state.mean = state.mean.to(device=x.device, dtype=dtype)
+                state.var = state.var.to(device=x.device, dtype=dtype)
+            if x.dtype != dtype:
+                x = x.to(dtype)  # a private copy (mixed precision): it can be its own scratch
+                out = None
+            else:
+                out = self._scratch(state, x)
         samples, rows, s1, s2 = state.handler.moments(x, state.mean, out)
         if state.s1 is None:
             state.samples, state.rows, state.s1, state.s2 = samples, rows, s1, s2
@@ -360,18 +375,22 @@ class BNPreconditioner:
             state.s2 = state.s2 + s2
 
     def _scratch(self, state: _LayerState, x: torch.Tensor) -> torch.Tensor:
-        # One buffer per (device, dtype), grown to the largest layer input (hooks run one at a time);
-        # each layer caches its view of it while the shape and the buffer stay the same.
+        # One buffer per (device, dtype), grown to the largest block of layer input the handlers
+        # use (``block_rows`` samples; hooks run one at a time); each layer caches its view of it
+        # while the shape and the buffer stay the same.
         cached = state.scratch
-        if cached is not None and cached[0] is self._workspace.get((x.device, x.dtype)) and cached[1].shape == x.shape:
+        if (cached is not None and cached[2] == x.shape and cached[3] == (x.device, x.dtype)
+                and cached[0] is self._workspace.get(cached[3])):
             return cached[1]
         key = (x.device, x.dtype)
+        shape = (block_rows(x),) + tuple(x.shape[1:])
+        numel = math.prod(shape)
         buf = self._workspace.get(key)
-        if buf is None or buf.numel() < x.numel():
-            buf = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=x.dtype, device=x.device)
             self._workspace[key] = buf
-        view = buf[: x.numel()].view(x.shape)
-        state.scratch = (buf, view)
+        view = buf[:numel].view(shape)
+        state.scratch = (buf, view, x.shape, key)
         return view
 
     def _all_reduce(self, pending: list[_LayerState]) -> None:
@@ -423,8 +442,9 @@ class BNPreconditioner:
                     f"skip=[{s.name!r}]"
                 )
         self._all_reduce(pending)
-        for s in pending:
-            self._step_layer(s)
+        inverses = self._update_statistics(pending)
+        for s, inv in zip(pending, inverses):
+            self._precondition_layer(s, inv)
             s.clear_pending()
             s.steps += 1
         self.steps += 1
@@ -433,55 +453,87 @@ class BNPreconditioner:
     def _has_grad(module: nn.Module) -> bool:
         return any(p.grad is not None for p in (module.weight, getattr(module, "bias", None)) if p is not None)
 
-    def _step_layer(self, s: _LayerState) -> None:
-        rows, rho = s.rows, self.rho
-        # Steps 1-2 from the moments about c = μ_old (s1 = Σ(x - c), s2 = Σ(x - c)²):
-        #   μ_H = c + s1/n,  σ_H² = s2/n - (s1/n)²  (biased, Eq. 13; at n = 1 just s2: the
-        #   variance about the running mean, §3.3), then μ ← ρμ + (1-ρ)μ_H = μ + (1-ρ)s1/n and
-        #   σ² ← ρσ² + (1-ρ)σ_H², each fused into in-place updates.
-        if rho == 0.0:
-            m = s.s1 / rows
-            var_b = s.s2 / rows
+    def _update_statistics(self, pending: list[_LayerState]) -> list[torch.Tensor]:
+        """Algorithm 2 / 3 steps 1-3 for every pending layer; returns each layer's 1/(q² σ̃²).
+
+        The per-layer vector operations are batched with ``torch._foreach_*`` (as ``torch.optim``
+        does) over the layers that share device, dtype and row count, so a step costs a fixed
+        number of operator calls per group instead of a dozen per layer.
+        """
+        rho, a = self.rho, 1.0 - self.rho
+        groups: dict[tuple, list[int]] = {}
+        for i, s in enumerate(pending):
+            groups.setdefault((s.mean.device, s.mean.dtype, s.rows), []).append(i)
+        inverses: list[Any] = [None] * len(pending)
+        for (_, _, rows), index in groups.items():
+            states = [pending[i] for i in index]
+            means = [s.mean for s in states]
+            variances = [s.var for s in states]
+            s1s = [s.s1 for s in states]
+            s2s = [s.s2 for s in states]
+            # Steps 1-2 from the moments about c = μ_old (s1 = Σ(x - c), s2 = Σ(x - c)²):
+            #   μ_H = c + s1/n,  σ_H² = s2/n - (s1/n)²  (biased, Eq. 13; at n = 1 just s2: the
+            #   variance about the running mean, §3.3), then μ ← ρμ + (1-ρ)μ_H = μ + (1-ρ)s1/n and
+            #   σ² ← ρσ² + (1-ρ)σ_H², each fused into in-place updates.
+            torch._foreach_mul_(variances, rho)
+            torch._foreach_add_(means + variances, s1s + s2s, alpha=a / rows)  # one call for both
             if rows > 1:
-                var_b = torch.clamp_min(var_b.sub_(m * m), 0.0)
-            s.mean = s.mean + m
-            s.var = var_b
-        else:
-            a = 1.0 - rho
-            s.mean.add_(s.s1, alpha=a / rows)
-            s.var.mul_(rho).add_(s.s2, alpha=a / rows)
-            if rows > 1:
-                s.var.addcmul_(s.s1, s.s1, value=-a / (rows * rows))
-        # Step 3.
-        var_tilde = regularized_variance(s.var, self.eps1, self.eps2)
-        if self.eps1 == 0.0 and self.eps2 == 0.0 and bool((var_tilde <= 0).any()):
-            raise RuntimeError(
-                f"BNP layer {_layer_label(s.name)}: an input feature has zero variance and eps1 = eps2 = 0, "
-                "so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
-            )
-        q2 = s.handler.q2(s.samples)
-        s.last_q2 = q2
-        # Steps 4-5.
+                torch._foreach_addcmul_(variances, s1s, s1s, value=-a / (rows * rows))
+                if rho == 0.0:  # the mini-batch variance itself: no rounding below zero
+                    torch._foreach_clamp_min_(variances, 0.0)
+            # Step 3 and the factor of steps 4-5: 1/(q² σ̃²) = 1/(q²·σ² + q²·(ε₁·max σ² + ε₂)),
+            # σ̃² as in regularized_variance with one shift per layer, 1/q² folded in (Errata).
+            q2s = []
+            for s in states:
+                s.last_q2 = s.handler.q2(s.samples)
+                q2s.append(float(s.last_q2))
+            shifts = torch._foreach_mul(torch._foreach_max(variances), [self.eps1 * q for q in q2s])
+            torch._foreach_add_(shifts, [self.eps2 * q for q in q2s])
+            var_tilde = torch._foreach_mul(variances, q2s)  # q²·σ̃² once the shifts are added
+            torch._foreach_add_(var_tilde, shifts)
+            if self.eps1 == 0.0 and self.eps2 == 0.0:
+                for s, vt in zip(states, var_tilde):
+                    if bool((vt <= 0).any()):
+                        raise RuntimeError(
+                            f"BNP layer {_layer_label(s.name)}: an input feature has zero variance and eps1 = "
+                            "eps2 = 0, so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
+                        )
+            torch._foreach_reciprocal_(var_tilde)
+            for i, inv in zip(index, var_tilde):
+                inverses[i] = inv
+        return inverses
+
+    def _precondition_layer(self, s: _LayerState, inv: torch.Tensor) -> None:
+        """Algorithm 2 / 3 steps 4-5 on the layer's ``.grad`` given ``inv`` = 1/(q² σ̃²)."""
         module = s.module
         gw = module.weight.grad
         bias = getattr(module, "bias", None)
         gb = bias.grad if bias is not None else None
         if gw is None and gb is None:
             return
+        q2 = s.last_q2
         if gw is None:
             # A frozen weight: only the bias block of PPᵀ/q² applies (G_b/q², the w-part is zero).
             gb.div_(q2)
             return
+        handler = s.handler
+        gmat = handler.weight_matrix(gw)
+        if (gmat.dtype == inv.dtype and (gb is None or gb.dtype == inv.dtype)
+                and (gmat is gw or _is_view_of(gmat, gw))):
+            # The common case (gradients in the statistics' dtype, G_w a view): in place, no copies.
+            _precondition_with_inverse_(gmat, gb, handler.expand(s.mean), handler.expand(inv), q2)
+            return
         compute = torch.float32 if gw.dtype in (torch.float16, torch.bfloat16) else gw.dtype
-        gmat = s.handler.weight_matrix(gw)
         copy_back_w = gmat.dtype != compute or not _is_view_of(gmat, gw)
         gmat_c = gmat.to(compute) if gmat.dtype != compute else gmat
         gb_c = None
         if gb is not None:
             gb_c = gb.to(compute) if gb.dtype != compute else gb
-        mean = s.handler.expand(s.mean).to(compute)
-        vt = s.handler.expand(var_tilde).to(compute)
-        bnp_precondition_(gmat_c, gb_c, mean, vt, q2)
+        mean = handler.expand(s.mean)
+        inv = handler.expand(inv)
+        if mean.dtype != compute:
+            mean, inv = mean.to(compute), inv.to(compute)
+        _precondition_with_inverse_(gmat_c, gb_c, mean, inv, q2)
         if copy_back_w:
             gw.copy_(gmat_c.reshape(gw.shape))
         if gb is not None and gb_c is not gb:

@@ -17,4 +17,4 @@ def test_bench_quick_runs(capsys):
     bench = _load()
     assert bench.main(["--quick"]) == 0
     out = capsys.readouterr().out
-    assert "BNP/SGD" in out and "BNP/BN" in out
+    assert "BNP/SGD" in out and "BNP/BN" in out and "floor/SGD" in out

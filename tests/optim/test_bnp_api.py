@@ -315,3 +315,27 @@ def test_distributed_statistics_are_all_reduced(tmp_path):
         for name in pre.layers:
             torch.testing.assert_close(got["pre"]["layers"][name]["var"], pre.statistics(name)[1],
                                        rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("conv_statistics", ["channel", "unfold"])
+def test_mixed_precision_blocked_statistics_leave_the_input_alone(conv_statistics, monkeypatch):
+    """A bfloat16 layer input is converted to a private float32 copy that the hooks overwrite block
+    by block; the caller's tensor must stay untouched, and the statistics must not depend on the
+    block size (same float32 sums in another order: 16 terms of O(10), relative ~1e-6; 1e-5)."""
+    torch.manual_seed(1)
+    x = (torch.randn(16, 2, 5, 5) * 3 + 1).to(torch.bfloat16)
+    x_before = x.clone()
+    stats = []
+    for block in (None, 1):
+        if block is not None:
+            monkeypatch.setattr("bnlab.optim._layers._BLOCK_ELEMENTS", block)
+        torch.manual_seed(0)
+        conv = nn.Conv2d(2, 3, 3, padding=1).to(torch.bfloat16)
+        pre = BNPreconditioner(conv, rho=0.5, conv_statistics=conv_statistics)
+        conv(x).float().sum().backward()
+        pre.step()
+        assert torch.equal(x, x_before)
+        stats.append(pre.statistics(""))
+    for a, b in zip(*stats):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert a.dtype == torch.float32

@@ -86,11 +86,18 @@ def _mlp(widths, seed=0):
     return nn.Sequential(*layers[:-1]).double()
 
 
+@pytest.mark.parametrize("block", [None, 1, 40])
 @pytest.mark.parametrize("batch,widths", [(1, [7, 6, 5, 3]), (3, [7, 6, 5, 3]), (16, [7, 6, 5, 3]),
                                           (4, [2, 9, 30, 3])])
-def test_algorithm2_three_steps_against_dense_reference(batch, widths):
+def test_algorithm2_three_steps_against_dense_reference(batch, widths, block, monkeypatch):
     """Running statistics (ρ = 0.9), σ̃ (ε₁, ε₂), q² and Eq. 15 over three steps, every layer
-    (widths growing with depth make the hooks' shared scratch buffer grow mid-forward)."""
+    (widths growing with depth make the hooks' shared scratch buffer grow mid-forward).
+
+    ``block`` shrinks the hooks' cache blocks (``_BLOCK_ELEMENTS``) so that the statistics are
+    accumulated over several blocks of samples: 1 element gives one sample per block, 40 elements
+    blocks of 5 rows of a 7-wide input with a shorter last block at N = 16."""
+    if block is not None:
+        monkeypatch.setattr("bnlab.optim._layers._BLOCK_ELEMENTS", block)
     rho, eps1, eps2 = 0.9, 0.05, 1e-3
     model = _mlp(widths)
     pre = BNPreconditioner(model, rho=rho, eps1=eps1, eps2=eps2)
