@@ -52,6 +52,7 @@ __all__ = ["CURVATURES", "BN_MODES", "LOSSES", "SpectrumResult", "curvature_oper
 CURVATURES = ("fisher", "ggn", "hessian", "empirical_fisher")
 BN_MODES = ("train", "eval")
 LOSSES = ("mse", "cross_entropy")
+STOPS = ("residual", "change", "gap", "maxiter")
 
 
 @dataclass(frozen=True)
@@ -311,7 +312,9 @@ def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device, stop="res
     lies within that distance of θ_i), or when the Krylov space becomes invariant, or after
     ``max_steps`` products (``converged`` False). Stores one n-vector per step (none for k = 1
     without eigenvectors). ``stop="change"`` instead stops when the top-k Ritz values changed by less
-    than tol relative since the previous step (the rule power-iteration tools use; no error bound).
+    than tol relative since the previous step (the rule power-iteration tools use; no error bound);
+    ``stop="gap"`` when the estimated error min(r, r²/δ) ≤ tol·|θ_1| (δ: distance to the nearest other
+    Ritz value); ``stop="maxiter"`` runs exactly ``max_steps`` steps (convergence studies, benchmarks).
     """
     torch = _torch()
     gen = torch.Generator().manual_seed(seed)
@@ -361,6 +364,18 @@ def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device, stop="res
         scale = max(abs(theta[top[0]]), np.finfo(np.float64).tiny)
         if stop == "residual":
             done = np.all(resid <= tol * scale)
+        elif stop == "gap":
+            # Kato–Temple-type estimate: a Ritz value with residual r is within r²/δ of an eigenvalue,
+            # δ its distance to the rest of the spectrum, estimated by the distance to the other Ritz
+            # values (an estimate, not a bound: a Ritz value may not yet resolve an eigenvalue between)
+            if j == 0:
+                done = False
+            else:
+                gaps = np.array([np.min(np.abs(np.delete(theta, i) - theta[i])) for i in top])
+                est = np.minimum(resid, resid**2 / np.maximum(gaps, np.finfo(np.float64).tiny))
+                done = np.all(est <= tol * scale)
+        elif stop == "maxiter":
+            done = False
         else:
             current = theta[top]
             done = prev_top is not None and len(prev_top) == len(current) and np.all(
@@ -375,6 +390,8 @@ def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device, stop="res
             break
         betas.append(beta)
         q_prev, q = q, w / beta
+    if stop == "maxiter":
+        converged = steps >= k
     top = np.argsort(theta)[::-1][:k]
     vals = theta[top]
     vecs = None
@@ -456,17 +473,27 @@ def curvature_spectrum(
     stop : {"residual", "change"}
         Lanczos only. ``"residual"`` (default): the a-posteriori residual bound ≤ tol·λmax (an error
         guarantee). ``"change"``: the top-k Ritz values changed by < tol relative in one step — the
-        stopping rule of PyHessian-style power iteration, without a guarantee.
+        stopping rule of PyHessian-style power iteration, without a guarantee. ``"gap"``: the
+        estimated eigenvalue error min(r, r²/δ) ≤ tol·λmax, r the residual and δ the distance of the
+        Ritz value to the nearest other one (Kato–Temple: λ − θ ≤ r²/δ with δ the true gap; the Ritz
+        distance estimates δ, so this is an estimate, cheaper than the residual rule by a few products
+        when the top eigenvalue is separated). ``"maxiter"``: exactly ``maxiter`` products, no test
+        (convergence studies and benchmarks; Lanczos only).
     """
     torch = _torch()
     k = check_int("k", k, minimum=1)
     tol = check_real("tol", tol, minimum=0.0)
     method = check_choice("method", method, ("auto", "lanczos", "arpack"))
-    stop = check_choice("stop", stop, ("residual", "change"))
+    stop = check_choice("stop", stop, STOPS)
     if method == "auto":
         method = "lanczos" if k == 1 else "arpack"
     if maxiter is not None:
         maxiter = check_int("maxiter", maxiter, minimum=1)
+    if stop == "maxiter" and (maxiter is None or method == "arpack"):
+        raise ValueError(
+            f"stop='maxiter' is not allowed with maxiter={maxiter!r}, method={method!r}: it needs an integer "
+            "maxiter and Lanczos (method='auto' with k = 1, or 'lanczos')"
+        )
     t0 = time.perf_counter()
     op = curvature_operator(model, inputs, targets, curvature=curvature, loss=loss, bn_mode=bn_mode, dtype=dtype)
     core = op.curvature_info
