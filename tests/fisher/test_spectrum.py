@@ -239,3 +239,17 @@ def test_maxiter_stop_runs_exactly_that_many_products_with_monotone_ritz_values(
     assert vals[0] < vals[-1]
     with pytest.raises(ValueError, match="maxiter"):
         curvature_spectrum(model, x, stop="maxiter")
+
+
+def test_float32_three_term_recurrence_matches_float64():
+    # k = 1 keeps the Lanczos vectors in the products' dtype (float32 here, float64 inner products
+    # are not used: BLAS dot). Both errors are of float32 rounding: ≈ 1e-7 per operation, amplified
+    # by the ~10 steps and the product's own ≈ 1e-6 relative error — 1e-4 relative is a wide margin,
+    # while a wrong recurrence in float32 (e.g. a lost β term) is off by O(1).
+    torch.manual_seed(1)
+    model = build_model("fc:30-64-64-5", seed=3)
+    x = torch.randn(64, 30)
+    r32 = curvature_spectrum(model, x, bn_mode="train", tol=1e-5)
+    r64 = curvature_spectrum(model, x, bn_mode="train", tol=1e-10, dtype=torch.float64)
+    assert r32.dtype == "float32"
+    assert r32.lambda_max == pytest.approx(r64.lambda_max, rel=1e-4)
