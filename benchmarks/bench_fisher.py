@@ -229,24 +229,42 @@ def run_case(arch, batch, repeat, quick, train_steps=0):
 
     # 1. equal achieved accuracy: each method stopped at the first product whose estimate is within
     # eps of the reference (an oracle stop neither could use in practice, but the only comparison in
-    # which both end equally accurate); the time is then setup + that many products.
-    print("equal achieved accuracy (each stopped at its first estimate with |λ - λref| <= eps·λref):")
+    # which both end equally accurate); the time is then setup + that many products. The number of
+    # products depends strongly on the random start vector (Lanczos at 1e-3 on the conv net: 6 to 10
+    # over three seeds), so both methods run from the same SEEDS and the medians over seeds are compared.
+    seeds = range(1 if quick else 5)
+    print(f"equal achieved accuracy (each stopped at its first estimate with |λ - λref| <= eps·λref; "
+          f"medians over {len(seeds)} start vectors, one timed run each):")
     print(f"{'eps':>6s} {'bnlab CPU [s]':>13s} {'products':>8s} {'power CPU [s]':>13s} {'products':>8s} {'power / bnlab':>13s}")
-    for eps in (1e-3, 1e-4, 1e-5):
-        n_l = None
-        for n in range(1, 200):
-            if abs(bnlab(stop="maxiter", maxiter=n).lambda_max - lam_ref) <= eps * abs(lam_ref):
-                n_l = n
+    epss = (1e-3, 1e-4, 1e-5)
+    # Lanczos' error after n products, per seed, until the smallest eps is reached (the Ritz value after
+    # n steps is the same whether or not the run goes on, so one run per n gives the trajectory)
+    errors = {}
+    for seed in seeds:
+        errors[seed] = []
+        while not errors[seed] or errors[seed][-1] > min(epss):
+            n = len(errors[seed]) + 1
+            errors[seed].append(abs(bnlab(stop="maxiter", maxiter=n, seed=seed).lambda_max - lam_ref) / abs(lam_ref))
+            if n >= 300:
                 break
-        t_l, r_l = _median(lambda n_l=n_l: bnlab(stop="maxiter", maxiter=n_l), repeat)
-        t_p, (lam_p, n_p) = _median(
-            lambda eps=eps: power_iteration_lambda_max(model, x, y, stop="oracle", tol=eps, reference=lam_ref,
-                                                       max_iter=1000), repeat)
-        reached = abs(lam_p - lam_ref) <= eps * abs(lam_ref)
-        print(f"{eps:6.0e} {t_l:13.3f} {r_l.matvecs:8d} {t_p:13.3f} {n_p:8d}{'' if reached else ' (not reached)'} "
-              f"{t_p / t_l:13.2f}")
-        _RESULTS.append(dict(arch=arch, kind="equal_accuracy", eps=eps, bnlab_s=t_l, bnlab_products=r_l.matvecs,
-                             power_s=t_p, power_products=n_p, ratio=t_p / t_l))
+    for eps in epss:
+        tl, nl, tp, np_, reached_all = [], [], [], [], True
+        for seed in seeds:
+            n_l = next((i + 1 for i, e in enumerate(errors[seed]) if e <= eps), len(errors[seed]))
+            t, r_l = _median(lambda n_l=n_l, seed=seed: bnlab(stop="maxiter", maxiter=n_l, seed=seed), 1)
+            tl.append(t)
+            nl.append(r_l.matvecs)
+            t, (lam_p, n_p) = _median(
+                lambda eps=eps, seed=seed: power_iteration_lambda_max(model, x, y, stop="oracle", tol=eps,
+                                                                      reference=lam_ref, max_iter=1000, seed=seed), 1)
+            tp.append(t)
+            np_.append(n_p)
+            reached_all &= abs(lam_p - lam_ref) <= eps * abs(lam_ref)
+        t_l, t_p = statistics.median(tl), statistics.median(tp)
+        print(f"{eps:6.0e} {t_l:13.3f} {statistics.median(nl):8g} {t_p:13.3f} {statistics.median(np_):8g}"
+              f"{'' if reached_all else ' (not reached)'} {t_p / t_l:13.2f}")
+        _RESULTS.append(dict(arch=arch, kind="equal_accuracy", eps=eps, bnlab_s=t_l, bnlab_products=nl,
+                             power_s=t_p, power_products=np_, ratio=t_p / t_l))
 
     # 2. practical stopping rules at tolerance 1e-3 (what a user gets), with the achieved error
     rows = []
