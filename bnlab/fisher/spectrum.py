@@ -22,7 +22,9 @@ error on BN buffers (functorch issue #986; ANCHORS.md).
 Products: forward mode (``torch.func.jvp``) for J v and reverse mode (``torch.func.vjp``, the
 pullback built once per operator and reused) for Jᵀ u; Hessian-vector products by reverse-over-reverse
 through a gradient graph built once and retained (one backward pass per product).
-Eigenvalues: by default Lanczos in torch (float64 basis, full reorthogonalization) stopped at the
+Eigenvalues: by default Lanczos in torch (for k = 1 without eigenvectors the three-term recurrence
+with its two vectors in the products' dtype; otherwise a float64 basis with full
+reorthogonalization; the tridiagonal matrix always float64) stopped at the
 first step where every requested Ritz pair has residual ‖C y − θ y‖ ≤ tol·λmax — the a-posteriori
 bound that places an eigenvalue of C within tol·λmax of each reported value (and, for the top one,
 typically within (tol·λmax)²/gap) — plus the products' own rounding (float32 models: ≈1e-6

@@ -242,8 +242,8 @@ def test_maxiter_stop_runs_exactly_that_many_products_with_monotone_ritz_values(
 
 
 def test_float32_three_term_recurrence_matches_float64():
-    # k = 1 keeps the Lanczos vectors in the products' dtype (float32 here, float64 inner products
-    # are not used: BLAS dot). Both errors are of float32 rounding: ≈ 1e-7 per operation, amplified
+    # k = 1 keeps the Lanczos vectors in the products' dtype (float32 here; inner products by BLAS
+    # dot in float32). Both errors are of float32 rounding: ≈ 1e-7 per operation, amplified
     # by the ~10 steps and the product's own ≈ 1e-6 relative error — 1e-4 relative is a wide margin,
     # while a wrong recurrence in float32 (e.g. a lost β term) is off by O(1).
     torch.manual_seed(1)
