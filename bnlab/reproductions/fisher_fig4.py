@@ -14,6 +14,7 @@ step) and the first step at which a running mean of 20 steps falls below ``loss_
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Sequence
 
@@ -36,6 +37,16 @@ _SCALES = {
 }
 _LR, _MOMENTUM, _WEIGHT_DECAY = 0.1, 0.9, 5e-4
 _WINDOW = 20
+
+
+@functools.lru_cache(maxsize=2)
+def _mnist(n_train: int, n_test: int):
+    """Standardized MNIST subsets, cached: loading costs ≈ 1 s of CPU, more than a small cell's training."""
+    from bnlab.data import load_dataset, standardize
+
+    tr = load_dataset("mnist", "train").subset(n_train, seed=0)
+    te = load_dataset("mnist", "test").subset(n_test, seed=0)
+    return standardize(tr, te)
 
 
 def _grid(scale: str) -> list[dict]:
@@ -64,15 +75,13 @@ def run_curve_cell(params: dict) -> dict:
     """Train one network of the cell; its per-step training loss, final test accuracy and speed."""
     import torch
 
-    from bnlab.data import DatasetNotFoundError, load_dataset, standardize
+    from bnlab.data import DatasetNotFoundError
     from bnlab.fisher import build_model, parse_arch
 
     try:
-        tr = load_dataset("mnist", "train").subset(int(params["n_train"]), seed=0)
-        te = load_dataset("mnist", "test").subset(int(params["n_test"]), seed=0)
+        tr, te = _mnist(int(params["n_train"]), int(params["n_test"]))
     except DatasetNotFoundError as exc:
         return {"skipped": True, "skip_reason": str(exc)}
-    tr, te = standardize(tr, te)
     flat = len(parse_arch(params["arch"]).input_shape) == 1
     x = tr.x.reshape(len(tr), -1) if flat else tr.x
     xt = te.x.reshape(len(te), -1) if flat else te.x
