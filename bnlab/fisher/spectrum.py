@@ -62,7 +62,8 @@ class SpectrumResult:
     """Top eigenvalues (descending) of a curvature matrix, with how they were obtained.
 
     ``blocks`` maps a block name (a module's qualified name) to that diagonal block's top
-    eigenvalues when per-layer blocks were requested.
+    eigenvalues when per-layer blocks were requested. ``ritz_history`` (Lanczos only): the largest
+    Ritz value after each product, for convergence studies.
     """
 
     curvature: str
@@ -78,6 +79,7 @@ class SpectrumResult:
     seconds: float
     blocks: dict = field(default_factory=dict)
     eigenvectors: Any = field(default=None, repr=False, compare=False)
+    ritz_history: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def lambda_max(self) -> float:
@@ -86,6 +88,7 @@ class SpectrumResult:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("eigenvectors")
+        d.pop("ritz_history")
         d["eigenvalues"] = [float(x) for x in self.eigenvalues]
         d["lambda_max"] = self.lambda_max
         d["blocks"] = {k: [float(x) for x in v] for k, v in self.blocks.items()}
@@ -350,6 +353,7 @@ def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device, stop="res
     steps = 0
     q_prev = None
     prev_top = None
+    history = []  # the largest Ritz value after each product
     for j in range(max_steps):
         if full:
             if j == capacity:
@@ -378,6 +382,7 @@ def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device, stop="res
         T = np.diag(alphas) + np.diag(betas, 1) + np.diag(betas, -1)
         theta, s_vecs = np.linalg.eigh(T)
         top = np.argsort(theta)[::-1][: min(k, j + 1)]
+        history.append(float(theta[top[0]]))
         resid = np.abs(beta * s_vecs[-1, top])
         scale = max(abs(theta[top[0]]), np.finfo(np.float64).tiny)
         if stop == "residual":
@@ -416,7 +421,7 @@ def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device, stop="res
     if want_vectors:
         Q = Q[:steps].T
         vecs = (Q @ torch.as_tensor(s_vecs[:, top], dtype=torch.float64, device=Q.device)).cpu().numpy()
-    return vals, vecs, converged
+    return vals, vecs, converged, history
 
 
 def _top_eigenvalues(
@@ -430,9 +435,9 @@ def _top_eigenvalues(
         dense = 0.5 * (dense + dense.T)
         w, v = np.linalg.eigh(dense)
         order = np.argsort(w)[::-1][:k]
-        return w[order], (v[:, order] if want_vectors else None)
+        return w[order], (v[:, order] if want_vectors else None), ()
     if method == "lanczos":
-        vals, vecs, converged = _lanczos(
+        vals, vecs, converged, history = _lanczos(
             torch_matvec, n, k, tol, seed, want_vectors, maxiter or min(n, 300), device, stop, vec_dtype
         )
         if not converged:
@@ -440,14 +445,14 @@ def _top_eigenvalues(
                 f"Lanczos did not reach tol={tol:g} in {maxiter or min(n, 300)} products; raise maxiter or tol, "
                 "or use method='arpack'"
             )
-        return vals, vecs
+        return vals, vecs, history
     v0 = np.random.default_rng(seed).standard_normal(n)
     out = eigsh(op, k=k, which="LA", tol=tol, v0=v0, maxiter=maxiter, return_eigenvectors=want_vectors)
     if want_vectors:
         w, v = out
         order = np.argsort(w)[::-1]
-        return w[order], v[:, order]
-    return np.sort(out)[::-1], None
+        return w[order], v[:, order], ()
+    return np.sort(out)[::-1], None, ()
 
 
 def curvature_spectrum(
@@ -522,7 +527,7 @@ def curvature_spectrum(
     def torch_mv(v):
         return core.matvec(v).detach()
 
-    w, vecs = _top_eigenvalues(
+    w, vecs, history = _top_eigenvalues(
         op, n, k, tol, seed, return_eigenvectors, maxiter, method, torch_mv, core.device, stop, core.dtype
     )
     block_eigs: dict[str, tuple] = {}
@@ -550,7 +555,7 @@ def curvature_spectrum(
             if nb == 1:
                 bw = np.array([float(mv(np.ones(1))[0])])
             else:
-                bw, _ = _top_eigenvalues(bop, nb, kb, tol, seed, False, maxiter, bmethod, tmv, core.device, stop)
+                bw, _, _ = _top_eigenvalues(bop, nb, kb, tol, seed, False, maxiter, bmethod, tmv, core.device, stop)
             block_eigs[name] = tuple(float(x) for x in bw)
     return SpectrumResult(
         curvature=core.curvature,
@@ -566,4 +571,5 @@ def curvature_spectrum(
         seconds=time.perf_counter() - t0,
         blocks=block_eigs,
         eigenvectors=vecs,
+        ritz_history=tuple(history),
     )

@@ -235,6 +235,11 @@ def test_maxiter_stop_runs_exactly_that_many_products_with_monotone_ritz_values(
     # the top Ritz value of a growing Krylov space never decreases and never exceeds λmax (Cauchy
     # interlacing; 1e-12 for float64 rounding)
     assert all(b >= a - 1e-12 * ref for a, b in zip(vals, vals[1:]))
+    # the run of 8 records its Ritz value after every product: the 1-, 2- and 4-step runs' values
+    # (same start vector; float64, so equal to rounding)
+    hist = r.ritz_history
+    assert len(hist) == 8 and hist[-1] == vals[-1]
+    assert [hist[0], hist[1], hist[3]] == pytest.approx(vals[:3], rel=1e-12)
     assert vals[-1] <= ref * (1 + 1e-12)
     assert vals[0] < vals[-1]
     with pytest.raises(ValueError, match="maxiter"):
