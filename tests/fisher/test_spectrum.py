@@ -210,3 +210,51 @@ def test_change_stopping_rule_is_accepted_and_close():
     assert r.lambda_max == pytest.approx(ref.lambda_max, rel=1e-4)
     with pytest.raises(ValueError, match="stop"):
         curvature_spectrum(model, x, stop="never")
+
+
+def test_gap_stopping_rule_is_accurate_and_never_slower_than_the_residual_rule():
+    model, x = _small_models()["mlp"]
+    ref = curvature_spectrum(model, x, bn_mode="train", tol=1e-12, dtype=torch.float64)
+    res = curvature_spectrum(model, x, bn_mode="train", tol=1e-6, dtype=torch.float64)
+    gap = curvature_spectrum(model, x, bn_mode="train", tol=1e-6, dtype=torch.float64, stop="gap")
+    # the gap estimate min(r, r²/δ) ≤ r, so it stops no later than the residual rule
+    assert gap.matvecs <= res.matvecs
+    # Kato–Temple: error ≤ r²/δ_true; δ is estimated from Ritz values (≥ the true gap only once the
+    # second eigenvalue is resolved), so allow a factor 10 over the target 1e-6 relative
+    assert abs(gap.lambda_max - ref.lambda_max) <= 1e-5 * ref.lambda_max
+
+
+def test_maxiter_stop_runs_exactly_that_many_products_with_monotone_ritz_values():
+    model, x = _small_models()["mlp"]
+    ref = curvature_spectrum(model, x, bn_mode="train", tol=1e-12, dtype=torch.float64).lambda_max
+    vals = []
+    for n in (1, 2, 4, 8):
+        r = curvature_spectrum(model, x, bn_mode="train", dtype=torch.float64, stop="maxiter", maxiter=n)
+        assert r.matvecs == n
+        vals.append(r.lambda_max)
+    # the top Ritz value of a growing Krylov space never decreases and never exceeds λmax (Cauchy
+    # interlacing; 1e-12 for float64 rounding)
+    assert all(b >= a - 1e-12 * ref for a, b in zip(vals, vals[1:]))
+    # the run of 8 records its Ritz value after every product: the 1-, 2- and 4-step runs' values
+    # (same start vector; float64, so equal to rounding)
+    hist = r.ritz_history
+    assert len(hist) == 8 and hist[-1] == vals[-1]
+    assert [hist[0], hist[1], hist[3]] == pytest.approx(vals[:3], rel=1e-12)
+    assert vals[-1] <= ref * (1 + 1e-12)
+    assert vals[0] < vals[-1]
+    with pytest.raises(ValueError, match="maxiter"):
+        curvature_spectrum(model, x, stop="maxiter")
+
+
+def test_float32_three_term_recurrence_matches_float64():
+    # k = 1 keeps the Lanczos vectors in the products' dtype (float32 here; inner products by BLAS
+    # dot in float32). Both errors are of float32 rounding: ≈ 1e-7 per operation, amplified
+    # by the ~10 steps and the product's own ≈ 1e-6 relative error — 1e-4 relative is a wide margin,
+    # while a wrong recurrence in float32 (e.g. a lost β term) is off by O(1).
+    torch.manual_seed(1)
+    model = build_model("fc:30-64-64-5", seed=3)
+    x = torch.randn(64, 30)
+    r32 = curvature_spectrum(model, x, bn_mode="train", tol=1e-5)
+    r64 = curvature_spectrum(model, x, bn_mode="train", tol=1e-10, dtype=torch.float64)
+    assert r32.dtype == "float32"
+    assert r32.lambda_max == pytest.approx(r64.lambda_max, rel=1e-4)

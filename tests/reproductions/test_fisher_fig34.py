@@ -1,0 +1,102 @@
+"""Fisher paper Figs. 3 and 4 reproductions: grids, metric definitions, one tiny cell, plot and comparisons.
+
+The comparison tests feed stand-in records built to agree and records built to disagree: each row
+must be able to fail.
+"""
+import json
+import math
+
+import pytest
+
+from bnlab.experiments.spec import Record
+from bnlab.reproductions import fisher_fig3 as fig3
+from bnlab.reproductions import fisher_fig4 as fig4
+
+E3 = fig3.EXPERIMENTS[0]
+E4 = fig4.EXPERIMENTS[0]
+
+
+@pytest.mark.parametrize("exp", [E3, E4], ids=lambda e: e.name)
+def test_grids_and_declarations(exp):
+    for scale in ("small", "paper"):
+        cells = exp.grid(scale)
+        json.dumps(cells)
+        assert cells and all("seed" in c for c in cells)
+    assert exp.settings and all(s.what and s.paper and s.small and s.paper_scale for s in exp.settings)
+    assert exp.checks and exp.limitations
+
+
+def _fig3_records(boundary_of):
+    recs = []
+    for c in E3.grid("small"):
+        etas = c["etas"]
+        b = boundary_of(c["sigma_w"])
+        ex = [e > b for e in etas]
+        bd = fig3.divergence_boundary(etas, ex)
+        recs.append(Record(c, dict(skipped=False, etas=etas, test_loss=[None if x else 0.4 for x in ex],
+                                   exploded_any=ex, boundary=bd, boundary_no_learning=bd,
+                                   lambda_max_bound=1.0, eta_star=bd)))
+    return recs
+
+
+def test_fig3_compare_agrees_and_fails(tmp_path):
+    good = _fig3_records(lambda sw: 0.5 / sw**2)
+    assert E3.plot(good, tmp_path)[0].exists()
+    rows = {r.quantity.split(" (")[0]: r.agrees for r in E3.compare(good)}
+    assert rows["explosion boundary against σ_w"] is True
+    assert rows["η* / measured explosion boundary, per σ_w"] is True
+    # a boundary that rises with σ_w, and η* 10x off: both rows must fail
+    bad = _fig3_records(lambda sw: 0.05 * sw**2)
+    bad = [Record(r.params, {**r.metrics, "eta_star": 10 * r.metrics["boundary"]}) for r in bad]
+    rows = {r.quantity.split(" (")[0]: r.agrees for r in E3.compare(bad)}
+    assert rows["explosion boundary against σ_w"] is False
+    assert rows["η* / measured explosion boundary, per σ_w"] is False
+
+
+def test_fig3_tiny_cell_runs():
+    c = dict(E3.grid("small")[-1], n_train=256, n_test=128, steps=3, etas=[0.01, 100.0], seeds=[0])
+    m = fig3.run_sigma_cell(c)
+    if m.get("skipped"):
+        pytest.skip(m["skip_reason"])
+    assert len(m["test_loss"]) == 2 and m["eta_star"] > 0
+    # η = 100 with σ_w = 2.83 blows a vanilla ReLU net up in 3 steps of momentum SGD
+    assert m["exploded_any"] == [False, True] and m["boundary"] == pytest.approx(1.0)
+
+
+def test_steps_to_threshold():
+    losses = [2.0] * 10 + [0.1] * 30
+    # window 20 ending at step s covers steps s-19..s; its mean is ≤ 0.5 once ≥ 16 of them are 0.1:
+    # (4·2 + 16·0.1)/20 = 0.48 at s = 26
+    assert fig4.steps_to_threshold(losses, 0.5) == 26
+    assert fig4.steps_to_threshold([2.0] * 40, 0.5) is None
+    assert fig4.steps_to_threshold([0.1] * 5, 0.5) is None
+    assert fig4.steps_to_threshold([math.nan] + [0.1] * 40, 0.5) is None
+
+
+def _fig4_records(speed_of):
+    recs = []
+    for c in fig4._grid("small"):
+        g = c["gamma"]
+        recs.append(Record(c, dict(skipped=False, train_loss=[0.3 * speed_of(g)] * c["steps"], test_accuracy=0.9,
+                                   mean_train_loss=0.3 * speed_of(g), steps_to_threshold=int(20 * speed_of(g)))))
+    return recs
+
+
+def test_fig4_compare_agrees_and_fails(tmp_path):
+    good = _fig4_records(lambda g: 1 + g)
+    assert E4.plot(good, tmp_path)[0].exists()
+    rows = E4.compare(good)
+    assert len(rows) == 4 and all(r.agrees is True for r in rows)
+    # fastest at an intermediate γ (what the small scale measured): every row must fail
+    bad = _fig4_records(lambda g: 1 + (math.log(g) - math.log(0.5)) ** 2)
+    assert all(r.agrees is False for r in E4.compare(bad))
+
+
+def test_fig4_tiny_cell_runs():
+    c = dict(fig4._grid("small")[0], n_train=256, n_test=128, steps=25)
+    m = fig4.run_curve_cell(c)
+    if m.get("skipped"):
+        pytest.skip(m["skip_reason"])
+    assert len(m["train_loss"]) == 25 and 0.0 <= m["test_accuracy"] <= 1.0
+    # 25 steps of SGD at η = 0.1 lower the loss from ≈ ln 10 on average
+    assert m["mean_train_loss"] < math.log(10)
