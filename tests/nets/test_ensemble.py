@@ -165,12 +165,8 @@ def test_mixed_architectures_are_refused():
 
 
 def test_benchmark_quick_runs():
-    import importlib.util
-    from pathlib import Path
+    from benchmark_loader import load_benchmark
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ensemble.py"
-    spec = importlib.util.spec_from_file_location("bench_ensemble", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("bench_ensemble")
     out = mod.main(["--quick", "--threads", "1", "--json"])
     assert len(out["rows"]) == 2 and all(r["speedup"] > 0 for r in out["rows"])
