@@ -24,20 +24,14 @@ import torch
 
 from bnlab.nets import BNMLP, MLP, train, train_classifier, train_ensemble
 
+from ._data import digits
+
 torch.set_num_threads(1)
 F64 = torch.float64
 
 
 def _digits():
-    """sklearn's 8x8 digits (1797 samples, 64 features in [0, 1]) — bundled, no download."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (d.data / 16.0).astype(np.float64)
-    y = d.target.astype(np.int64)
-    perm = np.random.default_rng(0).permutation(len(y))
-    x, y = x[perm], y[perm]
-    return (x[:1400], y[:1400]), (x[1400:], y[1400:])
+    return digits(np.float64)
 
 
 # depth, γ, β, ε, init seed, learning rate, data seed: every per-network degree of freedom varies
