@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from bnlab.experiments.spec import Record
+from bnlab.reproductions.plotting import pyplot, save_figure
 
 __all__ = ["LABEL", "training_grid", "training_metrics", "final_accuracies", "plot_training_curves", "mean"]
 
@@ -64,14 +65,9 @@ def plot_training_curves(records: Sequence[Record], outdir: Path, *, methods: Ma
 
     ``panel_title`` is formatted with ``b`` (the batch size).  Returns the written paths ([] without records).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     batches = sorted({r.params["batch_size"] for r in records}, reverse=True)
     if not batches:
         return []
@@ -99,10 +95,4 @@ def plot_training_curves(records: Sequence[Record], outdir: Path, *, methods: Ma
         ax.legend(fontsize=8, loc="center right")
     fig.suptitle(suptitle, fontsize=10)
     fig.tight_layout()
-    paths = []
-    for ext in ("png", "svg"):
-        p = outdir / f"{stem}.{ext}"
-        fig.savefig(p)
-        paths.append(p)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, outdir, stem)
