@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 from bnlab.experiments.spec import Record
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["LABEL", "training_grid", "training_metrics", "final_accuracies", "plot_training_curves", "mean"]
+__all__ = ["LABEL", "training_grid", "train_cell", "final_accuracies", "plot_training_curves", "mean"]
 
 #: The legend name of every method a Lange figure trains.
 LABEL = {"none": "vanilla", "bn": "BN", "brn": "Batch Renorm", "ln": "LN", "bnp": "BNP"}
@@ -36,8 +36,19 @@ def training_grid(scales: Mapping[str, dict], methods: Mapping[int, Sequence[str
     ]
 
 
-def training_metrics(res) -> dict:
-    """A cell's metrics from a :class:`bnlab.optim.training.TrainingResult`."""
+def train_cell(model: str, params: dict) -> dict:
+    """Train ``model`` ("fc" or "cnn") on one grid cell (:func:`training_grid`) with
+    :func:`bnlab.optim.training.train_network`; the cell's metrics, or skipped ones when the data set is missing."""
+    from bnlab.data import DatasetNotFoundError
+    from bnlab.optim.training import train_network
+
+    try:
+        res = train_network(model=model, norm=params["norm"], dataset=params["dataset"],
+                            batch_size=params["batch_size"], epochs=params["epochs"],
+                            train_size=params["train_size"], test_size=params["test_size"], seed=params["seed"],
+                            device=params.get("device", "cpu"))
+    except DatasetNotFoundError as exc:
+        return {"skipped": True, "skip_reason": str(exc)}
     return {"trainable": True, "epochs": res.epochs, "test_accuracy": res.test_accuracy,
             "final_train_loss": res.final_train_loss, "diverged": res.diverged, "learning_rate": res.learning_rate,
             "steps": res.steps, "seconds": res.seconds}

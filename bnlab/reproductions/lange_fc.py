@@ -25,7 +25,7 @@ from bnlab.experiments.spec import Comparison, Experiment, Record
 from bnlab.reproductions.lange_common import LABEL as _LABEL
 from bnlab.reproductions.lange_common import final_accuracies as _finals
 from bnlab.reproductions.lange_common import mean as _mean
-from bnlab.reproductions.lange_common import plot_training_curves, training_grid, training_metrics
+from bnlab.reproductions.lange_common import plot_training_curves, train_cell, training_grid
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
@@ -48,11 +48,9 @@ def _grid(scale: str) -> list[dict]:
 
 def run_cell(params: dict) -> dict:
     """Train one (batch size, method, seed); BN/BRN at batch 1 record the error of a real first step."""
-    from bnlab.data import DatasetNotFoundError
-    from bnlab.optim.training import build_network, train_network
+    from bnlab.optim.training import build_network
 
     b, norm = params["batch_size"], params["norm"]
-    device = params.get("device", "cpu")
     if b == 1 and norm in ("bn", "brn"):
         import torch
         from bnlab.nets import train
@@ -65,18 +63,13 @@ def run_cell(params: dict) -> dict:
         except (ValueError, RuntimeError) as exc:
             return {"trainable": False, "error": str(exc).splitlines()[0][:300]}
         return {"trainable": True, "error": None}
-    try:
-        res = train_network(model="fc", norm=norm, dataset=params["dataset"], batch_size=b, epochs=params["epochs"],
-                            train_size=params["train_size"], test_size=params["test_size"], seed=params["seed"],
-                            device=device)
-    except DatasetNotFoundError as exc:
-        return {"skipped": True, "skip_reason": str(exc)}
-    return training_metrics(res)
+    return train_cell("fc", params)
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     return plot_training_curves(records, outdir, methods=_METHODS, panel_title="FC 3×100, MNIST, mini-batch {b}",
-                                suptitle="Lange et al. Figs. 3-4 (BNP vs vanilla, BN, Batch Renorm, LN)", stem="lange_fc")
+                                suptitle="Lange et al. Figs. 3-4 (BNP vs vanilla, BN, Batch Renorm, LN)",
+                                stem="lange_fc")
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:

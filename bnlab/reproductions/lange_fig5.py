@@ -24,7 +24,7 @@ from bnlab.experiments.spec import Comparison, Experiment, Record, Setting
 from bnlab.reproductions.lange_common import LABEL as _LABEL
 from bnlab.reproductions.lange_common import final_accuracies as _finals
 from bnlab.reproductions.lange_common import mean as _mean
-from bnlab.reproductions.lange_common import plot_training_curves, training_grid, training_metrics
+from bnlab.reproductions.lange_common import plot_training_curves, train_cell, training_grid
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
@@ -59,22 +59,13 @@ def _settings() -> list[Setting]:
 
 def run_cell(params: dict) -> dict:
     """Train one (batch size, method, seed) of the 5-layer CNN."""
-    from bnlab.data import DatasetNotFoundError
-    from bnlab.optim.training import train_network
-
-    try:
-        res = train_network(model="cnn", norm=params["norm"], dataset=params["dataset"],
-                            batch_size=params["batch_size"], epochs=params["epochs"],
-                            train_size=params["train_size"], test_size=params["test_size"], seed=params["seed"],
-                            device=params.get("device", "cpu"))
-    except DatasetNotFoundError as exc:
-        return {"skipped": True, "skip_reason": str(exc)}
-    return training_metrics(res)
+    return train_cell("cnn", params)
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     return plot_training_curves(records, outdir, methods=_METHODS, panel_title="5-layer CNN, MNIST, mini-batch {b}",
-                                suptitle="Lange et al. Fig. 5 (5-layer CNN: BNP vs vanilla, BN, Batch Renorm)", stem="lange_fig5")
+                                suptitle="Lange et al. Fig. 5 (5-layer CNN: BNP vs vanilla, BN, Batch Renorm)",
+                                stem="lange_fig5")
 
 
 # BNP at mini-batch 128 starts slower than BN and catches up late: measured (MNIST, 8 000 images,
