@@ -105,7 +105,13 @@ def require_params(params: Any, keys: Sequence[str]) -> None:
 
 
 def _cell_data(params: dict):
-    """``(train, test, num_classes)`` of a cell, or its skipped metrics when the data set is missing."""
+    """``(train, test, num_classes)`` of a cell, or its skipped metrics when the data set is missing.
+
+    Pins torch to one thread first: sweep cells run side by side, one per core.
+    """
+    import torch
+
+    torch.set_num_threads(1)
     try:
         return load_dataset_subset(params["dataset"], int(params["n_train"]), int(params["n_test"]))
     except Exception as exc:  # DatasetNotFoundError: report, don't fail the sweep
@@ -150,15 +156,12 @@ def run_trainability_cell(params: dict) -> dict:
     ``{"skipped": True, "skip_reason": …}`` when the dataset is not on the
     machine (CIFAR-10 without ``bnlab data download cifar10``).
     """
-    import torch
-
     from bnlab.nets import train_classifier
 
     if isinstance(params, dict) and "depths" in params:
         return run_trainability_ensemble(params)
     require_params(params, ("dataset", "depth", "width", "bn_batch", "batch_size", "lr", "n_train", "n_test", "seed"))
     length = _training_length(params)
-    torch.set_num_threads(1)
     data = _cell_data(params)
     if isinstance(data, dict):
         return data
@@ -194,8 +197,6 @@ def run_trainability_ensemble(params: dict) -> dict:
     Returns ``{"networks": [metrics of run_trainability_cell + "depth", "seed"], "skipped": False}``,
     or the skipped metrics; :func:`expand_records` turns its record into one record per network.
     """
-    import torch
-
     from bnlab.nets import train_ensemble
 
     require_params(params, ("dataset", "depths", "seeds", "width", "bn_batch", "batch_size", "lr", "n_train",
@@ -204,7 +205,6 @@ def run_trainability_ensemble(params: dict) -> dict:
     depths, seeds = list(params["depths"]), list(params["seeds"])
     if not depths or not seeds:
         raise ValueError(f"depths={depths!r}, seeds={seeds!r} is not allowed: give at least one of each")
-    torch.set_num_threads(1)
     data = _cell_data(params)
     if isinstance(data, dict):
         return data
