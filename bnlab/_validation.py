@@ -19,6 +19,7 @@ __all__ = [
     "check_psd_matrix",
     "check_finite_array",
     "check_device",
+    "check_writable_ancestor",
 ]
 
 
@@ -124,3 +125,18 @@ def check_device(name: str, value: Any):
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"{name}={value!r} is not allowed: expected 'cpu' or 'cuda'")
     return dev
+
+
+def check_writable_ancestor(name: str, text: str, start: Any) -> None:
+    """``ValueError`` naming ``name`` (given as ``text``) unless the nearest existing folder at or above
+    ``start`` is a directory this process may write to — so what is to be created under it can be."""
+    import os
+    from pathlib import Path
+
+    parent = Path(os.path.abspath(start))
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{name}={text!r} is not allowed: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}={text!r} is not allowed: the folder {str(parent)!r} is not writable")

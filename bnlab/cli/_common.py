@@ -45,6 +45,8 @@ def check_output_dir(name: str, value: Any) -> None:
     import os
     from pathlib import Path
 
+    from bnlab._validation import check_writable_ancestor
+
     text = "" if value is None else str(value)
     if not text.strip():
         raise ValueError(f"{name}={text!r} is not allowed: expected a directory path (an empty path is not the current folder)")
@@ -57,13 +59,7 @@ def check_output_dir(name: str, value: Any) -> None:
         raise ValueError(f"{name}={text!r} is not allowed: {exc.strerror}") from None
     if exists and not is_dir:
         raise ValueError(f"{name}={text!r} is not allowed: it exists and is not a directory")
-    parent = Path(os.path.abspath(text))
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"{name}={text!r} is not allowed: {str(parent)!r} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{name}={text!r} is not allowed: {str(parent)!r} is not writable")
+    check_writable_ancestor(name, text, text)
 
 
 def check_cluster_arguments(args: argparse.Namespace) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from bnlab._validation import check_choice, check_int
+from bnlab._validation import check_choice, check_int, check_writable_ancestor
 from bnlab.experiments._progress import SweepProgress
 from bnlab.experiments._worker import execute_cell, library_versions
 from bnlab.experiments.registry import experiment_module, get_experiment, list_experiments
@@ -524,13 +524,7 @@ def _check_output_file(name: str, out: Path) -> None:
         raise ValueError(f"{name}={text!r} is not allowed: {exc.strerror}") from None
     if st is not None and not _stat.S_ISREG(st.st_mode):
         raise ValueError(f"{name}={text!r} is not allowed: it exists and is not a regular file")
-    parent = Path(os.path.abspath(out)).parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"{name}={text!r} is not allowed: {str(parent)!r} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{name}={text!r} is not allowed: the folder {str(parent)!r} is not writable")
+    check_writable_ancestor(name, text, Path(os.path.abspath(out)).parent)
 
 
 def export_sweep(store: str | os.PathLike, output: str | os.PathLike, format: str | None = None) -> Path:

@@ -436,6 +436,19 @@ def _conv_out(size: int, kernel: int, stride: int, padding: int = 0) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
+def _as_channels(channels, count: int | None = None) -> list[int]:
+    """``channels`` as a list of positive ints: ``count`` of them, or at least one when ``count`` is None."""
+    try:
+        out = [check_int("channels", c, minimum=1) for c in channels]
+    except TypeError:
+        raise ValueError(f"channels={channels!r} is not allowed: expected a sequence of integers") from None
+    if count is None and not out:
+        raise ValueError("channels=[] is not allowed: expected at least one convolution")
+    if count is not None and len(out) != count:
+        raise ValueError(f"channels={channels!r} is not allowed: expected {count} channel counts")
+    return out
+
+
 class _ConvNet(nn.Module):
     """Shared forward of the small CNNs: features → flatten → head, with input-shape checks."""
 
@@ -492,12 +505,7 @@ class FisherCNN(_ConvNet):
 
         self.in_shape = _as_shape(in_shape)
         self.num_classes = check_int("num_classes", num_classes, minimum=1)
-        try:
-            channels = [check_int("channels", c, minimum=1) for c in channels]
-        except TypeError:
-            raise ValueError(f"channels={channels!r} is not allowed: expected a sequence of integers") from None
-        if not channels:
-            raise ValueError("channels=[] is not allowed: expected at least one convolution")
+        channels = _as_channels(channels)
         kernel_size = check_int("kernel_size", kernel_size, minimum=1)
         stride = check_int("stride", stride, minimum=1)
         sigma_w2, sigma_b2, gamma, beta, seed, dtype, nkw = _common_args(
@@ -559,12 +567,7 @@ class BNPCNN(_ConvNet):
 
         self.in_shape = _as_shape(in_shape)
         self.num_classes = check_int("num_classes", num_classes, minimum=1)
-        try:
-            channels = [check_int("channels", c, minimum=1) for c in channels]
-        except TypeError:
-            channels = []
-        if len(channels) != 3:
-            raise ValueError(f"channels={channels!r} is not allowed: expected three channel counts")
+        channels = _as_channels(channels, 3)
         hidden = check_int("hidden", hidden, minimum=1)
         kernel_size = check_int("kernel_size", kernel_size, minimum=1)
         sigma_w2, sigma_b2, _, _, seed, dtype, nkw = _common_args(

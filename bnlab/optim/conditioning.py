@@ -21,6 +21,7 @@ of Eq. 12 — the one ``kappa_D`` reports.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, asdict
 from typing import Any, Callable
 
@@ -165,7 +166,7 @@ def layer_hessian_conditioning(
     check_choice("statistics", statistics, ("batch", "running"))
     if statistics == "running" and preconditioner is None:
         raise ValueError("statistics='running' is not allowed without a preconditioner")
-    ctx = preconditioner.paused() if preconditioner is not None else _null()
+    ctx = preconditioner.paused() if preconditioner is not None else contextlib.nullcontext()
     with ctx:
         hessian, h_hat, _ = neuron_hessian(model, layer, inputs, targets, neuron=neuron, loss_fn=loss_fn)
     h = h_hat[:, 1:]
@@ -182,16 +183,11 @@ def layer_hessian_conditioning(
         mean, var_tilde, _ = preconditioner.preconditioner_vectors(name)
         mu, sigma = mean.to(torch.float64).to(h.device), torch.sqrt(var_tilde.to(torch.float64)).to(h.device)
     # P = U D with U = [[1, -μᵀ], [0, I]], D = diag(1, 1/σ) (Eqs. 12, 15).
-    u = torch.eye(n_in + 1, dtype=torch.float64, device=h.device)
-    u[0, 1:] = -mu
-    d_diag = torch.cat([torch.ones(1, dtype=torch.float64, device=h.device), 1.0 / sigma])
-    p = u * d_diag[None, :]
+    p = _mean_shift(mu) * _lead_one(1.0 / sigma)[None, :]
     pre_hessian = p.T @ hessian @ p
-    u_batch = torch.eye(n_in + 1, dtype=torch.float64, device=h.device)
-    u_batch[0, 1:] = -mu_h
-    hu = h_hat @ u_batch
-    d_batch = torch.cat([torch.ones(1, dtype=torch.float64, device=h.device), 1.0 / sigma_h[live]])
-    g_hat = hu[:, torch.cat([torch.ones(1, dtype=torch.bool, device=h.device), live])] * d_batch[None, :]
+    hu = h_hat @ _mean_shift(mu_h)
+    d_batch = _lead_one(1.0 / sigma_h[live])
+    g_hat = hu[:, _lead_one(live)] * d_batch[None, :]
     return HessianConditioning(
         kappa_hessian=condition_number(hessian),
         kappa_preconditioned=condition_number(pre_hessian),
@@ -206,12 +202,16 @@ def layer_hessian_conditioning(
     )
 
 
-class _null:
-    def __enter__(self):
-        return None
+def _mean_shift(mu: torch.Tensor) -> torch.Tensor:
+    """U = [[1, -μᵀ], [0, I]] of Lange et al. Eq. 12 in float64 (the bias column absorbs the mean)."""
+    u = torch.eye(mu.shape[0] + 1, dtype=torch.float64, device=mu.device)
+    u[0, 1:] = -mu
+    return u
 
-    def __exit__(self, *exc):
-        return False
+
+def _lead_one(v: torch.Tensor) -> torch.Tensor:
+    """``v`` with a leading 1 (True for a mask): the entry of the bias coordinate ŵ₀ = b."""
+    return torch.cat([torch.ones(1, dtype=v.dtype, device=v.device), v])
 
 
 class ConditioningLogger:

@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.reproductions.plotting import pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
@@ -101,13 +102,7 @@ def _best(records: Sequence[Record]) -> dict:
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     best = _best(records)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for norm, color, label in (("bn", "C0", "BN"), ("none", "C1", "vanilla")):
@@ -123,11 +118,7 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     axes[0].legend()
     fig.suptitle("Fashion-MNIST, ReLU MLPs of width 128, PyTorch default initialization")
     fig.tight_layout()
-    paths = [outdir / "daneshmand2020_fig1.png", outdir / "daneshmand2020_fig1.svg"]
-    for path in paths:
-        fig.savefig(path)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, outdir, "daneshmand2020_fig1")
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:

@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.reproductions.plotting import pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
@@ -67,13 +68,7 @@ def run_cell(params: dict) -> dict:
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     colors = {"bn": "C0", "none": "C1"}
     for ax, act in zip(axes, ("linear", "relu")):
@@ -96,11 +91,7 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     axes[0].set_ylabel("log rank of H_ℓ")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    paths = [outdir / "daneshmand2020_fig2.png", outdir / "daneshmand2020_fig2.svg"]
-    for path in paths:
-        fig.savefig(path)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, outdir, "daneshmand2020_fig2")
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:

@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.reproductions.plotting import pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_cell_3a", "run_cell_3b", "fit_exponent"]
 
@@ -83,13 +84,7 @@ def _by_gamma(records: Sequence[Record]) -> dict:
 
 
 def _plot_3a(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.5))
     widths_all = []
     for g, recs in _by_gamma(records).items():
@@ -112,11 +107,7 @@ def _plot_3a(records: Sequence[Record], outdir: Path) -> list[Path]:
     ax.set_title("BN linear chains: rank vs width (Thm 2)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    paths = [outdir / "daneshmand2020_fig3a.png", outdir / "daneshmand2020_fig3a.svg"]
-    for path in paths:
-        fig.savefig(path)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, outdir, "daneshmand2020_fig3a")
 
 
 def _compare_3a(records: Sequence[Record]) -> list[Comparison]:
@@ -160,13 +151,7 @@ def run_cell_3b(params: dict) -> dict:
 
 
 def _plot_3b(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     recs = sorted(records, key=lambda r: r.params["norm"])
     fig, axes = plt.subplots(1, len(recs), figsize=(5 * len(recs), 4), sharey=True, squeeze=False)
     for ax, rec in zip(axes[0], recs):
@@ -179,11 +164,7 @@ def _plot_3b(records: Sequence[Record], outdir: Path) -> list[Path]:
         ax.set_title(f"{kind}: top 10 σ_i(H_ℓ), δ = {rec.params['delta']}")
     axes[0][0].set_ylabel("singular value (tr M = d)")
     fig.tight_layout()
-    paths = [outdir / "daneshmand2020_fig3b.png", outdir / "daneshmand2020_fig3b.svg"]
-    for path in paths:
-        fig.savefig(path)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, outdir, "daneshmand2020_fig3b")
 
 
 def _compare_3b(records: Sequence[Record]) -> list[Comparison]:

@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.reproductions.plotting import pyplot, save_figure
 from bnlab.reproductions.daneshmand2020_fig6 import run_cell
 
 __all__ = ["EXPERIMENTS", "run_cell"]
@@ -44,13 +45,7 @@ def _final_loss(m: dict) -> float:
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     recs = [r for r in records if not r.metrics.get("skipped")]
     depths = sorted({r.params["depth"] for r in recs})
     fig, axes = plt.subplots(1, max(1, len(depths)), figsize=(4.5 * max(1, len(depths)), 4), sharey=True,
@@ -66,11 +61,7 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     axes[0][0].legend(fontsize=8)
     fig.suptitle("Fashion-MNIST MLPs (width 128): pre-training vs BN vs vanilla")
     fig.tight_layout()
-    paths = [outdir / "daneshmand2020_fig4.png", outdir / "daneshmand2020_fig4.svg"]
-    for path in paths:
-        fig.savefig(path)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, outdir, "daneshmand2020_fig4")
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:

@@ -39,6 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from bnlab.experiments.spec import Comparison, Experiment, Record, Setting
+from bnlab.reproductions.plotting import pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_cell", "build_mlp"]
 
@@ -174,13 +175,7 @@ def _by_kind(records: Sequence[Record]) -> dict:
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for i, (kind, ms) in enumerate(sorted(_by_kind(records).items(), key=lambda kv: _KINDS.index(kv[0]))):
         color = f"C{i}"
@@ -197,11 +192,7 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     axes[0].legend(fontsize=8)
     fig.suptitle("Depth-32 ReLU MLPs on Fashion-MNIST: pre-training vs BN vs vanilla")
     fig.tight_layout()
-    paths = [outdir / "daneshmand2020_fig6.png", outdir / "daneshmand2020_fig6.svg"]
-    for path in paths:
-        fig.savefig(path)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, outdir, "daneshmand2020_fig6")
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.reproductions.plotting import pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
@@ -58,13 +59,7 @@ def run_cell(params: dict) -> dict:
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, init in zip(axes, ("gaussian", "uniform")):
         for rec in sorted(records, key=lambda r: str(r.params["residual_gamma"])):
@@ -79,11 +74,7 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     axes[0].set_ylabel("σ_2 / σ_1 of B_ℓ X (geometric mean over chains)")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
-    paths = [outdir / "daneshmand2020_lemma3.png", outdir / "daneshmand2020_lemma3.svg"]
-    for path in paths:
-        fig.savefig(path)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, outdir, "daneshmand2020_lemma3")
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:

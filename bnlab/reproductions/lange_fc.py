@@ -22,6 +22,10 @@ from pathlib import Path
 from typing import Sequence
 
 from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.reproductions.lange_common import LABEL as _LABEL
+from bnlab.reproductions.lange_common import final_accuracies as _finals
+from bnlab.reproductions.lange_common import mean as _mean
+from bnlab.reproductions.lange_common import plot_training_curves, train_cell, training_grid
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
@@ -36,27 +40,17 @@ _SCALES = {
     "paper": dict(train_size={60: None, 6: None, 1: None}, test_size=None, epochs={60: 20, 6: 10, 1: 5},
                   seeds=(0, 1, 2, 3, 4)),
 }
-_LABEL = {"none": "vanilla", "bn": "BN", "brn": "Batch Renorm", "ln": "LN", "bnp": "BNP"}
 
 
 def _grid(scale: str) -> list[dict]:
-    from bnlab._validation import check_choice
-
-    s = _SCALES[check_choice("scale", scale, tuple(_SCALES))]
-    return [
-        dict(dataset="mnist", batch_size=b, norm=norm, epochs=s["epochs"][b], train_size=s["train_size"][b],
-             test_size=s["test_size"], seed=seed)
-        for b, norms in _METHODS.items() for norm in norms for seed in s["seeds"]
-    ]
+    return training_grid(_SCALES, _METHODS, scale)
 
 
 def run_cell(params: dict) -> dict:
     """Train one (batch size, method, seed); BN/BRN at batch 1 record the error of a real first step."""
-    from bnlab.data import DatasetNotFoundError
-    from bnlab.optim.training import build_network, train_network
+    from bnlab.optim.training import build_network
 
     b, norm = params["batch_size"], params["norm"]
-    device = params.get("device", "cpu")
     if b == 1 and norm in ("bn", "brn"):
         import torch
         from bnlab.nets import train
@@ -69,74 +63,13 @@ def run_cell(params: dict) -> dict:
         except (ValueError, RuntimeError) as exc:
             return {"trainable": False, "error": str(exc).splitlines()[0][:300]}
         return {"trainable": True, "error": None}
-    try:
-        res = train_network(model="fc", norm=norm, dataset=params["dataset"], batch_size=b, epochs=params["epochs"],
-                            train_size=params["train_size"], test_size=params["test_size"], seed=params["seed"],
-                            device=device)
-    except DatasetNotFoundError as exc:
-        return {"skipped": True, "skip_reason": str(exc)}
-    return {"trainable": True, "epochs": res.epochs, "test_accuracy": res.test_accuracy,
-            "final_train_loss": res.final_train_loss, "diverged": res.diverged, "learning_rate": res.learning_rate,
-            "steps": res.steps, "seconds": res.seconds}
-
-
-def _finals(records: Sequence[Record]) -> dict[tuple[int, str], list[float]]:
-    out: dict[tuple[int, str], list[float]] = {}
-    for r in records:
-        m = r.metrics
-        if m.get("trainable") and m.get("test_accuracy") is not None and not m.get("diverged"):
-            out.setdefault((r.params["batch_size"], r.params["norm"]), []).append(m["test_accuracy"])
-    return out
+    return train_cell("fc", params)
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
-    batches = sorted({r.params["batch_size"] for r in records}, reverse=True)
-    if not batches:
-        return []
-    fig, axes = plt.subplots(1, len(batches), figsize=(4.6 * len(batches), 3.8), squeeze=False)
-    colors = {"none": "tab:gray", "bn": "tab:blue", "brn": "tab:purple", "ln": "tab:green", "bnp": "tab:red"}
-    for ax, b in zip(axes[0], batches):
-        ax2 = ax.twinx()
-        for norm in _METHODS.get(b, ()):
-            runs = [r.metrics for r in records if r.params["batch_size"] == b and r.params["norm"] == norm
-                    and r.metrics.get("epochs")]
-            if not runs:
-                continue
-            ep = np.array([row["epoch"] for row in runs[0]["epochs"]])
-            acc = np.array([[row["test_accuracy"] for row in m["epochs"]] for m in runs
-                            if len(m["epochs"]) == len(ep)], dtype=float)
-            loss = np.array([[row["train_loss"] for row in m["epochs"]] for m in runs
-                             if len(m["epochs"]) == len(ep)], dtype=float)
-            ax.plot(ep, acc.mean(0), "-o", ms=3, color=colors[norm], label=_LABEL[norm])
-            if len(acc) > 1:
-                ax.fill_between(ep, acc.min(0), acc.max(0), color=colors[norm], alpha=0.2)
-            ax2.plot(ep, loss.mean(0), "--", color=colors[norm])
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("test accuracy (solid)")
-        ax2.set_ylabel("training loss (dashed)")
-        ax.set_title(f"FC 3×100, MNIST, mini-batch {b}", fontsize=10)
-        ax.legend(fontsize=8, loc="center right")
-    fig.suptitle("Lange et al. Figs. 3-4 (BNP vs vanilla, BN, Batch Renorm, LN)", fontsize=10)
-    fig.tight_layout()
-    paths = []
-    for ext in ("png", "svg"):
-        p = outdir / f"lange_fc.{ext}"
-        fig.savefig(p)
-        paths.append(p)
-    plt.close(fig)
-    return paths
-
-
-def _mean(v):
-    return sum(v) / len(v)
+    return plot_training_curves(records, outdir, methods=_METHODS, panel_title="FC 3×100, MNIST, mini-batch {b}",
+                                suptitle="Lange et al. Figs. 3-4 (BNP vs vanilla, BN, Batch Renorm, LN)",
+                                stem="lange_fc")
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.reproductions.plotting import pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
@@ -102,13 +103,7 @@ def _median(v):
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     ax, ax2 = axes[0], axes[0].twinx()
     for r in records:
@@ -139,13 +134,7 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     axes[2].set_ylabel("κ(D)")
     fig.suptitle("Lange et al. Fig. 8 (2×100 network, batch 60, MNIST)", fontsize=10)
     fig.tight_layout()
-    paths = []
-    for ext in ("png", "svg"):
-        p = outdir / f"lange_fig8.{ext}"
-        fig.savefig(p)
-        paths.append(p)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, outdir, "lange_fig8")
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:

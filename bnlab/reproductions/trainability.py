@@ -104,6 +104,41 @@ def require_params(params: Any, keys: Sequence[str]) -> None:
         raise ValueError(f"params is missing {', '.join(map(repr, missing))} (got keys {sorted(params)})")
 
 
+def _cell_data(params: dict):
+    """``(train, test, num_classes)`` of a cell, or its skipped metrics when the data set is missing.
+
+    Pins torch to one thread first: sweep cells run side by side, one per core.
+    """
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        return load_dataset_subset(params["dataset"], int(params["n_train"]), int(params["n_test"]))
+    except Exception as exc:  # DatasetNotFoundError: report, don't fail the sweep
+        if type(exc).__name__ != "DatasetNotFoundError":
+            raise
+        reason = CIFAR_MISSING if params["dataset"] == "cifar10" else f"{params['dataset']} not present: {exc}"
+        return {"skipped": True, "skip_reason": reason}
+
+
+def _training_length(params: dict) -> dict:
+    """``{"steps": …}`` or ``{"epochs": …}``; a ValueError unless exactly one of them is given."""
+    if ("steps" in params) == ("epochs" in params):
+        raise ValueError(f"params={params!r} is not allowed: give exactly one of 'steps' and 'epochs'")
+    return {"steps": int(params["steps"])} if "steps" in params else {"epochs": float(params["epochs"])}
+
+
+def _bn_mlp(params: dict, in_features: int, num_classes: int, *, depth: int, seed: int):
+    """The cell's BN-MLP of ``depth`` hidden layers initialized with ``seed`` (the other settings from ``params``)."""
+    from bnlab.nets import BNMLP
+
+    bn_batch, batch_size = int(params["bn_batch"]), int(params["batch_size"])
+    return BNMLP(in_features, num_classes, depth=depth, width=int(params["width"]), phi=params.get("phi", "relu"),
+                 gamma=float(params.get("gamma", 1.0)), beta=float(params.get("beta", 0.0)),
+                 eps=float(params.get("eps", 1e-3)), sub_batch_size=None if bn_batch == batch_size else bn_batch,
+                 seed=seed)
+
+
 def run_trainability_cell(params: dict) -> dict:
     """Train one BN-MLP of a trainability sweep and return its test accuracy.
 
@@ -121,38 +156,18 @@ def run_trainability_cell(params: dict) -> dict:
     ``{"skipped": True, "skip_reason": …}`` when the dataset is not on the
     machine (CIFAR-10 without ``bnlab data download cifar10``).
     """
-    import torch
-
-    from bnlab.nets import BNMLP, train_classifier
+    from bnlab.nets import train_classifier
 
     if isinstance(params, dict) and "depths" in params:
         return run_trainability_ensemble(params)
     require_params(params, ("dataset", "depth", "width", "bn_batch", "batch_size", "lr", "n_train", "n_test", "seed"))
-    if ("steps" in params) == ("epochs" in params):
-        raise ValueError(f"params={params!r} is not allowed: give exactly one of 'steps' and 'epochs'")
-    torch.set_num_threads(1)
-    try:
-        train, test, num_classes = load_dataset_subset(params["dataset"], int(params["n_train"]), int(params["n_test"]))
-    except Exception as exc:  # DatasetNotFoundError: report, don't fail the sweep
-        if type(exc).__name__ != "DatasetNotFoundError":
-            raise
-        reason = CIFAR_MISSING if params["dataset"] == "cifar10" else f"{params['dataset']} not present: {exc}"
-        return {"skipped": True, "skip_reason": reason}
-    bn_batch = int(params["bn_batch"])
+    length = _training_length(params)
+    data = _cell_data(params)
+    if isinstance(data, dict):
+        return data
+    train, test, num_classes = data
     batch_size = int(params["batch_size"])
-    model = BNMLP(
-        train[0].shape[1],
-        num_classes,
-        depth=int(params["depth"]),
-        width=int(params["width"]),
-        phi=params.get("phi", "relu"),
-        gamma=float(params.get("gamma", 1.0)),
-        beta=float(params.get("beta", 0.0)),
-        eps=float(params.get("eps", 1e-3)),
-        sub_batch_size=None if bn_batch == batch_size else bn_batch,
-        seed=int(params["seed"]),
-    )
-    length = {"steps": int(params["steps"])} if "steps" in params else {"epochs": float(params["epochs"])}
+    model = _bn_mlp(params, train[0].shape[1], num_classes, depth=int(params["depth"]), seed=int(params["seed"]))
     result = train_classifier(
         model,
         train,
@@ -182,36 +197,23 @@ def run_trainability_ensemble(params: dict) -> dict:
     Returns ``{"networks": [metrics of run_trainability_cell + "depth", "seed"], "skipped": False}``,
     or the skipped metrics; :func:`expand_records` turns its record into one record per network.
     """
-    import torch
-
-    from bnlab.nets import BNMLP, train_ensemble
+    from bnlab.nets import train_ensemble
 
     require_params(params, ("dataset", "depths", "seeds", "width", "bn_batch", "batch_size", "lr", "n_train",
                             "n_test"))
-    if ("steps" in params) == ("epochs" in params):
-        raise ValueError(f"params={params!r} is not allowed: give exactly one of 'steps' and 'epochs'")
+    length = _training_length(params)
     depths, seeds = list(params["depths"]), list(params["seeds"])
     if not depths or not seeds:
         raise ValueError(f"depths={depths!r}, seeds={seeds!r} is not allowed: give at least one of each")
-    torch.set_num_threads(1)
-    try:
-        train, test, num_classes = load_dataset_subset(params["dataset"], int(params["n_train"]), int(params["n_test"]))
-    except Exception as exc:  # DatasetNotFoundError: report, don't fail the sweep
-        if type(exc).__name__ != "DatasetNotFoundError":
-            raise
-        reason = CIFAR_MISSING if params["dataset"] == "cifar10" else f"{params['dataset']} not present: {exc}"
-        return {"skipped": True, "skip_reason": reason}
-    bn_batch, batch_size = int(params["bn_batch"]), int(params["batch_size"])
+    data = _cell_data(params)
+    if isinstance(data, dict):
+        return data
+    train, test, num_classes = data
+    batch_size = int(params["batch_size"])
     nets = [(int(d), int(s)) for s in seeds for d in depths]
-    models = [
-        BNMLP(train[0].shape[1], num_classes, depth=d, width=int(params["width"]), phi=params.get("phi", "relu"),
-              gamma=float(params.get("gamma", 1.0)), beta=float(params.get("beta", 0.0)),
-              eps=float(params.get("eps", 1e-3)), sub_batch_size=None if bn_batch == batch_size else bn_batch, seed=s)
-        for d, s in nets
-    ]
+    models = [_bn_mlp(params, train[0].shape[1], num_classes, depth=d, seed=s) for d, s in nets]
     opt = params.get("optimizer", "sgd")
     # the optimizer names of optimizer_factory: RMSProp with TensorFlow's decay 0.9 and ε 1e-10
-    length = {"steps": int(params["steps"])} if "steps" in params else {"epochs": float(params["epochs"])}
     results = train_ensemble(models, train, test_data=test, lr=float(params["lr"]), batch_size=batch_size,
                              optimizer=opt, rmsprop_alpha=0.9, rmsprop_eps=1e-10, seeds=[s for _, s in nets],
                              device=params.get("device", "cpu"), **length)

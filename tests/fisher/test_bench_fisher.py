@@ -1,25 +1,16 @@
 """Smoke test of benchmarks/bench_fisher.py (timings are measured, never asserted) and of its baseline."""
-import importlib.util
-import pathlib
 
 import pytest
 import torch
 
 from bnlab.fisher import build_model, curvature_spectrum
-
-
-def _load():
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_fisher.py"
-    spec = importlib.util.spec_from_file_location("bench_fisher", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmark_loader import load_benchmark
 
 
 def test_power_iteration_baseline_finds_the_same_lambda_max():
     # the baseline is a correct (if slower) method: its stopping rule (value change < 1e-3) leaves
     # an error of that order, so 1e-2 relative against Lanczos at tol 1e-10 (float64) is its budget
-    bench = _load()
+    bench = load_benchmark("bench_fisher")
     model = build_model("fc:10-16-16-3", seed=0, dtype=torch.float64)
     x = torch.randn(16, 10, dtype=torch.float64)
     y = torch.arange(16) % 3
@@ -30,7 +21,7 @@ def test_power_iteration_baseline_finds_the_same_lambda_max():
 
 
 def test_bench_quick_runs(capsys):
-    bench = _load()
+    bench = load_benchmark("bench_fisher")
     bench.main(["--quick"])
     out = capsys.readouterr().out
     assert "power iteration" in out and "speed-up" in out

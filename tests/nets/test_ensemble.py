@@ -24,20 +24,14 @@ import torch
 
 from bnlab.nets import BNMLP, MLP, train, train_classifier, train_ensemble
 
+from ._data import digits
+
 torch.set_num_threads(1)
 F64 = torch.float64
 
 
 def _digits():
-    """sklearn's 8x8 digits (1797 samples, 64 features in [0, 1]) — bundled, no download."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (d.data / 16.0).astype(np.float64)
-    y = d.target.astype(np.int64)
-    perm = np.random.default_rng(0).permutation(len(y))
-    x, y = x[perm], y[perm]
-    return (x[:1400], y[:1400]), (x[1400:], y[1400:])
+    return digits(np.float64)
 
 
 # depth, γ, β, ε, init seed, learning rate, data seed: every per-network degree of freedom varies
@@ -165,12 +159,8 @@ def test_mixed_architectures_are_refused():
 
 
 def test_benchmark_quick_runs():
-    import importlib.util
-    from pathlib import Path
+    from benchmark_loader import load_benchmark
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ensemble.py"
-    spec = importlib.util.spec_from_file_location("bench_ensemble", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("bench_ensemble")
     out = mod.main(["--quick", "--threads", "1", "--json"])
     assert len(out["rows"]) == 2 and all(r["speedup"] > 0 for r in out["rows"])

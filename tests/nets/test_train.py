@@ -12,19 +12,13 @@ import torch
 
 from bnlab.nets import BNMLP, layer_norm_trajectory, train_classifier
 
+from ._data import digits
+
 torch.set_num_threads(1)
 
 
 def _digits():
-    """sklearn's 8x8 digits (1797 samples, 64 features in [0, 1]) — bundled, no download."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (d.data / 16.0).astype(np.float32)
-    y = d.target.astype(np.int64)
-    perm = np.random.default_rng(0).permutation(len(y))
-    x, y = x[perm], y[perm]
-    return (x[:1400], y[:1400]), (x[1400:], y[1400:])
+    return digits(np.float32)
 
 
 def _sgd(lr):

@@ -1,20 +1,12 @@
 """Smoke test of benchmarks/bench_sim.py (the ratios themselves are measured, never asserted)."""
-import importlib.util
-import pathlib
 
 import torch
 
-
-def _load():
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_sim.py"
-    spec = importlib.util.spec_from_file_location("bench_sim", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmark_loader import load_benchmark
 
 
 def test_bench_runs_and_records_every_matmul_of_the_simulator():
-    bench_sim = _load()
+    bench_sim = load_benchmark("bench_sim")
     threads = torch.get_num_threads()
     r = bench_sim.bench(64, 3, 2, 4, 2, "float64", "cpu", 1)
     assert torch.get_num_threads() == threads
