@@ -12,13 +12,13 @@ initializations, which is what is swept here.
 """
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from bnlab.reproductions.fisher_data import mnist_subsets
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 
 from .fisher_fig2 import divergence_boundary
@@ -36,16 +36,6 @@ _SCALES = {
 }
 
 
-@functools.lru_cache(maxsize=2)
-def _mnist(n_train: int, n_test: int):
-    """Standardized MNIST subsets, cached: loading costs ≈ 1 s of CPU, more than a small cell's training."""
-    from bnlab.data import load_dataset, standardize
-
-    tr = load_dataset("mnist", "train").subset(n_train, seed=0)
-    te = load_dataset("mnist", "test").subset(n_test, seed=0)
-    return standardize(tr, te)
-
-
 def _grid(scale: str) -> list[dict]:
     from bnlab._validation import check_choice
 
@@ -59,7 +49,7 @@ def run_sigma_cell(params: dict) -> dict:
     from bnlab.fisher import fisher_order_parameters, train_ensemble
 
     try:
-        tr, te = _mnist(int(params["n_train"]), int(params["n_test"]))
+        tr, te = mnist_subsets(int(params["n_train"]), int(params["n_test"]))
     except DatasetNotFoundError as exc:
         return {"skipped": True, "skip_reason": str(exc)}
     x, xt = tr.x.reshape(len(tr), -1), te.x.reshape(len(te), -1)

@@ -14,12 +14,12 @@ step) and the first step at which a running mean of 20 steps falls below ``loss_
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from bnlab.reproductions.fisher_data import mnist_subsets
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 
 __all__ = ["EXPERIMENTS", "run_curve_cell", "steps_to_threshold"]
@@ -37,16 +37,6 @@ _SCALES = {
 }
 _LR, _MOMENTUM, _WEIGHT_DECAY = 0.1, 0.9, 5e-4
 _WINDOW = 20
-
-
-@functools.lru_cache(maxsize=2)
-def _mnist(n_train: int, n_test: int):
-    """Standardized MNIST subsets, cached: loading costs ≈ 1 s of CPU, more than a small cell's training."""
-    from bnlab.data import load_dataset, standardize
-
-    tr = load_dataset("mnist", "train").subset(n_train, seed=0)
-    te = load_dataset("mnist", "test").subset(n_test, seed=0)
-    return standardize(tr, te)
 
 
 def _grid(scale: str) -> list[dict]:
@@ -79,7 +69,7 @@ def run_curve_cell(params: dict) -> dict:
     from bnlab.fisher import build_model, parse_arch
 
     try:
-        tr, te = _mnist(int(params["n_train"]), int(params["n_test"]))
+        tr, te = mnist_subsets(int(params["n_train"]), int(params["n_test"]))
     except DatasetNotFoundError as exc:
         return {"skipped": True, "skip_reason": str(exc)}
     flat = len(parse_arch(params["arch"]).input_shape) == 1
