@@ -85,8 +85,11 @@ class Experiment:
         the paper claims (shown in the report).
     grid:
         ``grid(scale) -> list[dict]``: the cells of the sweep at ``scale``
-        (one of :data:`SCALES`); every dict is JSON-serializable and carries a
-        ``"seed"``.
+        (one of :data:`SCALES`); every dict is JSON-serializable and carries
+        its seeds: a ``"seed"`` for a single run, or a ``"seeds"`` list for a
+        cell that trains an ensemble (the trainability columns of
+        :mod:`bnlab.reproductions.trainability`, which ``records`` expands
+        back into one record per seed and depth).
     run_cell:
         ``run_cell(params) -> dict``: runs one cell and returns its metrics
         (JSON-serializable; deterministic given ``params``).  It must be a
