@@ -116,6 +116,7 @@ def train_resnet(
     seed: int = 0,
     device: str = "cpu",
     data_dir: str | None = None,
+    callbacks: Sequence[Any] = (),
 ):
     """Train one ResNet of Lange et al. Figs. 6-7 and return per-epoch training loss and test accuracy.
 
@@ -150,6 +151,9 @@ def train_resnet(
         BNP's hyperparameters (Algorithm 2; the paper's defaults).
     seed, device, data_dir:
         Seed of the data draw, order, augmentation and initialization; torch device; data directory.
+    callbacks:
+        :func:`bnlab.nets.train` callbacks, called after every step (once the learning rate of the
+        next step is set).
 
     Returns
     -------
@@ -232,7 +236,7 @@ def train_resnet(
     transform = RandomCropFlip(padding=4, seed=seed) if augment else None
     t0 = time.perf_counter()
     res = train(net, train_data, optimizer=opt, batch_size=batch_size, epochs=epochs, test_data=test_data,
-                hooks=hooks, callbacks=[next_rate], eval_every_epoch=True, seed=seed, device=device,
+                hooks=hooks, callbacks=[next_rate, *callbacks], eval_every_epoch=True, seed=seed, device=device,
                 transform=transform)
     seconds = time.perf_counter() - t0
     rows = [dict(r) for r in (res.epochs or [])]
