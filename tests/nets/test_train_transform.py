@@ -8,7 +8,7 @@ from bnlab.nets import train
 
 def test_transform_sees_every_training_batch_and_changes_what_the_model_learns():
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(40, 3)
+    x = torch.randn(40, 3, generator=g)
     y = (x[:, 0] > 0).long()
     calls = []
 
