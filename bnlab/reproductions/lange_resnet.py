@@ -220,6 +220,17 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
         def present(*methods):
             return all(c(m) is not None for m in methods)
 
+        for method in p["methods"]:
+            runs = [r.metrics for r in records if r.params["panel"] == panel and r.params["method"] == method
+                    and r.metrics.get("trainable")]
+            if runs:
+                bad = sum(bool(m.get("diverged")) for m in runs)
+                rows.append(Comparison(
+                    quantity=f"trains: {_LABELS[method]} {where}",
+                    paper="every run trains (the figure shows the mean and range of its runs)",
+                    bnlab=f"{len(runs) - bad} of {len(runs)} runs finished, {bad} diverged (non-finite loss)",
+                    agrees=bad == 0))
+
         if present("bnp_gn", "bn"):
             a, b = pre("bnp_gn"), pre("bn")
             rows.append(Comparison(
@@ -247,7 +258,8 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
             judged = None not in (a, b, g)
             rows.append(Comparison(
                 quantity=f"GN behind: BN and BNP+GN vs GN {where}",
-                paper=f"BN and BNP+GN outperform GN significantly (here: ≥ {_SIGNIFICANT * 100:.0f} point at the end)",
+                paper="BN and BNP+GN outperform GN significantly "
+                      f"(here: ≥ {_SIGNIFICANT * 100:.0f} point at the end)",
                 bnlab=(f"epoch {last}: BN {b:.4f}, BNP+GN {a:.4f}, GN {g:.4f}" if judged
                        else f"not judged: the runs do not reach epoch {last}"),
                 agrees=(min(a, b) >= g + _SIGNIFICANT) if judged else None))
@@ -361,10 +373,13 @@ def _settings(name: str) -> list[Setting]:
 
 
 _CHECKS = (
+    Check("trains", "every run of the method ends without a non-finite loss (diverged runs are left out of the "
+          "curves the other checks use, so this row is where a divergence shows)"),
     Check("pre-decay speed", "mean test accuracy over the epochs before the first learning-rate decay "
           "(1 … first milestone, mean over seeds) of the first method above the second's"),
     Check("final accuracy", f"'comparable': |BNP+GN − BN| ≤ {_COMPARABLE * 100:.0f} point at the last epoch; "
-          f"'slightly lower': BNP+GN − BN in [{_SLIGHTLY_LOWER[0] * 100:+.1f}, {_SLIGHTLY_LOWER[1] * 100:+.1f}] points"),
+          f"'slightly lower': BNP+GN − BN in [{_SLIGHTLY_LOWER[0] * 100:+.1f}, "
+          f"{_SLIGHTLY_LOWER[1] * 100:+.1f}] points"),
     Check("GN behind", f"both BN and BNP+GN ≥ GN + {_SIGNIFICANT * 100:.0f} point at the last epoch"),
     Check("decay gain", f"the test-accuracy gain at the first decay (mean of the {_JUMP_WINDOW} epochs after − the "
           f"{_JUMP_WINDOW} before) of BNP alone below both BN's and BNP+GN's"),

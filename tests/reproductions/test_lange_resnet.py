@@ -160,8 +160,10 @@ def test_paper_cells_run_end_to_end_on_synthetic_images(panel, tmp_path):
     paths = EXPS[name].plot(recs, tmp_path)
     assert paths and all(p.stat().st_size > 1000 for p in paths)
     rows = EXPS[name].compare(recs)
-    assert bool(rows) == (panel != "fig7")  # Fig. 7's rows need BN beside BNP+GN
-    assert all(r.agrees is None and "not judged" in r.bnlab for r in rows)  # 2 epochs only
+    assert len(rows) == len(recs) + (5 if panel != "fig7" else 0)  # Fig. 7's other rows need BN beside BNP+GN
+    trains = [r for r in rows if r.quantity.startswith("trains")]
+    assert len(trains) == len(recs) and all(r.agrees is True for r in trains)
+    assert all(r.agrees is None and "not judged" in r.bnlab for r in rows if r not in trains)  # 2 epochs only
 
 
 @pytest.mark.slow
@@ -190,7 +192,8 @@ def _stand_in(name, override=None):
             continue
         p = lange_resnet.PANELS[cell["panel"]]
         final, pre, jump = override.get((cell["panel"], cell["method"]), good[cell["method"]])
-        if p["final_claim"] == "slightly lower" and cell["method"] == "bnp_gn" and (cell["panel"], "bnp_gn") not in override:
+        key = (cell["panel"], cell["method"])
+        if p["final_claim"] == "slightly lower" and cell["method"] == "bnp_gn" and key not in override:
             final = good["bn"][0] - 0.01
         recs.append(Record(cell, {"trainable": True, "diverged": False, "test_accuracy": final,
                                   "epochs": _curve(final, pre, jump, p["milestones"], p["epochs"])}))
@@ -200,7 +203,7 @@ def _stand_in(name, override=None):
 def test_compare_agrees_on_stand_ins_where_every_claim_holds():
     rows6 = EXPS["lange-fig6"].compare(_stand_in("lange-fig6"))
     rows7 = EXPS["lange-fig7"].compare(_stand_in("lange-fig7"))
-    assert len(rows6) == 2 * 5 and len(rows7) == 3
+    assert len(rows6) == 2 * (4 + 5) and len(rows7) == 3 + 3
     assert all(r.agrees is True for r in rows6 + rows7), [(r.quantity, r.bnlab) for r in rows6 + rows7 if not r.agrees]
 
 
@@ -218,8 +221,21 @@ def test_each_check_can_fail(override, broken):
     assert len(failed) == 1 and failed[0].startswith(broken), failed
 
 
+def test_a_diverged_run_fails_its_trains_row_and_leaves_the_curves():
+    recs = _stand_in("lange-fig6")
+    i = next(k for k, r in enumerate(recs) if (r.params["panel"], r.params["method"]) == ("fig6-cifar10", "bnp"))
+    recs[i] = Record(recs[i].params, dict(recs[i].metrics, diverged=True))
+    rows = EXPS["lange-fig6"].compare(recs)
+    failed = [r for r in rows if r.agrees is False]
+    assert [r.quantity for r in failed] == ["trains: BNP alone (ResNet-110, CIFAR-10; paper: CIFAR-10)"]
+    assert "0 of 1 runs finished, 1 diverged" in failed[0].bnlab
+    # with its only run diverged, BNP alone has no curve: its CIFAR-10 comparison rows are not made
+    assert not any(r.quantity.startswith(("decay gain", "pre-decay speed: BNP alone")) and "CIFAR-10;" in r.quantity
+                   for r in rows)
+
+
 def test_fig7_final_check_can_fail_and_missing_methods_give_no_row():
     rows = EXPS["lange-fig7"].compare(_stand_in("lange-fig7", {("fig7", "bnp_gn"): (0.80, 0.75, 0.12)}))
     assert [r.quantity.split(":")[0] for r in rows if r.agrees is False] == ["final accuracy", "GN behind"]
     only_bn = [r for r in _stand_in("lange-fig7") if r.params["method"] == "bn"]
-    assert EXPS["lange-fig7"].compare(only_bn) == []
+    assert [r.quantity.split(":")[0] for r in EXPS["lange-fig7"].compare(only_bn)] == ["trains"]
