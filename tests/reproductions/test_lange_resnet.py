@@ -239,3 +239,25 @@ def test_fig7_final_check_can_fail_and_missing_methods_give_no_row():
     assert [r.quantity.split(":")[0] for r in rows if r.agrees is False] == ["final accuracy", "GN behind"]
     only_bn = [r for r in _stand_in("lange-fig7") if r.params["method"] == "bn"]
     assert [r.quantity.split(":")[0] for r in EXPS["lange-fig7"].compare(only_bn)] == ["trains"]
+
+
+@pytest.mark.parametrize("panel, method", [("fig6-cifar10", "bnp_gn"), ("fig6-cifar100", "bnp")])
+def test_a_paper_cell_loads_cifar_by_name(panel, method, tmp_path, monkeypatch):
+    """The paper cells name their data set ("cifar10", "cifar100"): with a small CIFAR fixture in the real
+    layout in $BNLAB_DATA (checksums pinned to it), the cell loads it through bnlab.data and trains."""
+    import dataclasses
+
+    from bnlab.data import _registry as reg
+    from tests.data._cifar_fixture import make_cifar
+
+    cell = next(c for c in EXPS["lange-fig6"].grid("paper")
+                if c["panel"] == panel and c["method"] == method and c["seed"] == 0)
+    fx = make_cifar(cell["dataset"], per_batch=4)  # 20 training, 4 test images
+    fx.write_dir(tmp_path)
+    monkeypatch.setitem(reg.CIFAR, fx.name, dataclasses.replace(reg.CIFAR[fx.name], file_md5=fx.md5s()))
+    monkeypatch.setenv("BNLAB_DATA", str(tmp_path))
+    m = EXPS["lange-fig6"].run_cell(dict(cell, depth=20, batch_size=8, epochs=2, milestones=[1]))
+    assert m["trainable"] and m["steps"] == 4 and not m["diverged"], m
+    monkeypatch.setenv("BNLAB_DATA", str(tmp_path / "empty"))
+    skipped = EXPS["lange-fig6"].run_cell(dict(cell, depth=20, batch_size=8, epochs=2, milestones=[1]))
+    assert skipped["skipped"] and "bnlab data download" in skipped["skip_reason"]
