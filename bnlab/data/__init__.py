@@ -14,6 +14,7 @@ from bnlab.data.datasets import (
     standardize,
 )
 from bnlab.data._download import DownloadTooLargeError
+from bnlab.data.augment import RandomCropFlip, random_crop_flip
 
 __all__ = [
     "Dataset",
@@ -26,4 +27,6 @@ __all__ = [
     "ChecksumError",
     "DownloadTooLargeError",
     "DATASET_NAMES",
+    "random_crop_flip",
+    "RandomCropFlip",
 ]

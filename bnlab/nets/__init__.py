@@ -29,6 +29,7 @@ from bnlab.nets.models import (
     ActivationModule,
     BasicBlock,
     FisherCNN,
+    PreActBlock,
     resnet,
     vgg,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "resnet",
     "RESNET_DEPTHS",
     "BasicBlock",
+    "PreActBlock",
     "train",
     "TrainResult",
     "StepInfo",

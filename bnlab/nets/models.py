@@ -218,7 +218,7 @@ class BNMLP(nn.Module):
 
 
 # =============================================================================== general models
-__all__ += ["ActivationModule", "MLP", "FisherCNN", "BNPCNN", "vgg", "resnet", "BasicBlock", "PLACEMENTS",
+__all__ += ["ActivationModule", "MLP", "FisherCNN", "BNPCNN", "vgg", "resnet", "BasicBlock", "PreActBlock", "PLACEMENTS",
             "VGG_DEPTHS", "RESNET_DEPTHS"]
 
 #: Where :class:`MLP` puts the normalization: before φ (Linear → Norm → φ) or after (Linear → φ → Norm).
@@ -705,6 +705,40 @@ class BasicBlock(nn.Module):
         return self.act(out + self._shortcut(x))
 
 
+class PreActBlock(BasicBlock):
+    """Pre-activation residual block, conv(φ(Norm(conv(φ(Norm(x)))))) + shortcut (He et al. 2016b, Fig. 4e).
+
+    The normalization and φ come before each convolution ("full pre-activation"), and nothing follows
+    the addition, so the shortcut path is an identity from block to block.  Shortcuts as
+    :class:`BasicBlock`: ``"A"`` takes the raw input ``x`` (subsampled, zero-padded in channels);
+    ``"B"`` projects the pre-activated input φ(Norm(x)) by a 1×1 convolution (as He et al.'s
+    pre-activation code does when the shape changes), without a normalization after it.
+    """
+
+    def __init__(self, c_in: int, c_out: int, stride: int, norm: str, act: nn.Module, shortcut: str, dtype,
+                 nkw: dict):
+        nn.Module.__init__(self)
+        from bnlab.nets.norms import make_norm
+
+        bias = norm == "none"
+        self.norm1 = make_norm(norm, c_in, dims=2, dtype=dtype, **nkw)
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=bias, dtype=dtype)
+        self.norm2 = make_norm(norm, c_out, dims=2, dtype=dtype, **nkw)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=bias, dtype=dtype)
+        self.act = act
+        self.stride, self.pad = stride, c_out - c_in
+        self.shortcut_kind = shortcut
+        self.projection = None
+        if (stride != 1 or c_in != c_out) and shortcut == "B":
+            self.projection = nn.Conv2d(c_in, c_out, 1, stride=stride, bias=bias, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pre = self.act(self.norm1(x))
+        short = self.projection(pre) if self.projection is not None else self._shortcut(x)
+        out = self.conv2(self.act(self.norm2(self.conv1(pre))))
+        return out + short
+
+
 def resnet(
     depth: int = 20,
     num_classes: int = 10,
@@ -715,6 +749,7 @@ def resnet(
     init: str = "gaussian",
     sigma_w2: float | None = None,
     norm_kwargs: dict | None = None,
+    preact: bool = False,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
 ) -> nn.Sequential:
@@ -728,10 +763,17 @@ def resnet(
       blocks, 64–512 channels, 1×1 projection shortcuts, option B) with the CIFAR stem (one 3×3 conv,
       no max pooling).  ResNet-18 with BN has 11,173,962 parameters.
 
+    * ``preact=True``: the pre-activation ResNet of He et al. 2016b (:class:`PreActBlock`; the stem is a
+      bare 3×3 convolution and a final Norm → φ precedes the pooling, §4 and their Fig. 4e), same
+      stages, widths and shortcuts.  Pre-activation ResNet-110 with BN has 1,727,962 parameters
+      (He et al. 2016b report "1.7M").
+
     Convolutions have no bias unless ``norm="none"``.  Returns an ``nn.Sequential`` with ``.norms``.
     """
     from bnlab.nets.norms import make_norm
 
+    if not isinstance(preact, bool):
+        raise ValueError(f"preact={preact!r} is not allowed: expected True or False")
     depth = check_choice("depth", depth, RESNET_DEPTHS)
     num_classes = check_int("num_classes", num_classes, minimum=1)
     in_channels = check_int("in_channels", in_channels, minimum=1)
@@ -743,16 +785,27 @@ def resnet(
         n = (depth - 2) // 6
         widths, blocks, shortcut = (16, 32, 64), (n, n, n), "A"
     bias = norm == "none"
-    stem_norm = make_norm(norm, widths[0], dims=2, dtype=dtype, **nkw)
-    layers = [nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=bias, dtype=dtype), stem_norm, act]
-    c_in, norms = widths[0], [stem_norm]
+    stem = nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=bias, dtype=dtype)
+    if preact:
+        layers, norms = [stem], []
+    else:
+        stem_norm = make_norm(norm, widths[0], dims=2, dtype=dtype, **nkw)
+        layers, norms = [stem, stem_norm, act], [stem_norm]
+    c_in = widths[0]
+    block_type = PreActBlock if preact else BasicBlock
     for stage, (c, nb) in enumerate(zip(widths, blocks)):
         for i in range(nb):
             stride = 2 if (stage > 0 and i == 0) else 1
-            block = BasicBlock(c_in, c, stride, norm, act, shortcut, dtype, nkw)
+            block = block_type(c_in, c, stride, norm, act, shortcut, dtype, nkw)
             layers.append(block)
-            norms += [block.norm1, block.norm2] + ([block.projection[1]] if block.projection is not None else [])
+            norms += [block.norm1, block.norm2]
+            if block.projection is not None and not preact:
+                norms.append(block.projection[1])
             c_in = c
+    if preact:
+        final_norm = make_norm(norm, c_in, dims=2, dtype=dtype, **nkw)
+        layers += [final_norm, act]
+        norms.append(final_norm)
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes, dtype=dtype)]
     model = _Sequential(*layers, norms=norms, in_channels=in_channels)
     _init_all(model, init, sigma_w2, 0.0, seed)

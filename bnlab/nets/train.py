@@ -215,6 +215,7 @@ def train(
     device: str | torch.device = "cpu",
     check_every: int = 10,
     eval_batch_size: int = 1000,
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> TrainResult:
     """Train ``model`` by minibatch steps and (with ``test_data``) report its test accuracy.
 
@@ -255,6 +256,10 @@ def train(
         Losses are checked for NaN/inf every this many steps (each check is a host sync).
     eval_batch_size:
         Batch of the test passes (eval mode: running statistics, so it changes nothing beyond rounding).
+    transform:
+        ``transform(x) -> x'`` applied to every training batch (on ``device``) before the forward pass,
+        e.g. data augmentation (:func:`bnlab.data.random_crop_flip`); test batches are not transformed.
+        It draws its randomness from its own generator, so the data order stays that of ``seed``.
 
     Returns
     -------
@@ -287,6 +292,8 @@ def train(
         epochs = check_real("epochs", epochs, minimum=0.0, strict_minimum=True)
         steps = max(1, int(round(epochs * per_epoch)))
     steps = check_int("steps", steps, minimum=1)
+    if transform is not None and not callable(transform):
+        raise ValueError(f"transform={transform!r} is not allowed: expected None or a callable x -> x")
     if not callable(loss_fn):
         raise ValueError(f"loss_fn={loss_fn!r} is not allowed: expected a callable (output, target) -> loss")
     hooks = _callables("hooks", hooks)
@@ -304,7 +311,8 @@ def train(
     chance: float | None = None
     done = 0
     for step, idx in enumerate(_batches(n, batch_size, steps, gen, dev)):
-        out = model(x_tr[idx])
+        xb = x_tr[idx]
+        out = model(xb if transform is None else transform(xb))
         if step == 0:
             chance = _check_targets_once(out, y_tr, test)
         loss = loss_fn(out, y_tr[idx])

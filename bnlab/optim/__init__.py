@@ -9,6 +9,8 @@
   number of one neuron's Hessian block with and without preconditioning, and κ(D).
 * :func:`train_network` — Lange et al.'s FC network / 5-layer CNN trained with BNP or a
   normalization layer (needs :mod:`bnlab.nets`; imported lazily).
+* :func:`train_resnet`, :func:`resnet_learning_rate` — the ResNets of Lange et al. Figs. 6-7 (BN, GN,
+  BNP, BNP+GN) with momentum SGD, weight decay, warm-up and step decay (imported lazily).
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from bnlab.optim.conditioning import (
 _LAZY = {"train_network": "bnlab.optim.training", "default_learning_rate": "bnlab.optim.training",
          "build_network": "bnlab.optim.training",
          "NetworkTrainingResult": "bnlab.optim.training", "TRAIN_NORMS": "bnlab.optim.training",
-         "TRAIN_MODELS": "bnlab.optim.training"}
+         "TRAIN_MODELS": "bnlab.optim.training", "train_resnet": "bnlab.optim.resnets",
+         "resnet_learning_rate": "bnlab.optim.resnets", "RESNET_METHODS": "bnlab.optim.resnets"}
 
 
 def __getattr__(name: str):
@@ -61,4 +64,7 @@ __all__ = [
     "NetworkTrainingResult",
     "TRAIN_NORMS",
     "TRAIN_MODELS",
+    "train_resnet",
+    "resnet_learning_rate",
+    "RESNET_METHODS",
 ]

@@ -1,8 +1,9 @@
 """What Lange et al.'s training figures share: the (batch size, method, seed) grid, a trained cell's
 metrics, the per-cell final accuracies and the accuracy/loss-per-epoch figure.
 
-Used by :mod:`bnlab.reproductions.lange_fc` (Figs. 3-4, the fully connected network) and
-:mod:`bnlab.reproductions.lange_fig5` (Fig. 5, the 5-layer CNN); each figure keeps its own methods,
+Used by :mod:`bnlab.reproductions.lange_fc` (Figs. 3-4, the fully connected network),
+:mod:`bnlab.reproductions.lange_fig5` (Fig. 5, the 5-layer CNN) and, for the labels and the mean,
+:mod:`bnlab.reproductions.lange_resnet` (Figs. 6-7); each figure keeps its own methods,
 scales, cell runner and paper comparisons.  This module declares no experiment.
 """
 from __future__ import annotations
