@@ -13,10 +13,23 @@ from bnlab.reproductions import daneshmand2020_lemma3 as l3
 
 from bnlab.reproductions import daneshmand2020_fig1 as f1
 from bnlab.reproductions import daneshmand2020_fig4 as f4
+from bnlab.reproductions import daneshmand2020_fig5 as f5
 from bnlab.reproductions import daneshmand2020_fig6 as f6
 
 ALL = [f1.EXPERIMENTS[0], f2.EXPERIMENTS[0], f3.EXPERIMENTS[0], f3.EXPERIMENTS[1], l3.EXPERIMENTS[0],
-       f6.EXPERIMENTS[0], f4.EXPERIMENTS[0]]
+       f5.EXPERIMENTS[0], f6.EXPERIMENTS[0], f4.EXPERIMENTS[0]]
+
+
+def test_every_rank_reproduction_declares_a_paper_scale():
+    # issue 15: every Daneshmand reproduction has `small` and `paper` scales, and the paper grid is a
+    # different (larger) sweep, not a copy of the small one
+    from bnlab.experiments.registry import list_experiments
+
+    found = {name: e for name, e in list_experiments().items() if name.startswith("daneshmand2020-")}
+    assert set(found) == {e.name for e in ALL}
+    for exp in found.values():
+        small, paper = exp.grid("small"), exp.grid("paper")
+        assert paper and paper != small, exp.name
 
 
 @pytest.mark.parametrize("exp", ALL, ids=lambda e: e.name)
