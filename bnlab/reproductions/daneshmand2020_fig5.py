@@ -319,7 +319,7 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
             a = kinds["bn_asym"]
             rk_a, rk_b, r_a, r_b = _mean(a, "rank_init"), _mean(bn, "rank_init"), _mean(a, "r_init"), _mean(bn, "r_init")
             rows.append(Comparison(
-                quantity=f"{arch}: asymmetric init, rank of H_L at initialization (numerical rank, r(H))",
+                quantity=f"asymmetric init, rank of H_L at initialization ({arch}; numerical rank, r(H))",
                 paper="the asymmetric init lowers BN's rank significantly (Fig. 5 right)",
                 bnlab=f"numerical rank {rk_a:.1f} vs {rk_b:.1f} (of d = {bn[0]['hidden_width']}); "
                       f"r(H) {r_a:.3f} vs {r_b:.3f}; rank_½ {_mean(a, 'soft_rank_init'):.1f} vs "
@@ -328,7 +328,7 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
             ))
             acc_a = _mean(a, "train_accuracy")
             rows.append(Comparison(
-                quantity=f"{arch}: asymmetric init, training accuracy after {steps} steps",
+                quantity=f"asymmetric init, training accuracy after {steps} steps ({arch})",
                 paper="much slower learning; VGG and ResNet cannot fit CIFAR-10 (Fig. 5 left)",
                 bnlab=f"{acc_a:.3f} vs BN {acc_bn:.3f} (chance {chance:.2f})",
                 agrees=bool(acc_a - chance < _SLOW_FRACTION * (acc_bn - chance)),
@@ -337,7 +337,7 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
             fin_b = [m["curve"][-1][2] for m in bn if m["curve"]]
             if fin_a and fin_b:
                 rows.append(Comparison(
-                    quantity=f"{arch}: asymmetric init, rank of H_L after {steps} steps",
+                    quantity=f"asymmetric init, rank of H_L after {steps} steps ({arch})",
                     paper="SGD preserves the initial rank's order: the asymmetric net's stays low (Figs. 5, 6)",
                     bnlab=f"numerical rank {np.mean(fin_a):.1f} vs BN {np.mean(fin_b):.1f}",
                     agrees=bool(np.mean(fin_a) <= _RANK_FRACTION * np.mean(fin_b)),
@@ -346,7 +346,7 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
             nm = kinds["bn_nomean"]
             acc_n = _mean(nm, "train_accuracy")
             rows.append(Comparison(
-                quantity=f"{arch}: BN without mean subtraction, training accuracy after {steps} steps",
+                quantity=f"BN without mean subtraction, training accuracy after {steps} steps ({arch})",
                 paper="centering does not change BN's performance (Fig. 5, Fig. 7, App. C)",
                 bnlab=f"{acc_n:.3f} vs BN {acc_bn:.3f} with batch statistics (running statistics, eval mode: "
                       f"{_mean(nm, 'train_accuracy_running_stats'):.3f} vs "
@@ -355,7 +355,7 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
             ))
             rk_n, rk_b = _mean(nm, "rank_init"), _mean(bn, "rank_init")
             rows.append(Comparison(
-                quantity=f"{arch}: BN without mean subtraction, rank of H_L at initialization",
+                quantity=f"BN without mean subtraction, rank of H_L at initialization ({arch})",
                 paper="keeps a high rank like BN (Fig. 5 right; the mean-zero step is redundant, App. C)",
                 bnlab=f"numerical rank {rk_n:.1f} vs BN {rk_b:.1f}; r(H) {_mean(nm, 'r_init'):.3f} vs "
                       f"{_mean(bn, 'r_init'):.3f}",

@@ -135,7 +135,10 @@ def test_fig6_cells_tiny(tmp_path):
     paths = exp.plot(recs, tmp_path)
     assert {p.name for p in paths} >= {"daneshmand2020_fig6.png", "daneshmand2020_fig10.png"}
     assert all(p.exists() for p in paths)
-    assert len(exp.compare(recs)) == 6
+    rows = exp.compare(recs)
+    assert len(rows) == 6
+    # every row is explained by a declared check (its name starts the row's quantity)
+    assert all(any(r.quantity.startswith(c.name) for c in exp.checks) for r in rows), [r.quantity for r in rows]
 
 
 def test_fig6_tracking_does_not_change_training():
