@@ -244,7 +244,8 @@ def run_cell(params: dict) -> dict:
         record(0)
 
     def on_step(info) -> None:
-        if info.step + 1 in checkpoints:
+        # a diverged step (non-finite loss) is not measured: the rank measures reject NaN representations
+        if info.step + 1 in checkpoints and bool(torch.isfinite(info.loss)):
             record(info.step + 1)
 
     result = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=float(params["lr"])),
