@@ -83,6 +83,18 @@ def test_asymmetric_init_collapses_the_last_hidden_layer_at_init():
         assert float(corr.abs().min()) > 0.99
 
 
+@pytest.mark.parametrize("arch", ["vgg19", pytest.param("resnet50", marks=pytest.mark.slow)])
+def test_the_papers_full_width_nets_collapse_under_the_asymmetric_init(arch):
+    # VGG-19 (d = 512) and ResNet-50 (d = 2048) at full width, 64 Gaussian CIFAR-shaped images, seed 0.
+    # Measured: numerical rank of H_L 64 (BN), 64 (no centering), 2 (VGG-19) / 1 (ResNet-50) with the
+    # asymmetric init (r(H) = 1 to 1e-7) — Fig. 5 right / Fig. 13 at initialization.  The bound 4 leaves room
+    # for a float32 tail just above the tolerance (VGG-11 ×1/8 shows 4–6).
+    x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    got = {k: f5._rank_of_last_hidden(f5.build_net(k, arch, in_channels=3, seed=0), x) for k in f5.KINDS}
+    assert got["bn"]["numerical_rank"] == 64 and got["bn_nomean"]["numerical_rank"] == 64
+    assert got["bn_asym"]["numerical_rank"] <= 4 and got["bn_asym"]["r"] < 1.001 < got["bn"]["r"]
+
+
 def test_rank_probe_leaves_running_statistics_alone():
     net = f5.build_net("bn", "vgg11", in_channels=1, width_multiplier=0.125, seed=0).eval()
     before = {k: v.clone() for k, v in net.named_buffers()}
