@@ -606,8 +606,9 @@ _VGG_CFG = {
 }
 #: Depths :func:`vgg` builds (configurations A, B, D, E of Simonyan & Zisserman 2015, Table 1).
 VGG_DEPTHS = tuple(_VGG_CFG)
-#: Depths :func:`resnet` builds: CIFAR ResNets 6n+2 (He et al. 2016, §4.2) and ResNet-18/34 (Table 1).
-RESNET_DEPTHS = (18, 20, 32, 34, 44, 56, 110)
+#: Depths :func:`resnet` builds: CIFAR ResNets 6n+2 (He et al. 2016, §4.2), ResNet-18/34 and ResNet-50
+#: (Table 1).
+RESNET_DEPTHS = (18, 20, 32, 34, 44, 50, 56, 110)
 
 
 class _Sequential(nn.Sequential):
@@ -634,6 +635,7 @@ def vgg(
     init: str = "gaussian",
     sigma_w2: float | None = None,
     norm_kwargs: dict | None = None,
+    width_multiplier: float = 1.0,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
 ) -> nn.Sequential:
@@ -643,12 +645,17 @@ def vgg(
     CIFAR adaptation — global average pooling of the 1×1 map and one Linear(512, num_classes) (instead
     of the three 4096-wide layers for ImageNet).  With ``norm="bn"`` VGG-16 has 14,728,266 parameters.
     Convolutions have biases (as the original).  Returns an ``nn.Sequential`` with ``.norms``.
+
+    ``width_multiplier`` α > 0 scales every layer's channel count to max(1, round(α·c)) (as MobileNet's
+    width multiplier; Howard et al. 2017, §3.3), e.g. α = 1/8 gives 8…64 channels — the same depth and
+    layout at ~1/64 of the convolutions' cost, for CPU-scale experiments.
     """
     from bnlab.nets.norms import make_norm
 
     depth = check_choice("depth", depth, VGG_DEPTHS)
     num_classes = check_int("num_classes", num_classes, minimum=1)
     in_channels = check_int("in_channels", in_channels, minimum=1)
+    width_multiplier = check_real("width_multiplier", width_multiplier, minimum=0.0, strict_minimum=True)
     sigma_w2, _, _, _, seed, dtype, nkw = _common_args(norm, init, sigma_w2, 0.0, 1.0, 0.0, seed, dtype, norm_kwargs)
     act = ActivationModule(phi)
     layers, norms, c_in = [], [], in_channels
@@ -656,6 +663,7 @@ def vgg(
         if v == "M":
             layers.append(nn.MaxPool2d(2))
             continue
+        v = max(1, round(v * width_multiplier))
         nrm = make_norm(norm, v, dims=2, dtype=dtype, **nkw)
         layers += [nn.Conv2d(c_in, v, 3, padding=1, dtype=dtype), nrm, act]
         norms.append(nrm)
@@ -739,6 +747,42 @@ class PreActBlock(BasicBlock):
         return out + short
 
 
+class Bottleneck(nn.Module):
+    """Bottleneck block φ(Norm(conv1×1(φ(Norm(conv3×3(φ(Norm(conv1×1(x)))))))) + shortcut(x)) of ResNet-50
+    (He et al. 2016a, Table 1 and Fig. 5 right): 1×1 to ``c_mid`` channels, 3×3 (with the stride), 1×1 to
+    4·``c_mid``; a 1×1 projection + Norm shortcut when the shape changes (option B).
+
+    The stride sits on the 3×3 convolution (torchvision's placement; the paper's Table 1 does not say
+    which convolution subsamples, and the parameter count does not depend on it).
+    """
+
+    expansion = 4
+
+    def __init__(self, c_in: int, c_mid: int, stride: int, norm: str, act: nn.Module, dtype, nkw: dict):
+        super().__init__()
+        from bnlab.nets.norms import make_norm
+
+        bias = norm == "none"
+        c_out = self.expansion * c_mid
+        self.conv1 = nn.Conv2d(c_in, c_mid, 1, bias=bias, dtype=dtype)
+        self.norm1 = make_norm(norm, c_mid, dims=2, dtype=dtype, **nkw)
+        self.conv2 = nn.Conv2d(c_mid, c_mid, 3, stride=stride, padding=1, bias=bias, dtype=dtype)
+        self.norm2 = make_norm(norm, c_mid, dims=2, dtype=dtype, **nkw)
+        self.conv3 = nn.Conv2d(c_mid, c_out, 1, bias=bias, dtype=dtype)
+        self.norm3 = make_norm(norm, c_out, dims=2, dtype=dtype, **nkw)
+        self.act = act
+        self.projection = None
+        if stride != 1 or c_in != c_out:
+            self.projection = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=bias, dtype=dtype),
+                                            make_norm(norm, c_out, dims=2, dtype=dtype, **nkw))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.act(self.norm1(self.conv1(x)))
+        out = self.act(self.norm2(self.conv2(out)))
+        out = self.norm3(self.conv3(out))
+        return self.act(out + (x if self.projection is None else self.projection(x)))
+
+
 def resnet(
     depth: int = 20,
     num_classes: int = 10,
@@ -762,6 +806,9 @@ def resnet(
     * ``depth`` ∈ {18, 34}: the basic-block ResNets of He et al. 2016a, Table 1 ([2,2,2,2] / [3,4,6,3]
       blocks, 64–512 channels, 1×1 projection shortcuts, option B) with the CIFAR stem (one 3×3 conv,
       no max pooling).  ResNet-18 with BN has 11,173,962 parameters.
+    * ``depth`` = 50: the bottleneck ResNet-50 of He et al. 2016a, Table 1 ([3,4,6,3] :class:`Bottleneck`
+      blocks of 64–512 → 256–2048 channels, projection shortcuts) with the same CIFAR stem and
+      Linear(2048, classes); 23,520,842 parameters with BN and 10 classes.
 
     * ``preact=True``: the pre-activation ResNet of He et al. 2016b (:class:`PreActBlock`; the stem is a
       bare 3×3 convolution and a final Norm → φ precedes the pooling, §4 and their Fig. 4e), same
@@ -779,7 +826,10 @@ def resnet(
     in_channels = check_int("in_channels", in_channels, minimum=1)
     sigma_w2, _, _, _, seed, dtype, nkw = _common_args(norm, init, sigma_w2, 0.0, 1.0, 0.0, seed, dtype, norm_kwargs)
     act = ActivationModule(phi)
-    if depth in (18, 34):
+    if preact and depth == 50:
+        raise ValueError("preact=True with depth=50 is not allowed: the pre-activation bottleneck block is not "
+                         "implemented; use preact=True with depth in (18, 20, 32, 34, 44, 56, 110)")
+    if depth in (18, 34, 50):
         widths, blocks, shortcut = (64, 128, 256, 512), ((2, 2, 2, 2) if depth == 18 else (3, 4, 6, 3)), "B"
     else:
         n = (depth - 2) // 6
@@ -796,12 +846,19 @@ def resnet(
     for stage, (c, nb) in enumerate(zip(widths, blocks)):
         for i in range(nb):
             stride = 2 if (stage > 0 and i == 0) else 1
-            block = block_type(c_in, c, stride, norm, act, shortcut, dtype, nkw)
+            if depth == 50:
+                block = Bottleneck(c_in, c, stride, norm, act, dtype, nkw)
+                block_norms = [block.norm1, block.norm2, block.norm3]
+                c_out = Bottleneck.expansion * c
+            else:
+                block = block_type(c_in, c, stride, norm, act, shortcut, dtype, nkw)
+                block_norms = [block.norm1, block.norm2]
+                c_out = c
             layers.append(block)
-            norms += [block.norm1, block.norm2]
+            norms += block_norms
             if block.projection is not None and not preact:
                 norms.append(block.projection[1])
-            c_in = c
+            c_in = c_out
     if preact:
         final_norm = make_norm(norm, c_in, dims=2, dtype=dtype, **nkw)
         layers += [final_norm, act]

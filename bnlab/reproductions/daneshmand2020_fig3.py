@@ -10,6 +10,8 @@ reaching ½ or above) agrees with it.
 ``daneshmand2020-fig3b``: nearly collinear inputs X = u 1ᵀ + δ E (δ = 10⁻²), the top 10
 singular values of H_ℓ (at tr M = d) along a BN chain: BN amplifies the small variations and
 shrinks the top singular value within a few layers, while a vanilla chain keeps X collinear.
+``small``: d = N = 32, 60 layers, one chain per norm; ``paper``: 200 layers, five seeds (the caption
+states neither d nor the depth).
 
 Scales: ``small`` d ∈ {8, 16, 32, 64, 128}, depth 2 000 (every 2nd layer averaged), 2 chains,
 γ ∈ {0.1, ∞}; ``paper`` d ∈ {8, 16, 32, 64, 128, 256}, L = 10⁶ as in the paper (every layer),
@@ -129,9 +131,16 @@ def _compare_3a(records: Sequence[Record]) -> list[Comparison]:
     return rows
 
 
+#: Fig. 3b: one chain per norm at ``small``; five seeds and a longer chain at ``paper`` (the caption states
+#: neither the width nor the depth; d = N = 32 as in Fig. 2)
+_SCALES_3B = {"small": dict(depth=60, seeds=[31]), "paper": dict(depth=200, seeds=[31, 32, 33, 34, 35])}
+
+
 def _grid_3b(scale: str) -> list[dict]:
     _check_scale(scale)
-    return [dict(width=32, batch_size=32, depth=60, delta=1e-2, norm=norm, seed=31) for norm in ("bn_nomean", "none")]
+    s = _SCALES_3B[scale]
+    return [dict(width=32, batch_size=32, depth=s["depth"], delta=1e-2, norm=norm, seed=seed)
+            for seed in s["seeds"] for norm in ("bn_nomean", "none")]
 
 
 def run_cell_3b(params: dict) -> dict:
@@ -152,7 +161,8 @@ def run_cell_3b(params: dict) -> dict:
 
 def _plot_3b(records: Sequence[Record], outdir: Path) -> list[Path]:
     plt = pyplot()
-    recs = sorted(records, key=lambda r: r.params["norm"])
+    first = min(r.params["seed"] for r in records)  # one chain per norm (the paper scale has five seeds)
+    recs = sorted((r for r in records if r.params["seed"] == first), key=lambda r: r.params["norm"])
     fig, axes = plt.subplots(1, len(recs), figsize=(5 * len(recs), 4), sharey=True, squeeze=False)
     for ax, rec in zip(axes[0], recs):
         sv = np.array(rec.metrics["top_singular_values"])
@@ -169,13 +179,15 @@ def _plot_3b(records: Sequence[Record], outdir: Path) -> list[Path]:
 
 def _compare_3b(records: Sequence[Record]) -> list[Comparison]:
     rows = []
-    for rec in records:
+    several = len({r.params["seed"] for r in records}) > 1
+    for rec in sorted(records, key=lambda r: (r.params["seed"], r.params["norm"])):
         sv = np.array(rec.metrics["top_singular_values"])
         s1_0, s2_0, s1_l, s2_l = sv[0, 0], sv[0, 1], sv[-1, 0], sv[-1, 1]
         bn = rec.params["norm"] != "none"
         grew = s2_l / s2_0
         rows.append(Comparison(
-            quantity=f"{'BN' if bn else 'vanilla'}: σ_1, σ_2 of H_0 → H_{rec.params['depth']} (nearly collinear X)",
+            quantity=f"{'BN' if bn else 'vanilla'}: σ_1, σ_2 of H_0 → H_{rec.params['depth']} (nearly collinear X"
+                     + (f", seed {rec.params['seed']})" if several else ")"),
             paper=("BN amplifies the small variations and reduces the largest" if bn
                    else "(not shown; no amplification)"),
             bnlab=f"σ_1 {s1_0:.2f} → {s1_l:.2f}, σ_2 {s2_0:.3f} → {s2_l:.3f} (×{grew:.0f})",

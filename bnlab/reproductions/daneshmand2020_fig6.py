@@ -16,9 +16,12 @@ Models are :class:`bnlab.nets.MLP` (Gaussian weights of variance 1/fan_in, zero 
 training is :func:`bnlab.nets.train`.
 Each is then trained by SGD (batch 64) for a fixed budget; reported: the training accuracy
 (Fig. 6 left), r(H_L) of the last hidden layer before/after pre-training and through training
-(Fig. 6 right), and the mean |cos| of the last layer's per-sample gradients at the start and
-the end of training (:func:`bnlab.rank.gradient_alignment`, Prop. 19 / Fig. 10: ≈ 1 for
-collapsed nets).
+(Fig. 6 right), and the mean |cos| of the last layer's per-neuron per-sample gradients
+(:func:`bnlab.rank.gradient_alignment`, Prop. 19 / Fig. 10: ≈ 1 for collapsed nets) with the
+training accuracy (256 images, BN's batch statistics) at the cell's ``track_steps`` — 10 points
+over the 500 steps at ``small`` — drawn as Fig. 10 (log accuracy and alignment against the step,
+``daneshmand2020_fig10.png``).  The tracking adds ~4 s of CPU to the grid and does not change the
+training (it draws no random numbers and restores BN's running statistics).
 
 r(H_L) is measured on a fixed probe of 64 training images, not the pre-training minibatch: the
 rank raised on the one pre-training minibatch (M = 1) carries over only partly to other inputs
@@ -38,7 +41,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bnlab.experiments.spec import Comparison, Experiment, Record, Setting
+from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 from bnlab.reproductions.plotting import pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_cell", "build_mlp"]
@@ -46,9 +49,13 @@ __all__ = ["EXPERIMENTS", "run_cell", "build_mlp"]
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 _KINDS = ("vanilla", "pretrain25", "pretrain75", "bn", "bn_asym", "bn_nomean")
 _SCALES = {
-    "small": dict(n_train=20_000, n_eval=5_000, n_test=2_000, steps=500, seeds=[0]),
-    "paper": dict(n_train=60_000, n_eval=10_000, n_test=10_000, steps=20_000, seeds=[0, 1, 2, 3, 4]),
+    "small": dict(n_train=20_000, n_eval=5_000, n_test=2_000, steps=500, seeds=[0],
+                  track_steps=[0, 5, 10, 25, 50, 100, 200, 300, 400, 500]),
+    "paper": dict(n_train=60_000, n_eval=10_000, n_test=10_000, steps=20_000, seeds=[0, 1, 2, 3, 4],
+                  track_steps=[0, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 20_000]),
 }
+#: images the training accuracy through training is read on (batch statistics; Fig. 10 left)
+_CURVE_IMAGES = 256
 
 
 def _grid(scale: str) -> list[dict]:
@@ -56,7 +63,8 @@ def _grid(scale: str) -> list[dict]:
 
     s = _SCALES[check_choice("scale", scale, tuple(_SCALES))]
     return [dict(kind=k, depth=32, width=128, lr=0.01, batch_size=64, steps=s["steps"], n_train=s["n_train"],
-                 n_eval=s["n_eval"], n_test=s["n_test"], seed=seed) for seed in s["seeds"] for k in _KINDS]
+                 n_eval=s["n_eval"], n_test=s["n_test"], track_steps=s["track_steps"], seed=seed)
+            for seed in s["seeds"] for k in _KINDS]
 
 
 def _settings() -> list[Setting]:
@@ -69,6 +77,8 @@ def _settings() -> list[Setting]:
                 str(p["steps"])),
         Setting("seeds", "5 independent runs", str(len(s["seeds"])), str(len(p["seeds"])),
                 "small: 1 seed to fit bnlab report's 10 minutes on 2 CPU cores"),
+        Setting("steps with r(H_L), alignment, accuracy (Figs. 6, 10)", "every iteration (curves)",
+                ", ".join(map(str, s["track_steps"])), ", ".join(map(str, p["track_steps"]))),
     ]
 
 
@@ -86,6 +96,22 @@ def build_mlp(kind: str, depth: int, width: int, *, seed: int, d_in: int = 784, 
     if kind == "bn_asym":
         return MLP(d_in, [width] * depth, classes, norm=norm, init="asym_uniform", sigma_w2=1.0, seed=seed)
     return MLP(d_in, [width] * depth, classes, norm=norm, init="gaussian", sigma_w2=1.0, seed=seed)
+
+
+def _batch_stat_accuracy(model, x, y) -> float:
+    """Accuracy with BN's batch statistics (train mode, as during training), running statistics restored."""
+    import torch
+
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
+    with torch.no_grad():
+        acc = float((model(x).argmax(1) == y).float().mean())
+        for k, v in model.named_buffers():
+            v.copy_(buffers[k])
+    return acc
+
+
+def _finite_or_none(v: float):
+    return None if math.isnan(v) else v  # NaN (no pair of non-zero representations) is stored as None (JSON)
 
 
 def _last_r(model, x) -> float:
@@ -134,27 +160,40 @@ def run_cell(params: dict) -> dict:
         out["pretrain_final_r"] = res.final_r
     out["r_start"] = _last_r(model, probe)
     align = gradient_alignment(model, probe, y[:64])
-    # NaN (no pair of non-zero representations) is stored as None (JSON)
-    out["alignment_start"] = None if math.isnan(align.mean_abs_neuron_cosine) else align.mean_abs_neuron_cosine
+    out["alignment_start"] = _finite_or_none(align.mean_abs_neuron_cosine)
     out["zero_representation_fraction"] = align.zero_fraction
     from bnlab.nets import train as train_net
 
-    checkpoints = {params["steps"] // 4, params["steps"] // 2, params["steps"]}
+    steps = params["steps"]
+    # r(H_L), the gradient alignment (Prop. 19) and the training accuracy at these steps (Figs. 6 and 10);
+    # without "track_steps" (fig4's cells) at a quarter, half and the end of training
+    track = sorted({int(t) for t in params.get("track_steps", (steps // 4, steps // 2, steps)) if 0 < int(t) <= steps})
+    x_curve, y_curve = x[:_CURVE_IMAGES], y[:_CURVE_IMAGES]
     r_curve = [[0, out["r_start"]]]
+    align_curve = [[0, out["alignment_start"]]]
+    acc_curve = [[0, _batch_stat_accuracy(model, x_curve, y_curve)]]
 
-    def track_rank(info) -> None:
-        if info.step + 1 in checkpoints:
-            r_curve.append([info.step + 1, _last_r(info.model, probe)])
+    def track_training(info) -> None:
+        if info.step + 1 in track and bool(torch.isfinite(info.loss)):
+            step = info.step + 1
+            r_curve.append([step, _last_r(info.model, probe)])
+            # train mode, as the steps themselves (BN with the batch's statistics)
+            a = gradient_alignment(info.model, probe, y[:64]).mean_abs_neuron_cosine
+            align_curve.append([step, _finite_or_none(a)])
+            acc_curve.append([step, _batch_stat_accuracy(info.model, x_curve, y_curve)])
 
     result = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=params["lr"]),
-                       batch_size=params["batch_size"], steps=params["steps"], callbacks=[track_rank],
+                       batch_size=params["batch_size"], steps=steps, callbacks=[track_training],
                        seed=10_000 + seed)
     losses = [float(v) for v in result.history]
     if result.diverged:
         out["diverged_at_step"] = result.diverged_at_step
-    if not result.diverged:
-        end = gradient_alignment(model, probe, y[:64])  # Fig. 10 after training (train mode, as the steps)
-        out["alignment_end"] = None if math.isnan(end.mean_abs_neuron_cosine) else end.mean_abs_neuron_cosine
+    elif align_curve[-1][0] == steps:
+        out["alignment_end"] = align_curve[-1][1]  # Fig. 10 after training
+    else:
+        out["alignment_end"] = _finite_or_none(gradient_alignment(model, probe, y[:64]).mean_abs_neuron_cosine)
+    out["alignment_through_training"] = align_curve
+    out["accuracy_through_training"] = acc_curve
     model.eval()
     with torch.no_grad():
         ne = params["n_eval"]
@@ -192,7 +231,42 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     axes[0].legend(fontsize=8)
     fig.suptitle("Depth-32 ReLU MLPs on Fashion-MNIST: pre-training vs BN vs vanilla")
     fig.tight_layout()
-    return save_figure(fig, outdir, "daneshmand2020_fig6")
+    return save_figure(fig, outdir, "daneshmand2020_fig6") + _plot_fig10(records, outdir)
+
+
+def _curve(rows) -> np.ndarray:
+    """[[step, value or None], ...] as a float array (None → NaN, a gap in the line)."""
+    return np.array([[s, np.nan if v is None else v] for s, v in rows], dtype=float).reshape(-1, 2)
+
+
+def _plot_fig10(records: Sequence[Record], outdir: Path) -> list[Path]:
+    """Fig. 10's two panels through training: log training accuracy and the per-neuron gradient alignment."""
+    kinds = sorted(_by_kind(records).items(), key=lambda kv: _KINDS.index(kv[0]))
+    kinds = [(k, [m for m in ms if "alignment_through_training" in m]) for k, ms in kinds]
+    if not any(ms for _, ms in kinds):
+        return []  # records from before the curves were recorded
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for i, (kind, ms) in enumerate(kinds):
+        for j, m in enumerate(ms):
+            label = kind if j == 0 else None
+            acc = _curve(m["accuracy_through_training"])
+            al = _curve(m["alignment_through_training"])
+            # steps + 1 on a log axis, so that step 0 (initialization) is drawn
+            axes[0].plot(acc[:, 0] + 1, acc[:, 1], "o-", ms=3, color=f"C{i}", alpha=0.8, label=label)
+            axes[1].plot(al[:, 0] + 1, al[:, 1], "o-", ms=3, color=f"C{i}", alpha=0.8, label=label)
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("SGD step + 1")
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel(f"training accuracy ({_CURVE_IMAGES} images, batch statistics)")
+    axes[1].set_ylabel("gradient alignment: mean |cos| (per neuron)")
+    axes[1].set_ylim(0, 1.02)
+    axes[1].legend(fontsize=8)
+    fig.suptitle("Fig. 10 through training: last-layer per-sample gradients, depth-32 MLPs, Fashion-MNIST",
+                 fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, outdir, "daneshmand2020_fig10")
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:
@@ -219,6 +293,24 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
         bnlab=", ".join(f"{k} {v:.2f}" for k, v in sorted(align.items(), key=lambda kv: _KINDS.index(kv[0]))),
         agrees=bool(align["vanilla"] > 0.9 and align.get("bn", 0.0) < 0.6),
     ))
+    curves = {k: [m["alignment_through_training"] for m in ms if "alignment_through_training" in m]
+              for k, ms in kinds.items()}
+    if curves.get("vanilla") and curves.get("bn"):
+        def values(k):
+            return [v for c in curves[k] for _, v in c if v is not None]
+
+        lo_v, hi_b = min(values("vanilla"), default=np.nan), max(values("bn"), default=np.nan)
+        steps = max(s for c in curves["vanilla"] for s, _ in c)
+        rows.append(Comparison(
+            quantity=f"gradient alignment through training (Fig. 10), at {len(curves['vanilla'][0])} points over "
+                     f"{steps} steps",
+            paper="stays ≈ 1 for the collapsed vanilla net (SGD steps in one direction whatever the input); "
+                  "stays far below 1 with BN",
+            bnlab=f"vanilla min {lo_v:.2f}, BN max {hi_b:.2f}"
+                  + "".join(f"; {k} {c[0][0][1]:.2f} → {c[0][-1][1]:.2f}" for k, c in curves.items()
+                            if k.startswith("pretrain") and c and c[0][0][1] is not None and c[0][-1][1] is not None),
+            agrees=bool(lo_v > 0.9 and hi_b < 0.6),
+        ))
     if "bn" in kinds and "bn_asym" in kinds:
         r_bn = float(np.mean([m["r_start"] for m in kinds["bn"]]))
         r_asym = float(np.mean([m["r_start"] for m in kinds["bn_asym"]]))
@@ -259,5 +351,17 @@ EXPERIMENTS = [
         compare=_compare,
         uses_gpu=False,
         settings=_settings(),
+        checks=[
+            Check("pretrain", "agrees when pre-training at least doubles r(H_L) on the probe and the pre-trained "
+                  "net's training accuracy beats the vanilla net's by more than 0.05"),
+            Check("mean |cos| of last-layer per-sample gradients at the start",
+                  "agrees when the vanilla net's is above 0.9 and BN's below 0.6"),
+            Check("gradient alignment through training",
+                  "agrees when the vanilla net's alignment stays above 0.9 at every tracked step and BN's below 0.6"),
+            Check("breaking BN", "agrees when the asymmetric net's r(H_L) is below BN's and its accuracy more than "
+                  "0.05 below BN's"),
+            Check("BN without mean subtraction", "agrees when its training accuracy is within 0.1 of BN's"),
+            Check("BN: training accuracy", "agrees when BN's beats the vanilla net's by more than 0.05"),
+        ],
     )
 ]

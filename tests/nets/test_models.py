@@ -279,6 +279,36 @@ def test_vgg_and_resnet_parameter_counts():
     assert len(resnet(20).norms) == 19 and len(vgg(11).norms) == 8
 
 
+def test_resnet50_bottleneck_parameter_count_and_structure():
+    # ResNet-50 with the CIFAR stem, BN and Linear(2048, 10): 23,520,842 parameters — the count of the
+    # widely used CIFAR ResNet-50 (e.g. kuangliu/pytorch-cifar), an independent tally of He et al. Table 1.
+    # Recomputed by hand: stage with c_mid = c, blocks n: first block 1×1 (c_in·c) + 3×3 (9c²) + 1×1 (4c²)
+    # + projection (c_in·4c), BN 2·(c + c + 4c + 4c); the others the same with c_in = 4c and no projection.
+    def stage(c_in, c, n):
+        first = c_in * c + 9 * c * c + 4 * c * c + c_in * 4 * c + 2 * (c + c + 4 * c + 4 * c)
+        rest = 4 * c * c + 9 * c * c + 4 * c * c + 2 * (c + c + 4 * c)
+        return first + (n - 1) * rest
+
+    by_hand = (3 * 9 * 64 + 2 * 64 + stage(64, 64, 3) + stage(256, 128, 4) + stage(512, 256, 6)
+               + stage(1024, 512, 3) + 2048 * 10 + 10)
+    m = resnet(50)
+    assert _n_params(m) == by_hand == 23_520_842
+    assert len(m.norms) == 1 + 16 * 3 + 4  # stem, three per block, one per projection shortcut
+    assert m(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_vgg_width_multiplier_scales_channels():
+    v = vgg(11, in_channels=1, width_multiplier=1 / 8)
+    convs = [c for c in v if isinstance(c, nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [8, 16, 32, 32, 64, 64, 64, 64]
+    assert v[-1].in_features == 64 and len(v.norms) == 8
+    assert v(torch.randn(2, 1, 32, 32)).shape == (2, 10)
+    # a tiny multiplier keeps at least one channel per layer
+    assert {c.out_channels for c in vgg(11, width_multiplier=1e-3) if isinstance(c, nn.Conv2d)} == {1}
+    with pytest.raises(ValueError, match="width_multiplier"):
+        vgg(11, width_multiplier=0.0)
+
+
 def test_resnet_option_a_shortcut_subsamples_and_zero_pads():
     # with both convolutions zeroed a block in eval mode (running stats 0/1) outputs φ(shortcut(x)):
     # identity subsampled by 2 and zero-padded from 16 to 32 channels (He et al. 2016 §4.2, option A)
@@ -312,7 +342,7 @@ def test_conv_nets_accept_every_normalization(norm):
         (lambda: BNPCNN(channels=(32, 64)), "channels"),
         (lambda: BNPCNN(in_shape=(3, 8, 8)), "in_shape"),
         (lambda: vgg(12), "depth"),
-        (lambda: resnet(50), "depth"),
+        (lambda: resnet(51), "depth"),
         (lambda: resnet(20, norm="gn", norm_kwargs={"num_groups": 3}), "num_groups"),
     ],
 )

@@ -54,3 +54,14 @@ def test_preact_projection_shortcut_and_gn():
     assert y.shape == (2, 10) and torch.isfinite(y).all()
     with pytest.raises(ValueError, match="preact"):
         resnet(20, preact="yes")
+
+
+def test_preact_bottleneck_is_refused_with_the_depths_that_work():
+    # the pre-activation bottleneck block does not exist here: the error must say so, not build a
+    # post-activation ResNet-50 behind the caller's back
+    import pytest as _pytest
+
+    from bnlab.nets import resnet as _resnet
+
+    with _pytest.raises(ValueError, match="preact=True with depth=50"):
+        _resnet(50, preact=True)

@@ -13,10 +13,23 @@ from bnlab.reproductions import daneshmand2020_lemma3 as l3
 
 from bnlab.reproductions import daneshmand2020_fig1 as f1
 from bnlab.reproductions import daneshmand2020_fig4 as f4
+from bnlab.reproductions import daneshmand2020_fig5 as f5
 from bnlab.reproductions import daneshmand2020_fig6 as f6
 
 ALL = [f1.EXPERIMENTS[0], f2.EXPERIMENTS[0], f3.EXPERIMENTS[0], f3.EXPERIMENTS[1], l3.EXPERIMENTS[0],
-       f6.EXPERIMENTS[0], f4.EXPERIMENTS[0]]
+       f5.EXPERIMENTS[0], f6.EXPERIMENTS[0], f4.EXPERIMENTS[0]]
+
+
+def test_every_rank_reproduction_declares_a_paper_scale():
+    # issue 15: every Daneshmand reproduction has `small` and `paper` scales, and the paper grid is a
+    # different (larger) sweep, not a copy of the small one
+    from bnlab.experiments.registry import list_experiments
+
+    found = {name: e for name, e in list_experiments().items() if name.startswith("daneshmand2020-")}
+    assert set(found) == {e.name for e in ALL}
+    for exp in found.values():
+        small, paper = exp.grid("small"), exp.grid("paper")
+        assert paper and paper != small, exp.name
 
 
 @pytest.mark.parametrize("exp", ALL, ids=lambda e: e.name)
@@ -107,17 +120,61 @@ def test_fig6_cells_tiny(tmp_path):
     recs = []
     for kind in ("vanilla", "pretrain25", "bn", "bn_asym", "bn_nomean"):
         p = dict(kind=kind, depth=3, width=16, lr=0.01, batch_size=16, steps=8, n_train=300, n_eval=100,
-                 n_test=100, seed=0)
+                 n_test=100, seed=0, track_steps=[0, 1, 3, 8])
         m = f6.run_cell(p)
         if m.get("skipped"):
             pytest.skip(m["skip_reason"])
         json.dumps(m)
-        assert 0 <= m["train_accuracy"] <= 1 and len(m["r_through_training"]) == 4
-        assert "alignment_end" in m
+        assert 0 <= m["train_accuracy"] <= 1
+        for key in ("r_through_training", "alignment_through_training", "accuracy_through_training"):
+            assert [s for s, _ in m[key]] == [0, 1, 3, 8], key
+        assert m["alignment_end"] == m["alignment_through_training"][-1][1]
+        assert m["alignment_start"] == m["alignment_through_training"][0][1]
         recs.append(Record(p, m))
     assert "pretrain_final_r" in recs[1].metrics
-    assert all(p.exists() for p in exp.plot(recs, tmp_path))
-    assert len(exp.compare(recs)) == 5
+    paths = exp.plot(recs, tmp_path)
+    assert {p.name for p in paths} >= {"daneshmand2020_fig6.png", "daneshmand2020_fig10.png"}
+    assert all(p.exists() for p in paths)
+    rows = exp.compare(recs)
+    assert len(rows) == 6
+    # every row is explained by a declared check (its name starts the row's quantity)
+    assert all(any(r.quantity.startswith(c.name) for c in exp.checks) for r in rows), [r.quantity for r in rows]
+
+
+def test_fig6_tracking_does_not_change_training():
+    # the Fig. 10 curve is measured between steps (forward passes, running statistics restored, no random
+    # draws): the losses must be the same numbers with and without it (same process, same operations)
+    p = dict(kind="bn", depth=3, width=16, lr=0.05, batch_size=16, steps=12, n_train=300, n_eval=100, n_test=100,
+             seed=0)
+    plain = f6.run_cell(p)
+    if plain.get("skipped"):
+        pytest.skip(plain["skip_reason"])
+    tracked = f6.run_cell(dict(p, track_steps=list(range(13))))
+    assert tracked["loss_curve"] == plain["loss_curve"] and tracked["train_accuracy"] == plain["train_accuracy"]
+    assert len(tracked["alignment_through_training"]) == 13 and len(plain["alignment_through_training"]) == 4
+
+
+def test_fig6_alignment_through_training_row_can_fail():
+    exp = f6.EXPERIMENTS[0]
+
+    def recs(vanilla, bn):
+        out = []
+        for kind, curve in (("vanilla", vanilla), ("bn", bn)):
+            m = dict(train_accuracy=0.5, alignment_start=curve[0], r_init=1.0, r_start=1.0,
+                     alignment_through_training=[[10 * i, v] for i, v in enumerate(curve)])
+            out.append(Record(dict(kind=kind, seed=0), m))
+        return out
+
+    def row(rs):
+        return next(r for r in exp.compare(rs) if r.quantity.startswith("gradient alignment through training"))
+
+    assert row(recs([0.98, 1.0, 0.99], [0.3, 0.32, 0.31])).agrees is True
+    # the vanilla net's gradients de-align once during training: Fig. 10's claim fails
+    assert row(recs([0.98, 0.5, 0.99], [0.3, 0.32, 0.31])).agrees is False
+    # BN's gradients align late in training
+    assert row(recs([0.98, 1.0, 0.99], [0.3, 0.32, 0.8])).agrees is False
+    # a point without a direction (None: every representation is 0) is left out, not counted as 0
+    assert row(recs([0.98, None, 0.99], [0.3, 0.32, 0.31])).agrees is True
 
 
 def test_fig6_build_mlp_structure():
@@ -195,3 +252,5 @@ def test_fig6_settings_are_read_off_the_grid():
         assert rows["seeds"].at(scale) == str(len({c["seed"] for c in cells}))
         assert rows["training images"].at(scale) == str(cells[0]["n_train"])
         assert rows["SGD steps (batch 64, lr 0.01)"].at(scale) == str(cells[0]["steps"])
+        track = rows["steps with r(H_L), alignment, accuracy (Figs. 6, 10)"].at(scale)
+        assert track == ", ".join(map(str, cells[0]["track_steps"])) and cells[0]["track_steps"][-1] == cells[0]["steps"]
