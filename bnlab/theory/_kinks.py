@@ -145,10 +145,14 @@ def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool =
     Y, W = y.ravel(), w.ravel()
     keep = np.isfinite(W) & (W > 0)
     X, Y, W = X[keep], Y[keep], W[keep]
+    # the nodes stay in runs of equal x (row-major order of (outer node, panel, t)): their starts let
+    # the routes evaluate functions of u_1 once per outer node (_SphereGrid.run_sums)
+    counts = keep.reshape(x.size, -1).sum(axis=1)
+    starts = np.concatenate([[0], np.cumsum(counts[counts > 0])[:-1]]).astype(np.intp)
     M_inv_q = X * X + Y * Y + (X + Y) ** 2 / (b - 2.0)
-    for arr in (X, Y, W, M_inv_q):
+    for arr in (X, Y, W, M_inv_q, starts):
         arr.setflags(write=False)
-    return _SphereGrid(b, 0.0, X, Y, W, M_inv_q)
+    return _SphereGrid(b, 0.0, X, Y, W, M_inv_q, starts)
 
 
 def sphere_grid_for(act, batch_size: int, radial_power: float):
