@@ -200,7 +200,8 @@ class _SphereGrid:
     """Nodes (x, y) = (u_1, u_2), weights w (Σw = 1) and squared whitened radius s.
 
     The Jacobi rule carries a factor s^beta in its weight: integrands must be
-    divided by ``s**beta`` (see :meth:`expect`).
+    divided by ``s**beta`` (see :meth:`expect`).  ``s`` is None for rules with β = 0 that
+    do not carry it (the kink-split rule of :mod:`._kinks`).
 
     ``starts`` (kink-split rules of :mod:`._kinks` only): the nodes come in runs of equal x (the
     outer variable of an iterated rule); ``starts`` are the first node of each run.  Every integrand
@@ -218,7 +219,7 @@ class _SphereGrid:
     x: np.ndarray
     y: np.ndarray
     w: np.ndarray
-    s: np.ndarray
+    s: np.ndarray | None
     starts: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 

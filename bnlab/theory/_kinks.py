@@ -133,26 +133,31 @@ def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool =
     yc = -r * x / pb
     inner = np.clip(np.column_stack([np.broadcast_to(kin, (x.size, kin.size)), yc]), ylo[:, None], yhi[:, None])
     ends = np.column_stack([ylo, np.sort(inner, axis=1), yhi])
-    lo, hi = ends[:, :-1, None], ends[:, 1:, None]
-    length = hi - lo
-    y = np.where(t < 0.5, lo + length * t, hi - length * tc)
-    d_lo = (lo - ylo[:, None, None]) + length * t  # exact distance to y₋ in the first non-empty panel
-    d_hi = (yhi[:, None, None] - hi) + length * tc  # exact distance to y₊ in the last one
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        dens = (pb * d_lo * d_hi) ** a if a != 0.0 else np.ones_like(d_lo)
-        w = wx[:, None, None] * length * wt * dens * const
-    X = np.broadcast_to(x[:, None, None], y.shape).ravel()
-    Y, W = y.ravel(), w.ravel()
-    keep = np.isfinite(W) & (W > 0)
-    X, Y, W = X[keep], Y[keep], W[keep]
-    # the nodes stay in runs of equal x (row-major order of (outer node, panel, t)): their starts let
-    # the routes evaluate functions of u_1 once per outer node (_SphereGrid.run_sums)
-    counts = keep.reshape(x.size, -1).sum(axis=1)
-    starts = np.concatenate([[0], np.cumsum(counts[counts > 0])[:-1]]).astype(np.intp)
-    M_inv_q = X * X + Y * Y + (X + Y) ** 2 / (b - 2.0)
-    for arr in (X, Y, W, M_inv_q, starts):
+    # only the non-empty panels get nodes (a kink outside (y₋, y₊) leaves an empty one); they stay in runs
+    # of equal x (row-major (outer node, panel)), so functions of u_1 are evaluated once per run
+    length_all = ends[:, 1:] - ends[:, :-1]
+    panel_x, panel_k = np.nonzero(length_all > 0)
+    lo = ends[panel_x, panel_k][:, None]
+    hi = ends[panel_x, panel_k + 1][:, None]  # the ends themselves (y₊ − hi is then exactly 0 on a last panel)
+    length = length_all[panel_x, panel_k][:, None]
+    half = int(np.searchsorted(t, 0.5))  # t increases: nodes below 1/2 measured from y₋'s side, the rest from y₊'s
+    y = np.concatenate([lo + length * t[:half], hi - length * tc[half:]], axis=1)
+    d_lo = (lo - ylo[panel_x, None]) + length * t  # exact distance to y₋ in the first panel of a chord
+    d_hi = (yhi[panel_x, None] - hi) + length * tc  # exact distance to y₊ in the last one
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        dens = (pb * d_lo * d_hi) ** a if a != 0.0 else 1.0
+        w = (wx[panel_x, None] * const) * (length * wt) * dens
+    W = w.ravel()
+    W[~np.isfinite(W)] = 0.0  # never reached for B ≥ 4 (d_lo, d_hi > 0 on non-empty panels): a guard
+    Y = y.ravel()
+    runs, per_run = np.unique(panel_x, return_counts=True)
+    counts = per_run * t.size
+    X = np.repeat(x[runs], counts)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.intp)
+    for arr in (X, Y, W, starts):
         arr.setflags(write=False)
-    return _SphereGrid(b, 0.0, X, Y, W, M_inv_q, starts)
+    # s (the squared whitened radius) is only needed by rules with a radial weight s^β, β ≠ 0: not this one
+    return _SphereGrid(b, 0.0, X, Y, W, None, starts)
 
 
 def sphere_grid_for(act, batch_size: int, radial_power: float):
