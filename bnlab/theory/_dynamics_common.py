@@ -500,7 +500,15 @@ def _choose_route(phi, batch_size, method, dynamics: _Dynamics, *, n_terms=None,
     method = _check_method(method, DYNAMICS_METHODS, dynamics.what)
     kind = _relu_or_identity(act)
     if method == "auto":
-        method = "closed" if kind is not None and b >= max(4, dynamics.closed_min_batch) else "sphere"
+        if kind is not None and b >= max(4, dynamics.closed_min_batch):
+            method = "closed"
+        elif _laplace_applies(act, b):
+            # every other positive-homogeneous φ (leaky relu, abs, relu^α): the Laplace closed forms (Thms F.33,
+            # G.12, H.14; hypergeometric kernels, ≈1e-13, agree with the sphere and Gegenbauer routes to ≤ 1e-12
+            # at 4 ≤ B ≤ 128, tests/theory/test_kinks.py) — no quadrature of φ' singular at its kink (relu^α, α < 1)
+            method = "laplace"
+        else:
+            method = "sphere"
     route = dict(act=act, batch_size=b, method=method, relu_or_identity=kind)
     if method == "closed":
         if kind is None:
@@ -589,6 +597,14 @@ def _laplace_kernel_values(act, b: int) -> dict:
     return dict(
         alpha=al, c_alpha=ca, J1=float(homogeneous_kernel(act, 1.0)) / ca, Jxi=float(homogeneous_kernel(act, xi)) / ca,
         dJxi=float(dk(xi)) / ca, dJ0=float(dk(0.0)) / ca, mu=fp.q_star * (1.0 - fp.c_star),
+    )
+
+
+def _laplace_applies(act, b: int) -> bool:
+    """Whether the Laplace closed forms apply: φ positive-homogeneous of degree α with (B−1)/2 > α, B ≥ 4."""
+    return (
+        act.homogeneity is not None and act.homogeneous_coeffs is not None and b >= 4
+        and (b - 1) / 2.0 > act.homogeneity
     )
 
 

@@ -24,8 +24,8 @@ Thm G.12 with α = 1 for λ_L↓, λ_M↓) and identity (λ_G↓ = (B−2)/(B−
 λ_L↓ = λ_M↓ = (B² − 2B − 1)/(B² − 2B − 3), from the sphere's fourth moments).
 ``"laplace"``: Thm G.12 for every positive-homogeneous φ of degree α > 1/2
 (≈1e-13).  ``"montecarlo"``: traces of u ↦ P_u D · D P_u over each eigenspace, from
-uniform samples of the sphere, with standard errors.  ``"auto"``: closed when
-available, else sphere.  For ε > 0 :func:`gradient_explosion_rate` delegates to
+uniform samples of the sphere, with standard errors.  ``"auto"``: closed (relu,
+identity), else laplace (other positive-homogeneous φ, (B−1)/2 > α), else sphere.  For ε > 0 :func:`gradient_explosion_rate` delegates to
 :func:`bnlab.theory.epsilon.epsilon_analysis`.
 
 B = 3: E[r⁻²] = ∞ for r ~ χ_2, so the mean field backward map diverges (the

@@ -28,7 +28,8 @@ relu (Beta functions and the arccosine kernel) and the identity
 ``"sphere"``: the one-dimensional spherical integrals above by the quadrature
 of :mod:`bnlab.theory.forward` (≈1e-11 relative).  ``"gegenbauer"``: Thms H.3
 (c* = a_0²) and 3.11.  ``"montecarlo"``: uniform samples of the sphere.
-``"auto"``: closed when available, else sphere.
+``"auto"``: closed (relu, identity), else laplace (other positive-homogeneous φ with
+(B−1)/2 > α), else sphere.
 
 Errata found while checking the printed formulas numerically
 ------------------------------------------------------------

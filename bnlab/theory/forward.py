@@ -51,7 +51,8 @@ the sphere, with standard errors; an independent check, not a production route.
 (hypergeometric, :mod:`bnlab.theory.vphi`) and its derivative; needs
 (B−1)/2 > α.  Accuracy ≈1e-13.
 
-``"auto"`` = closed when available, else sphere.  ``fourier`` (App. E.2) is
+``"auto"`` = closed (relu, identity), else laplace (other positive-homogeneous φ with
+(B−1)/2 > α), else sphere.  ``fourier`` (App. E.2) is
 developed for the fixed point only: it raises ``ValueError`` here.
 
 Errata found while checking the printed formulas numerically

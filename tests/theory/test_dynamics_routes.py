@@ -80,14 +80,21 @@ def test_smooth_phi_sphere_vs_gegenbauer(dynamics, name, b):
 # the one prologue
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("dynamics", list(DYNAMICS))
-def test_auto_picks_closed_for_relu_and_identity_and_sphere_otherwise(dynamics):
+def test_auto_picks_closed_for_relu_and_identity_laplace_for_homogeneous_and_sphere_otherwise(dynamics):
     fn = DYNAMICS[dynamics][0]
     assert fn("relu", 16).method == "closed"
     assert fn("identity", 16).method == "closed"
     # a positive multiple of relu is relu to batchnorm (scale invariance): still closed
     assert fn(get_activation("relu", gamma=2.0), 16).method == "closed"
     assert fn("tanh", 16).method == "sphere"
-    assert fn("leaky_relu", 16).method == "sphere"
+    # other positive-homogeneous φ: the Laplace closed forms where they apply ((B−1)/2 > α) …
+    assert fn("leaky_relu", 16).method == "laplace"
+    assert fn(get_activation("alpha_relu", alpha=0.75), 16).method == "laplace"
+    # … and the sphere where they do not (α = 2 at B = 5: (B−1)/2 = 2)
+    if dynamics != "backward":
+        assert fn(get_activation("alpha_relu", alpha=2.0), 5).method == "sphere"
+    # shifted relu is not homogeneous: the kink-split sphere
+    assert fn(get_activation("leaky_relu", beta=0.5), 16).method == "sphere"
 
 
 BAD_INPUT = [  # (phi, batch_size, keyword arguments, what the message must say)
