@@ -221,6 +221,10 @@ class _SphereGrid:
     w: np.ndarray
     s: np.ndarray | None
     starts: np.ndarray | None = None
+    #: kink rule: every run is a whole number of panels of ``panel_size`` consecutive nodes, and
+    #: ``run_panels`` are the first panel of each run (sums over a run are sums over panels, then runs)
+    panel_size: int | None = None
+    run_panels: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def expect(self, values: np.ndarray) -> np.ndarray:
@@ -247,7 +251,12 @@ class _SphereGrid:
         return self._cache[key]
 
     def _per_run(self, arr: np.ndarray) -> np.ndarray:
-        return arr if self.starts is None else np.add.reduceat(arr, self.starts, axis=1)
+        if self.starts is None:
+            return arr
+        if self.panel_size is not None:  # contiguous sums over each panel's nodes, then the few panels of a run
+            per_panel = arr.reshape(arr.shape[0], -1, self.panel_size).sum(axis=2)
+            return np.add.reduceat(per_panel, self.run_panels, axis=1)
+        return np.add.reduceat(arr, self.starts, axis=1)
 
     def power_sums(self, values: np.ndarray | None, k: int) -> np.ndarray:
         """(k+1, runs): Σ over each run of (w / s^β) y^j ``values`` (values at the nodes' u_2; None: 1)."""

@@ -42,10 +42,8 @@ from bnlab.theory._linalg import _tanh_sinh_step
 
 __all__: list[str] = []
 
-# tanh-sinh on (0, 1): step 2^-4, half-width 4.5 (nodes reach t ≈ 5e-62; omitted weights < 1e-60)
-_STEP = 1.0 / 16.0
-_STEP_SMALL_B = 1.0 / 10.0
-_SMALL_B = 32
+# tanh-sinh on (0, 1) for integrands singular at a kink: half-width 4.5 (nodes reach t ≈ 5e-62; omitted
+# weights < 1e-60); the step by B: _STEPS
 _HALF_WIDTH = 4.5
 
 
@@ -73,15 +71,21 @@ def _panels(lo: float, hi: float, cuts) -> list[tuple[float, float]]:
     return [(a, b) for a, b in zip(pts[:-1], pts[1:]) if b > a]
 
 
+#: tanh-sinh step of the kink-split rule by the largest B it serves (the density is a peak of width ~B^{−1/2}:
+#: the step shrinks with B).  Measured: the largest relative change of q*, q*c*, λ_L↑, λ_M↑, λ_G↓, λ_L↓, λ_M↓,
+#: c_CB*, λ_M̃ against step 1/40, worst over relu(γx + β) for (1, 1), (1, −0.5), (2, 0.5), (0.5, 2), leaky relu
+#: with β = 0.5, selu, elu, relu^0.6, relu(x − 0.3) + 0.1x: step 1/6 ≤ 1.2e-12 for 5 ≤ B ≤ 8 (1/5: 7e-10 at 8);
+#: 1/7 ≤ 4.3e-13 for B ≤ 12; 1/8 ≤ 3.9e-13 for B ≤ 16, 1.9e-11 at 24, 6.3e-10 at 32 (8e-10 against the old
+#: step 1/10 on leaky relu with β = 0.5; 1/10: 3.7e-13 at 32, with
+#: 1.6× the nodes: the speed of analyze at B = 32 is worth the 6e-10, 1600× inside the 1e-6 target); 1/16 ≤ 5e-14
+#: for 33 ≤ B ≤ 256; B = 4, where the density (1 − Q)^{−1/2} is singular at the ellipse: ≈ 3e-9 with 1/16
+_STEPS = ((4, 1.0 / 16.0), (8, 1.0 / 6.0), (12, 1.0 / 7.0), (32, 1.0 / 8.0), (256, 1.0 / 16.0))
+
+
 def _unit_rule(batch_size: int, singular: bool):
-    # the density is a peak of width ~B^{−1/2}: the step shrinks with B (measured below); the half-width
-    # 4.5 only where the integrand is singular at a kink (relu^α's φ'), else 3.2 (omitted weights < 1e-20)
-    # measured on the forward/backward/cross-batch eigenvalues of relu(x + 1), selu, relu(x − 0.3) + 0.1x,
-    # relu^0.6 against steps 2^-5: step 1/10 leaves ≤ 4e-13 for 5 ≤ B ≤ 32 (1/8 left 5e-10 at B = 32;
-    # B = 4, where the density (1 − Q)^{−1/2} is singular at the ellipse: ≈ 3e-9, so 1/16 there);
-    # 1/16 ≤ 5e-14 for 33 ≤ B ≤ 256
-    small = 5 <= batch_size <= _SMALL_B
-    step = _STEP_SMALL_B if small else (_STEP if batch_size <= 256 else 0.5 * _STEP)
+    # the half-width 4.5 only where the integrand is singular at a kink (relu^α's φ'), else 3.2 (omitted
+    # weights < 1e-20); the step by B from _STEPS (1/32 beyond B = 256)
+    step = next((h for most, h in _STEPS if batch_size <= most), 1.0 / 32.0)
     return _tanh_sinh_step(step, _HALF_WIDTH if singular else 3.2)
 
 
@@ -91,9 +95,9 @@ def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool =
 
     ``kinks`` are the kinks of the integrand in u (i.e. those of φ divided by √B); ``singular``
     widens the tanh-sinh range for integrands singular at a kink.  B ≥ 4.  Accuracy on the
-    eigenvalues of relu(x + 1), selu, relu(x − 0.3) + 0.1x, relu^0.6 (change when the step is
-    halved twice): ≈ 3e-9 at B = 4 (the density (1 − Q)^{−1/2} is singular on the ellipse), ≤ 4e-13
-    for 5 ≤ B ≤ 1024; the constant and x⁴ integrate to ≤ 1e-14.
+    quantities of nine kinked φ (see :data:`_STEPS`; change against step 1/40): ≈ 3e-9 at B = 4 (the
+    density (1 − Q)^{−1/2} is singular on the ellipse), ≤ 1.2e-12 for 5 ≤ B ≤ 16, ≤ 2e-11 at B = 24,
+    ≤ 6.3e-10 at B = 32, ≤ 5e-14 for 33 ≤ B ≤ 256; the constant and x⁴ integrate to ≤ 1e-14.
     """
     from bnlab.theory._dynamics_common import _SphereGrid
 
@@ -154,10 +158,11 @@ def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool =
     counts = per_run * t.size
     X = np.repeat(x[runs], counts)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.intp)
-    for arr in (X, Y, W, starts):
+    run_panels = np.concatenate([[0], np.cumsum(per_run)[:-1]]).astype(np.intp)
+    for arr in (X, Y, W, starts, run_panels):
         arr.setflags(write=False)
     # s (the squared whitened radius) is only needed by rules with a radial weight s^β, β ≠ 0: not this one
-    return _SphereGrid(b, 0.0, X, Y, W, None, starts)
+    return _SphereGrid(b, 0.0, X, Y, W, None, starts, int(t.size), run_panels)
 
 
 def sphere_grid_for(act, batch_size: int, radial_power: float):
