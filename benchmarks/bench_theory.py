@@ -10,8 +10,10 @@ Run:  python benchmarks/bench_theory.py [--quick]
    credit for nodes or moments kept from an earlier call), median wall time of repeated calls.
 2. The same quantities by direct Monte Carlo of the batchnorm network's map, to 1e-3
    (:func:`direct_montecarlo`): batches h ~ N(0, Σ*) at the theory's fixed point, B_φ(h) =
-   φ(√B Gh/‖Gh‖) and its Jacobian J by torch autograd (``vmap(jacrev)``, float64), and per sample the
-   unbiased statistics of every quantity (below).  The standard error of each mean over a pilot run
+   φ(√B Gh/‖Gh‖) and its Jacobian J (float64, one thread) — by torch autograd (``vmap(jacrev)``, what
+   one writes for a network) and, as the strongest baseline we have, by its closed form — and per
+   sample exact traces giving unbiased statistics of every quantity (below; tested against analyze
+   in tests/theory/test_bench_theory.py).  The standard error of each mean over a pilot run
    of n₀ samples gives the samples for a standard error of 1e-3 relative (1e-3 absolute for the
    correlations c* and c_CB*, which can be 0), N = n₀ (se/target)²; the cost is the measured
    per-sample time (warm: one untimed chunk first, so compilation and allocation are not counted)
@@ -190,22 +192,27 @@ def bench_case(label, spec, b, n0, repeat):
     act = get_activation(d.pop("phi"), **d)
     t_auto, res = time_analyze(act, b, repeat)
     print(f"\n{label} at B={b}: analyze(auto) {t_auto * 1e3:.2f} ms, {res.fixed_point_kind}, routes {res.methods_used}")
+    out = dict(label=label, b=b, t_auto=t_auto, t_mc={})
     if res.fixed_point_kind != "BSB1":
         print("  BSB2: analyze returns no BSB1 quantities (the verdict is the result); no Monte Carlo comparison")
-        return dict(label=label, b=b, t_auto=t_auto, t_mc=None)
-    rows, per_sample = direct_montecarlo(act, b, res, n0)
-    n_need = 0.0
-    print(f"  direct Monte Carlo, {n0} samples in {per_sample * n0:.2f} s ({per_sample * 1e6:.1f} µs/sample, warm):")
-    for name, v, se, want, target in rows:
-        need = n0 * (se / target) ** 2
-        n_need = max(n_need, need)
-        z = (v - want) / se if se > 0 else 0.0
-        print(f"    {name:6s} MC {v: .6f} ± {se:.1e}  theory {want: .6f}  (z = {z:+.1f})  "
-              f"se ≤ {target:.1e} needs {need:,.0f} samples")
-    t_mc = per_sample * n_need
-    print(f"  direct Monte Carlo of every quantity to {TARGET:g}: {n_need:,.0f} samples → {t_mc:.1f} s")
-    print(f"  RATIO direct Monte Carlo / analyze(auto) = {t_mc / t_auto:,.0f}x  (target >= 1000x)")
-    return dict(label=label, b=b, t_auto=t_auto, t_mc=t_mc)
+        return out
+    for jacobian in ("autograd", "analytic"):
+        rows, per_sample = direct_montecarlo(act, b, res, n0, jacobian=jacobian)
+        n_need = 0.0
+        print(f"  direct Monte Carlo ({jacobian} Jacobians), {n0} samples in {per_sample * n0:.2f} s "
+              f"({per_sample * 1e6:.1f} µs/sample, warm):")
+        for name, v, se, want, target in rows:
+            need = n0 * (se / target) ** 2
+            n_need = max(n_need, need)
+            z = (v - want) / se if se > 0 else 0.0
+            if jacobian == "autograd":  # the estimates are the same for both (same samples, same J to 1e-15)
+                print(f"    {name:6s} MC {v: .6f} ± {se:.1e}  theory {want: .6f}  (z = {z:+.1f})  "
+                      f"se ≤ {target:.1e} needs {need:,.0f} samples")
+        t_mc = per_sample * n_need
+        out["t_mc"][jacobian] = t_mc
+        print(f"    every quantity to {TARGET:g}: {n_need:,.0f} samples → {t_mc:.2f} s;  "
+              f"RATIO direct Monte Carlo / analyze(auto) = {t_mc / t_auto:,.0f}x  (target >= 1000x)")
+    return out
 
 
 def bench_reduced_montecarlo(label, spec, b, n0):
@@ -255,13 +262,18 @@ def main():
     repeat = 3 if args.quick else 15
     cases = CASES[:2] if args.quick else CASES
     out = [bench_case(label, spec, b, n0, repeat) for label, spec, b in cases]
-    print("\nSIDE BY SIDE (B as given; analyze cold, median wall time; direct Monte Carlo warm, every quantity to 1e-3)")
+    print("\nSIDE BY SIDE  analyze(auto) cold, median wall time; direct Monte Carlo warm, every quantity to 1e-3 "
+          "(autograd / analytic Jacobians)")
     t_tanh = next(r["t_auto"] for r in out if r["label"] == "tanh")
-    print(f"  {'φ':18s} {'B':>3s} {'analyze':>10s} {'÷ tanh':>7s} {'direct MC':>10s} {'ratio':>9s}")
+    print(f"  {'φ':18s} {'B':>3s} {'analyze':>10s} {'÷ tanh':>7s} {'MC autograd':>12s} {'ratio':>8s} "
+          f"{'MC analytic':>12s} {'ratio':>8s}")
     for r in out:
-        mc = "—" if r["t_mc"] is None else f"{r['t_mc']:.1f} s"
-        ratio = "—" if r["t_mc"] is None else f"{r['t_mc'] / r['t_auto']:,.0f}x"
-        print(f"  {r['label']:18s} {r['b']:3d} {r['t_auto'] * 1e3:8.2f} ms {r['t_auto'] / t_tanh:6.2f}x {mc:>10s} {ratio:>9s}")
+        cells = []
+        for jac in ("autograd", "analytic"):
+            t = r["t_mc"].get(jac)
+            cells += ["—", "—"] if t is None else [f"{t:.2f} s", f"{t / r['t_auto']:,.0f}x"]
+        print(f"  {r['label']:18s} {r['b']:3d} {r['t_auto'] * 1e3:7.2f} ms {r['t_auto'] / t_tanh:6.2f}x "
+              f"{cells[0]:>12s} {cells[1]:>8s} {cells[2]:>12s} {cells[3]:>8s}")
     if not args.quick:
         print("\nFor the record: bnlab's reduced Monte Carlo (sphere samples of the reduced integrals, not the network):")
         for label, spec, b in CASES[:2]:
