@@ -225,6 +225,12 @@ class _SphereGrid:
     #: ``run_panels`` are the first panel of each run (sums over a run are sums over panels, then runs)
     panel_size: int | None = None
     run_panels: np.ndarray | None = None
+    #: kink rule: panel p's nodes are y = lo_p + len_p τ_t with the same τ for every panel (``panel_lo``,
+    #: ``panel_len``, ``tau``), so Σ_t w v y^j = Σ_i C(j, i) lo_p^{j−i} len_p^i Σ_t (w v) τ_t^i: one BLAS
+    #: product (panels × nodes)·(nodes × powers) instead of a (powers × nodes) array per function
+    panel_lo: np.ndarray | None = None
+    panel_len: np.ndarray | None = None
+    tau: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def expect(self, values: np.ndarray) -> np.ndarray:
@@ -258,8 +264,37 @@ class _SphereGrid:
             return np.add.reduceat(per_panel, self.run_panels, axis=1)
         return np.add.reduceat(arr, self.starts, axis=1)
 
+    def _panel_power_sums(self, values: np.ndarray | None, k: int) -> np.ndarray:
+        wv = self.w if values is None else self.w * values
+        tau_pows = self._cache.get(("tau", k))
+        if tau_pows is None:
+            tau_pows = self._cache[("tau", k)] = np.vander(self.tau, k + 1, increasing=True)
+        m = wv.reshape(-1, self.panel_size) @ tau_pows  # (panels, k+1): Σ_t w v τ^i
+        lo, ln = self.panel_lo, self.panel_len
+        out = np.empty((k + 1, m.shape[0]))
+        lo_pow = [np.ones_like(lo)]
+        ln_pow = [np.ones_like(ln)]
+        for _ in range(k):
+            lo_pow.append(lo_pow[-1] * lo)
+            ln_pow.append(ln_pow[-1] * ln)
+        for j in range(k + 1):
+            acc = np.zeros_like(lo)
+            for i in range(j + 1):
+                acc += math.comb(j, i) * lo_pow[j - i] * ln_pow[i] * m[:, i]
+            out[j] = acc
+        return np.add.reduceat(out, self.run_panels, axis=1)
+
     def power_sums(self, values: np.ndarray | None, k: int) -> np.ndarray:
         """(k+1, runs): Σ over each run of (w / s^β) y^j ``values`` (values at the nodes' u_2; None: 1)."""
+        if self.tau is not None:
+            if values is None:
+                key = ("run powers", k)
+                if key not in self._cache:
+                    arr = self._panel_power_sums(None, k)
+                    arr.setflags(write=False)
+                    self._cache[key] = arr
+                return self._cache[key]
+            return self._panel_power_sums(values, k)
         if values is None:
             key = ("run powers", k)
             if key not in self._cache:

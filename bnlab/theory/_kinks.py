@@ -162,7 +162,11 @@ def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool =
     for arr in (X, Y, W, starts, run_panels):
         arr.setflags(write=False)
     # s (the squared whitened radius) is only needed by rules with a radial weight s^β, β ≠ 0: not this one
-    return _SphereGrid(b, 0.0, X, Y, W, None, starts, int(t.size), run_panels)
+    tau = np.concatenate([t[:half], 1.0 - tc[half:]])  # y = lo + length·τ on every panel (to rounding)
+    plo, pln = lo.ravel().copy(), length.ravel().copy()
+    for arr in (tau, plo, pln):
+        arr.setflags(write=False)
+    return _SphereGrid(b, 0.0, X, Y, W, None, starts, int(t.size), run_panels, plo, pln, tau)
 
 
 def sphere_grid_for(act, batch_size: int, radial_power: float):
