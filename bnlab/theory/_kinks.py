@@ -118,13 +118,12 @@ def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool =
             sq = math.sqrt(disc)
             cuts += [(-r * k - sq) / pb, (-r * k + sq) / pb]
     t, tc, wt = _unit_rule(b, singular)
-    xs, wx = [], []
-    for lo, hi in _panels(-xmax, xmax, cuts):
-        length = hi - lo
-        xs.append(np.where(t < 0.5, lo + length * t, hi - length * tc))
-        wx.append(length * wt)
-    x = np.concatenate(xs)
-    wx = np.concatenate(wx)
+    half = int(np.searchsorted(t, 0.5))  # t increases: nodes below 1/2 measured from the lower end, the rest from the upper
+    outer = np.array(_panels(-xmax, xmax, cuts))
+    olo, ohi = outer[:, :1], outer[:, 1:]
+    olen = ohi - olo
+    x = np.concatenate([olo + olen * t[:half], ohi - olen * tc[half:]], axis=1).ravel()
+    wx = (olen * wt).ravel()
     # inner: y between the roots y± of p y² + 2 r x y + p x² − 1 = 0
     disc = np.maximum(pb - (pb * pb - r * r) * x * x, 0.0)
     sq = np.sqrt(disc)
@@ -144,7 +143,6 @@ def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool =
     lo = ends[panel_x, panel_k][:, None]
     hi = ends[panel_x, panel_k + 1][:, None]  # the ends themselves (y₊ − hi is then exactly 0 on a last panel)
     length = length_all[panel_x, panel_k][:, None]
-    half = int(np.searchsorted(t, 0.5))  # t increases: nodes below 1/2 measured from y₋'s side, the rest from y₊'s
     y = np.concatenate([lo + length * t[:half], hi - length * tc[half:]], axis=1)
     d_lo = (lo - ylo[panel_x, None]) + length * t  # exact distance to y₋ in the first panel of a chord
     d_hi = (yhi[panel_x, None] - hi) + length * tc  # exact distance to y₊ in the last one
@@ -154,7 +152,9 @@ def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool =
     W = w.ravel()
     W[~np.isfinite(W)] = 0.0  # never reached for B ≥ 4 (d_lo, d_hi > 0 on non-empty panels): a guard
     Y = y.ravel()
-    runs, per_run = np.unique(panel_x, return_counts=True)
+    per_x = np.bincount(panel_x, minlength=x.size)  # panels per outer node (panel_x is sorted)
+    runs = np.flatnonzero(per_x)
+    per_run = per_x[runs]
     counts = per_run * t.size
     X = np.repeat(x[runs], counts)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.intp)
