@@ -86,7 +86,13 @@ def _unit_rule(batch_size: int, singular: bool):
     # the half-width 4.5 only where the integrand is singular at a kink (relu^α's φ'), else 3.2 (omitted
     # weights < 1e-20); the step by B from _STEPS (1/32 beyond B = 256)
     step = next((h for most, h in _STEPS if batch_size <= most), 1.0 / 32.0)
-    return _tanh_sinh_step(step, _HALF_WIDTH if singular else 3.2)
+    return _unit_nodes(step, _HALF_WIDTH if singular else 3.2)
+
+
+@lru_cache(maxsize=16)
+def _unit_nodes(step: float, half_width: float):
+    # the tanh-sinh rule on (0, 1): a table of universal constants (no φ, no B), computed once
+    return _tanh_sinh_step(step, half_width)
 
 
 @lru_cache(maxsize=64)
