@@ -206,8 +206,9 @@ def analyze(
     --------
     That of the routes in ``methods_used`` (see :mod:`bnlab.theory.forward`,
     :mod:`bnlab.theory.backward`, :mod:`bnlab.theory.cross_batch`): rounding
-    for closed forms, ≈1e-10 for spherical integration, Monte Carlo standard
-    errors for ``"montecarlo"``.
+    for closed forms (Laplace ≈1e-13), ≈1e-10 for spherical integration of smooth
+    φ, ≤ 1e-9 on the kink-split rule for kinked φ (B = 4: ≈3e-9; docs/theory-methods.md),
+    Monte Carlo standard errors for ``"montecarlo"``.
     """
     from bnlab.activations import get_activation
 
