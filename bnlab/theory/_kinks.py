@@ -10,7 +10,8 @@ curve, and a non-homogeneous φ kinked at 0 (selu, elu) is not polynomial in s a
 the rules converge only algebraically there (λ_G↓ of relu(x + 1) at B = 32: 6e-4 off; selu:
 1e-4).  Here the integrals are iterated in Cartesian coordinates with every panel ending at a
 kink, so each panel's integrand is smooth up to algebraic endpoint singularities, which
-tanh-sinh quadrature integrates at its exponential rate.
+tanh-sinh quadrature integrates at its exponential rate (and Gauss–Legendre, with far fewer
+nodes, once the density's endpoint exponent is large: see below).
 
 Density of (x, y) = (u_1, u_2) (projection of the uniform measure on S^{B−2} ⊂ W onto a
 2-plane; B ≥ 4): with M = I_2 − 11ᵀ/B, Q(x, y) = (x, y) M⁻¹ (x, y)ᵀ = x² + y² + (x + y)²/(B−2),
@@ -22,7 +23,10 @@ written in Cartesian coordinates.  For fixed x, 1 − Q = p_B (y − y₋)(y₊ 
 so the inner panels carry the exact distances to y± (the (1 − Q)^a singularity at B = 4 is then
 integrated to full precision); the outer variable ranges over |x| ≤ √((B−1)/B) and is cut at the
 kinks k and where a kink line y = k enters or leaves the ellipse (Q(x, k) = 1), where the inner
-integral is not smooth in x.
+integral is not smooth in x.  Each panel gets the same rule on (0, 1): Gauss–Legendre for
+16 ≤ B ≤ 512 (the panels' integrands are analytic up to their ends but for the density's (1 − Q)^a,
+smooth there once a = (B − 5)/2 ≥ 5.5; 24–64 nodes per panel, :data:`_GAUSS_NODES`), tanh-sinh
+otherwise (algebraic endpoint behaviour at small B, :data:`_STEPS`).
 
 Where the integrand is singular at a kink, the tanh-sinh nodes reach 5e-62 of a panel's length
 from its ends (half-width 4.5 instead of 3.2), so that φ' singular at a kink at 0 (relu^α, ½ < α < 1: (φ')² ~ |x|^{2α−2}) loses nothing
@@ -37,6 +41,7 @@ import math
 from functools import lru_cache
 
 import numpy as np
+from scipy import special
 
 from bnlab.theory._linalg import _tanh_sinh_step
 
@@ -71,22 +76,49 @@ def _panels(lo: float, hi: float, cuts) -> list[tuple[float, float]]:
     return [(a, b) for a, b in zip(pts[:-1], pts[1:]) if b > a]
 
 
-#: tanh-sinh step of the kink-split rule by the largest B it serves (the density is a peak of width ~B^{−1/2}:
-#: the step shrinks with B).  Measured: the largest relative change of q*, q*c*, λ_L↑, λ_M↑, λ_G↓, λ_L↓, λ_M↓,
-#: c_CB*, λ_M̃ against step 1/40, worst over relu(γx + β) for (1, 1), (1, −0.5), (2, 0.5), (0.5, 2), leaky relu
-#: with β = 0.5, selu, elu, relu^0.6, relu(x − 0.3) + 0.1x: step 1/6 ≤ 1.2e-12 for 5 ≤ B ≤ 8 (1/5: 7e-10 at 8);
-#: 1/7 ≤ 4.3e-13 for B ≤ 12; 1/8 ≤ 3.9e-13 for B ≤ 16, 1.9e-11 at 24, 6.3e-10 at 32 (8e-10 against the old
-#: step 1/10 on leaky relu with β = 0.5; 1/10: 3.7e-13 at 32, with
-#: 1.6× the nodes: the speed of analyze at B = 32 is worth the 6e-10, 1600× inside the 1e-6 target); 1/16 ≤ 5e-14
-#: for 33 ≤ B ≤ 256; B = 4, where the density (1 − Q)^{−1/2} is singular at the ellipse: ≈ 3e-9 with 1/16
-_STEPS = ((4, 1.0 / 16.0), (8, 1.0 / 6.0), (12, 1.0 / 7.0), (32, 1.0 / 8.0), (256, 1.0 / 16.0))
+#: tanh-sinh step of the kink-split rule by the largest B it serves where Gauss–Legendre is not used (B < 16,
+#: B > 512, and integrands singular at a kink; the density is a peak of width ~B^{−1/2}: the step shrinks with
+#: B).  Measured: the largest relative change of q*, q*c*, λ_L↑, λ_M↑, λ_G↓, λ_L↓, λ_M↓, c_CB*, λ_M̃ against
+#: step 1/40, worst over relu(γx + β) for (1, 1), (1, −0.5), (2, 0.5), (0.5, 2), leaky relu with β = 0.5, selu,
+#: elu, relu^0.6, relu(x − 0.3) + 0.1x: step 1/6 ≤ 1.2e-12 for 5 ≤ B ≤ 8 (1/5: 7e-10 at 8); 1/7 ≤ 4.3e-13 for
+#: B ≤ 12; 1/8 ≤ 3.9e-13 for B ≤ 16 (6e-10 at 32); 1/16 ≤ 5e-14 for 33 ≤ B ≤ 256; B = 4, where the density
+#: (1 − Q)^{−1/2} is singular at the ellipse: ≈ 3e-9 with 1/16
+_STEPS = ((4, 1.0 / 16.0), (8, 1.0 / 6.0), (12, 1.0 / 7.0), (16, 1.0 / 8.0), (256, 1.0 / 16.0))
+
+
+#: Gauss–Legendre nodes per panel by the largest B they serve (16 ≤ B ≤ 512, integrands bounded at the
+#: kinks).  Every panel ends at a kink, a crossing of a kink line with the ellipse, the density's maximum or
+#: the ellipse, so its integrand is analytic inside and up to its ends except the density's (1 − Q)^a
+#: factor at the ellipse, a = (B − 5)/2: smooth enough from B ≈ 16 on for Gauss–Legendre to converge
+#: fast, and far fewer nodes than tanh-sinh, which spends half of its on the ellipse end where the
+#: integrand vanishes.  Measured (largest relative change of the nine quantities against tanh-sinh with
+#: step 1/40, worst over relu(γx + β) for (1, 1), (1, −0.5), (2, 0.5), (0.5, 2), leaky relu with β = 0.5,
+#: selu, elu, relu(x − 0.3) + 0.1x): B = 16: 32 nodes 1.2e-14 (24: 1e-13); B = 24, 32: 24 nodes ≤ 6e-15
+#: (16: 1.5e-14); B = 64: 24 nodes 5e-15 (20: 4e-13); B = 128: 32 nodes 3e-14 (24: 1e-11); B = 256: 48
+#: nodes 5e-14; B = 512: 64 nodes 9e-14 (32: 2e-9).  Below B = 16 (a < 5.5: 48 nodes leave 2e-13 at
+#: B = 12, 5e-5 at B = 5) and above 512 the tanh-sinh steps of _STEPS are used.
+_GAUSS_NODES = ((23, 32), (64, 24), (128, 32), (256, 48), (512, 64))
+_GAUSS_MIN_BATCH = 16
 
 
 def _unit_rule(batch_size: int, singular: bool):
-    # the half-width 4.5 only where the integrand is singular at a kink (relu^α's φ'), else 3.2 (omitted
-    # weights < 1e-20); the step by B from _STEPS (1/32 beyond B = 256)
+    # integrand singular at a kink (relu^α's φ'): tanh-sinh with half-width 4.5; bounded: Gauss–Legendre for
+    # 16 ≤ B ≤ 512 (_GAUSS_NODES), else tanh-sinh with half-width 3.2 (omitted weights < 1e-20) and the
+    # step by B from _STEPS (1/32 beyond B = 256)
+    if not singular and _GAUSS_MIN_BATCH <= batch_size <= _GAUSS_NODES[-1][0]:
+        return _gauss_nodes(next(n for most, n in _GAUSS_NODES if batch_size <= most))
     step = next((h for most, h in _STEPS if batch_size <= most), 1.0 / 32.0)
     return _unit_nodes(step, _HALF_WIDTH if singular else 3.2)
+
+
+@lru_cache(maxsize=16)
+def _gauss_nodes(n: int):
+    # Gauss–Legendre on (0, 1) as (t, 1 − t, weights), t increasing; 1 − t from the nodes' own complement
+    z, wz = special.roots_legendre(n)
+    out = (0.5 * (1.0 + z), 0.5 * (1.0 - z), 0.5 * wz)
+    for arr in out:
+        arr.setflags(write=False)
+    return out
 
 
 @lru_cache(maxsize=16)
@@ -101,9 +133,10 @@ def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool =
 
     ``kinks`` are the kinks of the integrand in u (i.e. those of φ divided by √B); ``singular``
     widens the tanh-sinh range for integrands singular at a kink.  B ≥ 4.  Accuracy on the
-    quantities of nine kinked φ (see :data:`_STEPS`; change against step 1/40): ≈ 3e-9 at B = 4 (the
-    density (1 − Q)^{−1/2} is singular on the ellipse), ≤ 1.2e-12 for 5 ≤ B ≤ 16, ≤ 2e-11 at B = 24,
-    ≤ 6.3e-10 at B = 32, ≤ 5e-14 for 33 ≤ B ≤ 256; the constant and x⁴ integrate to ≤ 1e-14.
+    quantities of nine kinked φ (see :data:`_STEPS`, :data:`_GAUSS_NODES`; change against tanh-sinh with
+    step 1/40): ≈ 3e-9 at B = 4 (the density (1 − Q)^{−1/2} is singular on the ellipse), ≤ 1.2e-12 for
+    5 ≤ B ≤ 15, ≤ 4.1e-13 for 16 ≤ B ≤ 512 (Gauss–Legendre panels; the bound is relu^0.6's tanh-sinh
+    rule, the others ≤ 1e-13); the constant and x⁴ integrate to ≤ 1e-14.
     """
     from bnlab.theory._dynamics_common import _SphereGrid
 

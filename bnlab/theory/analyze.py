@@ -207,7 +207,7 @@ def analyze(
     That of the routes in ``methods_used`` (see :mod:`bnlab.theory.forward`,
     :mod:`bnlab.theory.backward`, :mod:`bnlab.theory.cross_batch`): rounding
     for closed forms (Laplace ≈1e-13), ≈1e-10 for spherical integration of smooth
-    φ, ≤ 1e-9 on the kink-split rule for kinked φ (B = 4: ≈3e-9; docs/theory-methods.md),
+    φ, ≤ 1.2e-12 on the kink-split rule for kinked φ (B = 4: ≈3e-9; docs/theory-methods.md),
     Monte Carlo standard errors for ``"montecarlo"``.
     """
     from bnlab.activations import get_activation
@@ -312,7 +312,7 @@ def _analyze(act, b, eps, sigma_w2, method, routes, notes, undefined=None) -> Th
             fp_method = "sphere"
         if fp_method == "auto" and fw is not None and fw.method == "sphere" and _kinked_non_homogeneous(act):
             # q* = E f_1², q*c* = E f_1 f_2 (Thm 3.3) are the first two moments the forward route already
-            # integrated on the kink-split 2-D rule (≤ 1e-9 for B ≥ 5, ≈ 3e-9 at B = 4; the Gegenbauer
+            # integrated on the kink-split 2-D rule (≤ 1.2e-12 for B ≥ 5, ≈ 3e-9 at B = 4; the Gegenbauer
             # fixed point that auto takes otherwise: ≤ 7e-7 at B = 4, ≤ 1e-9 for B ≥ 5, tests/theory/test_kinks.py)
             from bnlab.theory.fixed_point import BSB1FixedPoint
             from bnlab.theory.forward import _forward_moments_sphere

@@ -92,12 +92,6 @@ ROUTES_CHANGED_BY_ISSUE_13 = {
 }
 
 
-# and one tolerance: at 17 ≤ B ≤ 32 the kink-split rule's tanh-sinh step went from 1/10 to 1/8 (1.6× fewer
-# nodes); measured against step 1/40 over nine kinked φ its error is ≤ 8e-10 at B = 32 (bnlab.theory._kinks
-# ._STEPS), so the case on that rule is compared at 1e-9 (the recorded value came from the finer rule)
-RTOL_BY_ISSUE_13 = {("relu", 32, "auto", '{"beta": 1.0}'): 1e-9}
-
-
 def test_theory_outputs_unchanged():
     now = _record.theory_records()
     assert len(now) == len(BASELINE["theory"])
@@ -109,8 +103,7 @@ def test_theory_outputs_unchanged():
         for key, want in old["values"].items():
             want = corrected.get(key, want)
             got = new["values"][key]
-            rtol = RTOL_BY_ISSUE_13.get(case, 1e-12)
-            assert _close(got, want, rtol, 1e-15), (old["phi"], old["batch_size"], old["method"], key, got, want)
+            assert _close(got, want, 1e-12, 1e-15), (old["phi"], old["batch_size"], old["method"], key, got, want)
 
 
 def test_seeded_simulations_unchanged():
