@@ -101,11 +101,56 @@ _GAUSS_NODES = ((23, 32), (64, 24), (128, 32), (256, 48), (512, 64))
 _GAUSS_MIN_BATCH = 16
 
 
-def _unit_rule(batch_size: int, singular: bool):
-    # integrand singular at a kink (relu^α's φ'): tanh-sinh with half-width 4.5; bounded: Gauss–Legendre for
-    # 16 ≤ B ≤ 512 (_GAUSS_NODES), else tanh-sinh with half-width 3.2 (omitted weights < 1e-20) and the
-    # step by B from _STEPS (1/32 beyond B = 256)
-    if not singular and _GAUSS_MIN_BATCH <= batch_size <= _GAUSS_NODES[-1][0]:
+#: registered families that are analytic on either side of each kink (so a panel ending at a kink has an
+#: integrand analytic up to that end: Gauss–Legendre converges fast); alpha_relu only for integer α
+_PIECEWISE_ANALYTIC_FAMILIES = frozenset({"identity", "relu", "leaky_relu", "abs", "elu", "selu"})
+
+
+def piecewise_analytic(act) -> bool:
+    """Whether φ is analytic on either side of each of its kinks (relu, leaky relu, abs, elu, selu, integer
+    powers of relu, expressions built from them without fractional powers or sqrt), so that Gauss–Legendre
+    panels ending at the kinks converge fast.  False for callables (opaque) and for anything with a
+    non-integer power or sqrt (|x − k|^p, p ∉ ℤ: algebraic at the kink, where only tanh-sinh keeps its
+    rate — Gauss–Legendre there would return a wrong number, e.g. λ_G↓ of |x − 0.5|^0.6 off by 23 %)."""
+    if act.name in _PIECEWISE_ANALYTIC_FAMILIES:
+        return True
+    if act.name == "alpha_relu":
+        alpha = float(act.params.get("alpha", 1.0))
+        return alpha == int(alpha)
+    if act.name != "expr" or act.expression is None:
+        return False
+    return _expression_piecewise_analytic(act.expression)
+
+
+@lru_cache(maxsize=256)
+def _expression_piecewise_analytic(expr: str) -> bool:
+    import ast
+
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "sqrt":
+            return False
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            base_has_x = any(isinstance(n, ast.Name) and n.id == "x" for n in ast.walk(node.left))
+            if not base_has_x:
+                continue  # c**f(x): analytic wherever f is
+            exp = node.right
+            if isinstance(exp, ast.UnaryOp) and isinstance(exp.op, (ast.USub, ast.UAdd)):
+                exp = exp.operand
+            if not (isinstance(exp, ast.Constant) and isinstance(exp.value, (int, float))
+                    and float(exp.value) == int(exp.value)):
+                return False
+    return True
+
+
+def _unit_rule(batch_size: int, singular: bool, analytic: bool = False):
+    # integrand singular at a kink (relu^α's φ'): tanh-sinh with half-width 4.5; φ analytic on either side of
+    # its kinks: Gauss–Legendre for 16 ≤ B ≤ 512 (_GAUSS_NODES); else tanh-sinh with half-width 3.2 (omitted
+    # weights < 1e-20) and the step by B from _STEPS (1/32 beyond B = 256)
+    if analytic and not singular and _GAUSS_MIN_BATCH <= batch_size <= _GAUSS_NODES[-1][0]:
         return _gauss_nodes(next(n for most, n in _GAUSS_NODES if batch_size <= most))
     step = next((h for most, h in _STEPS if batch_size <= most), 1.0 / 32.0)
     return _unit_nodes(step, _HALF_WIDTH if singular else 3.2)
@@ -128,11 +173,12 @@ def _unit_nodes(step: float, half_width: float):
 
 
 @lru_cache(maxsize=64)
-def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool = True):
+def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool = True, analytic: bool = False):
     """A :class:`._dynamics_common._SphereGrid` (β = 0) for E over (u_1, u_2), cut at u_1, u_2 ∈ ``kinks``.
 
     ``kinks`` are the kinks of the integrand in u (i.e. those of φ divided by √B); ``singular``
-    widens the tanh-sinh range for integrands singular at a kink.  B ≥ 4.  Accuracy on the
+    widens the tanh-sinh range for integrands singular at a kink; ``analytic`` (φ analytic on either side
+    of each kink, :func:`piecewise_analytic`) allows Gauss–Legendre panels.  B ≥ 4.  Accuracy on the
     quantities of nine kinked φ (see :data:`_STEPS`, :data:`_GAUSS_NODES`; change against tanh-sinh with
     step 1/40): ≈ 3e-9 at B = 4 (the density (1 − Q)^{−1/2} is singular on the ellipse), ≤ 1.2e-12 for
     5 ≤ B ≤ 15, ≤ 4.1e-13 for 16 ≤ B ≤ 512 (Gauss–Legendre panels; the bound is relu^0.6's tanh-sinh
@@ -156,7 +202,7 @@ def kink_sphere_grid(batch_size: int, kinks: tuple[float, ...], singular: bool =
         if disc > 0:
             sq = math.sqrt(disc)
             cuts += [(-r * k - sq) / pb, (-r * k + sq) / pb]
-    t, tc, wt = _unit_rule(b, singular)
+    t, tc, wt = _unit_rule(b, singular, analytic)
     half = int(np.searchsorted(t, 0.5))  # t increases: nodes below 1/2 measured from the lower end, the rest from the upper
     outer = np.array(_panels(-xmax, xmax, cuts))
     olo, ohi = outer[:, :1], outer[:, 1:]
@@ -219,7 +265,7 @@ def sphere_grid_for(act, batch_size: int, radial_power: float):
         ks = kinks_of(act) or (0.0,)
         scale = math.sqrt(b)
         singular = act.homogeneity is not None and radial_power < 0.0
-        return kink_sphere_grid(b, tuple(sorted({k / scale for k in ks})), singular)
+        return kink_sphere_grid(b, tuple(sorted({k / scale for k in ks})), singular, piecewise_analytic(act))
     return _sphere_grid(b, float(radial_power) if act.homogeneity is not None else 0.0)
 
 
