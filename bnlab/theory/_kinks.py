@@ -25,7 +25,7 @@ integrated to full precision); the outer variable ranges over |x| ≤ √((B−1
 kinks k and where a kink line y = k enters or leaves the ellipse (Q(x, k) = 1), where the inner
 integral is not smooth in x.  Each panel gets the same rule on (0, 1): Gauss–Legendre for
 16 ≤ B ≤ 512 (the panels' integrands are analytic up to their ends but for the density's (1 − Q)^a,
-smooth there once a = (B − 5)/2 ≥ 5.5; 24–64 nodes per panel, :data:`_GAUSS_NODES`), tanh-sinh
+smooth there once a = (B − 5)/2 ≥ 5.5; 16–64 nodes per panel, :data:`_GAUSS_NODES`), tanh-sinh
 otherwise (algebraic endpoint behaviour at small B, :data:`_STEPS`).
 
 Where the integrand is singular at a kink, the tanh-sinh nodes reach 5e-62 of a panel's length
@@ -93,11 +93,12 @@ _STEPS = ((4, 1.0 / 16.0), (8, 1.0 / 6.0), (12, 1.0 / 7.0), (16, 1.0 / 8.0), (25
 #: fast, and far fewer nodes than tanh-sinh, which spends half of its on the ellipse end where the
 #: integrand vanishes.  Measured (largest relative change of the nine quantities against tanh-sinh with
 #: step 1/40, worst over relu(γx + β) for (1, 1), (1, −0.5), (2, 0.5), (0.5, 2), leaky relu with β = 0.5,
-#: selu, elu, relu(x − 0.3) + 0.1x): B = 16: 32 nodes 1.2e-14 (24: 1e-13); B = 24, 32: 24 nodes ≤ 6e-15
-#: (16: 1.5e-14); B = 64: 24 nodes 5e-15 (20: 4e-13); B = 128: 32 nodes 3e-14 (24: 1e-11); B = 256: 48
-#: nodes 5e-14; B = 512: 64 nodes 9e-14 (32: 2e-9).  Below B = 16 (a < 5.5: 48 nodes leave 2e-13 at
+#: selu, elu, relu(x − 0.3) + 0.1x): B = 16: 24 nodes 1e-13 (20: 1e-12); B = 20: 20 nodes 9e-15 (16: 2e-13);
+#: B = 24, 32: 16 nodes ≤ 2.4e-14 (B = 36: 4.5e-13, 40: 5e-12, so not beyond 32); B = 64: 24 nodes 5e-15
+#: (20: 4e-13); B = 128: 32 nodes 3e-14 (24: 1e-11); B = 256: 48 nodes 5e-14; B = 512: 64 nodes 9e-14
+#: (32: 2e-9).  Below B = 16 (a < 5.5: 48 nodes leave 2e-13 at
 #: B = 12, 5e-5 at B = 5) and above 512 the tanh-sinh steps of _STEPS are used.
-_GAUSS_NODES = ((23, 32), (64, 24), (128, 32), (256, 48), (512, 64))
+_GAUSS_NODES = ((19, 24), (23, 20), (32, 16), (64, 24), (128, 32), (256, 48), (512, 64))
 _GAUSS_MIN_BATCH = 16
 
 
