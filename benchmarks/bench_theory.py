@@ -289,7 +289,7 @@ def main():
     import torch
 
     torch.set_num_threads(1)
-    n0 = 1_000 if args.quick else 8_000
+    n0 = 1_000 if args.quick else 16_000
     repeat = 3 if args.quick else 15
     cases = CASES[:2] if args.quick else CASES
     out = [bench_case(label, spec, b, n0, repeat) for label, spec, b in cases]
