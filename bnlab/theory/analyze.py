@@ -10,8 +10,12 @@ attractor at all (``fixed_point_kind``; App. J, K).
 Methods (``method``):
 
 * ``"auto"``: the most accurate available route for each quantity (closed
-  forms for relu/identity, Gegenbauer/closed fixed point from
-  :func:`bnlab.theory.bsb1_fixed_point`, spherical integration otherwise);
+  forms for relu/identity, the Laplace closed forms for other positive-homogeneous
+  φ, spherical integration otherwise — split at every kink; the fixed point closed
+  for homogeneous φ, from the forward route's kink-split moments E f_1², E f_1 f_2
+  for kinked non-homogeneous φ, Gegenbauer otherwise).  BSB1 vs BSB2 is read off
+  the forward eigenvalues when they are more than 1e-6 from 1 (else, and for
+  B > 2048 or ε > 0, by :func:`bnlab.theory.symmetry.fixed_point_kind`);
 * ``"closed"``: closed forms only (relu, identity; else ``ValueError``);
 * ``"laplace"``: the Laplace method for positive-homogeneous φ: fixed point
   by :mod:`bnlab.theory.laplace`, dynamics by the closed forms of Thms F.33,
@@ -202,8 +206,9 @@ def analyze(
     --------
     That of the routes in ``methods_used`` (see :mod:`bnlab.theory.forward`,
     :mod:`bnlab.theory.backward`, :mod:`bnlab.theory.cross_batch`): rounding
-    for closed forms, ≈1e-10 for spherical integration, Monte Carlo standard
-    errors for ``"montecarlo"``.
+    for closed forms (Laplace ≈1e-13), ≈1e-10 for spherical integration of smooth
+    φ, ≤ 1.2e-12 on the kink-split rule for kinked φ (B = 4: ≈3e-9; docs/theory-methods.md),
+    Monte Carlo standard errors for ``"montecarlo"``.
     """
     from bnlab.activations import get_activation
 
@@ -256,7 +261,26 @@ def _analyze(act, b, eps, sigma_w2, method, routes, notes, undefined=None) -> Th
     base = dict(phi=act.spec, batch_size=b, eps=eps, sigma_w2=sigma_w2, method=method)
 
     # -- is BSB1 the attractor?  (App. J, K)
-    kind = _fixed_point_kind(act, b, notes)
+    # The criterion is max(λ_L↑, λ_M↑) < 1 (fixed_point_kind).  With ε = 0 and the auto routes the forward
+    # eigenvalues are needed anyway, so they decide it when they are clearly away from 1: their routes are
+    # accurate to ≤ 1e-9 for 4 ≤ B ≤ 2048 (closed/Laplace: rounding), far inside the 1e-6 margin.  Near 1,
+    # at larger B (where 1 − λ_L↑ ~ 2/B meets the cancellation of the quadrature) or when they cannot be
+    # computed, the stability route of bnlab.theory.symmetry (1 − λ without cancellation) decides.
+    fw = None
+    kind = None
+    if eps == 0.0 and routes["forward"] == "auto" and 4 <= b <= _MAX_SHARED_FORWARD_BATCH:
+        from bnlab.theory.forward import forward_eigenvalues
+
+        try:
+            fw = forward_eigenvalues(act, b, method="auto")
+        except ValueError:
+            fw = None
+        if fw is not None and fw.lambda_M is not None:
+            lam = max(fw.lambda_L, fw.lambda_M)
+            if math.isfinite(lam) and abs(lam - 1.0) > _KIND_MARGIN:
+                kind = "BSB1" if lam < 1.0 else "BSB2"
+    if kind is None:
+        kind = _fixed_point_kind(act, b, notes)
     used["fixed_point_kind"] = "bsb1_stability (max(λ_L↑, λ_M↑) < 1)"
     if kind == "BSB2":
         notes.append(
@@ -286,11 +310,22 @@ def _analyze(act, b, eps, sigma_w2, method, routes, notes, undefined=None) -> Th
         fp_method = {"montecarlo": "montecarlo", "closed": "closed"}.get(routes["fixed_point"], routes["fixed_point"])
         if fp_method == "gegenbauer" and b < 4:
             fp_method = "sphere"
-        fp = bsb1_fixed_point(act, b, method=fp_method)
+        if fp_method == "auto" and fw is not None and fw.method == "sphere" and _kinked_non_homogeneous(act):
+            # q* = E f_1², q*c* = E f_1 f_2 (Thm 3.3) are the first two moments the forward route already
+            # integrated on the kink-split 2-D rule (≤ 1.2e-12 for B ≥ 5, ≈ 3e-9 at B = 4; the Gegenbauer
+            # fixed point that auto takes otherwise: ≤ 7e-7 at B = 4, ≤ 1e-9 for B ≥ 5, tests/theory/test_kinks.py)
+            from bnlab.theory.fixed_point import BSB1FixedPoint
+            from bnlab.theory.forward import _forward_moments_sphere
+
+            mom = _forward_moments_sphere(act, b)
+            fp = BSB1FixedPoint.from_entries(b, mom[0], mom[1], _SHARED_FIXED_POINT, 1e-12 * abs(float(mom[0])))
+        else:
+            fp = bsb1_fixed_point(act, b, method=fp_method)
         out.update(q_star=fp.q_star, c_star=fp.c_star)
         used["fixed_point"] = fp.method
         # -- forward
-        fw = forward_eigenvalues(act, b, method=routes["forward"])
+        if fw is None:
+            fw = forward_eigenvalues(act, b, method=routes["forward"])
         out.update(forward_lambda_G=fw.lambda_G, forward_lambda_L=fw.lambda_L, forward_lambda_M=fw.lambda_M)
         used["forward"] = fw.method
         # -- backward
@@ -339,6 +374,20 @@ def _analyze(act, b, eps, sigma_w2, method, routes, notes, undefined=None) -> Th
         if rate <= 1.0:
             notes.append(f"grad_explosion_rate={rate:.6g} ≤ 1: gradients do not explode (they vanish); depth_scale is infinite")
     return TheoryResult(**base, methods_used=used, fixed_point_kind=kind, warnings=tuple(notes), **out)
+
+
+#: B up to which the auto forward route's eigenvalues decide BSB1/BSB2 (the quadrature routes' range)
+_MAX_SHARED_FORWARD_BATCH = 2048
+#: |max(λ_L↑, λ_M↑) − 1| below which the dedicated stability route decides instead
+_KIND_MARGIN = 1e-6
+#: methods_used["fixed_point"] when q*, c* come from the forward route's moments
+_SHARED_FIXED_POINT = "sphere (kink-split 2-D rule, moments shared with the forward route)"
+
+
+def _kinked_non_homogeneous(act) -> bool:
+    from bnlab.theory._kinks import kinks_of
+
+    return act.homogeneity is None and bool(kinks_of(act))
 
 
 def _fixed_point_kind(act, b: int, notes: list) -> str:

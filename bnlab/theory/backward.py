@@ -24,8 +24,8 @@ Thm G.12 with α = 1 for λ_L↓, λ_M↓) and identity (λ_G↓ = (B−2)/(B−
 λ_L↓ = λ_M↓ = (B² − 2B − 1)/(B² − 2B − 3), from the sphere's fourth moments).
 ``"laplace"``: Thm G.12 for every positive-homogeneous φ of degree α > 1/2
 (≈1e-13).  ``"montecarlo"``: traces of u ↦ P_u D · D P_u over each eigenspace, from
-uniform samples of the sphere, with standard errors.  ``"auto"``: closed when
-available, else sphere.  For ε > 0 :func:`gradient_explosion_rate` delegates to
+uniform samples of the sphere, with standard errors.  ``"auto"``: closed (relu,
+identity), else laplace (other positive-homogeneous φ, (B−1)/2 > α), else sphere.  For ε > 0 :func:`gradient_explosion_rate` delegates to
 :func:`bnlab.theory.epsilon.epsilon_analysis`.
 
 B = 3: E[r⁻²] = ∞ for r ~ χ_2, so the mean field backward map diverges (the
@@ -54,7 +54,7 @@ import numpy as np
 
 from bnlab._validation import check_int, check_real
 from bnlab.theory._dynamics_common import (
-    _check_finite, _choose_route, _conditional_moments, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy,
+    _check_finite, _choose_route, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy, sphere_brackets_backward,
     _laplace_kernel_values, _ratio_stats, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere,
 )
 from bnlab.theory._kinks import sphere_grid_for
@@ -119,32 +119,15 @@ _BACKWARD = _Dynamics("the backward eigenvalues", "Thms 3.10, G.12", check=_chec
 
 # -- sphere -------------------------------------------------------------------
 def _backward_moments_sphere(act, b: int):
+    """The eleven brackets of the backward map (App. G; [12|31] ≠ [12|13], see the ultrasymmetric errata)
+    by :func:`bnlab.theory._dynamics_common.sphere_brackets_backward`."""
     hom = act.homogeneity
     grid = sphere_grid_for(act, b, float(hom) - 1.0 if hom is not None else 0.0)  # split at kinks (._kinks)
-    x, y = grid.x, grid.y
     sb = math.sqrt(b)
     with np.errstate(invalid="ignore", divide="ignore"):
-        g1 = act.derivative(sb * x)
-        g2 = act.derivative(sb * y)
-    e3, e33, e34 = _conditional_moments(x, y, b)
-    g11, g12 = g1 * g1, g1 * g2
-    ox, oy = 1.0 - x * x, 1.0 - y * y
-    rows = np.stack(
-        [
-            g11 * ox * ox,  # [11|11]
-            g11 * x * x * y * y,  # [11|22]
-            -g12 * ox * x * y,  # [11|12]
-            g12 * x * y * e33,  # [11|23]
-            -g11 * ox * x * y,  # [12|11]
-            g11 * x * x * y * e3,  # [12|33]
-            g12 * ox * oy,  # [12|12]
-            g12 * x * x * y * y,  # [12|21]
-            -g12 * ox * y * e3,  # [12|13]
-            g12 * x * y * e34,  # [12|34]
-            g12 * x * x * y * e3,  # [12|31] = E g_1 g_3 P_13 P_12 (≠ [12|13] here: see ultrasymmetric errata)
-        ]
-    )
-    return grid.expect(rows)
+        g1 = act.derivative(sb * grid.x_distinct)  # once per distinct u_1 (a run of the kink rule)
+        g2 = act.derivative(sb * grid.y)
+    return sphere_brackets_backward(grid, g1, g2)
 
 
 def _mu_star_sphere(act, b: int) -> float:

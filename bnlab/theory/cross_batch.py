@@ -28,7 +28,8 @@ relu (Beta functions and the arccosine kernel) and the identity
 ``"sphere"``: the one-dimensional spherical integrals above by the quadrature
 of :mod:`bnlab.theory.forward` (≈1e-11 relative).  ``"gegenbauer"``: Thms H.3
 (c* = a_0²) and 3.11.  ``"montecarlo"``: uniform samples of the sphere.
-``"auto"``: closed when available, else sphere.
+``"auto"``: closed (relu, identity), else laplace (other positive-homogeneous φ with
+(B−1)/2 > α), else sphere.
 
 Errata found while checking the printed formulas numerically
 ------------------------------------------------------------
@@ -55,7 +56,7 @@ from bnlab.activations import get_activation
 from bnlab.theory._checks import check_batch_size
 from bnlab.theory._dynamics_common import (
     _check_finite, _choose_route, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy, _laplace_kernel_values,
-    _radial_inverse_moment, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere,
+    _radial_inverse_moment, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere, sphere_marginals,
 )
 from bnlab.theory._kinks import sphere_grid_for
 from bnlab.theory.forward import _forward_moments_sphere
@@ -110,11 +111,12 @@ def _sphere(act, b: int):
     sb = math.sqrt(b)
     # c*: E f(√B u_1), radial power α/2 for homogeneous φ
     g0 = sphere_grid_for(act, b, hom / 2.0 if hom is not None else 0.0)  # split at kinks (._kinks)
-    m = float(g0.expect(act(sb * g0.x)))
+    m = sphere_marginals(g0, act(sb * g0.x_distinct))[0]
     # rate: E φ'(√B u_1)((B−1)/B − u_1²), radial power (α−1)/2
     g1 = sphere_grid_for(act, b, (hom - 1.0) / 2.0 if hom is not None else 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        e = float(g1.expect(act.derivative(sb * g1.x) * ((b - 1.0) / b - g1.x**2)))
+        e0, e2 = sphere_marginals(g1, act.derivative(sb * g1.x_distinct))
+    e = (b - 1.0) / b * e0 - e2
     mom = _forward_moments_sphere(act, b)
     mu = float(mom[0] - mom[1])
     p = sb * _radial_inverse_moment(b, 1) * b * e / (math.sqrt(mu) * (b - 1.0))

@@ -51,7 +51,8 @@ the sphere, with standard errors; an independent check, not a production route.
 (hypergeometric, :mod:`bnlab.theory.vphi`) and its derivative; needs
 (B−1)/2 > α.  Accuracy ≈1e-13.
 
-``"auto"`` = closed when available, else sphere.  ``fourier`` (App. E.2) is
+``"auto"`` = closed (relu, identity), else laplace (other positive-homogeneous φ with
+(B−1)/2 > α), else sphere.  ``fourier`` (App. E.2) is
 developed for the fixed point only: it raises ``ValueError`` here.
 
 Errata found while checking the printed formulas numerically
@@ -85,7 +86,7 @@ import numpy as np
 from scipy import special
 
 from bnlab.theory._dynamics_common import (
-    _check_finite, _choose_route, _conditional_moments, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy,
+    _check_finite, _choose_route, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy, sphere_brackets_forward,
     _laplace_kernel_values, _ratio_stats, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere,
 )
 from bnlab.theory._kinks import sphere_grid_for
@@ -132,19 +133,11 @@ def _forward_moments_sphere(act, batch_size: int):
     b = batch_size
     hom = act.homogeneity
     grid = sphere_grid_for(act, b, float(hom) if hom is not None else 0.0)  # split at kinks (._kinks)
-    x, y = grid.x, grid.y
     sb = math.sqrt(b)
     with np.errstate(invalid="ignore", divide="ignore"):
-        f1 = act(sb * x)
-        f2 = act(sb * y)
-    e3, e33, e34 = _conditional_moments(x, y, b)
-    f11 = f1 * f1
-    f12 = f1 * f2
-    rows = np.stack(
-        [f11, f12, f11 * x * x, f11 * y * y, f11 * x * y, f11 * y * e3,
-         f12 * x * x, f12 * e33, f12 * x * y, f12 * x * e3, f12 * e34]
-    )
-    out = grid.expect(rows)
+        f1 = act(sb * grid.x_distinct)  # once per distinct u_1 (a run of the kink rule)
+        f2 = act(sb * grid.y)
+    out = sphere_brackets_forward(grid, f1, f2)
     out.setflags(write=False)
     return out
 

@@ -259,6 +259,37 @@ def _iterate_kind(phi: Activation, b: int, depth: int, seed, n_samples: int, thr
     return ("BSB1" if dev < threshold else "BSB2"), dev
 
 
+#: Seconds of one core per unit n_samples·B² of one Monte Carlo layer of the confirmation (two B×B
+#: BLAS products per sample chunk; measured 2.0e-10 at B = 512, 5.8e-10 at B = 128, tanh, float64)
+_ITERATION_SECONDS_PER_UNIT = 2e-10
+#: The confirmation's distance from BSB1 has a sampling floor √(B/n_samples) (measured 0.039, 0.079,
+#: 0.114 at B = 32, 128, 256 with 20 000 samples: exactly √(B/n)); above half the 0.3 threshold the
+#: iterated verdict would be noise, so it is refused rather than reported
+_NOISE_FLOOR_LIMIT = 0.15
+
+
+def _check_iteration_cost(b: int, depth: int, n_samples: int) -> None:
+    """Refuse a confirmation that would take minutes, exhaust memory or be decided by sampling noise."""
+    from bnlab.theory._dynamics_common import MAX_MONTECARLO_SECONDS
+
+    secs = depth * n_samples * float(b) ** 2 * _ITERATION_SECONDS_PER_UNIT
+    floor = math.sqrt(b / n_samples)
+    if secs > MAX_MONTECARLO_SECONDS:
+        raise ValueError(
+            f"batch_size={b} is not allowed with depth={depth} and n_samples={n_samples}: confirming the verdict by "
+            f"iterating the Monte Carlo map costs depth·n_samples·B² (about {secs:.3g} s, > "
+            f"{MAX_MONTECARLO_SECONDS:.0f} s; B×B covariances of {8 * float(b) ** 2 / 2**30:.3g} GiB each); use "
+            "depth=None for the stability verdict alone (exact closed forms for relu-like φ, quadrature otherwise, "
+            "any batch_size), or a smaller depth"
+        )
+    if floor > _NOISE_FLOOR_LIMIT:
+        raise ValueError(
+            f"n_samples={n_samples} is too small for batch_size={b}: the iterated distance from BSB1 has a sampling "
+            f"floor √(B/n_samples) = {floor:.3g}, too close to the 0.3 threshold for a verdict; use n_samples >= "
+            f"{math.ceil(b / _NOISE_FLOOR_LIMIT**2)} or depth=None (stability verdict alone)"
+        )
+
+
 def fixed_point_kind(phi, batch_size, *, depth=60, seed=0, n_samples=20_000) -> str:
     r"""Whether the BN dynamics (ε = 0) from a generic Σ⁰ converge to a BSB1 or a BSB2 fixed point.
 
@@ -275,7 +306,11 @@ def fixed_point_kind(phi, batch_size, *, depth=60, seed=0, n_samples=20_000) -> 
     batch_size : int
         B ≥ 3.
     depth : int or None
-        Layers to iterate for the confirmation (≥ 1); ``None`` skips it.
+        Layers to iterate for the confirmation (≥ 1); ``None`` skips it.  The confirmation costs
+        depth·n_samples·B² and needs n_samples ≥ B/0.15² ≈ 44.4·B (its sampling floor √(B/n_samples) must
+        stay below half its 0.3 threshold): beyond either (the defaults allow B ≤ 450) it raises
+        ``ValueError`` before allocating anything; the stability verdict (``depth=None``) works at
+        any B (tested to B = 10¹²).
     seed : int or numpy.random.Generator seed
         Seed of Σ⁰ and of the Monte Carlo map.
     n_samples : int
@@ -295,6 +330,8 @@ def fixed_point_kind(phi, batch_size, *, depth=60, seed=0, n_samples=20_000) -> 
     if depth is not None:
         depth = check_int("depth", depth, minimum=1)
     n_samples = check_int("n_samples", n_samples, minimum=1000)
+    if depth is not None:
+        _check_iteration_cost(b, depth, n_samples)  # before the stability part: fail fast, allocate nothing
     st = _stability(phi, b)
     if not (math.isfinite(st.lambda_L) and math.isfinite(st.lambda_M)):
         # an overflow must never read as "not attracting"

@@ -80,14 +80,21 @@ def test_smooth_phi_sphere_vs_gegenbauer(dynamics, name, b):
 # the one prologue
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("dynamics", list(DYNAMICS))
-def test_auto_picks_closed_for_relu_and_identity_and_sphere_otherwise(dynamics):
+def test_auto_picks_closed_for_relu_and_identity_laplace_for_homogeneous_and_sphere_otherwise(dynamics):
     fn = DYNAMICS[dynamics][0]
     assert fn("relu", 16).method == "closed"
     assert fn("identity", 16).method == "closed"
     # a positive multiple of relu is relu to batchnorm (scale invariance): still closed
     assert fn(get_activation("relu", gamma=2.0), 16).method == "closed"
     assert fn("tanh", 16).method == "sphere"
-    assert fn("leaky_relu", 16).method == "sphere"
+    # other positive-homogeneous φ: the Laplace closed forms where they apply ((B−1)/2 > α) …
+    assert fn("leaky_relu", 16).method == "laplace"
+    assert fn(get_activation("alpha_relu", alpha=0.75), 16).method == "laplace"
+    # … and the sphere where they do not (α = 2 at B = 5: (B−1)/2 = 2)
+    if dynamics != "backward":
+        assert fn(get_activation("alpha_relu", alpha=2.0), 5).method == "sphere"
+    # shifted relu is not homogeneous: the kink-split sphere
+    assert fn(get_activation("leaky_relu", beta=0.5), 16).method == "sphere"
 
 
 BAD_INPUT = [  # (phi, batch_size, keyword arguments, what the message must say)
@@ -132,3 +139,66 @@ def test_an_activation_resolves_to_itself():
     act = get_activation("tanh")
     assert get_activation(act) is act
     assert get_activation(act, gamma=2.0) is not act
+
+
+# ---------------------------------------------------------------------------
+# the spherical brackets summed per run of equal u_1 (bnlab.theory._dynamics_common.sphere_brackets_*)
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("b", [3, 4, 9, 40])
+def test_conditional_moments_as_polynomials(b):
+    # e3, e33, e34 written as polynomials in (u_1, u_2) are an algebraic identity of _conditional_moments:
+    # only rounding separates them (terms O(1), so 1e-14 absolute)
+    import numpy as np
+
+    from bnlab.theory._dynamics_common import _conditional_coefficients, _conditional_moments
+
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(-0.6, 0.6, (2, 50))
+    e3, e33, e34 = _conditional_moments(x, y, b)
+    c1, c2 = _conditional_coefficients(b)
+    np.testing.assert_allclose(-c1 * (x + y), e3, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(c1 * (1 - x * x - y * y), e33, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(c2 * (2 * x * x + 2 * x * y + 2 * y * y - 1), e34, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("spec,radial", [(dict(phi="relu", beta=1.0), 0.0), (dict(phi="selu"), 0.0),
+                                         (dict(phi="alpha_relu", alpha=0.6), -0.4), (dict(phi="tanh"), 0.0)])
+@pytest.mark.parametrize("b", [4, 32])
+def test_run_sums_equal_the_node_by_node_sums(spec, radial, b):
+    # the brackets summed per run of equal u_1 (φ evaluated once per run) against the plain weighted sum
+    # over every node of the same rule, written as the routes were before (explicit integrands with the
+    # conditional moments): the same numbers reordered, so agreement to rounding (1e-13 relative to the
+    # largest bracket; the sums have ~5e4 terms of either sign)
+    import math
+
+    import numpy as np
+
+    from bnlab.theory._dynamics_common import (
+        _conditional_moments, sphere_brackets_backward, sphere_brackets_forward, sphere_marginals,
+    )
+    from bnlab.theory._kinks import sphere_grid_for
+
+    d = dict(spec)
+    act = get_activation(d.pop("phi"), **d)
+    grid = sphere_grid_for(act, b, float(act.homogeneity) - 1.0 if act.homogeneity is not None else radial)
+    sb = math.sqrt(b)
+    x, y = grid.x, grid.y
+    e3, e33, e34 = _conditional_moments(x, y, b)
+    f1, f2 = act(sb * x), act(sb * y)
+    g1, g2 = act.derivative(sb * x), act.derivative(sb * y)
+    f11, f12, g11, g12 = f1 * f1, f1 * f2, g1 * g1, g1 * g2
+    ox, oy = 1 - x * x, 1 - y * y
+    fwd = grid.expect(np.stack([f11, f12, f11 * x * x, f11 * y * y, f11 * x * y, f11 * y * e3, f12 * x * x, f12 * e33,
+                                f12 * x * y, f12 * x * e3, f12 * e34]))
+    bwd = grid.expect(np.stack([g11 * ox * ox, g11 * x * x * y * y, -g12 * ox * x * y, g12 * x * y * e33,
+                                -g11 * ox * x * y, g11 * x * x * y * e3, g12 * ox * oy, g12 * x * x * y * y,
+                                -g12 * ox * y * e3, g12 * x * y * e34, g12 * x * x * y * e3]))
+    xd = grid.x_distinct
+    assert grid.starts is None or xd.size < x.size / 20  # the kink rule has runs (φ once per run)
+    got_f = sphere_brackets_forward(grid, act(sb * xd), f2)
+    got_b = sphere_brackets_backward(grid, act.derivative(sb * xd), g2)
+    np.testing.assert_allclose(got_f, fwd, rtol=0, atol=1e-13 * np.abs(fwd).max())
+    np.testing.assert_allclose(got_b, bwd, rtol=0, atol=1e-13 * np.abs(bwd).max())
+    m0, m2 = sphere_marginals(grid, act(sb * xd))
+    assert m0 == pytest.approx(float(grid.expect(f1)), rel=1e-13, abs=1e-15)
+    assert m2 == pytest.approx(float(grid.expect(f1 * x * x)), rel=1e-13, abs=1e-15)

@@ -205,3 +205,101 @@ def test_fourier_error_bound_covers_its_error_for_kinks_at_zero(phi):
         f = bsb1_fixed_point(phi, b, method="fourier")
         assert abs(f.q_star - ref.q_star) <= f.abs_error
         assert abs(f.q_star * f.c_star - ref.q_star * ref.c_star) <= f.abs_error
+
+
+# ---------------------------------------------------------------------------
+# max/min with a plain number (torch.maximum alone rejects a Python float)
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "expr,kinks",
+    [("max(x, 0)", [0.0]), ("max(0, x)", [0.0]), ("min(x, 0)", [0.0]), ("maximum(x, 0.0)", [0.0]),
+     ("max(x, 1)", [1.0]), ("min(0, x - 0.5)", [0.5]), ("max(x, 0.2*x)", [0.0])],
+)
+def test_max_min_with_a_number_construct_and_trace_their_kink(expr, kinks):
+    import torch
+
+    act = get_activation(expr)
+    np.testing.assert_allclose(act.kinks, kinks, rtol=0, atol=1e-14)
+    x = np.array([-2.0, -0.25, 0.75, 3.0])
+    want = {"max(x, 0)": np.maximum(x, 0), "max(0, x)": np.maximum(x, 0), "min(x, 0)": np.minimum(x, 0),
+            "maximum(x, 0.0)": np.maximum(x, 0), "max(x, 1)": np.maximum(x, 1), "min(0, x - 0.5)": np.minimum(0, x - 0.5),
+            "max(x, 0.2*x)": np.maximum(x, 0.2 * x)}[expr]
+    np.testing.assert_array_equal(act(x), want)  # exact: max/min and one multiplication, no rounding to compare
+    np.testing.assert_array_equal(act.torch(torch.tensor(x)).numpy(), want)
+
+
+@pytest.mark.parametrize("expr", ["max(x, 0)", "max(0, x)", "min(x, 0)"])
+@pytest.mark.parametrize("b", [5, 32])
+def test_max_min_theory_equals_relus(expr, b):
+    # max(x, 0) = relu; min(x, 0) = −relu(−x), and the theory is invariant under φ → −φ (second moments)
+    # and x → −x (the sphere measure is symmetric), so all three have relu's theory.  The expressions take
+    # the kink-split sphere/Gegenbauer routes (not recognized as homogeneous), relu the closed forms
+    # (Thms 3.7, 3.10, 3.11, G.12, H.6): the kink rule's error is ≤ 4e-13 for B ≥ 5 (bnlab.theory._kinks),
+    # the Gegenbauer fixed point's ≤ 1e-9, so 1e-8 relative.  Without the traced kink at 0 the sphere
+    # routes are cut at 0 anyway, but an untraced kink would put the Gegenbauer coefficients on an
+    # unsplit rule: the fixed point would be off by ~1e-5 (see test_agreement_test_fails_without_the_kink_split).
+    from bnlab.theory import analyze
+
+    got, ref = analyze(expr, b), analyze("relu", b)
+    assert got.fixed_point_kind == ref.fixed_point_kind == "BSB1"
+    for name in ("q_star", "c_star", "forward_lambda_L", "forward_lambda_M", "grad_explosion_rate",
+                 "backward_lambda_L", "backward_lambda_M", "cross_batch_c_star", "cross_batch_rate"):
+        g, r = getattr(got, name), getattr(ref, name)
+        assert abs(g - r) <= 1e-8 * abs(r), (expr, b, name, g, r)
+
+
+def test_max_with_a_number_off_zero_needs_its_traced_kink():
+    # max(x, −1) = relu(x + 1) − 1: the constant drops out of the dynamics (G removes it) and of
+    # μ* = q*(1 − c*), not of q* and c* themselves.  Both sides take the kink-split rule (≤ 4e-13 at
+    # B = 32), so 1e-9; with the traced kink at −1 removed the expression is back on the rule cut at 0
+    # only, which is 9e-5 off on λ_G↓ and 3e-4 on λ_L↓ (measured): the comparison must then fail.
+    from bnlab.theory import analyze
+
+    act = get_activation("max(x, -1)")
+    assert act.kinks == (-1.0,)
+    ref = analyze("relu", 32, beta=1.0)
+    names = ("forward_lambda_L", "forward_lambda_M", "grad_explosion_rate", "backward_lambda_L",
+             "backward_lambda_M", "cross_batch_rate")
+
+    def worst(res):
+        mu, mu_ref = res.q_star * (1 - res.c_star), ref.q_star * (1 - ref.c_star)
+        return max([abs(mu / mu_ref - 1)] + [abs(getattr(res, n) / getattr(ref, n) - 1) for n in names])
+
+    assert worst(analyze(act, 32)) <= 1e-9
+    assert worst(analyze(dataclasses.replace(act, base_kinks=()), 32)) > 1e-5
+
+
+# ---------------------------------------------------------------------------
+# Gauss–Legendre panels only where φ is analytic on either side of its kinks
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "spec,want",
+    [(dict(phi="relu", beta=1.0), True), (dict(phi="selu"), True), (dict(phi="elu"), True),
+     (dict(phi="leaky_relu", beta=0.5), True), (dict(phi="alpha_relu", alpha=2.0, beta=0.5), True),
+     (dict(phi="relu(x - 0.3) + 0.1*x"), True), (dict(phi="relu(x)**2 - abs(x - 1)"), True),
+     (dict(phi="2**relu(x) + max(x, -1)"), True),
+     (dict(phi="alpha_relu", alpha=0.6, beta=0.5), False), (dict(phi="abs(x - 0.5)**0.6"), False),
+     (dict(phi="abs(x - 0.5)**1.5"), False), (dict(phi="sqrt(abs(x)) + x"), False)],
+)
+def test_piecewise_analytic_classification(spec, want):
+    from bnlab.theory._kinks import piecewise_analytic
+
+    d = dict(spec)
+    assert piecewise_analytic(get_activation(d.pop("phi"), **d)) is want
+    assert piecewise_analytic(activation_from_callable(lambda x: np.maximum(x, 0.0), kinks=[0.0])) is False  # opaque
+
+
+@pytest.mark.parametrize("b", [32, 128])
+def test_algebraic_kink_is_never_a_wrong_number(b):
+    # |x − 0.5|^0.6 is not analytic at its kink (φ' ~ |x − 0.5|^−0.4): Gauss–Legendre panels ending there
+    # converge only algebraically (λ_G↓ 23 % off at B = 32 when they were tried), so the kink rule keeps
+    # tanh-sinh for it; its sphere route then either agrees with the Gegenbauer route (which sums the
+    # singular tails through moments) to 1e-6 or refuses with a ValueError — it never returns a wrong number
+    act = get_activation("abs(x - 0.5)**0.6")
+    ref = backward_eigenvalues(act, b, method="gegenbauer").lambda_G
+    try:
+        got = backward_eigenvalues(act, b, method="sphere").lambda_G
+    except ValueError as exc:
+        assert "not finite" in str(exc)
+    else:
+        assert abs(got / ref - 1) <= 1e-6, (got, ref)
