@@ -42,6 +42,9 @@ from torch import nn  # noqa: E402
 from bnlab.optim import BNPreconditioner  # noqa: E402
 
 TRAIN_SIZE = 50_000
+#: BNP variants and their ``gradient`` mode (see bnlab.optim.BNPreconditioner).
+_GRADIENT = {"bnp": "transform", "bnp_fused": "fused", "bnp_auto": "auto"}
+VARIANTS = ("sgd", "bn", "bnp", "bnp_fused", "bnp_auto", "floor")
 
 
 class _Floor:
@@ -74,7 +77,10 @@ def build(variant: str, n_in: int, hidden: int, depth: int, device: str):
     layers.append(nn.Linear(width, 10))
     model = nn.Sequential(*layers).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    pre = BNPreconditioner(model) if variant == "bnp" else _Floor(model) if variant == "floor" else None
+    if variant.startswith("bnp"):
+        pre = BNPreconditioner(model, gradient=_GRADIENT[variant])
+    else:
+        pre = _Floor(model) if variant == "floor" else None
     return model, opt, pre
 
 
@@ -111,7 +117,8 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, rounds: int, device: str):
+def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, rounds: int, device: str,
+            variants=VARIANTS):
     """Median seconds (see :func:`_clock`) per training step of each variant, interleaved step by step.
 
     On a shared machine a preemption lands in one step of one variant; the median over the
@@ -122,7 +129,6 @@ def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, round
     n_batches = 8
     xs = [torch.randn(batch, n_in, generator=g).to(device) for _ in range(n_batches)]
     ys = [torch.randint(0, 10, (batch,), generator=g).to(device) for _ in range(n_batches)]
-    variants = ("sgd", "bn", "bnp", "floor")
     steppers = {}
     for v in variants:
         step = make_step(*build(v, n_in, hidden, depth, device))

@@ -62,12 +62,16 @@ from bnlab.optim._layers import (
 )
 
 __all__ = [
+    "GRADIENT_MODES",
     "BNPreconditioner",
     "bnp_precondition_",
     "regularized_variance",
     "register_layer_handler",
     "layer_handlers",
 ]
+
+#: How the preconditioned weight gradient of a dense layer is formed (see :class:`BNPreconditioner`).
+GRADIENT_MODES = ("transform", "fused", "auto")
 
 _HANDLERS: dict[type, type[LayerHandler]] = {
     nn.Linear: LinearHandler,
@@ -168,14 +172,28 @@ class _LayerState:
     s1: torch.Tensor | None = None
     s2: torch.Tensor | None = None
     hook: Any = field(default=None, repr=False)
+    post_hook: Any = field(default=None, repr=False)
     scratch: Any = field(default=None, repr=False)
     last_q2: Any = None
+    # gradient="fused"/"auto": whether the layer can take the fused route at all (a plain
+    # nn.Linear with a bias), the weight's requires_grad switched off for the running forward,
+    # and the fused forward's input H (with its version counter) and output gradient δ.
+    can_fuse: bool = False
+    toggled: bool = False
+    fused_x: torch.Tensor | None = None
+    fused_version: int = 0
+    fused_delta: torch.Tensor | None = None
+    # The bias had no gradient and no gradient hooks when the fused forward ran: its gradient
+    # after backward() is then δᵀe (this forward's), which the lean route of step() relies on.
+    fused_clean: bool = False
 
     def clear_pending(self) -> None:
         self.samples = 0
         self.rows = 0
         self.s1 = None
         self.s2 = None
+        self.fused_x = None
+        self.fused_delta = None
 
 
 class BNPreconditioner:
@@ -202,6 +220,22 @@ class BNPreconditioner:
     process_group:
         Under ``torch.distributed`` (when a default process group is initialized) the statistics of
         all ranks are summed with one all-reduce per step, over this group (default: the world).
+    gradient:
+        How the preconditioned gradient of an ``nn.Linear`` layer (with bias) is formed.
+        ``"transform"`` (default): autograd forms G_w = δᵀH in ``backward()`` and :meth:`step`
+        rewrites it in place with Eq. 15 (a rank-1 update, a scaling and a matrix-vector product,
+        three passes over the n_out × n_in matrix).  ``"fused"``: the layer's forward runs with
+        the weight's ``requires_grad`` switched off, so autograd skips the weight gradient;
+        :meth:`step` forms the preconditioned one directly as δᵀĤ with the centered and scaled
+        input Ĥ = (H - eμᵀ)·diag(1/(q²σ̃²)) — one N × n_in pass and one matrix product, the one
+        autograd would have done (exact, same Eq. 15).  After ``backward()`` and before
+        :meth:`step` the weight's ``.grad`` then does not hold the raw gradient (it is ``None`` or
+        what it was), and ``torch.autograd.grad`` with respect to the weight sees no dependence;
+        not used under ``torch.distributed`` (DDP expects autograd to produce every gradient), for
+        other layer types, subclasses of ``nn.Linear``, layers without bias, mixed precision, or a
+        second forward of the layer before :meth:`step` (those take the transform route).
+        ``"auto"``: fused when the mini-batch has at most n_out rows (then the N × n_in pass costs
+        less than the passes over G_w), transform otherwise.
 
     Statistics are recorded by forward pre-hooks when the module is in training mode and gradients
     are enabled; several forward passes before one :meth:`step` (gradient accumulation) are pooled.
@@ -218,11 +252,13 @@ class BNPreconditioner:
         skip: Iterable[str | type] = (),
         conv_statistics: str = "channel",
         process_group: Any = None,
+        gradient: str = "transform",
     ):
         if not isinstance(model, nn.Module):
             raise ValueError(f"model={type(model).__name__} is not allowed: expected a torch.nn.Module")
         self.rho, self.eps1, self.eps2 = self._check_hyper(rho, eps1, eps2)
         self.conv_statistics = check_choice("conv_statistics", conv_statistics, CONV_STATISTICS)
+        self.gradient = check_choice("gradient", gradient, GRADIENT_MODES)
         self.process_group = process_group
         self._recording = True
         self._workspace: dict[tuple, torch.Tensor] = {}
@@ -267,6 +303,8 @@ class BNPreconditioner:
                 handler=handler,
                 mean=torch.zeros(cols, dtype=dtype, device=weight.device),
                 var=torch.ones(cols, dtype=dtype, device=weight.device),
+                can_fuse=(self.gradient != "transform" and type(module) is nn.Linear
+                          and module.bias is not None),
             )
             self._layers[name] = state
         if not self._layers:
@@ -277,6 +315,10 @@ class BNPreconditioner:
             )
         for state in self._layers.values():
             state.hook = state.module.register_forward_pre_hook(self._make_hook(state), with_kwargs=True)
+            if state.can_fuse:
+                # always_call: the weight's requires_grad is restored even if the forward raises.
+                state.post_hook = state.module.register_forward_hook(self._make_post_hook(state),
+                                                                     always_call=True)
 
     # ------------------------------------------------------------------------------------------
     @staticmethod
@@ -323,6 +365,9 @@ class BNPreconditioner:
             if s.hook is not None:
                 s.hook.remove()
                 s.hook = None
+            if s.post_hook is not None:
+                s.post_hook.remove()
+                s.post_hook = None
 
     # ------------------------------------------------------------------------------------------
     def _make_hook(self, state: _LayerState):
@@ -340,10 +385,55 @@ class BNPreconditioner:
             handler = state.handler
             if x.dim() != handler.expected_input_ndim:
                 handler.check_input(x)  # raises, naming the layer
+            if state.can_fuse and state.fused_x is None and state.s1 is None and self._start_fused(state, module, x):
+                return None  # the statistics of a fused forward are taken in step(), from the kept input
             self._record(state, x)
             return None
 
         return hook
+
+    def _start_fused(self, state: _LayerState, module: nn.Module, x: torch.Tensor) -> bool:
+        """Take this forward of ``module`` on the fused route if it qualifies (see ``gradient``)."""
+        weight, bias = module.weight, module.bias
+        if not (weight.requires_grad and bias.requires_grad and x.dtype == weight.dtype == state.mean.dtype
+                and x.device == state.mean.device):
+            return False
+        if self.gradient == "auto" and x.shape[0] > module.out_features:
+            return False
+        if weight._backward_hooks or getattr(weight, "_post_accumulate_grad_hooks", None):
+            return False  # hooks on the weight's gradient would not run: keep autograd's route
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return False
+        weight.requires_grad_(False)
+        state.toggled = True
+        state.fused_x = x.detach()
+        state.fused_version = x._version
+        state.fused_clean = (bias.grad is None and not bias._backward_hooks
+                             and not getattr(bias, "_post_accumulate_grad_hooks", None))
+        return True
+
+    def _make_post_hook(self, state: _LayerState):
+        def capture(grad_outputs):
+            # δ = ∂L/∂(output) of this forward (Lemma: G_w = δᵀH); summed over repeated backward
+            # passes through the same graph, as autograd sums gradients.
+            delta = grad_outputs[0]
+            if delta is not None:
+                state.fused_delta = delta if state.fused_delta is None else state.fused_delta + delta
+
+        def post_hook(module, args, output):
+            if not state.toggled:
+                return None
+            state.toggled = False
+            module.weight.requires_grad_(True)
+            grad_fn = getattr(output, "grad_fn", None)
+            if grad_fn is None:  # the forward raised, or its output is not differentiable
+                state.fused_x = None
+            else:
+                grad_fn.register_prehook(capture)
+            return None
+
+        return post_hook
 
     def _record(self, state: _LayerState, x: torch.Tensor) -> None:
         # Detached operands record no autograd graph, so no no_grad() context is needed; autocast
@@ -428,26 +518,128 @@ class BNPreconditioner:
         no statistics were recorded since the last step (no forward pass in training mode), or if
         a layer has a gradient but its forward hook never saw an input.
         """
-        pending = [s for s in self._layers.values() if s.s1 is not None]
+        pending = [s for s in self._layers.values() if s.s1 is not None or s.fused_x is not None]
         if not pending:
             raise RuntimeError(
                 "BNPreconditioner.step() was called before any forward pass recorded statistics: run the "
                 "model forward in training mode with gradients enabled between steps"
             )
         for s in self._layers.values():
-            if s.s1 is None and self._has_grad(s.module):
+            if s.s1 is None and s.fused_x is None and self._has_grad(s.module):
                 raise RuntimeError(
                     f"BNP layer {_layer_label(s.name)} has a gradient but its forward hook recorded no input "
                     "since the last step (was it called through its forward()?); skip it with "
                     f"skip=[{s.name!r}]"
                 )
-        self._all_reduce(pending)
-        inverses = self._update_statistics(pending)
-        for s, inv in zip(pending, inverses):
-            self._precondition_layer(s, inv)
+        lean, standard = [], []
+        for s in pending:
+            if s.fused_x is not None:
+                if s.fused_x._version != s.fused_version:
+                    raise RuntimeError(
+                        f"BNP layer {_layer_label(s.name)}: its input was modified in place after the forward "
+                        "pass; with gradient='fused' BNP keeps the input to form the weight gradient in step() "
+                        "(use gradient='transform', or avoid the in-place operation)"
+                    )
+                if self._is_lean(s):
+                    lean.append(s)
+                    continue
+                self._pool_fused_moments(s)
+            standard.append(s)
+        if standard:
+            self._all_reduce(standard)
+            inverses = self._update_statistics(standard)
+            for s, inv in zip(standard, inverses):
+                if s.fused_x is not None:
+                    self._fused_layer(s, inv)
+                else:
+                    self._precondition_layer(s, inv)
+        if lean:
+            self._lean_step(lean)
+        for s in pending:
             s.clear_pending()
             s.steps += 1
         self.steps += 1
+
+    @staticmethod
+    def _is_lean(s: _LayerState) -> bool:
+        """A fused forward that :meth:`_lean_step` can finish: the only forward since the last step,
+        reached by backward(), no weight gradient present, the bias gradient this forward's alone."""
+        m = s.module
+        gb = m.bias.grad
+        return (s.s1 is None and s.fused_delta is not None and s.fused_clean and m.weight.grad is None
+                and gb is not None and gb.dtype == s.mean.dtype)
+
+    def _pool_fused_moments(self, s: _LayerState) -> None:
+        """Add the moments of the fused forward's kept input to the layer's pending ones."""
+        samples, rows, s1, s2 = s.handler.moments(s.fused_x, s.mean, self._scratch(s, s.fused_x))
+        if s.s1 is None:
+            s.samples, s.rows, s.s1, s.s2 = samples, rows, s1, s2
+        else:
+            s.samples += samples
+            s.rows += rows
+            s.s1 = s.s1 + s1
+            s.s2 = s.s2 + s2
+
+    def _lean_step(self, states: list[_LayerState]) -> None:
+        """Algorithm 2 steps 1-5 for fused forwards with nothing else pending (the common case).
+
+        Step 1 from the kept input H (mean μ_H and biased variance σ_H², Eq. 13; at N = 1 the
+        variance about the running mean, (h - μ)², §3.3); step 2 as μ ← μ + (1-ρ)(μ_H - μ),
+        σ² ← σ² + (1-ρ)(σ_H² - σ²) (``lerp``, batched over the layers with ``torch._foreach_*``);
+        step 3 and the factor of steps 4-5, v = 1/(q²σ̃²); then, with Ĥ = (H - eμᵀ)·diag(v),
+
+            G_w' = δᵀĤ                       (step 4: (δᵀH - G_b μᵀ)·diag(v) with G_b = δᵀe)
+            G_b' = G_b/q² - δᵀ(Ĥμ)           (step 5: G_b/q² - G_w'μ)
+
+        one N × n_in pass for Ĥ, the matrix product autograd skipped, and two matrix-vector
+        products of N × n_in and n_out × N — no pass over the n_out × n_in gradient.
+        """
+        groups: dict[tuple, list[_LayerState]] = {}
+        for s in states:
+            groups.setdefault((s.mean.device, s.mean.dtype), []).append(s)
+        a = 1.0 - self.rho
+        for group in groups.values():
+            means = [s.mean for s in group]
+            variances = [s.var for s in group]
+            batch_means, batch_vars = [], []
+            for s in group:
+                mu_h, var_h = _mean_var(s.fused_x)
+                if s.fused_x.shape[0] == 1:  # §3.3: the variance about the (old) running mean
+                    var_h = mu_h.sub(s.mean).square_()
+                batch_means.append(mu_h)
+                batch_vars.append(var_h)
+                s.samples = s.rows = s.fused_x.shape[0]
+            torch._foreach_lerp_(means, batch_means, a)
+            torch._foreach_lerp_(variances, batch_vars, a)
+            for s, v in zip(group, self._inverse_scales(group, variances)):
+                x, delta = s.fused_x, s.fused_delta
+                h_hat = torch.sub(x, s.mean).mul_(v)
+                dt = delta.t()
+                s.module.weight.grad = torch.mm(dt, h_hat)
+                gb = s.module.bias.grad
+                gb.div_(s.last_q2)
+                gb.addmv_(dt, torch.mv(h_hat, s.mean), alpha=-1.0)
+
+    def _inverse_scales(self, states: list[_LayerState], variances: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Step 3 and the factor of steps 4-5: 1/(q² σ̃²) = 1/(q²·σ² + q²·(ε₁·max σ² + ε₂)) per layer
+        (σ̃² as in :func:`regularized_variance`, 1/q² folded in: Errata), batched over ``states``."""
+        q2s = []
+        for s in states:
+            s.last_q2 = s.handler.q2(s.samples)
+            q2s.append(float(s.last_q2))
+        shifts = torch._foreach_mul(torch._foreach_max(variances), [self.eps1 * q for q in q2s])
+        torch._foreach_add_(shifts, [self.eps2 * q for q in q2s])
+        var_tilde = torch._foreach_mul(variances, q2s)  # q²·σ̃² once the shifts are added
+        torch._foreach_add_(var_tilde, shifts)
+        if self.eps1 == 0.0 and self.eps2 == 0.0:
+            for s, vt in zip(states, var_tilde):
+                if bool((vt <= 0).any()):
+                    raise RuntimeError(
+                        f"BNP layer {_layer_label(s.name)}: an input feature has zero variance and eps1 = "
+                        "eps2 = 0, so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
+                    )
+        torch._foreach_reciprocal_(var_tilde)
+        return var_tilde
 
     @staticmethod
     def _has_grad(module: nn.Module) -> bool:
@@ -481,27 +673,57 @@ class BNPreconditioner:
                 torch._foreach_addcmul_(variances, s1s, s1s, value=-a / (rows * rows))
                 if rho == 0.0:  # the mini-batch variance itself: no rounding below zero
                     torch._foreach_clamp_min_(variances, 0.0)
-            # Step 3 and the factor of steps 4-5: 1/(q² σ̃²) = 1/(q²·σ² + q²·(ε₁·max σ² + ε₂)),
-            # σ̃² as in regularized_variance with one shift per layer, 1/q² folded in (Errata).
-            q2s = []
-            for s in states:
-                s.last_q2 = s.handler.q2(s.samples)
-                q2s.append(float(s.last_q2))
-            shifts = torch._foreach_mul(torch._foreach_max(variances), [self.eps1 * q for q in q2s])
-            torch._foreach_add_(shifts, [self.eps2 * q for q in q2s])
-            var_tilde = torch._foreach_mul(variances, q2s)  # q²·σ̃² once the shifts are added
-            torch._foreach_add_(var_tilde, shifts)
-            if self.eps1 == 0.0 and self.eps2 == 0.0:
-                for s, vt in zip(states, var_tilde):
-                    if bool((vt <= 0).any()):
-                        raise RuntimeError(
-                            f"BNP layer {_layer_label(s.name)}: an input feature has zero variance and eps1 = "
-                            "eps2 = 0, so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
-                        )
-            torch._foreach_reciprocal_(var_tilde)
-            for i, inv in zip(index, var_tilde):
+            # Step 3 and the factor of steps 4-5 (see _inverse_scales).
+            for i, inv in zip(index, self._inverse_scales(states, variances)):
                 inverses[i] = inv
         return inverses
+
+    def _fused_layer(self, s: _LayerState, inv: torch.Tensor) -> None:
+        """Algorithm 2 steps 4-5 for a forward taken on the fused route (``gradient="fused"``).
+
+        Autograd left the weight gradient out; with G_w = δᵀH (the layer's weight gradient is the
+        output gradient times the input, Lange et al. Lemma 8's dense case) and G_b the bias
+        gradient autograd did form, Eq. 15 / step 4 is
+
+            G_w' = (G_old + δᵀH - G_b μᵀ)·diag(v) = G_old·diag(v) + δᵀĤ - R (μ∘v)ᵀ,
+
+        with v = 1/(q²σ̃²), Ĥ = (H - eμᵀ)·diag(v) and R = G_b - δᵀe (zero up to rounding unless
+        the bias gradient holds more than this forward's, e.g. an accumulation), G_old the
+        weight's ``.grad`` before the step (usually ``None``).  Appending the row -(μ∘v)ᵀ to Ĥ and
+        R to δ makes δᵀĤ - R(μ∘v)ᵀ one matrix product Δᵀ Ĥ_ext; step 5 is
+        G_b' = G_b/q² - G_w'μ, and G_w'μ = Δᵀ(Ĥ_ext μ) (+ G_old's part) needs no pass over G_w'.
+        """
+        x, delta = s.fused_x, s.fused_delta
+        module = s.module
+        weight, bias = module.weight, module.bias
+        gb = bias.grad
+        if delta is None or gb is None or gb.dtype != inv.dtype:
+            # No backward pass reached this forward (no weight-gradient contribution), or the bias
+            # gradient was dropped or changed dtype: fall back to the transform route.
+            if delta is not None:
+                raw = torch.mm(delta.t(), x)
+                weight.grad = raw if weight.grad is None else weight.grad.add_(raw)
+            self._precondition_layer(s, inv)
+            return
+        n, q2, mean = x.shape[0], s.last_q2, s.mean
+        h_ext = torch.empty((n + 1, x.shape[1]), dtype=x.dtype, device=x.device)
+        d_ext = torch.empty((n + 1, delta.shape[1]), dtype=x.dtype, device=x.device)
+        neg_mv = h_ext[n]
+        torch.mul(mean, inv, out=neg_mv).neg_()  # -(μ∘v)
+        torch.addcmul(neg_mv, x, inv, out=h_ext[:n])  # Ĥ = H·diag(v) - e(μ∘v)ᵀ, one pass over H
+        d_ext[:n].copy_(delta)
+        torch.sub(gb, delta.sum(0), out=d_ext[n])  # R
+        dt = d_ext.t()
+        old = weight.grad
+        if old is None:
+            weight.grad = torch.mm(dt, h_ext)
+            gb.div_(q2)
+            gb.addmv_(dt, torch.mv(h_ext, mean), alpha=-1.0)
+        else:
+            old.mul_(inv)
+            old.addmm_(dt, h_ext)
+            gb.div_(q2)
+            gb.addmv_(old, mean, alpha=-1.0)
 
     def _precondition_layer(self, s: _LayerState, inv: torch.Tensor) -> None:
         """Algorithm 2 / 3 steps 4-5 on the layer's ``.grad`` given ``inv`` = 1/(q² σ̃²)."""
@@ -604,8 +826,20 @@ class BNPreconditioner:
     def __repr__(self) -> str:
         return (
             f"BNPreconditioner(layers={len(self._layers)}, rho={self.rho}, eps1={self.eps1}, eps2={self.eps2}, "
-            f"conv_statistics={self.conv_statistics!r}, steps={self.steps})"
+            f"conv_statistics={self.conv_statistics!r}, gradient={self.gradient!r}, steps={self.steps})"
         )
+
+
+def _mean_var(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Column mean and biased variance of a 2-D input (Lange et al. Eq. 13), in two passes.
+
+    On CPU the batch-norm statistics kernel (no temporary; see ``_layers._moments_two_pass``),
+    elsewhere ``torch.var_mean``.
+    """
+    if x.device.type == "cpu":
+        return torch.batch_norm_update_stats(x, None, None, 0.0)
+    var, mean = torch.var_mean(x, 0, correction=0)
+    return mean, var
 
 
 def _offsets(states: list[_LayerState]) -> list[tuple[int, int]]:
