@@ -144,8 +144,16 @@ def _precondition_with_inverse_(grad_weight, grad_bias, mean, inv, q2) -> None:
         return
     grad_weight.addr_(grad_bias, mean, alpha=-1.0)
     grad_weight.mul_(inv)
-    grad_bias.div_(q2)
-    grad_bias.addmv_(grad_weight, mean, alpha=-1.0)
+    _bias_step_(grad_bias, grad_weight, mean, q2)
+
+
+def _bias_step_(grad_bias, mat, vec, q2) -> None:
+    """Algorithm 2 step 5 in place: G_b ← G_b/q² - mat·vec (one ``addmv_``, 1/q² as its β)."""
+    if isinstance(q2, torch.Tensor):
+        grad_bias.div_(q2)
+        grad_bias.addmv_(mat, vec, alpha=-1.0)
+    else:
+        grad_bias.addmv_(mat, vec, beta=1.0 / q2, alpha=-1.0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -186,6 +194,7 @@ class _LayerState:
     # The bias had no gradient and no gradient hooks when the fused forward ran: its gradient
     # after backward() is then δᵀe (this forward's), which the lean route of step() relies on.
     fused_clean: bool = False
+    fused_buffer: torch.Tensor | None = field(default=None, repr=False)
 
     def clear_pending(self) -> None:
         self.samples = 0
@@ -613,12 +622,19 @@ class BNPreconditioner:
             torch._foreach_lerp_(variances, batch_vars, a)
             for s, v in zip(group, self._inverse_scales(group, variances)):
                 x, delta = s.fused_x, s.fused_delta
-                h_hat = torch.sub(x, s.mean).mul_(v)
+                h_hat = torch.sub(x, s.mean, out=self._fused_buffer(s, x)).mul_(v)
                 dt = delta.t()
                 s.module.weight.grad = torch.mm(dt, h_hat)
-                gb = s.module.bias.grad
-                gb.div_(s.last_q2)
-                gb.addmv_(dt, torch.mv(h_hat, s.mean), alpha=-1.0)
+                _bias_step_(s.module.bias.grad, dt, torch.mv(h_hat, s.mean), s.last_q2)
+
+    @staticmethod
+    def _fused_buffer(s: _LayerState, x: torch.Tensor) -> torch.Tensor:
+        # Ĥ is written into a buffer kept by the layer (the size of its input): a fresh N × n_in
+        # tensor per step costs page faults here (0.4 ms of 2.3 at N = 256 × 3072 measured).
+        buf = s.fused_buffer
+        if buf is None or buf.shape != x.shape or buf.dtype != x.dtype or buf.device != x.device:
+            buf = s.fused_buffer = torch.empty_like(x, memory_format=torch.contiguous_format)
+        return buf
 
     def _inverse_scales(self, states: list[_LayerState], variances: list[torch.Tensor]) -> list[torch.Tensor]:
         """Step 3 and the factor of steps 4-5: 1/(q² σ̃²) = 1/(q²·σ² + q²·(ε₁·max σ² + ε₂)) per layer
@@ -717,13 +733,11 @@ class BNPreconditioner:
         old = weight.grad
         if old is None:
             weight.grad = torch.mm(dt, h_ext)
-            gb.div_(q2)
-            gb.addmv_(dt, torch.mv(h_ext, mean), alpha=-1.0)
+            _bias_step_(gb, dt, torch.mv(h_ext, mean), q2)
         else:
             old.mul_(inv)
             old.addmm_(dt, h_ext)
-            gb.div_(q2)
-            gb.addmv_(old, mean, alpha=-1.0)
+            _bias_step_(gb, old, mean, q2)
 
     def _precondition_layer(self, s: _LayerState, inv: torch.Tensor) -> None:
         """Algorithm 2 / 3 steps 4-5 on the layer's ``.grad`` given ``inv`` = 1/(q² σ̃²)."""

@@ -76,9 +76,9 @@ class OpCounter(TorchDispatchMode):
             cost = 2 * _numel(out)
         elif name == "addmm":  # the layer's own forward (subtracted below)
             cost = 2 * args[1].shape[0] * args[1].shape[1] * args[2].shape[1] + _numel(out)
-        elif name == "addmv":
+        elif name == "addmv":  # β·y + α·A x: a scaling of y when β ≠ 1 (step 5's 1/q²)
             m, n = args[1].shape
-            cost = 2 * m * n + m
+            cost = 2 * m * n + m + (m if kwargs.get("beta", 1) != 1 else 0)
         elif name == "mm":  # the weight gradient (autograd's, or the fused route's)
             cost = 2 * args[0].shape[0] * args[0].shape[1] * args[1].shape[1]
         elif name == "mv":
@@ -121,7 +121,13 @@ def implementation_count(n_in, n_out, batch):
     # s2 = N·(σ_H² + d²): subtract, scale, addcmul, scale); running mean 2 (scaled add), running
     # variance 6 (scale, scaled add, scaled addcmul of -(1-ρ)(s1/n)²), σ̃² 2 (+2 scalar ops),
     # 1/(q²σ̃²) 2.  At N = 1 the variance is s2 about the running mean: no addcmul (3·n_in fewer).
-    return 4 * n_in * batch + 5 * n_in * n_out + 2 * n_out + (19 if batch > 1 else 16) * n_in + 2
+    # Step 5 scales G_b by 1/q² (n_out) only where q² = max(n_in/N, 1) is not 1.
+    return (4 * n_in * batch + 5 * n_in * n_out + _bias_scaling(n_in, n_out, batch) + n_out
+            + (19 if batch > 1 else 16) * n_in + 2)
+
+
+def _bias_scaling(n_in, n_out, batch):
+    return n_out if n_in > batch else 0
 
 
 @pytest.mark.parametrize("n_in,n_out,batch", [(100, 100, 60), (784, 100, 16), (30, 10, 1), (7, 3, 512)])
@@ -168,11 +174,11 @@ def fused_step_count(n_in, n_out, batch):
     # step() on the fused route, without its one product G_w' = δᵀĤ (2·N·n_in·n_out, the product
     # autograd no longer forms): the statistics (4·N·n_in + 2·n_in; at N = 1 also (h - μ)²:
     # 2·n_in), two lerps updating them (6·n_in), σ̃² and 1/(q²σ̃²) as on the transform route (max,
-    # q²·σ², + shift, reciprocal: 4·n_in + 2), Ĥ (subtract, scale: 2·N·n_in), G_b/q² (n_out), Ĥμ
-    # (2·N·n_in) and G_b/q² - δᵀ(Ĥμ) (2·n_out·N + n_out).  No term in n_in·n_out.
+    # q²·σ², + shift, reciprocal: 4·n_in + 2), Ĥ (subtract, scale: 2·N·n_in), Ĥμ (2·N·n_in) and
+    # G_b/q² - δᵀ(Ĥμ) (2·n_out·N + n_out, and n_out for 1/q² where q² ≠ 1).  No term in n_in·n_out.
     extra_n1 = 2 * n_in if batch == 1 else 0
     return (4 * n_in * batch + 2 * n_in + extra_n1 + 6 * n_in + 4 * n_in + 2 + 2 * n_in * batch
-            + n_out + 2 * n_in * batch + 2 * n_out * batch + n_out)
+            + 2 * n_in * batch + 2 * n_out * batch + n_out + _bias_scaling(n_in, n_out, batch))
 
 
 @pytest.mark.parametrize("n_in,n_out,batch", [(100, 100, 60), (784, 100, 16), (30, 10, 1), (7, 3, 512)])
