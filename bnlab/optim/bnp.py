@@ -72,6 +72,8 @@ __all__ = [
 
 #: How the preconditioned weight gradient of a dense layer is formed (see :class:`BNPreconditioner`).
 GRADIENT_MODES = ("transform", "fused", "auto")
+#: ``gradient="auto"`` fuses any layer input of at most this many entries (see BNPreconditioner).
+_AUTO_FUSED_ENTRIES = 1 << 15
 
 _HANDLERS: dict[type, type[LayerHandler]] = {
     nn.Linear: LinearHandler,
@@ -244,7 +246,9 @@ class BNPreconditioner:
         other layer types, subclasses of ``nn.Linear``, layers without bias, mixed precision, or a
         second forward of the layer before :meth:`step` (those take the transform route).
         ``"auto"``: fused when the mini-batch has at most n_out rows (then the N × n_in pass costs
-        less than the passes over G_w), transform otherwise.
+        less than the passes over G_w) or the input has at most 2¹⁵ entries (then either route's
+        arithmetic costs less than the operator calls: the fused route makes fewer, and a
+        network's small layers then stay on the route of its large ones), transform otherwise.
 
     Statistics are recorded by forward pre-hooks when the module is in training mode and gradients
     are enabled; several forward passes before one :meth:`step` (gradient accumulation) are pooled.
@@ -407,7 +411,7 @@ class BNPreconditioner:
         if not (weight.requires_grad and bias.requires_grad and x.dtype == weight.dtype == state.mean.dtype
                 and x.device == state.mean.device):
             return False
-        if self.gradient == "auto" and x.shape[0] > module.out_features:
+        if self.gradient == "auto" and x.shape[0] > module.out_features and x.numel() > _AUTO_FUSED_ENTRIES:
             return False
         if weight._backward_hooks or getattr(weight, "_post_accumulate_grad_hooks", None):
             return False  # hooks on the weight's gradient would not run: keep autograd's route

@@ -121,15 +121,18 @@ def test_frozen_bias_weight_hooks_and_subclasses_take_the_transform_route():
 
 
 def test_fused_route_under_auto_depends_on_the_batch_size():
-    layer = nn.Linear(6, 4).double()
+    layer = nn.Linear(1 << 10, 40).double()
     pre = BNPreconditioner(layer, gradient="auto")
-    layer(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
-    assert layer.weight.grad is None  # N = 4 ≤ n_out = 4: fused
-    pre.step()
-    assert layer.weight.grad is not None
-    layer.zero_grad()
-    layer(torch.randn(5, 6, dtype=torch.float64)).sum().backward()
-    assert layer.weight.grad is not None  # N = 5 > n_out: transform
+    for n, fused in [(40, True), (41, False), (1, True)]:  # N ≤ n_out, or N·n_in ≤ 2¹⁵ entries
+        layer.zero_grad()
+        layer(torch.randn(n, 1 << 10, dtype=torch.float64)).sum().backward()
+        assert (layer.weight.grad is None) == fused
+        pre.step()
+        assert layer.weight.grad is not None
+    small = nn.Linear(100, 10).double()  # a 16 × 100 input: 1 600 entries, fused although N > n_out
+    pre = BNPreconditioner(small, gradient="auto")
+    small(torch.randn(16, 100, dtype=torch.float64)).sum().backward()
+    assert small.weight.grad is None
     pre.step()
 
 
@@ -165,3 +168,21 @@ def test_bad_gradient_mode():
     with pytest.raises(ValueError, match="gradient"):
         BNPreconditioner(nn.Linear(2, 2), gradient="fast")
     assert "gradient='auto'" in repr(BNPreconditioner(nn.Linear(2, 2), gradient="auto"))
+
+
+def test_auto_mixes_routes_within_one_network_exactly():
+    """N = 41 rows: the 1024-wide layer stays on the transform route, the small one is fused."""
+    torch.manual_seed(2)
+    a = nn.Sequential(nn.Linear(1 << 10, 40), nn.Tanh(), nn.Linear(40, 2)).double()
+    b = copy.deepcopy(a)
+    pa, pb = BNPreconditioner(a, rho=0.5), BNPreconditioner(b, rho=0.5, gradient="auto")
+    for seed in range(2):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(41, 1 << 10, generator=g, dtype=torch.float64)
+        for model, pre in ((a, pa), (b, pb)):
+            model.zero_grad()
+            model(x).square().sum().backward()
+            if model is b:
+                assert b[0].weight.grad is not None and b[2].weight.grad is None
+            pre.step()
+        _assert_same_grads(a, b)
