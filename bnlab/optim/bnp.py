@@ -428,7 +428,7 @@ class BNPreconditioner:
 
     def _make_post_hook(self, state: _LayerState):
         def capture(grad_outputs):
-            # δ = ∂L/∂(output) of this forward (Lemma: G_w = δᵀH); summed over repeated backward
+            # δ = ∂L/∂(output) of this forward (G_w = δᵀH, Lange et al. Eq. 9); summed over repeated backward
             # passes through the same graph, as autograd sums gradients.
             delta = grad_outputs[0]
             if delta is not None:
@@ -633,8 +633,9 @@ class BNPreconditioner:
 
     @staticmethod
     def _fused_buffer(s: _LayerState, x: torch.Tensor) -> torch.Tensor:
-        # Ĥ is written into a buffer kept by the layer (the size of its input): a fresh N × n_in
-        # tensor per step costs page faults here (0.4 ms of 2.3 at N = 256 × 3072 measured).
+        # Ĥ is written into a buffer kept by the layer (the size of its input, as autograd would
+        # keep H itself) instead of a fresh N × n_in tensor per step, whose allocation can come with
+        # page faults; the difference was within the noise of the benchmark at N = 16.
         buf = s.fused_buffer
         if buf is None or buf.shape != x.shape or buf.dtype != x.dtype or buf.device != x.device:
             buf = s.fused_buffer = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -701,9 +702,9 @@ class BNPreconditioner:
     def _fused_layer(self, s: _LayerState, inv: torch.Tensor) -> None:
         """Algorithm 2 steps 4-5 for a forward taken on the fused route (``gradient="fused"``).
 
-        Autograd left the weight gradient out; with G_w = δᵀH (the layer's weight gradient is the
-        output gradient times the input, Lange et al. Lemma 8's dense case) and G_b the bias
-        gradient autograd did form, Eq. 15 / step 4 is
+        Autograd left the weight gradient out; with G_w = δᵀH (Lange et al. Eq. 9: a_i = ŵᵀĥ per
+        neuron, so ∂L/∂ŵ_i = Ĥᵀδ_i with Ĥ = [e, H]) and G_b the bias gradient autograd did form,
+        Eq. 15 / step 4 is
 
             G_w' = (G_old + δᵀH - G_b μᵀ)·diag(v) = G_old·diag(v) + δᵀĤ - R (μ∘v)ᵀ,
 
