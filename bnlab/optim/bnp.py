@@ -415,6 +415,8 @@ class BNPreconditioner:
             return False
         if weight._backward_hooks or getattr(weight, "_post_accumulate_grad_hooks", None):
             return False  # hooks on the weight's gradient would not run: keep autograd's route
+        if torch.is_autocast_enabled(x.device.type):
+            return False  # the output and δ would be in the autocast dtype (mixed precision)
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             return False

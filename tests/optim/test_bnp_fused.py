@@ -186,3 +186,21 @@ def test_auto_mixes_routes_within_one_network_exactly():
                 assert b[0].weight.grad is not None and b[2].weight.grad is None
             pre.step()
         _assert_same_grads(a, b)
+
+
+def test_autocast_keeps_the_transform_route():
+    """Under autocast the output (and δ) are bfloat16 while the input and weight are float32; the
+    fused product would mix dtypes, so those forwards take the transform route."""
+    torch.manual_seed(0)
+    a = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    b = copy.deepcopy(a)
+    pa, pb = BNPreconditioner(a), BNPreconditioner(b, gradient="fused")
+    x = torch.randn(4, 6)
+    for model, pre in ((a, pa), (b, pb)):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        out.float().sum().backward()
+        assert model[0].weight.grad is not None
+        pre.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p.grad, q.grad)
