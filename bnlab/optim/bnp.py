@@ -72,8 +72,6 @@ __all__ = [
 
 #: How the preconditioned weight gradient of a dense layer is formed (see :class:`BNPreconditioner`).
 GRADIENT_MODES = ("transform", "fused", "auto")
-#: ``gradient="auto"`` fuses any layer input of at most this many entries (see BNPreconditioner).
-_AUTO_FUSED_ENTRIES = 1 << 15
 
 _HANDLERS: dict[type, type[LayerHandler]] = {
     nn.Linear: LinearHandler,
@@ -245,10 +243,11 @@ class BNPreconditioner:
         not used under ``torch.distributed`` (DDP expects autograd to produce every gradient), for
         other layer types, subclasses of ``nn.Linear``, layers without bias, mixed precision, or a
         second forward of the layer before :meth:`step` (those take the transform route).
-        ``"auto"``: fused when the mini-batch has at most n_out rows (then the N × n_in pass costs
-        less than the passes over G_w) or the input has at most 2¹⁵ entries (then either route's
-        arithmetic costs less than the operator calls: the fused route makes fewer, and a
-        network's small layers then stay on the route of its large ones), transform otherwise.
+        ``"auto"``: decided once per step by the first dense layer that runs: fused when its
+        mini-batch has at most n_out rows (then its N × n_in pass costs less than the passes over
+        its G_w; the first layer is usually the widest), transform otherwise, for all layers of
+        the step alike (a step mixing both routes pays both routes' fixed costs: measured slower
+        than either).
 
     Statistics are recorded by forward pre-hooks when the module is in training mode and gradients
     are enabled; several forward passes before one :meth:`step` (gradient accumulation) are pooled.
@@ -274,6 +273,7 @@ class BNPreconditioner:
         self.gradient = check_choice("gradient", gradient, GRADIENT_MODES)
         self.process_group = process_group
         self._recording = True
+        self._auto_fused: bool | None = None
         self._workspace: dict[tuple, torch.Tensor] = {}
         self._layers: dict[str, _LayerState] = {}
         self.steps = 0
@@ -411,8 +411,11 @@ class BNPreconditioner:
         if not (weight.requires_grad and bias.requires_grad and x.dtype == weight.dtype == state.mean.dtype
                 and x.device == state.mean.device):
             return False
-        if self.gradient == "auto" and x.shape[0] > module.out_features and x.numel() > _AUTO_FUSED_ENTRIES:
-            return False
+        if self.gradient == "auto":
+            if self._auto_fused is None:  # decided once per step, by the first dense layer that runs
+                self._auto_fused = x.shape[0] <= module.out_features
+            if not self._auto_fused:
+                return False
         if weight._backward_hooks or getattr(weight, "_post_accumulate_grad_hooks", None):
             return False  # hooks on the weight's gradient would not run: keep autograd's route
         if torch.is_autocast_enabled(x.device.type):
@@ -546,6 +549,7 @@ class BNPreconditioner:
                     "since the last step (was it called through its forward()?); skip it with "
                     f"skip=[{s.name!r}]"
                 )
+        self._auto_fused = None
         lean, standard = [], []
         for s in pending:
             if s.fused_x is not None:

@@ -120,20 +120,17 @@ def test_frozen_bias_weight_hooks_and_subclasses_take_the_transform_route():
     pre.step()
 
 
-def test_fused_route_under_auto_depends_on_the_batch_size():
-    layer = nn.Linear(1 << 10, 40).double()
-    pre = BNPreconditioner(layer, gradient="auto")
-    for n, fused in [(40, True), (41, False), (1, True)]:  # N ≤ n_out, or N·n_in ≤ 2¹⁵ entries
-        layer.zero_grad()
-        layer(torch.randn(n, 1 << 10, dtype=torch.float64)).sum().backward()
-        assert (layer.weight.grad is None) == fused
+def test_auto_route_is_decided_per_step_by_the_first_dense_layer():
+    """N ≤ n_out of the first layer: every layer fused (also the 2-wide output layer, N > 2);
+    otherwise every layer on the transform route."""
+    net = nn.Sequential(nn.Linear(64, 40), nn.Tanh(), nn.Linear(40, 2)).double()
+    pre = BNPreconditioner(net, gradient="auto")
+    for n, fused in [(40, True), (41, False), (1, True)]:
+        net.zero_grad()
+        net(torch.randn(n, 64, dtype=torch.float64)).sum().backward()
+        assert [net[k].weight.grad is None for k in (0, 2)] == [fused, fused]
         pre.step()
-        assert layer.weight.grad is not None
-    small = nn.Linear(100, 10).double()  # a 16 × 100 input: 1 600 entries, fused although N > n_out
-    pre = BNPreconditioner(small, gradient="auto")
-    small(torch.randn(16, 100, dtype=torch.float64)).sum().backward()
-    assert small.weight.grad is None
-    pre.step()
+        assert net[0].weight.grad is not None and net[2].weight.grad is not None
 
 
 def test_input_modified_in_place_after_forward_is_an_error():
@@ -170,20 +167,21 @@ def test_bad_gradient_mode():
     assert "gradient='auto'" in repr(BNPreconditioner(nn.Linear(2, 2), gradient="auto"))
 
 
-def test_auto_mixes_routes_within_one_network_exactly():
-    """N = 41 rows: the 1024-wide layer stays on the transform route, the small one is fused."""
+def test_a_network_mixing_both_routes_exactly():
+    """A hook on one weight's gradient keeps that layer on the transform route, the others fused."""
     torch.manual_seed(2)
-    a = nn.Sequential(nn.Linear(1 << 10, 40), nn.Tanh(), nn.Linear(40, 2)).double()
+    a = nn.Sequential(nn.Linear(30, 8), nn.Tanh(), nn.Linear(8, 5), nn.Tanh(), nn.Linear(5, 2)).double()
     b = copy.deepcopy(a)
-    pa, pb = BNPreconditioner(a, rho=0.5), BNPreconditioner(b, rho=0.5, gradient="auto")
+    b[2].weight.register_hook(lambda g: g)
+    pa, pb = BNPreconditioner(a, rho=0.5), BNPreconditioner(b, rho=0.5, gradient="fused")
     for seed in range(2):
         g = torch.Generator().manual_seed(seed)
-        x = torch.randn(41, 1 << 10, generator=g, dtype=torch.float64)
+        x = torch.randn(7, 30, generator=g, dtype=torch.float64)
         for model, pre in ((a, pa), (b, pb)):
             model.zero_grad()
             model(x).square().sum().backward()
             if model is b:
-                assert b[0].weight.grad is not None and b[2].weight.grad is None
+                assert [b[k].weight.grad is None for k in (0, 2, 4)] == [True, False, True]
             pre.step()
         _assert_same_grads(a, b)
 
