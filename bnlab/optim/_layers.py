@@ -145,6 +145,11 @@ class LayerHandler:
         """The norm-balancing scale q² of Lange et al. (Prop. 5 / §4) for ``samples`` inputs."""
         raise NotImplementedError
 
+    def batch_statistics(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(μ_H, σ_H²)`` of one mini-batch input (mean and biased variance per column, Eq. 13)
+        when the handler computes them directly, else ``None`` (then :meth:`moments` is used)."""
+        return None
+
     def expand(self, vec: torch.Tensor) -> torch.Tensor:
         """Map a per-column vector to one entry per column of :meth:`weight_matrix`."""
         return vec
@@ -165,6 +170,12 @@ class LinearHandler(LayerHandler):
 
     def _input_hint(self) -> str:
         return " (N, in_features)"
+
+    def batch_statistics(self, x):
+        # Algorithm 2 step 1 on CPU: the batch-norm statistics kernel (see _moments_two_pass).
+        if x.device.type == "cpu":
+            return torch.batch_norm_update_stats(x, None, None, 0.0)
+        return None
 
     def moments(self, x, shift, out):
         # Lange et al., Algorithm 2 step 1: the mean/variance of the N rows of H (the 4·n_in·N

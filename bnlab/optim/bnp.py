@@ -179,6 +179,11 @@ class _LayerState:
     rows: Any = 0
     s1: torch.Tensor | None = None
     s2: torch.Tensor | None = None
+    # The mean μ_H and biased variance σ_H² of the only forward since the last step, where the
+    # handler gives them directly (LayerHandler.batch_statistics); a second forward turns them
+    # into moments (s1, s2) to pool.
+    batch_mean: torch.Tensor | None = None
+    batch_var: torch.Tensor | None = None
     hook: Any = field(default=None, repr=False)
     post_hook: Any = field(default=None, repr=False)
     scratch: Any = field(default=None, repr=False)
@@ -201,6 +206,8 @@ class _LayerState:
         self.rows = 0
         self.s1 = None
         self.s2 = None
+        self.batch_mean = None
+        self.batch_var = None
         self.fused_x = None
         self.fused_delta = None
 
@@ -473,6 +480,13 @@ class BNPreconditioner:
                 out = None
             else:
                 out = self._scratch(state, x)
+        if state.s1 is None and state.batch_mean is None and state.fused_x is None:
+            stats = state.handler.batch_statistics(x)
+            if stats is not None:  # the first forward since the last step: μ_H and σ_H² directly
+                state.batch_mean, state.batch_var = stats
+                state.samples = state.rows = x.shape[0]
+                return
+        self._batch_to_moments(state)
         samples, rows, s1, s2 = state.handler.moments(x, state.mean, out)
         if state.s1 is None:
             state.samples, state.rows, state.s1, state.s2 = samples, rows, s1, s2
@@ -481,6 +495,17 @@ class BNPreconditioner:
             state.rows += rows
             state.s1 = state.s1 + s1
             state.s2 = state.s2 + s2
+
+    @staticmethod
+    def _batch_to_moments(state: _LayerState) -> None:
+        """Turn a layer's pending μ_H, σ_H² into moments about c = μ (exact: with d = μ_H - c,
+        s1 = N d, s2 = N (σ_H² + d²)), to pool them with other forwards or all-reduce them."""
+        if state.batch_mean is None:
+            return
+        n = state.samples
+        d = state.batch_mean.sub_(state.mean)
+        state.s1, state.s2 = d * n, torch.addcmul(state.batch_var, d, d).mul_(n)
+        state.batch_mean = state.batch_var = None
 
     def _scratch(self, state: _LayerState, x: torch.Tensor) -> torch.Tensor:
         # One buffer per (device, dtype), grown to the largest block of layer input the handlers
@@ -508,6 +533,8 @@ class BNPreconditioner:
             return
         if dist.get_world_size(self.process_group) == 1:
             return
+        for s in pending:
+            self._batch_to_moments(s)
         # One flat buffer per (device, dtype): [samples, rows, s1, s2] of every layer, summed.
         groups: dict[tuple, list[_LayerState]] = {}
         for s in pending:
@@ -536,14 +563,15 @@ class BNPreconditioner:
         no statistics were recorded since the last step (no forward pass in training mode), or if
         a layer has a gradient but its forward hook never saw an input.
         """
-        pending = [s for s in self._layers.values() if s.s1 is not None or s.fused_x is not None]
+        pending = [s for s in self._layers.values()
+                   if s.s1 is not None or s.batch_mean is not None or s.fused_x is not None]
         if not pending:
             raise RuntimeError(
                 "BNPreconditioner.step() was called before any forward pass recorded statistics: run the "
                 "model forward in training mode with gradients enabled between steps"
             )
         for s in self._layers.values():
-            if s.s1 is None and s.fused_x is None and self._has_grad(s.module):
+            if s.s1 is None and s.batch_mean is None and s.fused_x is None and self._has_grad(s.module):
                 raise RuntimeError(
                     f"BNP layer {_layer_label(s.name)} has a gradient but its forward hook recorded no input "
                     "since the last step (was it called through its forward()?); skip it with "
@@ -585,11 +613,12 @@ class BNPreconditioner:
         reached by backward(), no weight gradient present, the bias gradient this forward's alone."""
         m = s.module
         gb = m.bias.grad
-        return (s.s1 is None and s.fused_delta is not None and s.fused_clean and m.weight.grad is None
-                and gb is not None and gb.dtype == s.mean.dtype)
+        return (s.s1 is None and s.batch_mean is None and s.fused_delta is not None and s.fused_clean
+                and m.weight.grad is None and gb is not None and gb.dtype == s.mean.dtype)
 
     def _pool_fused_moments(self, s: _LayerState) -> None:
         """Add the moments of the fused forward's kept input to the layer's pending ones."""
+        self._batch_to_moments(s)
         samples, rows, s1, s2 = s.handler.moments(s.fused_x, s.mean, self._scratch(s, s.fused_x))
         if s.s1 is None:
             s.samples, s.rows, s.s1, s.s2 = samples, rows, s1, s2
@@ -616,21 +645,12 @@ class BNPreconditioner:
         groups: dict[tuple, list[_LayerState]] = {}
         for s in states:
             groups.setdefault((s.mean.device, s.mean.dtype), []).append(s)
-        a = 1.0 - self.rho
         for group in groups.values():
-            means = [s.mean for s in group]
-            variances = [s.var for s in group]
-            batch_means, batch_vars = [], []
             for s in group:
-                mu_h, var_h = _mean_var(s.fused_x)
-                if s.fused_x.shape[0] == 1:  # §3.3: the variance about the (old) running mean
-                    var_h = mu_h.sub(s.mean).square_()
-                batch_means.append(mu_h)
-                batch_vars.append(var_h)
+                s.batch_mean, s.batch_var = _mean_var(s.fused_x)
                 s.samples = s.rows = s.fused_x.shape[0]
-            torch._foreach_lerp_(means, batch_means, a)
-            torch._foreach_lerp_(variances, batch_vars, a)
-            for s, v in zip(group, self._inverse_scales(group, variances)):
+            self._lerp_update(group)
+            for s, v in zip(group, self._inverse_scales(group, [s.var for s in group])):
                 x, delta = s.fused_x, s.fused_delta
                 h_hat = torch.sub(x, s.mean, out=self._fused_buffer(s, x)).mul_(v)
                 dt = delta.t()
@@ -646,6 +666,20 @@ class BNPreconditioner:
         if buf is None or buf.shape != x.shape or buf.dtype != x.dtype or buf.device != x.device:
             buf = s.fused_buffer = torch.empty_like(x, memory_format=torch.contiguous_format)
         return buf
+
+    def _lerp_update(self, states: list[_LayerState]) -> None:
+        """Algorithm 2 step 2 from each layer's μ_H, σ_H² (same device and dtype): μ ← μ + (1-ρ)(μ_H - μ),
+        σ² ← σ² + (1-ρ)(σ_H² - σ²), two batched ``lerp`` calls; at N = 1 σ_H² is the variance about
+        the running mean before the update, (h - μ)² (§3.3)."""
+        a = 1.0 - self.rho
+        batch_vars = []
+        for s in states:
+            var_h = s.batch_var
+            if s.rows == 1:
+                var_h = s.batch_mean.sub(s.mean).square_()
+            batch_vars.append(var_h)
+        torch._foreach_lerp_([s.mean for s in states], [s.batch_mean for s in states], a)
+        torch._foreach_lerp_([s.var for s in states], batch_vars, a)
 
     def _inverse_scales(self, states: list[_LayerState], variances: list[torch.Tensor]) -> list[torch.Tensor]:
         """Step 3 and the factor of steps 4-5: 1/(q² σ̃²) = 1/(q²·σ² + q²·(ε₁·max σ² + ε₂)) per layer
@@ -681,9 +715,18 @@ class BNPreconditioner:
         """
         rho, a = self.rho, 1.0 - self.rho
         groups: dict[tuple, list[int]] = {}
+        direct: dict[tuple, list[int]] = {}
         for i, s in enumerate(pending):
-            groups.setdefault((s.mean.device, s.mean.dtype, s.rows), []).append(i)
+            if s.batch_mean is not None:
+                direct.setdefault((s.mean.device, s.mean.dtype), []).append(i)
+            else:
+                groups.setdefault((s.mean.device, s.mean.dtype, s.rows), []).append(i)
         inverses: list[Any] = [None] * len(pending)
+        for index in direct.values():  # layers with μ_H, σ_H² of one forward (see _lerp_update)
+            states = [pending[i] for i in index]
+            self._lerp_update(states)
+            for i, inv in zip(index, self._inverse_scales(states, [s.var for s in states])):
+                inverses[i] = inv
         for (_, _, rows), index in groups.items():
             states = [pending[i] for i in index]
             means = [s.mean for s in states]

@@ -6,10 +6,9 @@ pointwise op (two for a scaled add), one per input element of a reduction, 2mn(+
 matrix-vector product and 2mn for a rank-1 update.  An operation not in the table fails the test,
 so the count cannot silently miss work.  Prop. 6 gives 4·n_in·N + 6·n_in·n_out + 2·n_out + 8·n_in;
 the implementation folds 1/q² into 1/σ̃² (5·n_in·n_out, see bnlab.optim.bnp's Errata) and spends
-19·n_in + 2 on the O(n_in) terms (see ``implementation_count``), against Prop. 6's 8·n_in.  On CPU
+12·n_in + 2 on the O(n_in) terms (see ``implementation_count``), against Prop. 6's 8·n_in.  On CPU
 the hook's statistics come from the batch-norm statistics kernel, charged 4·N·n_in + 2·n_in (a sum
-pass, then subtract, square and add per entry; two divisions per column), as Prop. 6 counts step 1,
-plus 5·n_in to turn (μ_H, σ_H²) into moments about the running mean.  ``step()`` batches its
+pass, then subtract, square and add per entry; two divisions per column), as Prop. 6 counts step 1.  ``step()`` batches its
 vector updates with ``torch._foreach_*``; those are charged as the same operation on each tensor
 of the list.  The test pins the exact count and the two leading terms against Prop. 6.
 
@@ -117,13 +116,12 @@ def prop6(n_in, n_out, batch):
 
 
 def implementation_count(n_in, n_out, batch):
-    # O(n_in) terms: hook 7 (2 divisions in the statistics kernel; d = μ_H - c, s1 = N·d,
-    # s2 = N·(σ_H² + d²): subtract, scale, addcmul, scale); running mean 2 (scaled add), running
-    # variance 6 (scale, scaled add, scaled addcmul of -(1-ρ)(s1/n)²), σ̃² 2 (+2 scalar ops),
-    # 1/(q²σ̃²) 2.  At N = 1 the variance is s2 about the running mean: no addcmul (3·n_in fewer).
+    # O(n_in) terms: hook 2 (the statistics kernel's divisions); running mean and variance 3 each
+    # (lerp: subtract, scale, add); σ̃² 2 (max, + shift; 2 scalar ops), 1/(q²σ̃²) 2 (scale,
+    # reciprocal).  At N = 1 the variance is (h - μ)² about the running mean (2·n_in more).
     # Step 5 scales G_b by 1/q² (n_out) only where q² = max(n_in/N, 1) is not 1.
     return (4 * n_in * batch + 5 * n_in * n_out + _bias_scaling(n_in, n_out, batch) + n_out
-            + (19 if batch > 1 else 16) * n_in + 2)
+            + (12 if batch > 1 else 14) * n_in + 2)
 
 
 def _bias_scaling(n_in, n_out, batch):
@@ -133,10 +131,10 @@ def _bias_scaling(n_in, n_out, batch):
 @pytest.mark.parametrize("n_in,n_out,batch", [(100, 100, 60), (784, 100, 16), (30, 10, 1), (7, 3, 512)])
 def test_bnp_step_operation_count(n_in, n_out, batch):
     hook_ops, step_ops = count_step(n_in, n_out, batch)
-    assert hook_ops == 4 * n_in * batch + 7 * n_in  # Algorithm 2 step 1 as Prop. 6 counts it, + O(n_in)
+    assert hook_ops == 4 * n_in * batch + 2 * n_in  # Algorithm 2 step 1 as Prop. 6 counts it, + O(n_in)
     total = hook_ops + step_ops
     assert total == implementation_count(n_in, n_out, batch)
-    if n_out >= 12:  # then n_in·n_out ≥ 11·n_in + 2: the implementation does no more than Prop. 6
+    if n_out >= 5:  # then n_in·n_out ≥ 4·n_in + 2: the implementation does no more than Prop. 6
         assert total <= prop6(n_in, n_out, batch)
 
 
@@ -186,7 +184,7 @@ def test_fused_route_count(n_in, n_out, batch):
     """gradient="fused" against "transform": forward hooks + backward + step, counted.
 
     The fused route's forward hooks do no arithmetic (the statistics are taken in step() from the
-    kept input); the transform route's cost 4·N·n_in + 7·n_in, its step() implementation_count
+    kept input); the transform route's cost 4·N·n_in + 2·n_in, its step() implementation_count
     minus that, and its backward the weight-gradient product on top of what both share."""
     fused, fused_backward, fused_step = count_training_step(n_in, n_out, batch, "fused")
     transform, transform_backward, _ = count_training_step(n_in, n_out, batch, "transform")
