@@ -121,16 +121,21 @@ def test_frozen_bias_weight_hooks_and_subclasses_take_the_transform_route():
 
 
 def test_auto_route_is_decided_per_step_by_the_first_dense_layer():
-    """N ≤ n_out of the first layer: every layer fused (also the 2-wide output layer, N > 2);
-    otherwise every layer on the transform route."""
-    net = nn.Sequential(nn.Linear(64, 40), nn.Tanh(), nn.Linear(40, 2)).double()
+    """N ≤ n_out of a first layer of ≥ 2¹⁷ weights: every layer fused (also the 2-wide output
+    layer, N > 2); otherwise every layer on the transform route."""
+    net = nn.Sequential(nn.Linear(4096, 40), nn.Tanh(), nn.Linear(40, 2))
     pre = BNPreconditioner(net, gradient="auto")
     for n, fused in [(40, True), (41, False), (1, True)]:
         net.zero_grad()
-        net(torch.randn(n, 64, dtype=torch.float64)).sum().backward()
+        net(torch.randn(n, 4096)).sum().backward()
         assert [net[k].weight.grad is None for k in (0, 2)] == [fused, fused]
         pre.step()
         assert net[0].weight.grad is not None and net[2].weight.grad is not None
+    small = nn.Sequential(nn.Linear(64, 40), nn.Tanh(), nn.Linear(40, 2))  # 2 560 first-layer weights
+    pre = BNPreconditioner(small, gradient="auto")
+    small(torch.randn(4, 64)).sum().backward()
+    assert small[0].weight.grad is not None
+    pre.step()
 
 
 def test_input_modified_in_place_after_forward_is_an_error():
