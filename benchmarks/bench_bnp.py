@@ -201,7 +201,8 @@ def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False):
         steps = 3 if quick else max(10, min(200, 20_000 // b))
         t = measure(b, n_in=n_in, hidden=hidden, depth=depth, steps=steps, rounds=rounds, device=device)
         gemm = gemm_time(b, n_in=n_in, hidden=hidden, depth=depth, device=device, repeat=3 if quick else 50)
-        flops = 2 * b * sum(a * c for a, c in zip([n_in] + [hidden] * depth, [hidden] * depth + [10])) * 3
+        sizes = [a * c for a, c in zip([n_in] + [hidden] * depth, [hidden] * depth + [10])]
+        flops = 2 * b * (2 * sum(sizes) + sum(sizes[1:]))  # the products gemm_time runs
         per_epoch = math.ceil(TRAIN_SIZE / b)
         step = {v: t[v]["step"] for v in t}
         rows.append({
