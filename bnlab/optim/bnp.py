@@ -696,10 +696,20 @@ class BNPreconditioner:
         for s in states:
             s.last_q2 = s.handler.q2(s.samples)
             q2s.append(float(s.last_q2))
-        shifts = torch._foreach_mul(torch._foreach_max(variances), [self.eps1 * q for q in q2s])
-        torch._foreach_add_(shifts, [self.eps2 * q for q in q2s])
-        var_tilde = torch._foreach_mul(variances, q2s)  # q²·σ̃² once the shifts are added
-        torch._foreach_add_(var_tilde, shifts)
+        if variances[0].device.type == "cpu":
+            # On CPU the maxima are read back once (no device to wait for) and the shifts are
+            # Python floats: the batched calls with lists of scalars convert every scalar to a
+            # tensor (43 µs of the step's 93 µs here, measured right after backward()).
+            maxes = torch.stack(torch._foreach_max(variances)).tolist()
+            var_tilde = []
+            for v, m, q in zip(variances, maxes, q2s):
+                vt = torch.add(v, self.eps1 * m + self.eps2)
+                var_tilde.append(vt.mul_(q) if q != 1.0 else vt)
+        else:
+            shifts = torch._foreach_mul(torch._foreach_max(variances), [self.eps1 * q for q in q2s])
+            torch._foreach_add_(shifts, [self.eps2 * q for q in q2s])
+            var_tilde = torch._foreach_mul(variances, q2s)  # q²·σ̃² once the shifts are added
+            torch._foreach_add_(var_tilde, shifts)
         if self.eps1 == 0.0 and self.eps2 == 0.0:
             for s, vt in zip(states, var_tilde):
                 if bool((vt <= 0).any()):
