@@ -191,6 +191,7 @@ class _LayerState:
     batch_var: torch.Tensor | None = None
     hook: Any = field(default=None, repr=False)
     post_hook: Any = field(default=None, repr=False)
+    post_fn: Any = field(default=None, repr=False)
     scratch: Any = field(default=None, repr=False)
     last_q2: Any = None
     # gradient="fused"/"auto": whether the layer can take the fused route at all (a plain
@@ -342,9 +343,7 @@ class BNPreconditioner:
         for state in self._layers.values():
             state.hook = state.module.register_forward_pre_hook(self._make_hook(state), with_kwargs=True)
             if state.can_fuse:
-                # always_call: the weight's requires_grad is restored even if the forward raises.
-                state.post_hook = state.module.register_forward_hook(self._make_post_hook(state),
-                                                                     always_call=True)
+                state.post_fn = self._make_post_hook(state)
 
     # ------------------------------------------------------------------------------------------
     @staticmethod
@@ -438,6 +437,10 @@ class BNPreconditioner:
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             return False
+        if state.post_hook is None:
+            # Registered while a fused forward is pending (removed by step()), so layers that do
+            # not fuse pay nothing; always_call restores requires_grad even if the forward raises.
+            state.post_hook = module.register_forward_hook(state.post_fn, always_call=True)
         weight.requires_grad_(False)
         state.toggled = True
         state.fused_x = x.detach()
@@ -613,6 +616,9 @@ class BNPreconditioner:
         for s in pending:
             s.clear_pending()
             s.steps += 1
+            if s.post_hook is not None:
+                s.post_hook.remove()
+                s.post_hook = None
         self.steps += 1
 
     @staticmethod
