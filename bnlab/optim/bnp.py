@@ -410,8 +410,8 @@ class BNPreconditioner:
             handler = state.handler
             if x.dim() != handler.expected_input_ndim:
                 handler.check_input(x)  # raises, naming the layer
-            if (state.can_fuse and state.fused_x is None and state.s1 is None and state.batch_mean is None
-                    and self._start_fused(state, module, x)):
+            if (state.can_fuse and self._auto_fused is not False and state.fused_x is None and state.s1 is None
+                    and state.batch_mean is None and self._start_fused(state, module, x)):
                 return None  # the statistics of a fused forward are taken in step(), from the kept input
             self._record(state, x)
             return None
