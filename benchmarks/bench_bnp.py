@@ -230,14 +230,15 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--input", type=int, default=3072,
                         help="input features (3072: Table 1's CIFAR-10 net; 784: the MNIST net of Figs. 3-4)")
-    parser.add_argument("--depth", type=int, default=2, help="hidden layers of 100 (2: Table 1; 3: Figs. 3-4)")
+    parser.add_argument("--depth", type=int, default=2, help="hidden layers (2: Table 1; 3: Figs. 3-4)")
+    parser.add_argument("--hidden", type=int, default=100, help="width of the hidden layers (100: the paper's)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
         n_in, hidden, depth, rounds, batch_sizes = 64, 16, 2, 2, [4, 32]
     else:
-        n_in, hidden, depth, rounds, batch_sizes = args.input, 100, args.depth, args.rounds, args.batch_sizes
+        n_in, hidden, depth, rounds, batch_sizes = args.input, args.hidden, args.depth, args.rounds, args.batch_sizes
     rows = run(batch_sizes, n_in=n_in, hidden=hidden, depth=depth, rounds=rounds, device=args.device,
                quick=args.quick)
     meta = {"device": args.device, "threads": args.threads,
