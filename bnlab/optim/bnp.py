@@ -72,10 +72,10 @@ __all__ = [
 
 #: How the preconditioned weight gradient of a dense layer is formed (see :class:`BNPreconditioner`).
 GRADIENT_MODES = ("transform", "fused", "auto")
-#: ``gradient="auto"`` fuses only when the first dense layer has at least this many weights: the
-#: fused route's hooks cost a fixed ~20 µs more per layer, which three passes over a small G_w do
-#: not repay (measured on CPU at N = 16: fused 6 % faster with a 3072 × 100 first layer, 4 %
-#: slower with 784 × 100).
+#: ``gradient="auto"`` fuses only when the first dense layer has at least this many weights: below,
+#: the fused route's extra per-call work is not repaid by the three passes over G_w it saves
+#: (measured on CPU at N = 16, × SGD, fused against transform: 1.42 vs 1.45 with a 3072 × 100
+#: first layer, 1.08 vs 1.43 with 4096 × 1024, 1.87 vs 1.68 with 784 × 100; docs/optim.md).
 _AUTO_FUSED_MIN_WEIGHTS = 1 << 17
 
 _HANDLERS: dict[type, type[LayerHandler]] = {
