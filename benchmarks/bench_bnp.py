@@ -1,28 +1,34 @@
 """Lange et al. Table 1 on this machine: training time per epoch of BN vs BNP, and BNP's overhead over SGD.
 
-    python benchmarks/bench_bnp.py [--quick] [--device cpu|cuda] [--threads 1] [--json]
+    python benchmarks/bench_bnp.py [--quick] [--device cpu|cuda] [--threads 1] [--rounds 7] [--json]
 
 The network is the paper's Table 1 / Fig. 8 fully connected net (input 3072 = a CIFAR-10 image,
 two hidden layers of 100, 10 outputs, ReLU, cross-entropy, SGD); ``--input 784 --depth 3`` is the
-MNIST network of Figs. 3-4.  Three variants train side by side
-on the same pre-generated random batches, interleaved step by step (so drifting load on a shared
-machine hits all of them alike) and summarized by the median time of a single training step:
+MNIST network of Figs. 3-4.  The variants train side by side on the same pre-generated random
+batches, interleaved step by step (so drifting load on a shared machine hits all of them alike)
+and are summarized by the median time of a single training step:
 
 * ``sgd``  — the vanilla network, plain SGD (the baseline of the ≤ 10 % overhead goal);
 * ``bn``   — the post-activation BN network (BatchNorm1d on each hidden layer's output), SGD;
-* ``bnp``  — the vanilla network, SGD with ``BNPreconditioner`` (hooks + ``step()``);
-* ``floor`` — the vanilla network, SGD plus the least memory traffic any implementation of
-  Algorithm 2 must add: a forward pre-hook that reads each layer input once (``x.sum(0)``, one
-  pass; the statistics need at least that) and, after ``backward()``, one in-place scaling of each
-  weight gradient by a column vector (one read-modify-write pass over G_w; Eq. 15 needs at least
-  that, plus a rank-1 correction and a matrix-vector product).  ``floor/sgd`` is the overhead no
-  rewrite of BNP as hooks + a ``.grad`` transform in eager PyTorch can go below.
+* ``bnp``  — the vanilla network, SGD with ``BNPreconditioner(gradient="transform")`` (the
+  default: autograd forms G_w, ``step()`` rewrites it with Eq. 15);
+* ``bnp_fused`` — ``gradient="fused"``: autograd skips the weight gradient, ``step()`` forms the
+  preconditioned one as δᵀĤ (no pass over G_w, one N × n_in pass over the input);
+* ``bnp_auto`` — ``gradient="auto"``: fused where N ≤ n_out, transform elsewhere;
+* ``floor`` — the vanilla network, SGD plus the least memory traffic the *transform* route must
+  add: a forward pre-hook that reads each layer input once (``x.sum(0)``) and one in-place scaling
+  of each weight gradient after ``backward()``.  ``floor/sgd`` is the overhead no hooks + ``.grad``
+  rewrite in eager PyTorch can go below (the fused route can, by saving autograd's product).
 
 A step is zero_grad + forward + backward (+ ``pre.step()``) + ``opt.step()``; time per epoch is the
-step time × ⌈50 000 / B⌉ (one CIFAR-10 epoch).  Printed ratios: bnp/sgd (goal ≤ 1.10) and bnp/bn
-(goal ≤ 1.00), and BNP's two parts measured alone: the forward hooks' statistics (4·n_in·N
-elementwise operations per layer) and ``pre.step()`` (Eq. 15 on every layer).  The paper's Table 1 (V100 GPU, 20-epoch average) has BN 16.08 / 10.81 / 10.67 s and
-BNP 16.69 / 10.70 / 10.57 s at B = 16 / 256 / 512, dominated by input-pipeline time we do not have.
+step time × ⌈50 000 / B⌉ (one CIFAR-10 epoch).  Each phase is timed too (medians over the steps):
+``fwd`` (zero_grad + forward, BNP's hooks included), ``bwd``, ``pre`` (``pre.step()``), ``opt``.
+Printed ratios: BNP/SGD (goal ≤ 1.10) and BNP/BN (goal ≤ 1.00) for each BNP variant, and the
+SGD step against the time of its matrix products alone (``gemm ms``: the same forward, weight-
+and input-gradient products timed by themselves), i.e. how far the step is from the machine's
+matmul throughput.  The paper's Table 1 (V100 GPU, 20-epoch average) has BN 16.08 / 10.81 /
+10.67 s and BNP 16.69 / 10.70 / 10.57 s at B = 16 / 256 / 512, dominated by input-pipeline time we
+do not have.
 """
 from __future__ import annotations
 
@@ -42,6 +48,10 @@ from torch import nn  # noqa: E402
 from bnlab.optim import BNPreconditioner  # noqa: E402
 
 TRAIN_SIZE = 50_000
+#: BNP variants and their ``gradient`` mode (see bnlab.optim.BNPreconditioner).
+_GRADIENT = {"bnp": "transform", "bnp_fused": "fused", "bnp_auto": "auto"}
+VARIANTS = ("sgd", "bn", "bnp", "bnp_fused", "bnp_auto", "floor")
+PHASES = ("fwd", "bwd", "pre", "opt")
 
 
 class _Floor:
@@ -74,19 +84,35 @@ def build(variant: str, n_in: int, hidden: int, depth: int, device: str):
     layers.append(nn.Linear(width, 10))
     model = nn.Sequential(*layers).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    pre = BNPreconditioner(model) if variant == "bnp" else _Floor(model) if variant == "floor" else None
+    if variant.startswith("bnp"):
+        pre = BNPreconditioner(model, gradient=_GRADIENT[variant])
+    else:
+        pre = _Floor(model) if variant == "floor" else None
     return model, opt, pre
 
 
-def make_step(model, opt, pre):
+def make_step(model, opt, pre, device="cpu"):
+    """One training step; returns the seconds of its phases (see :func:`_clock`)."""
     loss_fn = nn.functional.cross_entropy
 
     def step(x, y):
+        _sync(device)
+        t0 = _clock(device)
         opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
+        loss = loss_fn(model(x), y)
+        _sync(device)
+        t1 = _clock(device)
+        loss.backward()
+        _sync(device)
+        t2 = _clock(device)
         if pre is not None:
             pre.step()
+        _sync(device)
+        t3 = _clock(device)
         opt.step()
+        _sync(device)
+        t4 = _clock(device)
+        return t1 - t0, t2 - t1, t3 - t2, t4 - t3
 
     return step
 
@@ -107,12 +133,13 @@ def _clock(device) -> float:
 
 
 def _sync(device):
-    if device == "cuda":
+    if str(device).startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, rounds: int, device: str):
-    """Median seconds (see :func:`_clock`) per training step of each variant, interleaved step by step.
+def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, rounds: int, device: str,
+            variants=VARIANTS):
+    """Median seconds per training step of each variant and of each phase, interleaved step by step.
 
     On a shared machine a preemption lands in one step of one variant; the median over the
     ``rounds × steps`` single steps of each variant drops it, where a mean over a block of steps
@@ -122,77 +149,76 @@ def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, round
     n_batches = 8
     xs = [torch.randn(batch, n_in, generator=g).to(device) for _ in range(n_batches)]
     ys = [torch.randint(0, 10, (batch,), generator=g).to(device) for _ in range(n_batches)]
-    variants = ("sgd", "bn", "bnp", "floor")
     steppers = {}
     for v in variants:
-        step = make_step(*build(v, n_in, hidden, depth, device))
+        step = make_step(*build(v, n_in, hidden, depth, device), device=device)
         for i in range(3):  # warm-up (allocator, first-call overheads)
             step(xs[i % n_batches], ys[i % n_batches])
         steppers[v] = step
-    times: dict[str, list[float]] = {v: [] for v in variants}
+    times: dict[str, list[tuple]] = {v: [] for v in variants}
     for _ in range(rounds):
         for i in range(steps):
             for v in variants:
-                _sync(device)
-                t = _clock(device)
-                steppers[v](xs[i % n_batches], ys[i % n_batches])
-                _sync(device)
-                times[v].append(_clock(device) - t)
-    return {v: statistics.median(ts) for v, ts in times.items()}
+                times[v].append(steppers[v](xs[i % n_batches], ys[i % n_batches]))
+    out = {}
+    for v, ts in times.items():
+        out[v] = {"step": statistics.median(sum(t) for t in ts)}
+        out[v].update({p: statistics.median(t[k] for t in ts) for k, p in enumerate(PHASES)})
+    return out
 
 
-def breakdown(batch: int, *, n_in: int, hidden: int, depth: int, device: str, repeat: int) -> dict:
-    """Milliseconds of BNP's two parts in one step: the forward hooks' statistics and ``pre.step()``."""
-    model, opt, pre = build("bnp", n_in, hidden, depth, device)
-    g = torch.Generator().manual_seed(batch)
-    x = torch.randn(batch, n_in, generator=g).to(device)
-    y = torch.randint(0, 10, (batch,), generator=g).to(device)
+def gemm_time(batch: int, *, n_in: int, hidden: int, depth: int, device: str, repeat: int) -> float:
+    """Median seconds of the SGD step's matrix products alone: per layer the forward x Wᵀ + b and
+    the weight gradient δᵀx, and for every layer but the first the input gradient δW."""
+    widths = [n_in] + [hidden] * depth + [10]
+    g = torch.Generator().manual_seed(0)
+    mats = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        mats.append((torch.randn(batch, a, generator=g).to(device), torch.randn(b, a, generator=g).to(device),
+                     torch.randn(b, generator=g).to(device), torch.randn(batch, b, generator=g).to(device)))
 
-    def timed(fn):
+    def products():
+        for i, (x, w, bias, d) in enumerate(mats):
+            torch.addmm(bias, x, w.t())
+            torch.mm(d.t(), x)
+            if i > 0:
+                torch.mm(d, w)
+
+    ts = []
+    for k in range(repeat + 3):
         _sync(device)
         t = _clock(device)
-        fn()
+        products()
         _sync(device)
-        return _clock(device) - t
+        if k >= 3:
+            ts.append(_clock(device) - t)
+    return statistics.median(ts)
 
-    def paired(fn_a, fn_b, between=lambda: None):
-        # The two alternate call by call (load drifts hit both alike); milliseconds, medians.
-        a, b = [], []
-        for _ in range(repeat):
-            a.append(timed(fn_a))
-            between()
-            b.append(timed(fn_b))
-            between()
-        return 1e3 * statistics.median(a), 1e3 * statistics.median(b)
 
-    def plain_forward():
-        with pre.paused():
-            model(x)
-
-    def clear():
-        for s in pre._layers.values():
-            s.clear_pending()  # one forward's statistics each time, as in a training step
-
-    fwd_plain, fwd_hooked = paired(plain_forward, lambda: model(x), clear)
-    for s in pre._layers.values():
-        s.clear_pending()
-    nn.functional.cross_entropy(model(x), y).backward()
-    pending = {n: (s.samples, s.rows, s.s1, s.s2) for n, s in pre._layers.items()}
-    grads = [p.grad.clone() for p in model.parameters()]
-
-    def one_step():
-        for n, s in pre._layers.items():
-            s.samples, s.rows, s.s1, s.s2 = pending[n]
-        for p, g0 in zip(model.parameters(), grads):
-            p.grad.copy_(g0)  # fresh gradients each time (repeated transforms would reach denormals)
-        pre.step()
-
-    def copies_only():
-        for p, g0 in zip(model.parameters(), grads):
-            p.grad.copy_(g0)
-
-    with_step, copies = paired(one_step, copies_only)
-    return {"hooks": fwd_hooked - fwd_plain, "step": with_step - copies}
+def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False):
+    rows = []
+    for b in batch_sizes:
+        steps = 3 if quick else max(10, min(200, 20_000 // b))
+        t = measure(b, n_in=n_in, hidden=hidden, depth=depth, steps=steps, rounds=rounds, device=device)
+        gemm = gemm_time(b, n_in=n_in, hidden=hidden, depth=depth, device=device, repeat=3 if quick else 50)
+        sizes = [a * c for a, c in zip([n_in] + [hidden] * depth, [hidden] * depth + [10])]
+        flops = 2 * b * (2 * sum(sizes) + sum(sizes[1:]))  # the products gemm_time runs
+        per_epoch = math.ceil(TRAIN_SIZE / b)
+        step = {v: t[v]["step"] for v in t}
+        rows.append({
+            "batch_size": b,
+            "step_s": step,
+            "phase_s": {v: {p: t[v][p] for p in PHASES} for v in t},
+            "epoch_s": {v: s * per_epoch for v, s in step.items()},
+            "ratios": {
+                **{f"{v}/sgd": step[v] / step["sgd"] for v in ("bn", "bnp", "bnp_fused", "bnp_auto", "floor")},
+                **{f"{v}/bn": step[v] / step["bn"] for v in ("bnp", "bnp_fused", "bnp_auto")},
+            },
+            "gemm_s": gemm,
+            "gemm_gflops": flops / gemm / 1e9,
+            "sgd_over_gemm": step["sgd"] / gemm,
+        })
+    return rows
 
 
 def main(argv=None) -> int:
@@ -204,45 +230,39 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--input", type=int, default=3072,
                         help="input features (3072: Table 1's CIFAR-10 net; 784: the MNIST net of Figs. 3-4)")
-    parser.add_argument("--depth", type=int, default=2, help="hidden layers of 100 (2: Table 1; 3: Figs. 3-4)")
+    parser.add_argument("--depth", type=int, default=2, help="hidden layers (2: Table 1; 3: Figs. 3-4)")
+    parser.add_argument("--hidden", type=int, default=100, help="width of the hidden layers (100: the paper's)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
         n_in, hidden, depth, rounds, batch_sizes = 64, 16, 2, 2, [4, 32]
     else:
-        n_in, hidden, depth, rounds, batch_sizes = args.input, 100, args.depth, args.rounds, args.batch_sizes
-    rows = []
-    for b in batch_sizes:
-        steps = 3 if args.quick else max(10, min(200, 20_000 // b))
-        t = measure(b, n_in=n_in, hidden=hidden, depth=depth, steps=steps, rounds=rounds, device=args.device)
-        per_epoch = math.ceil(TRAIN_SIZE / b)
-        rows.append({
-            "batch_size": b,
-            "step_s": t,
-            "epoch_s": {v: s * per_epoch for v, s in t.items()},
-            "bnp_over_sgd": t["bnp"] / t["sgd"],
-            "bnp_over_bn": t["bnp"] / t["bn"],
-            "floor_over_sgd": t["floor"] / t["sgd"],
-            "bnp_parts_ms": breakdown(b, n_in=n_in, hidden=hidden, depth=depth, device=args.device,
-                                      repeat=3 if args.quick else 100),
-        })
+        n_in, hidden, depth, rounds, batch_sizes = args.input, args.hidden, args.depth, args.rounds, args.batch_sizes
+    rows = run(batch_sizes, n_in=n_in, hidden=hidden, depth=depth, rounds=rounds, device=args.device,
+               quick=args.quick)
     meta = {"device": args.device, "threads": args.threads,
-            "clock": "wall" if args.device.startswith("cuda") or args.threads > 1 else "thread CPU time", "network": [n_in] + [hidden] * depth + [10],
-            "torch": torch.__version__}
+            "clock": "wall" if args.device.startswith("cuda") or args.threads > 1 else "thread CPU time",
+            "network": [n_in] + [hidden] * depth + [10], "torch": torch.__version__}
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=2))
         return 0
     print(f"BNP benchmark: network {meta['network']}, device {args.device}, threads {args.threads}, "
-          f"torch {torch.__version__}")
-    print(f"{'B':>5} {'SGD s/epoch':>12} {'BN s/epoch':>11} {'BNP s/epoch':>12} {'BNP/SGD':>8} {'BNP/BN':>7} "
-          f"{'floor/SGD':>9} {'SGD ms/step':>12} {'hooks ms':>9} {'pre.step ms':>12}")
+          f"clock {meta['clock']}, torch {torch.__version__}")
+    print(f"{'B':>5} {'SGD s/ep':>9} {'BN s/ep':>8} {'BNP s/ep':>9} {'auto s/ep':>10} "
+          f"{'BNP/SGD':>8} {'fused/SGD':>9} {'auto/SGD':>8} {'BNP/BN':>7} {'auto/BN':>7} {'BN/SGD':>7} "
+          f"{'floor/SGD':>9} {'SGD ms':>7} {'gemm ms':>8} {'GFLOP/s':>8}")
     for r in rows:
-        e = r["epoch_s"]
-        print(f"{r['batch_size']:>5} {e['sgd']:>12.3f} {e['bn']:>11.3f} {e['bnp']:>12.3f} "
-              f"{r['bnp_over_sgd']:>8.3f} {r['bnp_over_bn']:>7.3f} {r['floor_over_sgd']:>9.3f} "
-              f"{1e3 * r['step_s']['sgd']:>12.3f} "
-              f"{r['bnp_parts_ms']['hooks']:>9.3f} {r['bnp_parts_ms']['step']:>12.3f}")
+        e, q = r["epoch_s"], r["ratios"]
+        print(f"{r['batch_size']:>5} {e['sgd']:>9.3f} {e['bn']:>8.3f} {e['bnp']:>9.3f} {e['bnp_auto']:>10.3f} "
+              f"{q['bnp/sgd']:>8.3f} {q['bnp_fused/sgd']:>9.3f} {q['bnp_auto/sgd']:>8.3f} {q['bnp/bn']:>7.3f} "
+              f"{q['bnp_auto/bn']:>7.3f} {q['bn/sgd']:>7.3f} {q['floor/sgd']:>9.3f} "
+              f"{1e3 * r['step_s']['sgd']:>7.3f} {1e3 * r['gemm_s']:>8.3f} {r['gemm_gflops']:>8.1f}")
+    print("phases, ms per step (fwd = zero_grad + forward with hooks, bwd, pre = pre.step(), opt):")
+    for r in rows:
+        parts = "  ".join(
+            f"{v} " + "/".join(f"{1e3 * r['phase_s'][v][p]:.3f}" for p in PHASES) for v in r["phase_s"])
+        print(f"{r['batch_size']:>5}  {parts}")
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from bnlab.optim._layers import CONV_STATISTICS, LayerHandler
 from bnlab.optim.bnp import (
+    GRADIENT_MODES,
     BNPreconditioner,
     bnp_precondition_,
     layer_handlers,
@@ -53,6 +54,7 @@ __all__ = [
     "layer_handlers",
     "LayerHandler",
     "CONV_STATISTICS",
+    "GRADIENT_MODES",
     "layer_hessian_conditioning",
     "neuron_hessian",
     "condition_number",

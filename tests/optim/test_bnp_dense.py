@@ -10,6 +10,7 @@ differences the tests guard against (asserted where it matters, so a test cannot
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -86,22 +87,29 @@ def _mlp(widths, seed=0):
     return nn.Sequential(*layers[:-1]).double()
 
 
-@pytest.mark.parametrize("block", [None, 1, 40])
+@pytest.mark.parametrize("gradient,block", [("transform", None), ("transform", 1), ("transform", 40),
+                                            ("fused", None), ("auto", None)])
 @pytest.mark.parametrize("batch,widths", [(1, [7, 6, 5, 3]), (3, [7, 6, 5, 3]), (16, [7, 6, 5, 3]),
                                           (4, [2, 9, 30, 3])])
-def test_algorithm2_three_steps_against_dense_reference(batch, widths, block, monkeypatch):
+def test_algorithm2_three_steps_against_dense_reference(batch, widths, gradient, block, monkeypatch):
     """Running statistics (ρ = 0.9), σ̃ (ε₁, ε₂), q² and Eq. 15 over three steps, every layer
     (widths growing with depth make the hooks' shared scratch buffer grow mid-forward).
 
-    ``block`` shrinks the hooks' cache blocks (``_BLOCK_ELEMENTS``) so that the statistics are
-    accumulated over several blocks of samples: 1 element gives one sample per block, 40 elements
-    blocks of 5 rows of a 7-wide input with a shorter last block at N = 16."""
+    ``block`` shrinks the hooks' cache blocks (``_BLOCK_ELEMENTS``; the blocked route is the one
+    off CPU, which these tests reach for convolutions and mixed precision) so that the statistics
+    are accumulated over several blocks of samples.  ``gradient="fused"`` forms G_w' = δᵀĤ in
+    step() instead of transforming autograd's G_w; "auto" does so where N ≤ n_out (here the
+    layers of width ≥ N), so a network mixes both routes.  The raw gradients come from an
+    untouched copy of the network (on the fused route the weight's .grad is not formed by
+    backward())."""
     if block is not None:
         monkeypatch.setattr("bnlab.optim._layers._BLOCK_ELEMENTS", block)
     rho, eps1, eps2 = 0.9, 0.05, 1e-3
     model = _mlp(widths)
-    pre = BNPreconditioner(model, rho=rho, eps1=eps1, eps2=eps2)
+    twin = copy.deepcopy(model)
+    pre = BNPreconditioner(model, rho=rho, eps1=eps1, eps2=eps2, gradient=gradient)
     linears = [m for m in model if isinstance(m, nn.Linear)]
+    twin_linears = [m for m in twin if isinstance(m, nn.Linear)]
     ref_stats = [(torch.zeros(m.in_features, dtype=torch.float64), torch.ones(m.in_features, dtype=torch.float64))
                  for m in linears]
     g = torch.Generator().manual_seed(batch)
@@ -114,7 +122,11 @@ def test_algorithm2_three_steps_against_dense_reference(batch, widths, block, mo
         nn.functional.cross_entropy(model(x), y).backward()
         for h in hooks:
             h.remove()
-        raw = [(m.weight.grad.clone(), m.bias.grad.clone()) for m in linears]
+        if gradient == "fused":  # the route was taken: backward() left the weight gradients out
+            assert all(m.weight.grad is None and m.weight.requires_grad for m in linears)
+        twin.zero_grad()
+        nn.functional.cross_entropy(twin(x), y).backward()
+        raw = [(m.weight.grad.clone(), m.bias.grad.clone()) for m in twin_linears]
         pre.step()
         for i, (m, h) in enumerate(zip(linears, inputs)):
             mu_old, var_old = ref_stats[i]
@@ -176,7 +188,8 @@ def test_statistics_not_recorded_in_eval_no_grad_or_paused():
 # ------------------------------------------------------------------------------------------------
 
 
-def test_proposition7_bn_step_equals_bnp_step():
+@pytest.mark.parametrize("gradient", ["transform", "fused"])
+def test_proposition7_bn_step_equals_bnp_step(gradient):
     """Lange et al. Prop. 7 in float64.
 
     A post-activation BN network a_l = W_l B_{0,1}(h_{l-1}) + b_l (B applied to every layer input,
@@ -216,13 +229,15 @@ def test_proposition7_bn_step_equals_bnp_step():
         for m, w, b, (mu, sig) in zip(linears, ws, bs, stats):
             m.weight.copy_(w / sig)
             m.bias.copy_(b - w @ (mu / sig))
-    pre = BNPreconditioner(vanilla, rho=0.0, eps1=0.0, eps2=0.0)
+    plain_net = copy.deepcopy(vanilla)
+    pre = BNPreconditioner(vanilla, rho=0.0, eps1=0.0, eps2=0.0, gradient=gradient)
     out = vanilla(x)
     torch.testing.assert_close(out, bn_out.detach(), rtol=RTOL, atol=RTOL)  # first claim of Prop. 7
 
     opt = torch.optim.SGD(vanilla.parameters(), lr=lr)
     nn.functional.cross_entropy(out, y).backward()
-    plain = [(m.weight - lr * m.weight.grad).detach() for m in linears]
+    nn.functional.cross_entropy(plain_net(x), y).backward()
+    plain = [(m.weight - lr * m.weight.grad).detach() for m in plain_net if isinstance(m, nn.Linear)]
     pre.step()
     opt.step()
     for m, (w_exp, b_exp), w_plain in zip(linears, expected, plain):
