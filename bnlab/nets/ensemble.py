@@ -18,13 +18,15 @@ Two stackings, chosen by the kind of the models:
   ``torch.func.stack_module_state`` and the forward pass is ``vmap(functional_call(...))``; a
   per-network constant of such a model must be a buffer (it is then stacked like the weights).
 
-The training loop is that of :func:`bnlab.nets.train` with cross-entropy and plain SGD or RMSProp:
-per-network learning rates (a tensor of M values), per-network data order (each network has its
-own ``torch.Generator`` seeded with its seed, drawing the same batches :func:`train` would; networks
-with equal seeds share one draw), and per-network divergence detection — a network whose loss is
-not finite stops updating (its update is masked) while the others go on; its result reports the
-step as :func:`train` does.  After training, the final parameters and buffers are written back into
-the given models.
+The training loop is that of :func:`bnlab.nets.train` with cross-entropy or ½‖f − onehot(y)‖² and
+SGD or RMSProp (torch.optim's updates, with momentum and weight decay): per-network learning rates
+(a tensor of M values), per-network data order (each network has its own ``torch.Generator`` seeded
+with its seed, drawing the same batches :func:`train` would; networks with equal seeds share one
+draw), and per-network divergence detection — a network whose loss is not finite (or exceeds
+``diverge_above``: a parameter explosion in a learning-rate phase diagram) stops updating (its update
+is masked) while the others go on; its result reports the step as :func:`train` does.  After
+training, the final parameters and buffers are written back into the given models.  The test pass
+reports accuracy and the mean test loss, with BN on running statistics or on each test batch's.
 
 Same models, seeds and learning rates → the same numbers as one-at-a-time :func:`train` to rounding
 (``tests/nets/test_ensemble.py`` derives the tolerance): the batched product sums in the same
@@ -41,12 +43,23 @@ import torch
 from torch import nn
 
 from bnlab._validation import check_choice, check_int, check_real
-from bnlab.nets.train import TrainResult, _as_tensors, _batches, resolve_device
+from bnlab.nets.train import (
+    TEST_BN_MODES,
+    TrainResult,
+    _as_tensors,
+    _batches,
+    _test_chunks,
+    half_squared_error,
+    resolve_device,
+)
 
-__all__ = ["ENSEMBLE_OPTIMIZERS", "train_ensemble"]
+__all__ = ["ENSEMBLE_OPTIMIZERS", "ENSEMBLE_LOSSES", "train_ensemble"]
 
 #: optimizers :func:`train_ensemble` implements (with torch.optim's update formulas)
 ENSEMBLE_OPTIMIZERS = ("sgd", "rmsprop")
+#: losses :func:`train_ensemble` trains on: softmax cross-entropy, or ½‖f − onehot(y)‖²
+#: (:func:`~bnlab.nets.half_squared_error`, the Fisher paper's Gaussian model)
+ENSEMBLE_LOSSES = ("cross_entropy", "mse")
 
 
 # --------------------------------------------------------------------------- stacks
@@ -107,9 +120,9 @@ class _BNMLPStack:
     def param_network_axis_sizes(self) -> list[int]:
         return [w.shape[0] for w in self.params()]
 
-    def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, training: bool, update_stats: bool = True) -> torch.Tensor:
         """Logits (M, n, classes) in the caller's network order, for inputs x (M, n, in_features) or a
-        shared x (n, in_features)."""
+        shared x (n, in_features); ``update_stats=False``: batch statistics without touching the running ones."""
         # x (n, in) is one input shared by every network (broadcast in the first product, never copied)
         a = x if x.ndim == 2 else x[torch.as_tensor(self.order, device=x.device)]
         finished = []
@@ -122,7 +135,7 @@ class _BNMLPStack:
             h = torch.matmul(a, self.weights[layer].transpose(1, 2))
             eps = self.eps[:k]
             if training:
-                out = self._batch_norm(h, layer, eps)
+                out = self._batch_norm(h, layer, eps, update_stats)
             else:
                 out = (h - self.running_mean[layer].unsqueeze(1)) * torch.rsqrt(self.running_var[layer].unsqueeze(1) + eps)
             if self.affine:
@@ -133,7 +146,7 @@ class _BNMLPStack:
         logits = torch.baddbmm(self.readout_b.unsqueeze(1), a, self.readout_w.transpose(1, 2))
         return logits[torch.as_tensor(self.inverse, device=x.device)]
 
-    def _batch_norm(self, h: torch.Tensor, layer: int, eps: torch.Tensor) -> torch.Tensor:
+    def _batch_norm(self, h: torch.Tensor, layer: int, eps: torch.Tensor, update_stats: bool = True) -> torch.Tensor:
         # ghost_batch_norm (bnlab.nets.norms) with a leading network axis and a per-network ε
         k, n, width = h.shape
         b = self.sub_batch_size or n
@@ -143,6 +156,8 @@ class _BNMLPStack:
         mean = hg.mean(dim=2, keepdim=True)
         var = hg.var(dim=2, unbiased=False, keepdim=True)
         out = (hg - mean) * torch.rsqrt(var + eps.view(k, 1, 1, 1))
+        if not update_stats:
+            return out.reshape(k, n, width)
         with torch.no_grad():
             self.running_mean[layer].lerp_(mean.squeeze(2).mean(1), self.momentum)
             self.running_var[layer].lerp_((var.squeeze(2) * (b / (b - 1))).mean(1), self.momentum)
@@ -195,13 +210,17 @@ class _VmapStack:
     def params(self) -> list[torch.Tensor]:
         return self.param_list
 
-    def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, training: bool, update_stats: bool = True) -> torch.Tensor:
         from torch.func import vmap
 
         self.base.train(training)
         p = dict(zip(self.names, self.param_list))
         shared = x.ndim == self._data_ndim  # one batch (n, ...) for every network
-        return vmap(self._one, in_dims=(0, 0, None if shared else 0), randomness="different")(p, self.buffers, x)
+        # BN in train mode updates its running statistics in place: a test pass on batch statistics
+        # works on copies of the buffers
+        keep = update_stats or not training
+        buffers = self.buffers if keep else {k: v.clone() for k, v in self.buffers.items()}
+        return vmap(self._one, in_dims=(0, 0, None if shared else 0), randomness="different")(p, buffers, x)
 
     def write_back(self) -> None:
         with torch.no_grad():
@@ -261,20 +280,27 @@ def train_ensemble(
     steps: int | None = None,
     epochs: float | None = None,
     optimizer: str = "sgd",
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
     rmsprop_alpha: float = 0.99,
     rmsprop_eps: float = 1e-8,
+    loss: str = "cross_entropy",
     test_data: Any = None,
     seeds: int | Sequence[int] = 0,
     device: str | torch.device = "cpu",
     check_every: int = 10,
     eval_batch_size: int = 1000,
+    diverge_above: float | None = None,
+    test_bn_mode: str = "eval",
 ) -> list[TrainResult]:
-    """Train M networks of one architecture together on cross-entropy; one :class:`TrainResult` each.
+    """Train M networks of one architecture together on one loss; one :class:`TrainResult` each.
 
-    Network m follows :func:`bnlab.nets.train` with ``optimizer=torch.optim.SGD(lr=lr[m])`` (or
-    ``RMSprop(lr=lr[m], alpha=rmsprop_alpha, eps=rmsprop_eps)``), ``seed=seeds[m]``, the same
-    ``batch_size``, ``steps``/``epochs``, ``check_every`` and ``eval_batch_size``, and gives the same
-    numbers to rounding (see the module docstring).
+    Network m follows :func:`bnlab.nets.train` with ``optimizer=torch.optim.SGD(lr=lr[m],
+    momentum=momentum, weight_decay=weight_decay)`` (or ``RMSprop(lr=lr[m], alpha=rmsprop_alpha,
+    eps=rmsprop_eps, momentum=momentum, weight_decay=weight_decay)``), ``loss_fn`` cross-entropy or
+    :func:`~bnlab.nets.half_squared_error`, ``seed=seeds[m]``, the same ``batch_size``,
+    ``steps``/``epochs``, ``check_every``, ``eval_batch_size``, ``diverge_above`` and
+    ``test_bn_mode``, and gives the same numbers to rounding (see the module docstring).
 
     Parameters
     ----------
@@ -289,21 +315,33 @@ def train_ensemble(
     batch_size, steps, epochs:
         As :func:`train` (shared by all networks).
     optimizer:
-        ``"sgd"`` (plain SGD) or ``"rmsprop"`` (torch.optim.RMSprop's update, no momentum).
+        ``"sgd"`` or ``"rmsprop"`` (torch.optim.SGD's / RMSprop's update).
+    momentum, weight_decay:
+        As torch.optim's (heavy ball v ← μ v + d, θ ← θ − η v, with d the gradient (SGD) or the
+        RMSProp-scaled gradient; the gradient includes weight_decay·θ).  The Fisher paper's phase
+        diagrams use SGD with μ = 0.9 (its Eq. 1).
     rmsprop_alpha, rmsprop_eps:
         RMSProp's decay and ε (torch's defaults; TensorFlow's are 0.9 and 1e-10).
+    loss:
+        ``"cross_entropy"`` or ``"mse"`` (½‖f − onehot(y)‖², :func:`~bnlab.nets.half_squared_error`).
     seeds:
         Seeds of the data order: one for all (a shared order, drawn once) or M values.
     device, check_every, eval_batch_size:
         As :func:`train`; ``check_every`` is how often the host looks at the losses (to stop early
         when every network has diverged and to report divergence as :func:`train` does).
+    diverge_above:
+        As :func:`train`: a training loss above it counts as divergence (a parameter explosion).
+    test_bn_mode:
+        As :func:`train`: the test pass (accuracy and ``test_loss``) with running statistics
+        (``"eval"``) or with the statistics of each test batch (``"train"``; running statistics untouched).
 
     Returns
     -------
     list[TrainResult]
-        In the order of ``models``.  A network whose loss becomes non-finite stops updating at that
-        step (the others go on); it reports ``diverged=True``, ``diverged_at_step`` and the ``steps`` and
-        ``history`` :func:`train` would report (it trains on to the next check).
+        In the order of ``models``.  A network whose loss becomes non-finite (or exceeds
+        ``diverge_above``) stops updating at that step (the others go on); it reports
+        ``diverged=True``, ``diverged_at_step`` and the ``steps`` and ``history`` :func:`train` would
+        report (it trains on to the next check).  With test data, ``test_loss`` is the mean test loss.
     """
     models = _check_models(models)
     m_count = len(models)
@@ -313,6 +351,14 @@ def train_ensemble(
     seed_list = _per_network("seeds", seeds, m_count, minimum=0, integer=True)
     rmsprop_alpha = check_real("rmsprop_alpha", rmsprop_alpha, minimum=0.0, maximum=1.0)
     rmsprop_eps = check_real("rmsprop_eps", rmsprop_eps, minimum=0.0)
+    momentum = check_real("momentum", momentum, minimum=0.0)
+    if momentum >= 1.0:
+        raise ValueError(f"momentum={momentum!r} is not allowed: expected 0 <= momentum < 1")
+    weight_decay = check_real("weight_decay", weight_decay, minimum=0.0)
+    loss_kind = check_choice("loss", loss, ENSEMBLE_LOSSES)
+    if diverge_above is not None:
+        diverge_above = check_real("diverge_above", diverge_above)
+    test_bn_mode = check_choice("test_bn_mode", test_bn_mode, TEST_BN_MODES)
     check_every = check_int("check_every", check_every, minimum=1)
     eval_batch_size = check_int("eval_batch_size", eval_batch_size, minimum=1)
 
@@ -322,6 +368,8 @@ def train_ensemble(
     dtype = models[0].readout.weight.dtype if is_bnmlp else next(models[0].parameters()).dtype
     x_tr, y_tr = _as_tensors("train_data", train_data, dev, dtype)
     test = None if test_data is None else _as_tensors("test_data", test_data, dev, dtype)
+    if test is not None:
+        _test_chunks(test[0].shape[0], eval_batch_size, test_bn_mode)  # refuses a 1-sample test set in train mode
     if y_tr.is_floating_point():
         raise ValueError("train_data is not allowed: train_ensemble trains classifiers (integer labels)")
     n = x_tr.shape[0]
@@ -344,6 +392,9 @@ def train_ensemble(
         if sb is not None and batch_size % sb:
             raise ValueError(f"batch_size={batch_size} is not allowed: it must be a multiple of the models' "
                              f"sub_batch_size={sb}")
+        if sb is not None and test_bn_mode == "train":
+            raise ValueError("test_bn_mode='train' is not allowed for BN-MLPs with a sub_batch_size (test "
+                             "batches are not multiples of it)")
         stack: Any = _BNMLPStack(models, dev)
     else:
         stack = _VmapStack(models, dev)
@@ -354,6 +405,7 @@ def train_ensemble(
     params = stack.params()
     lr_t = torch.tensor(lrs, dtype=dtype, device=dev)
     sq_avg = [torch.zeros_like(p) for p in params] if optimizer == "rmsprop" else None
+    velocity = [torch.zeros_like(p) for p in params] if momentum > 0 else None
     # per-network views: a (M, 1, ..., 1) tensor for each parameter's leading axis
     def per_net(v: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         return v[: p.shape[0]].view(-1, *([1] * (p.ndim - 1)))
@@ -389,11 +441,12 @@ def train_ensemble(
                 if int(y.min()) < 0 or int(y.max()) >= k:
                     raise ValueError(f"labels are not allowed: they must lie in [0, {k}) for models with {k} outputs")
             chance = 1.0 / k
-        per = nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), yb.reshape(-1), reduction="none")
-        loss = per.view(m_count, batch_size).mean(dim=1)
+        loss = _per_network_loss(loss_kind, out, yb)
         grads = torch.autograd.grad(loss.sum(), params, allow_unused=True)
         with torch.no_grad():
             finite = torch.isfinite(loss.detach().float())
+            if diverge_above is not None:
+                finite &= loss.detach().float() <= diverge_above
             newly_bad = active & ~finite
             first_bad = torch.where(newly_bad, torch.full_like(first_bad, step), first_bad)
             active &= finite
@@ -404,14 +457,22 @@ def train_ensemble(
                     continue
                 keep = per_net(act_stack, p)
                 rate = per_net(lr_stack, p)
+                if weight_decay:
+                    g = g + weight_decay * p
                 if sq_avg is None:
-                    upd = p - rate * g
+                    d = g
                 else:
                     s = sq_avg[i]
                     s_new = s * rmsprop_alpha + (1 - rmsprop_alpha) * g * g
-                    upd = p - rate * g / (s_new.sqrt() + rmsprop_eps)
+                    d = g / (s_new.sqrt() + rmsprop_eps)
                     s.copy_(torch.where(keep, s_new, s))
-                p.copy_(torch.where(keep, upd, p))
+                if velocity is not None:
+                    # torch.optim: the first step's buffer is d itself (= μ·0 + d)
+                    v = velocity[i]
+                    v_new = v * momentum + d
+                    v.copy_(torch.where(keep, v_new, v))
+                    d = v_new
+                p.copy_(torch.where(keep, p - rate * d, p))
         done = step + 1
         if done % check_every == 0 and done < steps and not bool(active.any()):
             break  # every network has diverged: nothing left to train
@@ -419,7 +480,8 @@ def train_ensemble(
     stack.write_back()
     first_bad_l = first_bad.cpu().tolist()
     hist = losses[:done].to(torch.float64).cpu().numpy()
-    accs = _ensemble_accuracy(stack, test, m_count, eval_batch_size) if test is not None else None
+    accs, test_losses = (_ensemble_evaluate(stack, test, m_count, eval_batch_size, loss_kind, test_bn_mode)
+                         if test is not None else (None, None))
     results = []
     for i in range(m_count):
         if first_bad_l[i] < steps:
@@ -436,20 +498,32 @@ def train_ensemble(
         elif accs[i] is None:
             results.append(TrainResult(chance, True, None, done, final, chance, h, [], False))
         else:
-            results.append(TrainResult(accs[i], False, None, done, final, chance, h, [], False))
+            results.append(TrainResult(accs[i], False, None, done, final, chance, h, [], False, test_losses[i]))
     return results
 
 
+def _per_network_loss(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Batch-mean loss per network: logits (M, n, classes), labels (M, n) → (M,)."""
+    if kind == "mse":
+        return half_squared_error(out, y)
+    per = nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none")
+    return per.view(out.shape[0], out.shape[1]).mean(dim=1)
+
+
 @torch.no_grad()
-def _ensemble_accuracy(stack, test, m_count: int, eval_batch_size: int) -> list[float | None]:
-    """Per-network test accuracy in eval mode (running statistics); None where a logit is not finite."""
+def _ensemble_evaluate(stack, test, m_count: int, eval_batch_size: int, loss_kind: str,
+                       bn_mode: str) -> tuple[list[float | None], list[float]]:
+    """Per-network test accuracy (None where a logit is not finite) and mean test loss, BN in
+    ``bn_mode`` (running statistics, or each test batch's statistics without updating the running ones)."""
     x, y = test
     correct = torch.zeros(m_count, dtype=torch.long, device=x.device)
     finite = torch.ones(m_count, dtype=torch.bool, device=x.device)
-    for i in range(0, x.shape[0], eval_batch_size):
-        xb = x[i : i + eval_batch_size]
-        logits = stack.forward(xb, False)
+    total = torch.zeros(m_count, dtype=torch.float64, device=x.device)
+    for sl in _test_chunks(x.shape[0], eval_batch_size, bn_mode):
+        logits = stack.forward(x[sl], bn_mode == "train", update_stats=False)
         finite &= torch.isfinite(logits).flatten(1).all(dim=1)
-        correct += (logits.argmax(dim=-1) == y[i : i + eval_batch_size]).sum(dim=1)
+        yb = y[sl].unsqueeze(0).expand(m_count, -1)
+        correct += (logits.argmax(dim=-1) == yb).sum(dim=1)
+        total += _per_network_loss(loss_kind, logits, yb).double() * logits.shape[1]
     acc = (correct.double() / x.shape[0]).cpu().tolist()
-    return [a if f else None for a, f in zip(acc, finite.cpu().tolist())]
+    return [a if f else None for a, f in zip(acc, finite.cpu().tolist())], (total / x.shape[0]).cpu().tolist()
