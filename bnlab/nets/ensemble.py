@@ -452,27 +452,25 @@ def train_ensemble(
             active &= finite
             losses[step] = loss.detach()
             act_stack = active[order]
+            # a stopped network gets a zero gradient and a zero rate: its parameters stay where they
+            # are (its optimizer state decays harmlessly), with one masked pass per tensor instead of
+            # a torch.where per state tensor; the rest of the update is in place
+            neg_rate = torch.where(act_stack, -lr_stack, torch.zeros_like(lr_stack))
             for i, (p, g) in enumerate(zip(params, grads)):
                 if g is None:
                     continue
-                keep = per_net(act_stack, p)
-                rate = per_net(lr_stack, p)
+                g = torch.where(per_net(act_stack, p), g, torch.zeros((), dtype=g.dtype, device=g.device))
                 if weight_decay:
-                    g = g + weight_decay * p
-                if sq_avg is None:
-                    d = g
-                else:
+                    g.add_(p, alpha=weight_decay)
+                d = g
+                if sq_avg is not None:
                     s = sq_avg[i]
-                    s_new = s * rmsprop_alpha + (1 - rmsprop_alpha) * g * g
-                    d = g / (s_new.sqrt() + rmsprop_eps)
-                    s.copy_(torch.where(keep, s_new, s))
+                    s.mul_(rmsprop_alpha).addcmul_(g, g, value=1 - rmsprop_alpha)
+                    d = g / (s.sqrt() + rmsprop_eps)
                 if velocity is not None:
                     # torch.optim: the first step's buffer is d itself (= μ·0 + d)
-                    v = velocity[i]
-                    v_new = v * momentum + d
-                    v.copy_(torch.where(keep, v_new, v))
-                    d = v_new
-                p.copy_(torch.where(keep, p - rate * d, p))
+                    d = velocity[i].mul_(momentum).add_(d)
+                p.addcmul_(per_net(neg_rate, p), d)
         done = step + 1
         if done % check_every == 0 and done < steps and not bool(active.any()):
             break  # every network has diverged: nothing left to train
