@@ -193,6 +193,8 @@ class _VmapStack:
                 raise ValueError(f"models[{i}] is not allowed: its parameter/buffer shapes differ from models[0]'s")
         self.models = list(models)
         self._data_ndim = 0  # ndim of the training inputs (n, ...), set by train_ensemble
+        self.rows = list(range(len(models)))  # the caller's index of each stacked network
+        self._dropped: dict[int, tuple] = {}  # caller index -> final (parameters, buffers) of a dropped network
         for m in models:
             m.to(dev)
         params, buffers = stack_module_state(list(models))
@@ -222,13 +224,29 @@ class _VmapStack:
         buffers = self.buffers if keep else {k: v.clone() for k, v in self.buffers.items()}
         return vmap(self._one, in_dims=(0, 0, None if shared else 0), randomness="different")(p, buffers, x)
 
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep only the stacked networks at positions ``keep``; the others' final state is set aside."""
+        kept = set(keep.tolist())
+        with torch.no_grad():
+            for pos, i in enumerate(self.rows):
+                if pos not in kept:
+                    self._dropped[i] = ([v[pos].clone() for v in self.param_list],
+                                        {k: v[pos].clone() for k, v in self.buffers.items()})
+            self.param_list = [v.detach()[keep].requires_grad_() for v in self.param_list]
+            self.buffers = {k: v[keep] for k, v in self.buffers.items()}
+        self.rows = [self.rows[pos] for pos in keep.tolist()]
+
     def write_back(self) -> None:
         with torch.no_grad():
+            states = {i: ([v[pos] for v in self.param_list], {k: v[pos] for k, v in self.buffers.items()})
+                      for pos, i in enumerate(self.rows)}
+            states.update(self._dropped)
             for i, m in enumerate(self.models):
-                for k, v in zip(self.names, self.param_list):
-                    m.get_parameter(k).copy_(v[i])
-                for k, v in self.buffers.items():
-                    m.get_buffer(k).copy_(v[i])
+                params, buffers = states[i]
+                for k, v in zip(self.names, params):
+                    m.get_parameter(k).copy_(v)
+                for k, v in buffers.items():
+                    m.get_buffer(k).copy_(v)
 
 
 # --------------------------------------------------------------------------- arguments
@@ -416,9 +434,13 @@ def train_ensemble(
     which = torch.tensor([distinct.index(s) for s in seed_list], device=dev)
     shared = len(distinct) == 1
 
-    # network order inside the stack (BN-MLP stacks sort by depth): parameters live in stack order
-    order = torch.as_tensor(stack.order if is_bnmlp else list(range(m_count)), device=dev)
-    lr_stack = lr_t[order]
+    # which network each row is (caller's index): of the forward's outputs (``out_rows``) and of the
+    # parameter stacks (``par_rows``; a BN-MLP stack sorts by depth).  The vmap stack drops networks
+    # that have stopped at the next check (``compact``): rows that only burned compute on a diverged
+    # network — in a learning-rate phase diagram, the whole exploding half of the grid.
+    out_rows = torch.arange(m_count, device=dev)
+    par_rows = torch.as_tensor(stack.order, device=dev) if is_bnmlp else out_rows
+    lr_stack = lr_t[par_rows]
     active = torch.ones(m_count, dtype=torch.bool, device=dev)  # caller's order
     # float32 like train()'s history, whose finiteness check is on the stored value (a float64 loss
     # beyond 3.4e38 counts as divergence there, and so here)
@@ -430,9 +452,9 @@ def train_ensemble(
         idx = torch.stack([next(gens[s]) for s in distinct])  # (distinct seeds, batch)
         if shared:
             xb = x_tr[idx[0]]  # one batch, broadcast to every network by the stack
-            yb = y_tr[idx[0]].unsqueeze(0).expand(m_count, batch_size)
+            yb = y_tr[idx[0]].unsqueeze(0).expand(out_rows.shape[0], batch_size)
         else:
-            sel = idx[which]
+            sel = idx[which[out_rows]]
             xb, yb = x_tr[sel], y_tr[sel]
         out = stack.forward(xb, True)
         if step == 0:
@@ -444,14 +466,16 @@ def train_ensemble(
         loss = _per_network_loss(loss_kind, out, yb)
         grads = torch.autograd.grad(loss.sum(), params, allow_unused=True)
         with torch.no_grad():
-            finite = torch.isfinite(loss.detach().float())
+            lf = loss.detach().float()
+            ok = torch.isfinite(lf)
             if diverge_above is not None:
-                finite &= loss.detach().float() <= diverge_above
-            newly_bad = active & ~finite
-            first_bad = torch.where(newly_bad, torch.full_like(first_bad, step), first_bad)
-            active &= finite
-            losses[step] = loss.detach()
-            act_stack = active[order]
+                ok &= lf <= diverge_above
+            bad = torch.zeros(m_count, dtype=torch.bool, device=dev)
+            bad[out_rows] = ~ok
+            first_bad = torch.where(active & bad, torch.full_like(first_bad, step), first_bad)
+            active &= ~bad
+            losses[step, out_rows] = lf
+            act_stack = active[par_rows]
             # a stopped network gets a zero gradient and a zero rate: its parameters stay where they
             # are (its optimizer state decays harmlessly), with one masked pass per tensor instead of
             # a torch.where per state tensor; the rest of the update is in place
@@ -472,14 +496,29 @@ def train_ensemble(
                     d = velocity[i].mul_(momentum).add_(d)
                 p.addcmul_(per_net(neg_rate, p), d)
         done = step + 1
-        if done % check_every == 0 and done < steps and not bool(active.any()):
-            break  # every network has diverged: nothing left to train
+        if done % check_every == 0 and done < steps:
+            if not bool(active.any()):
+                break  # every network has diverged: nothing left to train
+            if not is_bnmlp and not bool(active[out_rows].all()):
+                keep = active[out_rows].nonzero().flatten()
+                stack.compact(keep)
+                out_rows = par_rows = out_rows[keep]
+                params = stack.params()
+                lr_stack = lr_t[par_rows]
+                sq_avg = None if sq_avg is None else [v[keep] for v in sq_avg]
+                velocity = None if velocity is None else [v[keep] for v in velocity]
 
     stack.write_back()
     first_bad_l = first_bad.cpu().tolist()
     hist = losses[:done].to(torch.float64).cpu().numpy()
-    accs, test_losses = (_ensemble_evaluate(stack, test, m_count, eval_batch_size, loss_kind, test_bn_mode)
-                         if test is not None else (None, None))
+    accs = test_losses = None
+    if test is not None:
+        # the networks still stacked (every one that has not diverged, in the order of out_rows)
+        acc_rows, loss_rows = _ensemble_evaluate(stack, test, out_rows.shape[0], eval_batch_size, loss_kind,
+                                                 test_bn_mode)
+        accs, test_losses = [None] * m_count, [None] * m_count
+        for pos, i in enumerate(out_rows.tolist()):
+            accs[i], test_losses[i] = acc_rows[pos], loss_rows[pos]
     results = []
     for i in range(m_count):
         if first_bad_l[i] < steps:
