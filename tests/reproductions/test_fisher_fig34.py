@@ -34,19 +34,19 @@ def _fig3_records(boundary_of):
         ex = [e > b for e in etas]
         bd = fig3.divergence_boundary(etas, ex)
         recs.append(Record(c, dict(skipped=False, etas=etas, test_loss=[None if x else 0.4 for x in ex],
-                                   exploded_any=ex, boundary=bd, boundary_no_learning=bd,
-                                   lambda_max_bound=1.0, eta_star=bd)))
+                                   exploded_any=ex, boundary=bd, boundary_no_learning=bd, boundary_param_growth=bd,
+                                   lambda_max_bound=1.0, eta_star=bd, eta_init=bd)))
     return recs
 
 
 def test_fig3_compare_agrees_and_fails(tmp_path):
-    good = _fig3_records(lambda sw: 0.5 / sw**2)
+    good = _fig3_records(lambda sw: 0.05 / sw**2)
     assert E3.plot(good, tmp_path)[0].exists()
     rows = {r.quantity.split(" (")[0]: r.agrees for r in E3.compare(good)}
     assert rows["explosion boundary against σ_w"] is True
     assert rows["η* / measured explosion boundary, per σ_w"] is True
     # a boundary that rises with σ_w, and η* 10x off: both rows must fail
-    bad = _fig3_records(lambda sw: 0.05 * sw**2)
+    bad = _fig3_records(lambda sw: 0.005 * sw**2)
     bad = [Record(r.params, {**r.metrics, "eta_star": 10 * r.metrics["boundary"]}) for r in bad]
     rows = {r.quantity.split(" (")[0]: r.agrees for r in E3.compare(bad)}
     assert rows["explosion boundary against σ_w"] is False
@@ -54,13 +54,15 @@ def test_fig3_compare_agrees_and_fails(tmp_path):
 
 
 def test_fig3_tiny_cell_runs():
-    c = dict(E3.grid("small")[-1], n_train=256, n_test=128, steps=3, etas=[0.01, 100.0], seeds=[0])
+    c = dict(E3.grid("small")[-1], n_train=256, n_test=128, steps=3, etas=[1e-5, 100.0], seeds=[0])
     m = fig3.run_sigma_cell(c)
     if m.get("skipped"):
         pytest.skip(m["skip_reason"])
     assert len(m["test_loss"]) == 2 and m["eta_star"] > 0
-    # η = 100 with σ_w = 2.83 blows a vanilla ReLU net up in 3 steps of momentum SGD
-    assert m["exploded_any"] == [False, True] and m["boundary"] == pytest.approx(1.0)
+    # η = 100 with σ_w = 2.83 blows a vanilla ReLU net up in 3 steps of momentum SGD; η = 1e-5 is 20x
+    # below its boundary (≈ 2e-4 on the squared loss)
+    assert m["exploded_any"] == [False, True] and m["boundary"] == pytest.approx(10 ** -1.5)
+    assert 0 < m["eta_init"] < 100
 
 
 def test_steps_to_threshold():
