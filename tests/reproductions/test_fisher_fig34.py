@@ -78,9 +78,10 @@ def test_steps_to_threshold():
 def _fig4_records(speed_of):
     recs = []
     for c in fig4._grid("small"):
-        g = c["gamma"]
-        recs.append(Record(c, dict(skipped=False, train_loss=[0.3 * speed_of(g)] * c["steps"], test_accuracy=0.9,
-                                   mean_train_loss=0.3 * speed_of(g), steps_to_threshold=int(20 * speed_of(g)))))
+        rows = [dict(gamma=g, seed=seed, train_loss=[0.3 * speed_of(g)] * c["steps"], test_accuracy=0.9,
+                     mean_train_loss=0.3 * speed_of(g), steps_to_threshold=int(20 * speed_of(g)))
+                for g in c["gammas"] for seed in c["seeds"]]
+        recs.append(Record(c, dict(skipped=False, networks=rows)))
     return recs
 
 
@@ -94,11 +95,40 @@ def test_fig4_compare_agrees_and_fails(tmp_path):
     assert all(r.agrees is False for r in E4.compare(bad))
 
 
-def test_fig4_tiny_cell_runs():
-    c = dict(fig4._grid("small")[0], n_train=256, n_test=128, steps=25)
+@pytest.mark.parametrize("net", [0, 1], ids=["mlp (ensemble)", "cnn (one at a time)"])
+def test_fig4_tiny_cell_runs(net):
+    # two γ, one seed, 25 steps: one cell, one row per (γ, seed) network
+    c = dict(fig4._grid("small")[net], n_train=256, n_test=128, steps=25, gammas=[0.5, 2.0], seeds=[0])
     m = fig4.run_curve_cell(c)
     if m.get("skipped"):
         pytest.skip(m["skip_reason"])
-    assert len(m["train_loss"]) == 25 and 0.0 <= m["test_accuracy"] <= 1.0
-    # 25 steps of SGD at η = 0.1 lower the loss from ≈ ln 10 on average
-    assert m["mean_train_loss"] < math.log(10)
+    assert [(r["gamma"], r["seed"]) for r in m["networks"]] == [(0.5, 0), (2.0, 0)]
+    for r in m["networks"]:
+        assert len(r["train_loss"]) == 25 and 0.0 <= r["test_accuracy"] <= 1.0
+        # 25 steps of SGD at η = 0.1 lower the loss from ≈ ln 10 on average
+        assert r["mean_train_loss"] < math.log(10)
+
+
+def test_fig4_ensemble_network_is_torch_sgd():
+    # a cell's network (γ, s) is the one torch.optim.SGD(lr 0.1, momentum 0.9, weight decay 5e-4) trains
+    # one at a time through bnlab.nets.train with seed s (float32: per-step losses agree to ~1e-6
+    # relative over 15 steps — a vmapped and a plain matmul sum in different orders; asserted at 1e-4)
+    import functools
+
+    import torch
+
+    from bnlab.fisher import build_model
+    from bnlab.nets import train
+    from bnlab.reproductions.fisher_data import mnist_subsets
+
+    c = dict(fig4._grid("small")[0], n_train=256, n_test=128, steps=15, gammas=[0.5], seeds=[3])
+    m = fig4.run_curve_cell(c)
+    if m.get("skipped"):
+        pytest.skip(m["skip_reason"])
+    tr, te = mnist_subsets(256, 128)
+    model = build_model(c["arch"], norm="bn", gamma=0.5, sigma_w2=2.0, sigma_b2=0.5, seed=3)
+    opt = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=5e-4)
+    r = train(model, (tr.x.reshape(256, -1), tr.y), optimizer=opt, batch_size=c["batch"], steps=15, seed=3,
+              test_data=(te.x.reshape(128, -1), te.y))
+    assert m["networks"][0]["train_loss"] == pytest.approx(r.history, rel=1e-4)
+    assert m["networks"][0]["test_accuracy"] == pytest.approx(r.test_accuracy, abs=2 / 128)
