@@ -105,8 +105,9 @@ def test_fig4_tiny_cell_runs(net):
     assert [(r["gamma"], r["seed"]) for r in m["networks"]] == [(0.5, 0), (2.0, 0)]
     for r in m["networks"]:
         assert len(r["train_loss"]) == 25 and 0.0 <= r["test_accuracy"] <= 1.0
-        # 25 steps of SGD at η = 0.1 lower the loss from ≈ ln 10 on average
-        assert r["mean_train_loss"] < math.log(10)
+    # 25 steps of SGD at η = 0.1 lower the loss of the γ = 0.5 network from ≈ ln 10 on average (γ = 2
+    # is above the CNN's η* at this η and may oscillate, the effect the figure is about)
+    assert m["networks"][0]["mean_train_loss"] < math.log(10)
 
 
 def test_fig4_ensemble_network_is_torch_sgd():
