@@ -287,4 +287,4 @@ def test_benchmark_quick_runs():
 
     mod = load_benchmark("bench_ensemble")
     out = mod.main(["--quick", "--threads", "1", "--json"])
-    assert len(out["rows"]) == 2 and all(r["speedup"] > 0 for r in out["rows"])
+    assert len(out["rows"]) == 3 and all(r["speedup"] > 0 for r in out["rows"])
