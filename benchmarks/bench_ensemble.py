@@ -86,6 +86,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test, seconds)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2: the target machine)")
     ap.add_argument("--json", action="store_true", help="print the table as JSON")
+    ap.add_argument("--phase-only", action="store_true", help="only the Fisher Fig. 2 rows")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
@@ -100,7 +101,7 @@ def main(argv=None) -> dict:
         f"depths {deep[0]}…{deep[-1]} ({len(deep)} nets)": (deep, list(range(len(deep))), [0.1] * len(deep)),
     }
     rows = []
-    for name, (depths, seeds, lrs) in grids.items():
+    for name, (depths, seeds, lrs) in ({} if args.phase_only else grids).items():
         a = _one_at_a_time(depths, width, seeds, lrs, data, test, batch, steps)
         b = _together(depths, width, seeds, lrs, data, test, batch, steps)
         rows.append({"grid": name, "width": width, "batch": batch, "steps": steps, "one_at_a_time_s": round(a, 3),
@@ -112,9 +113,11 @@ def main(argv=None) -> dict:
         print(json.dumps(rows, indent=1))
     else:
         print(f"threads={args.threads}")
-        print(f"{'grid':34s} {'one-at-a-time s':>16s} {'ensemble s':>11s} {'ratio':>6s}")
+        print(f"{'grid':60s} {'one-at-a-time s':>16s} {'ensemble s':>11s} {'ratio':>6s}   (CPU s: one / ens / ratio)")
         for r in rows:
-            print(f"{r['grid']:34s} {r['one_at_a_time_s']:16.2f} {r['ensemble_s']:11.2f} {r['speedup']:6.2f}×")
+            cpu = (f"   {r['one_at_a_time_cpu_s']:.2f} / {r['ensemble_cpu_s']:.2f} / {r['speedup_cpu']:.2f}×"
+                   if "speedup_cpu" in r else "")
+            print(f"{r['grid']:60s} {r['one_at_a_time_s']:16.2f} {r['ensemble_s']:11.2f} {r['speedup']:6.2f}×{cpu}")
     return {"rows": rows}
 
 
