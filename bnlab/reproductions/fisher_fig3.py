@@ -22,7 +22,7 @@ import numpy as np
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 from bnlab.reproductions.fisher_data import mnist_subsets
 
-from .fisher_fig2 import _quarter_decades, divergence_boundary, eta_init, train_phase_row
+from .fisher_fig2 import _quarter_decades, eta_init, train_phase_row
 
 __all__ = ["EXPERIMENTS", "run_sigma_cell"]
 
@@ -60,7 +60,8 @@ def run_sigma_cell(params: dict) -> dict:
                                                  steps=int(params["steps"]), batch=int(params["batch"]),
                                                  data_seed=int(params["seed"]), **kw))
     bound = fisher_order_parameters(params["arch"], norm="none", sigma_w2=sw2, sigma_b2=0.5, momentum=0.9)
-    out.update(lambda_max_bound=bound.lambda_max_bound, eta_star=bound.eta_star, eta_init=eta_init(params["arch"], train, **kw))
+    out.update(lambda_max_bound=bound.lambda_max_bound, eta_star=bound.eta_star,
+               eta_init=eta_init(params["arch"], train, **kw))
     return out
 
 

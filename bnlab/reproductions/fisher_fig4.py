@@ -6,14 +6,15 @@ with the corrected recursions exactly, docs/fisher.md), so at a fixed η a small
 the stability limit η* = 2(1+μ)/λ̄max.
 
 ``fisher-fig4`` — stand-ins that run in seconds on a CPU: a BN MLP and a small BN CNN (the Fisher
-paper's random networks, :func:`bnlab.fisher.build_model`, σ_w² = 2, σ_b² = 0.5, γ as given, β = 0) on
-MNIST, the paper's optimizer (SGD, lr 0.1, momentum 0.9, weight decay 5e-4, as torch.optim.SGD). One
-cell = one network kind: every (γ, seed) network of it — the MLPs trained together as one batched
-ensemble (:func:`bnlab.nets.train_ensemble`), the CNNs one after the other (:func:`bnlab.nets.train`;
-on a CPU the vmapped convolutions are slower than a loop) — network (γ, s) initialized with seed s
-and drawing its batches from a generator seeded with s.  Per network: the training loss of every step, the test accuracy at the
-end, and the convergence speed as the mean training loss over the run (the area under the learning
-curve per step) and the first step at which a running mean of 20 steps falls below ``loss_threshold``.
+paper's random networks, :func:`bnlab.fisher.build_model`, σ_w² = 2, σ_b² = 0.5, γ as given, β = 0)
+on MNIST, the paper's optimizer (SGD, lr 0.1, momentum 0.9, weight decay 5e-4, as torch.optim.SGD).
+One cell = one network kind: every (γ, seed) network of it — the MLPs trained together as one
+batched ensemble (:func:`bnlab.nets.train_ensemble`), the CNNs one after the other
+(:func:`bnlab.nets.train`; on a CPU the vmapped convolutions are slower than a loop) — network (γ,
+s) initialized with seed s and drawing its batches from a generator seeded with s. Per network: the
+training loss of every step, the test accuracy at the end, and the convergence speed as the mean
+training loss over the run (the area under the learning curve per step) and the first step at which
+a running mean of 20 steps falls below ``loss_threshold``.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import pytest
 
 from bnlab.experiments.spec import Record
 from bnlab.reproductions import fisher_fig3 as fig3
+from bnlab.reproductions.fisher_fig2 import divergence_boundary
 from bnlab.reproductions import fisher_fig4 as fig4
 
 E3 = fig3.EXPERIMENTS[0]
@@ -32,7 +33,7 @@ def _fig3_records(boundary_of):
         etas = c["etas"]
         b = boundary_of(c["sigma_w"])
         ex = [e > b for e in etas]
-        bd = fig3.divergence_boundary(etas, ex)
+        bd = divergence_boundary(etas, ex)
         recs.append(Record(c, dict(skipped=False, etas=etas, test_loss=[None if x else 0.4 for x in ex],
                                    exploded_any=ex, boundary=bd, boundary_no_learning=bd, boundary_param_growth=bd,
                                    lambda_max_bound=1.0, eta_star=bd, eta_init=bd)))
