@@ -199,6 +199,26 @@ def test_mse_loss_and_test_bn_modes_match_one_at_a_time(test_bn_mode):
     assert abs(r2.test_loss - results[0].test_loss) > 1e-6
 
 
+def test_bnmlp_stack_batch_statistics_test_pass_matches_train():
+    # the BN-MLP (bmm) stack's test pass on batch statistics, with momentum on the squared loss, against
+    # train(test_bn_mode="train"); its running statistics must come out as training left them
+    train_set, test_set = _digits()
+    specs = _SPECS[:2]
+    models = [_bnmlp(sp) for sp in specs]
+    results = train_ensemble(models, train_set, test_data=test_set, lr=[0.05, 0.02], batch_size=16, steps=30,
+                             seeds=[0, 1], momentum=0.9, loss="mse", test_bn_mode="train", eval_batch_size=150)
+    for i, (sp, r, m) in enumerate(zip(specs, results, models)):
+        one = _bnmlp(sp)
+        r1 = train(one, train_set, optimizer=functools.partial(torch.optim.SGD, lr=[0.05, 0.02][i], momentum=0.9),
+                   batch_size=16, steps=30, test_data=test_set, seed=i, loss_fn=half_squared_error,
+                   test_bn_mode="train", eval_batch_size=150)
+        _assert_same(r, m, r1, one)
+        assert r.test_loss == pytest.approx(r1.test_loss, rel=1e-9)
+    ghost = BNMLP(64, 10, depth=2, width=8, sub_batch_size=4, dtype=F64)
+    with pytest.raises(ValueError, match="test_bn_mode"):
+        train_ensemble([ghost], train_set, test_data=test_set, lr=0.1, batch_size=16, steps=1, test_bn_mode="train")
+
+
 def test_diverge_above_stops_a_network_like_train():
     # a loss above diverge_above counts as divergence: with ½‖f − e_y‖² and lr 3 (far above the BN
     # MLP's 2(1+μ)/λmax) the loss passes 50 within a few steps while still finite; the ensemble must
