@@ -74,6 +74,9 @@ def test_tiny_cell_runs():
     assert m["test_loss"][0] is not None and m["test_loss"][1] is None
     assert m["param_growth"][1] == float("inf") and m["param_growth"][0] < 2
     assert 0 < m["eta_init"] < 100 and 0 < m["eta_star_measured_train"] < 100
+    # trained on ½‖f − e_y‖², not cross-entropy: at init E½‖f − e_y‖² = ½(10·q^L + 1) with
+    # q^L = σ_b² + σ_w² γ²/2 = 1.5, i.e. ≈ 8, where cross-entropy would start near ln 10 + q^L/2 ≈ 3.1
+    assert 5 < m["untrained_loss"][0] < 12
 
 
 def test_settings_are_read_off_the_grid():
