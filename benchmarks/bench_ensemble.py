@@ -5,7 +5,12 @@ on MNIST-shaped inputs (784 features, 10 classes), trained with SGD at batch siz
 number of steps, once one after the other with ``bnlab.nets.train_classifier`` and once together
 with ``train_ensemble``, in the same process, side by side.  Two grids: networks that differ only
 in seed and learning rate (equal depth), and networks of different depths (the depth-sorted prefix
-stacking, no padding).  Prints the wall times and their ratio.
+stacking, no padding).  Then a row of the Fisher paper's learning-rate phase diagram (Fig. 2,
+``fisher-fig2``): the paper's FC BN network (``bnlab.fisher.build_model``, torch's BatchNorm1d, so the
+vmap stack) at 13 learning rates 10^(k/4) × 2 seeds, momentum SGD (μ = 0.9) on ½‖f − onehot(y)‖², a
+loss above 1e6 counting as an explosion — one at a time with ``bnlab.nets.train`` + torch.optim.SGD
+against one ``train_ensemble`` (which drops exploded networks at the next check, as ``train`` stops
+them).  Prints the wall and CPU times and their ratios.
 
     OMP_NUM_THREADS=2 python benchmarks/bench_ensemble.py [--quick] [--threads 2] [--json]
 
@@ -51,11 +56,37 @@ def _together(depths, width, seeds, lrs, data, test, batch, steps):
     return time.perf_counter() - t
 
 
+def _phase_row(width, steps, n_etas, data, test, threads):
+    """Fisher Fig. 2 row: (wall, CPU) seconds one at a time and as one ensemble."""
+    from bnlab.fisher import build_model
+    from bnlab.nets import half_squared_error, train, train_ensemble
+
+    arch = f"fc:784-{width}-{width}-{width}-10"
+    nets = [(10.0 ** (k / 4), s) for k in range(-n_etas + 1, 1) for s in (0, 1)]  # η ≤ 1: half of them explode
+    common = dict(batch_size=64, steps=steps, test_data=test, diverge_above=1e6, test_bn_mode="train")
+    times = []
+    t, c = time.perf_counter(), time.process_time()
+    for eta, s in nets:
+        train(build_model(arch, seed=s), data, optimizer=functools.partial(torch.optim.SGD, lr=eta, momentum=0.9),
+              loss_fn=half_squared_error, seed=0, **common)
+    times.append((time.perf_counter() - t, time.process_time() - c))
+    t, c = time.perf_counter(), time.process_time()
+    train_ensemble([build_model(arch, seed=s) for _, s in nets], data, lr=[e for e, _ in nets], momentum=0.9,
+                   loss="mse", seeds=0, **common)
+    times.append((time.perf_counter() - t, time.process_time() - c))
+    (a, ac), (b, bc) = times
+    return {"grid": f"Fisher Fig. 2 row: {len(nets)} nets ({n_etas} η × 2 seeds), width {width}", "width": width,
+            "batch": 64, "steps": steps, "one_at_a_time_s": round(a, 3), "ensemble_s": round(b, 3),
+            "speedup": round(a / b, 2), "one_at_a_time_cpu_s": round(ac, 3), "ensemble_cpu_s": round(bc, 3),
+            "speedup_cpu": round(ac / bc, 2), "threads": threads}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test, seconds)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2: the target machine)")
     ap.add_argument("--json", action="store_true", help="print the table as JSON")
+    ap.add_argument("--phase-only", action="store_true", help="only the Fisher Fig. 2 rows")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
@@ -70,18 +101,23 @@ def main(argv=None) -> dict:
         f"depths {deep[0]}…{deep[-1]} ({len(deep)} nets)": (deep, list(range(len(deep))), [0.1] * len(deep)),
     }
     rows = []
-    for name, (depths, seeds, lrs) in grids.items():
+    for name, (depths, seeds, lrs) in ({} if args.phase_only else grids).items():
         a = _one_at_a_time(depths, width, seeds, lrs, data, test, batch, steps)
         b = _together(depths, width, seeds, lrs, data, test, batch, steps)
         rows.append({"grid": name, "width": width, "batch": batch, "steps": steps, "one_at_a_time_s": round(a, 3),
                      "ensemble_s": round(b, 3), "speedup": round(a / b, 2)})
+    phase = [(32, 5, 4)] if args.quick else [(128, 100, 13), (512, 100, 13)]
+    for w, st, ne in phase:
+        rows.append(_phase_row(w, st, ne, data, test, args.threads))
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
         print(f"threads={args.threads}")
-        print(f"{'grid':34s} {'one-at-a-time s':>16s} {'ensemble s':>11s} {'ratio':>6s}")
+        print(f"{'grid':60s} {'one-at-a-time s':>16s} {'ensemble s':>11s} {'ratio':>6s}   (CPU s: one / ens / ratio)")
         for r in rows:
-            print(f"{r['grid']:34s} {r['one_at_a_time_s']:16.2f} {r['ensemble_s']:11.2f} {r['speedup']:6.2f}×")
+            cpu = (f"   {r['one_at_a_time_cpu_s']:.2f} / {r['ensemble_cpu_s']:.2f} / {r['speedup_cpu']:.2f}×"
+                   if "speedup_cpu" in r else "")
+            print(f"{r['grid']:60s} {r['one_at_a_time_s']:16.2f} {r['ensemble_s']:11.2f} {r['speedup']:6.2f}×{cpu}")
     return {"rows": rows}
 
 

@@ -24,9 +24,8 @@ Two comparisons, both against a tight reference λref (bnlab, residual ≤ 1e-8�
    the value-change rule; the power iteration with PyHessian's rule (Rayleigh quotient changed by
    < 1e-3 relative) and with the same residual rule as bnlab's default.
 
-The last rows time what only bnlab does: the train-mode (batch statistics) Hessian and Fisher λmax,
-and a phase-diagram row (networks differing in η) trained as one vmapped ensemble
-(:func:`bnlab.fisher.train_ensemble`) against one network at a time with torch.optim.SGD.
+The last rows time what only bnlab does: the train-mode (batch statistics) Hessian and Fisher λmax.
+The phase-diagram ensemble (Fig. 2) is timed in ``benchmarks/bench_ensemble.py``.
 """
 from __future__ import annotations
 
@@ -145,43 +144,6 @@ def main(argv=None) -> None:
         batch, repeat = args.batch_size, args.repeat
     for arch in cases:
         run_case(arch, batch, repeat, args.quick, 0 if args.quick else args.train_steps)
-    if args.quick:
-        bench_ensemble("fc:20-32-32-5", n_models=4, steps=5, batch=16, n_in=20)
-    else:
-        bench_ensemble("fc:784-128-128-128-10", n_models=26, steps=50, batch=64, n_in=784)
-
-
-def bench_ensemble(arch, *, n_models, steps, batch, n_in):
-    """A phase-diagram row trained as one vmapped ensemble vs one network at a time (same work)."""
-    from bnlab.fisher import train_ensemble
-    from bnlab.fisher.ensemble import _batch_stat_copy
-
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2048, n_in, generator=gen)
-    classes = parse_arch(arch).layers[-1].width
-    y = torch.randint(0, classes, (2048,), generator=gen)
-    etas = np.geomspace(1e-3, 10.0, n_models)
-    configs = [dict(eta=float(e), gamma=1.0, seed=i) for i, e in enumerate(etas)]
-    t0 = time.process_time()
-    train_ensemble(arch, configs, x, y, x[:512], y[:512], steps=steps, batch_size=batch)
-    t_ens = time.process_time() - t0
-    t0 = time.process_time()
-    for c in configs:
-        m = _batch_stat_copy(build_model(arch, gamma=c["gamma"], seed=c["seed"]))
-        opt = torch.optim.SGD(m.parameters(), lr=c["eta"], momentum=0.9)
-        g = torch.Generator().manual_seed(0)
-        for _ in range(steps):
-            idx = torch.randint(0, 2048, (batch,), generator=g)
-            loss = torch.nn.functional.cross_entropy(m(x[idx]), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        with torch.no_grad():
-            torch.nn.functional.cross_entropy(m(x[:512]), y[:512])
-    t_seq = time.process_time() - t0
-    print(f"\nphase-diagram row: {n_models} networks {arch}, {steps} steps of batch {batch} "
-          f"(CPU, {torch.get_num_threads()} thread(s)): ensemble (vmap) {t_ens:.2f} s, one at a time {t_seq:.2f} s, "
-          f"speed-up {t_seq / t_ens:.2f}x")
 
 
 def _train(model, arch, steps):

@@ -25,8 +25,6 @@ _API = {
     "eta_star": "order_parameters",
     "build_model": "models",
     "calibrate_batchnorm_": "models",
-    "EnsembleTrainResult": "ensemble",
-    "train_ensemble": "ensemble",
     "CURVATURES": "spectrum",
     "BN_MODES": "spectrum",
     "SpectrumResult": "spectrum",

@@ -13,11 +13,13 @@ reproductions build on it; it imports none of them).  See ``docs/nets.md``.
   ``step()``, callbacks, divergence detection, seeded data order, CPU/CUDA) → :class:`TrainResult`;
   :func:`train_classifier`, :func:`layer_norm_trajectory` (Yang et al. 2019 §4, Figs. 3–5);
   :func:`train_ensemble` (many networks of one architecture at once, network for network as
-  :func:`train`: per-network learning rates, seeds, depths and BN constants, divergence masks).
+  :func:`train`: per-network learning rates, seeds, depths and BN constants, divergence masks,
+  momentum / weight decay, cross-entropy or :func:`half_squared_error`, test loss on running or
+  batch statistics — the trainability columns and the Fisher paper's learning-rate phase diagrams).
 """
 from __future__ import annotations
 
-from bnlab.nets.ensemble import ENSEMBLE_OPTIMIZERS, train_ensemble
+from bnlab.nets.ensemble import ENSEMBLE_LOSSES, ENSEMBLE_OPTIMIZERS, train_ensemble
 from bnlab.nets.init import INITS, init_weights_, initializable_layers
 from bnlab.nets.models import (
     BNMLP,
@@ -45,7 +47,16 @@ from bnlab.nets.norms import (
     ghost_batch_norm,
     make_norm,
 )
-from bnlab.nets.train import StepInfo, TrainResult, layer_norm_trajectory, resolve_device, train, train_classifier
+from bnlab.nets.train import (
+    TEST_BN_MODES,
+    StepInfo,
+    TrainResult,
+    half_squared_error,
+    layer_norm_trajectory,
+    resolve_device,
+    train,
+    train_classifier,
+)
 
 __all__ = [
     "NORMALIZATIONS",
@@ -79,6 +90,9 @@ __all__ = [
     "train_classifier",
     "train_ensemble",
     "ENSEMBLE_OPTIMIZERS",
+    "ENSEMBLE_LOSSES",
+    "half_squared_error",
+    "TEST_BN_MODES",
     "layer_norm_trajectory",
     "resolve_device",
 ]

@@ -18,13 +18,15 @@ Two stackings, chosen by the kind of the models:
   ``torch.func.stack_module_state`` and the forward pass is ``vmap(functional_call(...))``; a
   per-network constant of such a model must be a buffer (it is then stacked like the weights).
 
-The training loop is that of :func:`bnlab.nets.train` with cross-entropy and plain SGD or RMSProp:
-per-network learning rates (a tensor of M values), per-network data order (each network has its
-own ``torch.Generator`` seeded with its seed, drawing the same batches :func:`train` would; networks
-with equal seeds share one draw), and per-network divergence detection — a network whose loss is
-not finite stops updating (its update is masked) while the others go on; its result reports the
-step as :func:`train` does.  After training, the final parameters and buffers are written back into
-the given models.
+The training loop is that of :func:`bnlab.nets.train` with cross-entropy or ½‖f − onehot(y)‖² and
+SGD or RMSProp (torch.optim's updates, with momentum and weight decay): per-network learning rates
+(a tensor of M values), per-network data order (each network has its own ``torch.Generator`` seeded
+with its seed, drawing the same batches :func:`train` would; networks with equal seeds share one
+draw), and per-network divergence detection — a network whose loss is not finite (or exceeds
+``diverge_above``: a parameter explosion in a learning-rate phase diagram) stops updating (its update
+is masked) while the others go on; its result reports the step as :func:`train` does.  After
+training, the final parameters and buffers are written back into the given models.  The test pass
+reports accuracy and the mean test loss, with BN on running statistics or on each test batch's.
 
 Same models, seeds and learning rates → the same numbers as one-at-a-time :func:`train` to rounding
 (``tests/nets/test_ensemble.py`` derives the tolerance): the batched product sums in the same
@@ -41,12 +43,23 @@ import torch
 from torch import nn
 
 from bnlab._validation import check_choice, check_int, check_real
-from bnlab.nets.train import TrainResult, _as_tensors, _batches, resolve_device
+from bnlab.nets.train import (
+    TEST_BN_MODES,
+    TrainResult,
+    _as_tensors,
+    _batches,
+    _test_chunks,
+    half_squared_error,
+    resolve_device,
+)
 
-__all__ = ["ENSEMBLE_OPTIMIZERS", "train_ensemble"]
+__all__ = ["ENSEMBLE_OPTIMIZERS", "ENSEMBLE_LOSSES", "train_ensemble"]
 
 #: optimizers :func:`train_ensemble` implements (with torch.optim's update formulas)
 ENSEMBLE_OPTIMIZERS = ("sgd", "rmsprop")
+#: losses :func:`train_ensemble` trains on: softmax cross-entropy, or ½‖f − onehot(y)‖²
+#: (:func:`~bnlab.nets.half_squared_error`, the Fisher paper's Gaussian model)
+ENSEMBLE_LOSSES = ("cross_entropy", "mse")
 
 
 # --------------------------------------------------------------------------- stacks
@@ -107,9 +120,9 @@ class _BNMLPStack:
     def param_network_axis_sizes(self) -> list[int]:
         return [w.shape[0] for w in self.params()]
 
-    def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, training: bool, update_stats: bool = True) -> torch.Tensor:
         """Logits (M, n, classes) in the caller's network order, for inputs x (M, n, in_features) or a
-        shared x (n, in_features)."""
+        shared x (n, in_features); ``update_stats=False``: batch statistics without touching the running ones."""
         # x (n, in) is one input shared by every network (broadcast in the first product, never copied)
         a = x if x.ndim == 2 else x[torch.as_tensor(self.order, device=x.device)]
         finished = []
@@ -122,7 +135,7 @@ class _BNMLPStack:
             h = torch.matmul(a, self.weights[layer].transpose(1, 2))
             eps = self.eps[:k]
             if training:
-                out = self._batch_norm(h, layer, eps)
+                out = self._batch_norm(h, layer, eps, update_stats)
             else:
                 out = (h - self.running_mean[layer].unsqueeze(1)) * torch.rsqrt(self.running_var[layer].unsqueeze(1) + eps)
             if self.affine:
@@ -133,7 +146,7 @@ class _BNMLPStack:
         logits = torch.baddbmm(self.readout_b.unsqueeze(1), a, self.readout_w.transpose(1, 2))
         return logits[torch.as_tensor(self.inverse, device=x.device)]
 
-    def _batch_norm(self, h: torch.Tensor, layer: int, eps: torch.Tensor) -> torch.Tensor:
+    def _batch_norm(self, h: torch.Tensor, layer: int, eps: torch.Tensor, update_stats: bool = True) -> torch.Tensor:
         # ghost_batch_norm (bnlab.nets.norms) with a leading network axis and a per-network ε
         k, n, width = h.shape
         b = self.sub_batch_size or n
@@ -143,6 +156,8 @@ class _BNMLPStack:
         mean = hg.mean(dim=2, keepdim=True)
         var = hg.var(dim=2, unbiased=False, keepdim=True)
         out = (hg - mean) * torch.rsqrt(var + eps.view(k, 1, 1, 1))
+        if not update_stats:
+            return out.reshape(k, n, width)
         with torch.no_grad():
             self.running_mean[layer].lerp_(mean.squeeze(2).mean(1), self.momentum)
             self.running_var[layer].lerp_((var.squeeze(2) * (b / (b - 1))).mean(1), self.momentum)
@@ -178,6 +193,8 @@ class _VmapStack:
                 raise ValueError(f"models[{i}] is not allowed: its parameter/buffer shapes differ from models[0]'s")
         self.models = list(models)
         self._data_ndim = 0  # ndim of the training inputs (n, ...), set by train_ensemble
+        self.rows = list(range(len(models)))  # the caller's index of each stacked network
+        self._dropped: dict[int, tuple] = {}  # caller index -> final (parameters, buffers) of a dropped network
         for m in models:
             m.to(dev)
         params, buffers = stack_module_state(list(models))
@@ -195,21 +212,41 @@ class _VmapStack:
     def params(self) -> list[torch.Tensor]:
         return self.param_list
 
-    def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, training: bool, update_stats: bool = True) -> torch.Tensor:
         from torch.func import vmap
 
         self.base.train(training)
         p = dict(zip(self.names, self.param_list))
         shared = x.ndim == self._data_ndim  # one batch (n, ...) for every network
-        return vmap(self._one, in_dims=(0, 0, None if shared else 0), randomness="different")(p, self.buffers, x)
+        # BN in train mode updates its running statistics in place: a test pass on batch statistics
+        # works on copies of the buffers
+        keep = update_stats or not training
+        buffers = self.buffers if keep else {k: v.clone() for k, v in self.buffers.items()}
+        return vmap(self._one, in_dims=(0, 0, None if shared else 0), randomness="different")(p, buffers, x)
+
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep only the stacked networks at positions ``keep``; the others' final state is set aside."""
+        kept = set(keep.tolist())
+        with torch.no_grad():
+            for pos, i in enumerate(self.rows):
+                if pos not in kept:
+                    self._dropped[i] = ([v[pos].clone() for v in self.param_list],
+                                        {k: v[pos].clone() for k, v in self.buffers.items()})
+            self.param_list = [v.detach()[keep].requires_grad_() for v in self.param_list]
+            self.buffers = {k: v[keep] for k, v in self.buffers.items()}
+        self.rows = [self.rows[pos] for pos in keep.tolist()]
 
     def write_back(self) -> None:
         with torch.no_grad():
+            states = {i: ([v[pos] for v in self.param_list], {k: v[pos] for k, v in self.buffers.items()})
+                      for pos, i in enumerate(self.rows)}
+            states.update(self._dropped)
             for i, m in enumerate(self.models):
-                for k, v in zip(self.names, self.param_list):
-                    m.get_parameter(k).copy_(v[i])
-                for k, v in self.buffers.items():
-                    m.get_buffer(k).copy_(v[i])
+                params, buffers = states[i]
+                for k, v in zip(self.names, params):
+                    m.get_parameter(k).copy_(v)
+                for k, v in buffers.items():
+                    m.get_buffer(k).copy_(v)
 
 
 # --------------------------------------------------------------------------- arguments
@@ -261,20 +298,27 @@ def train_ensemble(
     steps: int | None = None,
     epochs: float | None = None,
     optimizer: str = "sgd",
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
     rmsprop_alpha: float = 0.99,
     rmsprop_eps: float = 1e-8,
+    loss: str = "cross_entropy",
     test_data: Any = None,
     seeds: int | Sequence[int] = 0,
     device: str | torch.device = "cpu",
     check_every: int = 10,
     eval_batch_size: int = 1000,
+    diverge_above: float | None = None,
+    test_bn_mode: str = "eval",
 ) -> list[TrainResult]:
-    """Train M networks of one architecture together on cross-entropy; one :class:`TrainResult` each.
+    """Train M networks of one architecture together on one loss; one :class:`TrainResult` each.
 
-    Network m follows :func:`bnlab.nets.train` with ``optimizer=torch.optim.SGD(lr=lr[m])`` (or
-    ``RMSprop(lr=lr[m], alpha=rmsprop_alpha, eps=rmsprop_eps)``), ``seed=seeds[m]``, the same
-    ``batch_size``, ``steps``/``epochs``, ``check_every`` and ``eval_batch_size``, and gives the same
-    numbers to rounding (see the module docstring).
+    Network m follows :func:`bnlab.nets.train` with ``optimizer=torch.optim.SGD(lr=lr[m],
+    momentum=momentum, weight_decay=weight_decay)`` (or ``RMSprop(lr=lr[m], alpha=rmsprop_alpha,
+    eps=rmsprop_eps, momentum=momentum, weight_decay=weight_decay)``), ``loss_fn`` cross-entropy or
+    :func:`~bnlab.nets.half_squared_error`, ``seed=seeds[m]``, the same ``batch_size``,
+    ``steps``/``epochs``, ``check_every``, ``eval_batch_size``, ``diverge_above`` and
+    ``test_bn_mode``, and gives the same numbers to rounding (see the module docstring).
 
     Parameters
     ----------
@@ -289,21 +333,33 @@ def train_ensemble(
     batch_size, steps, epochs:
         As :func:`train` (shared by all networks).
     optimizer:
-        ``"sgd"`` (plain SGD) or ``"rmsprop"`` (torch.optim.RMSprop's update, no momentum).
+        ``"sgd"`` or ``"rmsprop"`` (torch.optim.SGD's / RMSprop's update).
+    momentum, weight_decay:
+        As torch.optim's (heavy ball v ← μ v + d, θ ← θ − η v, with d the gradient (SGD) or the
+        RMSProp-scaled gradient; the gradient includes weight_decay·θ).  The Fisher paper's phase
+        diagrams use SGD with μ = 0.9 (its Eq. 1).
     rmsprop_alpha, rmsprop_eps:
         RMSProp's decay and ε (torch's defaults; TensorFlow's are 0.9 and 1e-10).
+    loss:
+        ``"cross_entropy"`` or ``"mse"`` (½‖f − onehot(y)‖², :func:`~bnlab.nets.half_squared_error`).
     seeds:
         Seeds of the data order: one for all (a shared order, drawn once) or M values.
     device, check_every, eval_batch_size:
         As :func:`train`; ``check_every`` is how often the host looks at the losses (to stop early
         when every network has diverged and to report divergence as :func:`train` does).
+    diverge_above:
+        As :func:`train`: a training loss above it counts as divergence (a parameter explosion).
+    test_bn_mode:
+        As :func:`train`: the test pass (accuracy and ``test_loss``) with running statistics
+        (``"eval"``) or with the statistics of each test batch (``"train"``; running statistics untouched).
 
     Returns
     -------
     list[TrainResult]
-        In the order of ``models``.  A network whose loss becomes non-finite stops updating at that
-        step (the others go on); it reports ``diverged=True``, ``diverged_at_step`` and the ``steps`` and
-        ``history`` :func:`train` would report (it trains on to the next check).
+        In the order of ``models``.  A network whose loss becomes non-finite (or exceeds
+        ``diverge_above``) stops updating at that step (the others go on); it reports
+        ``diverged=True``, ``diverged_at_step`` and the ``steps`` and ``history`` :func:`train` would
+        report (it trains on to the next check).  With test data, ``test_loss`` is the mean test loss.
     """
     models = _check_models(models)
     m_count = len(models)
@@ -313,6 +369,14 @@ def train_ensemble(
     seed_list = _per_network("seeds", seeds, m_count, minimum=0, integer=True)
     rmsprop_alpha = check_real("rmsprop_alpha", rmsprop_alpha, minimum=0.0, maximum=1.0)
     rmsprop_eps = check_real("rmsprop_eps", rmsprop_eps, minimum=0.0)
+    momentum = check_real("momentum", momentum, minimum=0.0)
+    if momentum >= 1.0:
+        raise ValueError(f"momentum={momentum!r} is not allowed: expected 0 <= momentum < 1")
+    weight_decay = check_real("weight_decay", weight_decay, minimum=0.0)
+    loss_kind = check_choice("loss", loss, ENSEMBLE_LOSSES)
+    if diverge_above is not None:
+        diverge_above = check_real("diverge_above", diverge_above)
+    test_bn_mode = check_choice("test_bn_mode", test_bn_mode, TEST_BN_MODES)
     check_every = check_int("check_every", check_every, minimum=1)
     eval_batch_size = check_int("eval_batch_size", eval_batch_size, minimum=1)
 
@@ -322,6 +386,8 @@ def train_ensemble(
     dtype = models[0].readout.weight.dtype if is_bnmlp else next(models[0].parameters()).dtype
     x_tr, y_tr = _as_tensors("train_data", train_data, dev, dtype)
     test = None if test_data is None else _as_tensors("test_data", test_data, dev, dtype)
+    if test is not None:
+        _test_chunks(test[0].shape[0], eval_batch_size, test_bn_mode)  # refuses a 1-sample test set in train mode
     if y_tr.is_floating_point():
         raise ValueError("train_data is not allowed: train_ensemble trains classifiers (integer labels)")
     n = x_tr.shape[0]
@@ -344,6 +410,9 @@ def train_ensemble(
         if sb is not None and batch_size % sb:
             raise ValueError(f"batch_size={batch_size} is not allowed: it must be a multiple of the models' "
                              f"sub_batch_size={sb}")
+        if sb is not None and test_bn_mode == "train":
+            raise ValueError("test_bn_mode='train' is not allowed for BN-MLPs with a sub_batch_size (test "
+                             "batches are not multiples of it)")
         stack: Any = _BNMLPStack(models, dev)
     else:
         stack = _VmapStack(models, dev)
@@ -354,6 +423,7 @@ def train_ensemble(
     params = stack.params()
     lr_t = torch.tensor(lrs, dtype=dtype, device=dev)
     sq_avg = [torch.zeros_like(p) for p in params] if optimizer == "rmsprop" else None
+    velocity = [torch.zeros_like(p) for p in params] if momentum > 0 else None
     # per-network views: a (M, 1, ..., 1) tensor for each parameter's leading axis
     def per_net(v: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         return v[: p.shape[0]].view(-1, *([1] * (p.ndim - 1)))
@@ -364,9 +434,13 @@ def train_ensemble(
     which = torch.tensor([distinct.index(s) for s in seed_list], device=dev)
     shared = len(distinct) == 1
 
-    # network order inside the stack (BN-MLP stacks sort by depth): parameters live in stack order
-    order = torch.as_tensor(stack.order if is_bnmlp else list(range(m_count)), device=dev)
-    lr_stack = lr_t[order]
+    # which network each row is (caller's index): of the forward's outputs (``out_rows``) and of the
+    # parameter stacks (``par_rows``; a BN-MLP stack sorts by depth).  The vmap stack drops networks
+    # that have stopped at the next check (``compact``): rows that only burned compute on a diverged
+    # network — in a learning-rate phase diagram, the whole exploding half of the grid.
+    out_rows = torch.arange(m_count, device=dev)
+    par_rows = torch.as_tensor(stack.order, device=dev) if is_bnmlp else out_rows
+    lr_stack = lr_t[par_rows]
     active = torch.ones(m_count, dtype=torch.bool, device=dev)  # caller's order
     # float32 like train()'s history, whose finiteness check is on the stored value (a float64 loss
     # beyond 3.4e38 counts as divergence there, and so here)
@@ -378,9 +452,9 @@ def train_ensemble(
         idx = torch.stack([next(gens[s]) for s in distinct])  # (distinct seeds, batch)
         if shared:
             xb = x_tr[idx[0]]  # one batch, broadcast to every network by the stack
-            yb = y_tr[idx[0]].unsqueeze(0).expand(m_count, batch_size)
+            yb = y_tr[idx[0]].unsqueeze(0).expand(out_rows.shape[0], batch_size)
         else:
-            sel = idx[which]
+            sel = idx[which[out_rows]]
             xb, yb = x_tr[sel], y_tr[sel]
         out = stack.forward(xb, True)
         if step == 0:
@@ -389,37 +463,67 @@ def train_ensemble(
                 if int(y.min()) < 0 or int(y.max()) >= k:
                     raise ValueError(f"labels are not allowed: they must lie in [0, {k}) for models with {k} outputs")
             chance = 1.0 / k
-        per = nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), yb.reshape(-1), reduction="none")
-        loss = per.view(m_count, batch_size).mean(dim=1)
+        loss = _per_network_loss(loss_kind, out, yb)
         grads = torch.autograd.grad(loss.sum(), params, allow_unused=True)
         with torch.no_grad():
-            finite = torch.isfinite(loss.detach().float())
-            newly_bad = active & ~finite
-            first_bad = torch.where(newly_bad, torch.full_like(first_bad, step), first_bad)
-            active &= finite
-            losses[step] = loss.detach()
-            act_stack = active[order]
+            lf = loss.detach().float()
+            ok = torch.isfinite(lf)
+            if diverge_above is not None:
+                ok &= lf <= diverge_above
+            bad = torch.zeros(m_count, dtype=torch.bool, device=dev)
+            bad[out_rows] = ~ok
+            first_bad = torch.where(active & bad, torch.full_like(first_bad, step), first_bad)
+            active &= ~bad
+            losses[step, out_rows] = lf
+            act_stack = active[par_rows]
+            # a stopped network gets a zero gradient and a zero rate: its parameters stay where they
+            # are (its optimizer state decays harmlessly).  Everything is in place on the fresh
+            # gradients and the state: no per-step allocation of parameter-sized tensors, which for
+            # wide networks (26 × 1M parameters) cost more than the products themselves
+            neg_rate = torch.where(act_stack, -lr_stack, torch.zeros_like(lr_stack))
+            # on a CPU asking whether every network is active is free, and saves a pass over every
+            # gradient; on a GPU it would be a sync per step, so the mask is always applied there
+            masked = dev.type != "cpu" or not bool(act_stack.all())
             for i, (p, g) in enumerate(zip(params, grads)):
                 if g is None:
                     continue
-                keep = per_net(act_stack, p)
-                rate = per_net(lr_stack, p)
-                if sq_avg is None:
-                    upd = p - rate * g
-                else:
+                if masked:
+                    g.masked_fill_(~per_net(act_stack, p), 0.0)  # NaN-safe, unlike a multiplication by 0
+                if weight_decay:
+                    g.add_(p, alpha=weight_decay)
+                d = g
+                if sq_avg is not None:
                     s = sq_avg[i]
-                    s_new = s * rmsprop_alpha + (1 - rmsprop_alpha) * g * g
-                    upd = p - rate * g / (s_new.sqrt() + rmsprop_eps)
-                    s.copy_(torch.where(keep, s_new, s))
-                p.copy_(torch.where(keep, upd, p))
+                    s.mul_(rmsprop_alpha).addcmul_(g, g, value=1 - rmsprop_alpha)
+                    d = g / (s.sqrt() + rmsprop_eps)
+                if velocity is not None:
+                    # torch.optim: the first step's buffer is d itself (= μ·0 + d)
+                    d = torch.add(d, velocity[i], alpha=momentum, out=velocity[i])  # one pass: v ← d + μ v
+                p.addcmul_(per_net(neg_rate, p), d)
         done = step + 1
-        if done % check_every == 0 and done < steps and not bool(active.any()):
-            break  # every network has diverged: nothing left to train
+        if done % check_every == 0 and done < steps:
+            if not bool(active.any()):
+                break  # every network has diverged: nothing left to train
+            if not is_bnmlp and not bool(active[out_rows].all()):
+                keep = active[out_rows].nonzero().flatten()
+                stack.compact(keep)
+                out_rows = par_rows = out_rows[keep]
+                params = stack.params()
+                lr_stack = lr_t[par_rows]
+                sq_avg = None if sq_avg is None else [v[keep] for v in sq_avg]
+                velocity = None if velocity is None else [v[keep] for v in velocity]
 
     stack.write_back()
     first_bad_l = first_bad.cpu().tolist()
     hist = losses[:done].to(torch.float64).cpu().numpy()
-    accs = _ensemble_accuracy(stack, test, m_count, eval_batch_size) if test is not None else None
+    accs = test_losses = None
+    if test is not None:
+        # the networks still stacked (every one that has not diverged, in the order of out_rows)
+        acc_rows, loss_rows = _ensemble_evaluate(stack, test, out_rows.shape[0], eval_batch_size, loss_kind,
+                                                 test_bn_mode)
+        accs, test_losses = [None] * m_count, [None] * m_count
+        for pos, i in enumerate(out_rows.tolist()):
+            accs[i], test_losses[i] = acc_rows[pos], loss_rows[pos]
     results = []
     for i in range(m_count):
         if first_bad_l[i] < steps:
@@ -436,20 +540,32 @@ def train_ensemble(
         elif accs[i] is None:
             results.append(TrainResult(chance, True, None, done, final, chance, h, [], False))
         else:
-            results.append(TrainResult(accs[i], False, None, done, final, chance, h, [], False))
+            results.append(TrainResult(accs[i], False, None, done, final, chance, h, [], False, test_losses[i]))
     return results
 
 
+def _per_network_loss(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Batch-mean loss per network: logits (M, n, classes), labels (M, n) → (M,)."""
+    if kind == "mse":
+        return half_squared_error(out, y)
+    per = nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none")
+    return per.view(out.shape[0], out.shape[1]).mean(dim=1)
+
+
 @torch.no_grad()
-def _ensemble_accuracy(stack, test, m_count: int, eval_batch_size: int) -> list[float | None]:
-    """Per-network test accuracy in eval mode (running statistics); None where a logit is not finite."""
+def _ensemble_evaluate(stack, test, m_count: int, eval_batch_size: int, loss_kind: str,
+                       bn_mode: str) -> tuple[list[float | None], list[float]]:
+    """Per-network test accuracy (None where a logit is not finite) and mean test loss, BN in
+    ``bn_mode`` (running statistics, or each test batch's statistics without updating the running ones)."""
     x, y = test
     correct = torch.zeros(m_count, dtype=torch.long, device=x.device)
     finite = torch.ones(m_count, dtype=torch.bool, device=x.device)
-    for i in range(0, x.shape[0], eval_batch_size):
-        xb = x[i : i + eval_batch_size]
-        logits = stack.forward(xb, False)
+    total = torch.zeros(m_count, dtype=torch.float64, device=x.device)
+    for sl in _test_chunks(x.shape[0], eval_batch_size, bn_mode):
+        logits = stack.forward(x[sl], bn_mode == "train", update_stats=False)
         finite &= torch.isfinite(logits).flatten(1).all(dim=1)
-        correct += (logits.argmax(dim=-1) == y[i : i + eval_batch_size]).sum(dim=1)
+        yb = y[sl].unsqueeze(0).expand(m_count, -1)
+        correct += (logits.argmax(dim=-1) == yb).sum(dim=1)
+        total += _per_network_loss(loss_kind, logits, yb).double() * logits.shape[1]
     acc = (correct.double() / x.shape[0]).cpu().tolist()
-    return [a if f else None for a, f in zip(acc, finite.cpu().tolist())]
+    return [a if f else None for a, f in zip(acc, finite.cpu().tolist())], (total / x.shape[0]).cpu().tolist()

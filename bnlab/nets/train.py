@@ -24,9 +24,44 @@ import numpy as np
 import torch
 from torch import nn
 
-from bnlab._validation import check_device, check_int, check_real
+import copy
 
-__all__ = ["TrainResult", "StepInfo", "train", "train_classifier", "layer_norm_trajectory", "resolve_device"]
+from bnlab._validation import check_choice, check_device, check_int, check_real
+
+__all__ = ["TrainResult", "StepInfo", "train", "train_classifier", "layer_norm_trajectory", "resolve_device",
+           "half_squared_error", "TEST_BN_MODES"]
+
+#: how the test pass runs BatchNorm: ``"eval"`` (running statistics) or ``"train"`` (the statistics of
+#: each test batch, running statistics left untouched)
+TEST_BN_MODES = ("eval", "train")
+
+
+def half_squared_error(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """½‖f(x) − t‖² summed over the outputs, averaged over the batch; integer class labels become one-hot t.
+
+    The loss of the Fisher paper's Gaussian conditional model p(y|x) ∝ exp(−½‖f(x) − y‖²) (Eq. 10):
+    its Gauss–Newton matrix is exactly the Fisher information E_x[∇f ∇fᵀ] whose λmax sets η* (Eq. 7),
+    and it is ``bnlab.fisher``'s ``loss="mse"``.  Not ``torch.nn.functional.mse_loss``, which also
+    averages over the outputs (a factor of the output dimension in the curvature).
+    """
+    if not target.is_floating_point():
+        target = nn.functional.one_hot(target, output.shape[-1]).to(output.dtype)
+    return 0.5 * ((output - target) ** 2).sum(dim=-1).mean(dim=-1)
+
+
+def _test_chunks(n: int, eval_batch_size: int, bn_mode: str) -> list[slice]:
+    """Test batches: consecutive chunks of ``eval_batch_size`` (eval mode), or in train mode as few
+    near-equal chunks of at most ``eval_batch_size`` (one more sample when it is 2) and at least 2
+    samples (a single sample cannot be normalized by its own statistics; the last chunk of a plain
+    split could be one)."""
+    if bn_mode == "eval":
+        return [slice(i, min(i + eval_batch_size, n)) for i in range(0, n, eval_batch_size)]
+    if n < 2:
+        raise ValueError(f"test_data with {n} sample is not allowed with test_bn_mode='train': batch "
+                         "statistics need at least 2 samples")
+    k = min(math.ceil(n / eval_batch_size), n // 2)
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 def resolve_device(device: Any) -> torch.device:
@@ -60,6 +95,9 @@ class TrainResult:
         (``train_loss`` is the mean over that epoch's steps).
     stopped_by_callback:
         Whether a callback ended the run.
+    test_loss:
+        Mean of the training loss function over the test set (BN as ``test_bn_mode`` says); None
+        without test data or when diverged.
     """
 
     test_accuracy: float | None
@@ -71,6 +109,7 @@ class TrainResult:
     history: list[float] = field(default_factory=list)
     epochs: list[dict] = field(default_factory=list)
     stopped_by_callback: bool = False
+    test_loss: float | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready summary: without the per-step history (and without ``epochs``/``stopped_by_callback``
@@ -81,6 +120,8 @@ class TrainResult:
             d.pop("epochs")
         if not d["stopped_by_callback"]:
             d.pop("stopped_by_callback")
+        if d["test_loss"] is None:
+            d.pop("test_loss")
         if not math.isfinite(d["final_train_loss"]):
             d["final_train_loss"] = None
         return d
@@ -184,18 +225,28 @@ def _callables(name: str, fns: Any) -> tuple[Callable, ...]:
 
 
 @torch.no_grad()
-def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eval_batch_size: int) -> tuple[float, bool]:
-    """Test accuracy in eval mode (running statistics), and whether every logit was finite."""
+def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eval_batch_size: int, loss_fn: Callable,
+              bn_mode: str = "eval") -> tuple[float, bool, float]:
+    """Test accuracy, whether every logit was finite, and the mean test loss.
+
+    ``bn_mode="eval"``: running statistics.  ``"train"``: batch statistics of each test chunk
+    (:func:`_test_chunks`), on a copy, so the running statistics are not changed."""
     was_training = model.training
-    model.eval()
+    if bn_mode == "train":
+        net = copy.deepcopy(model).train()
+    else:
+        net = model
+        model.eval()
     correct = torch.zeros((), dtype=torch.long, device=x.device)
     finite = torch.ones((), dtype=torch.bool, device=x.device)
-    for i in range(0, x.shape[0], eval_batch_size):
-        logits = model(x[i : i + eval_batch_size])
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    for sl in _test_chunks(x.shape[0], eval_batch_size, bn_mode):
+        logits = net(x[sl])
         finite &= torch.isfinite(logits).all()
-        correct += (logits.argmax(dim=1) == y[i : i + eval_batch_size]).sum()
+        correct += (logits.argmax(dim=1) == y[sl]).sum()
+        total += loss_fn(logits, y[sl]).double() * logits.shape[0]
     model.train(was_training)
-    return correct.item() / x.shape[0], bool(finite.item())
+    return correct.item() / x.shape[0], bool(finite.item()), total.item() / x.shape[0]
 
 
 def train(
@@ -216,6 +267,8 @@ def train(
     check_every: int = 10,
     eval_batch_size: int = 1000,
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    diverge_above: float | None = None,
+    test_bn_mode: str = "eval",
 ) -> TrainResult:
     """Train ``model`` by minibatch steps and (with ``test_data``) report its test accuracy.
 
@@ -260,12 +313,20 @@ def train(
         ``transform(x) -> x'`` applied to every training batch (on ``device``) before the forward pass,
         e.g. data augmentation (:func:`bnlab.data.random_crop_flip`); test batches are not transformed.
         It draws its randomness from its own generator, so the data order stays that of ``seed``.
+    diverge_above:
+        A training loss above this also counts as divergence (as a non-finite one does), e.g. a
+        parameter explosion in a learning-rate phase diagram (the Fisher paper, Fig. 2); None: only
+        non-finite losses.
+    test_bn_mode:
+        ``"eval"`` (running statistics) or ``"train"`` (the statistics of each test batch of at most
+        ``eval_batch_size``, running statistics untouched) for the test accuracy and ``test_loss``.
 
     Returns
     -------
     TrainResult
-        A non-finite training loss stops the run: ``diverged=True``, ``diverged_at_step`` the first bad
-        step, ``test_accuracy = chance``.  Non-finite test logits also count as diverged.
+        A non-finite training loss (or one above ``diverge_above``) stops the run: ``diverged=True``,
+        ``diverged_at_step`` the first bad step, ``test_accuracy = chance``.  Non-finite test logits
+        also count as diverged.  ``test_loss`` is ``loss_fn`` over the test set (classifiers only).
 
     Notes
     -----
@@ -296,6 +357,11 @@ def train(
         raise ValueError(f"transform={transform!r} is not allowed: expected None or a callable x -> x")
     if not callable(loss_fn):
         raise ValueError(f"loss_fn={loss_fn!r} is not allowed: expected a callable (output, target) -> loss")
+    if diverge_above is not None:
+        diverge_above = check_real("diverge_above", diverge_above)
+    test_bn_mode = check_choice("test_bn_mode", test_bn_mode, TEST_BN_MODES)
+    if test is not None:
+        _test_chunks(test[0].shape[0], eval_batch_size, test_bn_mode)  # refuses a 1-sample test set in train mode
     hooks = _callables("hooks", hooks)
     callbacks = _callables("callbacks", callbacks)
     if eval_every_epoch and test is None:
@@ -333,12 +399,16 @@ def train(
         end_of_epoch = done % per_epoch == 0
         if done % check_every == 0 or last or (eval_every_epoch and end_of_epoch):
             window = losses[done - min(check_every, done) : done]
-            if not torch.isfinite(window).all():
-                bad = (~torch.isfinite(window)).nonzero()[0].item()
+            bad_mask = ~torch.isfinite(window)
+            if diverge_above is not None:
+                bad_mask |= window > diverge_above
+            if bad_mask.any():
+                bad = bad_mask.nonzero()[0].item()
                 diverged_at = done - window.numel() + bad
                 break
         if eval_every_epoch and end_of_epoch:
-            acc, finite = _accuracy(model, test[0], test[1], eval_batch_size) if chance is not None else (None, True)
+            acc, finite, _ = (_evaluate(model, test[0], test[1], eval_batch_size, loss_fn, test_bn_mode)
+                              if chance is not None else (None, True, None))
             epoch_rows.append({"epoch": done // per_epoch,
                                "train_loss": float(losses[done - per_epoch : done].mean().item()),
                                "test_accuracy": acc if finite else None})
@@ -353,10 +423,10 @@ def train(
         return TrainResult(None, False, None, done, final, chance, history, epoch_rows, stopped)
     if chance is None:  # not a classifier (floating targets): no accuracy to report
         return TrainResult(None, False, None, done, final, chance, history, epoch_rows, stopped)
-    acc, finite = _accuracy(model, test[0], test[1], eval_batch_size)
+    acc, finite, test_loss = _evaluate(model, test[0], test[1], eval_batch_size, loss_fn, test_bn_mode)
     if not finite:
         return TrainResult(chance, True, None, done, final, chance, history, epoch_rows, stopped)
-    return TrainResult(acc, False, None, done, final, chance, history, epoch_rows, stopped)
+    return TrainResult(acc, False, None, done, final, chance, history, epoch_rows, stopped, test_loss)
 
 
 def _check_targets_once(out: torch.Tensor, y_tr: torch.Tensor, test) -> float | None:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from bnlab.nets import BNMLP, MLP, train, train_classifier, train_ensemble
+from bnlab.nets import BNMLP, MLP, half_squared_error, train, train_classifier, train_ensemble
 
 from ._data import digits
 
@@ -126,6 +126,145 @@ def test_a_diverging_network_stops_alone():
     _assert_same(good, models[1], refs[1], ones[1])
 
 
+def _mlp(seed):
+    return MLP(64, [24, 24], 10, norm="bn", seed=seed, dtype=F64)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rmsprop"])
+def test_momentum_and_weight_decay_match_torch_optim(optimizer):
+    # heavy-ball momentum and weight decay as torch.optim.SGD / RMSprop apply them, through both stacks
+    # (vmap for torch's BatchNorm1d MLPs, bmm for BN-MLPs).  Same tolerances as above (module
+    # docstring); weight decay 1e-2 changes each weight by lr·wd ≈ 5e-4 relative per step, and
+    # momentum 0.9 multiplies the step by up to 10: leaving either out fails by orders of magnitude.
+    train_set, test_set = _digits()
+    lrs = [0.02, 0.005]
+    kw = dict(momentum=0.9, weight_decay=1e-2)
+    torch_opt = torch.optim.SGD if optimizer == "sgd" else functools.partial(torch.optim.RMSprop, alpha=0.9, eps=1e-10)
+    lr_scale = 1.0 if optimizer == "sgd" else 0.05  # RMSProp's step is ~lr per weight: keep it stable
+    stacks = [(lambda i: _bnmlp(_SPECS[i]), train_classifier)]
+    if optimizer == "sgd":
+        # not RMSProp through torch's BatchNorm1d MLP: the bias before a BN layer has an exactly-zero
+        # gradient up to rounding noise (~1e-17), which RMSProp divides by its own root mean square —
+        # the update is then the sign of the noise, different in any two summation orders
+        stacks.append((lambda i: _mlp(i), train))
+    for make, ref_train in stacks:
+        models = [make(i) for i in range(2)]
+        results = train_ensemble(models, train_set, test_data=test_set, lr=[lr * lr_scale for lr in lrs],
+                                 batch_size=16, steps=30, seeds=[0, 1], optimizer=optimizer, rmsprop_alpha=0.9,
+                                 rmsprop_eps=1e-10, **kw)
+        for i, (r, m) in enumerate(zip(results, models)):
+            one = make(i)
+            opt = functools.partial(torch_opt, lr=lrs[i] * lr_scale, **kw)
+            if ref_train is train:
+                r1 = train(one, train_set, optimizer=opt, batch_size=16, steps=30, test_data=test_set, seed=i)
+            else:
+                r1 = train_classifier(one, train_set, test_set, optimizer=opt, batch_size=16, steps=30, seed=i)
+            _assert_same(r, m, r1, one)
+            assert r.test_loss == pytest.approx(r1.test_loss, rel=1e-9)
+            assert r.test_accuracy > 0.3  # trained
+
+
+def test_half_squared_error_against_mse_loss():
+    # ½‖f − onehot(y)‖² averaged over the batch = torch's summed squared error / (2·batch)
+    g = torch.Generator().manual_seed(0)
+    out = torch.randn(7, 5, generator=g, dtype=F64)
+    y = torch.randint(0, 5, (7,), generator=g)
+    ref = torch.nn.functional.mse_loss(out, torch.nn.functional.one_hot(y, 5).to(F64), reduction="sum") / (2 * 7)
+    assert float(half_squared_error(out, y)) == pytest.approx(float(ref), rel=1e-14)
+    t = torch.randn(7, 5, generator=g, dtype=F64)  # float targets are used as they are
+    assert float(half_squared_error(out, t)) == pytest.approx(0.5 * float(((out - t) ** 2).sum()) / 7, rel=1e-14)
+
+
+@pytest.mark.parametrize("test_bn_mode", ["eval", "train"])
+def test_mse_loss_and_test_bn_modes_match_one_at_a_time(test_bn_mode):
+    # loss="mse" is train(loss_fn=half_squared_error); the test loss on running or on batch statistics
+    # (test batches of 150 → 3 near-equal chunks of the 397 test samples) agrees to float64 rounding
+    train_set, test_set = _digits()
+    models = [_mlp(s) for s in range(2)]
+    results = train_ensemble(models, train_set, test_data=test_set, lr=[0.05, 0.1], batch_size=16, steps=30,
+                             seeds=[0, 1], momentum=0.9, loss="mse", test_bn_mode=test_bn_mode, eval_batch_size=150)
+    for s, (r, m) in enumerate(zip(results, models)):
+        one = _mlp(s)
+        r1 = train(one, train_set, optimizer=functools.partial(torch.optim.SGD, lr=[0.05, 0.1][s], momentum=0.9),
+                   batch_size=16, steps=30, test_data=test_set, seed=s, loss_fn=half_squared_error,
+                   test_bn_mode=test_bn_mode, eval_batch_size=150)
+        _assert_same(r, m, r1, one)  # also: the batch-statistics test pass left the running statistics alone
+        assert r.test_loss == pytest.approx(r1.test_loss, rel=1e-9)
+        assert r.test_accuracy > 0.3  # trained (chance 0.1)
+    # the two modes are different numbers (batch vs running statistics), so the option is not ignored
+    other = "train" if test_bn_mode == "eval" else "eval"
+    m2 = _mlp(0)
+    r2 = train_ensemble([m2], train_set, test_data=test_set, lr=0.05, batch_size=16, steps=30, seeds=0, momentum=0.9,
+                        loss="mse", test_bn_mode=other, eval_batch_size=150)[0]
+    assert abs(r2.test_loss - results[0].test_loss) > 1e-6
+
+
+def test_bnmlp_stack_batch_statistics_test_pass_matches_train():
+    # the BN-MLP (bmm) stack's test pass on batch statistics, with momentum on the squared loss, against
+    # train(test_bn_mode="train"); its running statistics must come out as training left them
+    train_set, test_set = _digits()
+    specs = _SPECS[:2]
+    models = [_bnmlp(sp) for sp in specs]
+    results = train_ensemble(models, train_set, test_data=test_set, lr=[0.05, 0.02], batch_size=16, steps=30,
+                             seeds=[0, 1], momentum=0.9, loss="mse", test_bn_mode="train", eval_batch_size=150)
+    for i, (sp, r, m) in enumerate(zip(specs, results, models)):
+        one = _bnmlp(sp)
+        r1 = train(one, train_set, optimizer=functools.partial(torch.optim.SGD, lr=[0.05, 0.02][i], momentum=0.9),
+                   batch_size=16, steps=30, test_data=test_set, seed=i, loss_fn=half_squared_error,
+                   test_bn_mode="train", eval_batch_size=150)
+        _assert_same(r, m, r1, one)
+        assert r.test_loss == pytest.approx(r1.test_loss, rel=1e-9)
+    ghost = BNMLP(64, 10, depth=2, width=8, sub_batch_size=4, dtype=F64)
+    with pytest.raises(ValueError, match="test_bn_mode"):
+        train_ensemble([ghost], train_set, test_data=test_set, lr=0.1, batch_size=16, steps=1, test_bn_mode="train")
+
+
+def test_diverge_above_stops_a_network_like_train():
+    # a loss above diverge_above counts as divergence: with ½‖f − e_y‖² and lr 3 (far above the BN
+    # MLP's 2(1+μ)/λmax) the loss passes 50 within a few steps while still finite; the ensemble must
+    # flag the same step as train(diverge_above=50) and leave the stable network untouched
+    train_set, test_set = _digits()
+    lrs = [3.0, 0.05]
+    models = [_mlp(s) for s in range(2)]
+    results = train_ensemble(models, train_set, test_data=test_set, lr=lrs, batch_size=16, steps=40, seeds=[0, 1],
+                             momentum=0.9, loss="mse", diverge_above=50.0)
+    ones = [_mlp(s) for s in range(2)]
+    refs = [train(o, train_set, optimizer=functools.partial(torch.optim.SGD, lr=lr, momentum=0.9), batch_size=16,
+                  steps=40, test_data=test_set, seed=s, loss_fn=half_squared_error, diverge_above=50.0)
+            for s, (o, lr) in enumerate(zip(ones, lrs))]
+    bad, good = results
+    assert refs[0].diverged and bad.diverged
+    assert bad.diverged_at_step == refs[0].diverged_at_step
+    assert np.isfinite(bad.history[bad.diverged_at_step]) and bad.history[bad.diverged_at_step] > 50.0
+    assert bad.steps == refs[0].steps < 40 and bad.test_loss is None
+    _assert_same(good, models[1], refs[1], ones[1])
+    # it stopped before the first check (step 10), so the vmap stack dropped it there and trained the
+    # other one alone (the comparison above); its written-back parameters are those it had when it
+    # stopped: a run of exactly diverged_at_step steps (the bad step's update is masked) ends there too
+    assert bad.diverged_at_step < 10
+    probe = _mlp(0)
+    train_ensemble([probe], train_set, lr=3.0, batch_size=16, steps=bad.diverged_at_step, seeds=0, momentum=0.9,
+                   loss="mse")
+    for (k, a), b in zip(models[0].named_parameters(), probe.parameters()):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-10), k
+    # without the threshold the same network is not flagged at that step
+    free = train_ensemble([_mlp(0)], train_set, lr=3.0, batch_size=16, steps=bad.diverged_at_step + 1, seeds=0,
+                          momentum=0.9, loss="mse")[0]
+    assert not free.diverged
+
+
+@pytest.mark.parametrize("n, ebs", [(2, 1), (3, 2), (397, 150), (2001, 1000), (1000, 1000), (5, 1000)])
+def test_batch_statistics_test_chunks_never_hold_one_sample(n, ebs):
+    from bnlab.nets.train import _test_chunks
+
+    chunks = _test_chunks(n, ebs, "train")
+    sizes = [c.stop - c.start for c in chunks]
+    assert sum(sizes) == n and chunks[0].start == 0 and all(a.stop == b.start for a, b in zip(chunks, chunks[1:]))
+    assert min(sizes) >= 2 and max(sizes) <= max(ebs, 3)
+    with pytest.raises(ValueError, match="test_bn_mode"):
+        _test_chunks(1, 10, "train")
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -134,6 +273,11 @@ def test_a_diverging_network_stops_alone():
         (dict(lr=0.1, optimizer="adam"), "optimizer"),
         (dict(lr=0.1, seeds=[0, 1, 2]), "seeds"),
         (dict(lr=0.1, batch_size=5000), "batch_size"),
+        (dict(lr=0.1, momentum=1.0), "momentum"),
+        (dict(lr=0.1, weight_decay=-1.0), "weight_decay"),
+        (dict(lr=0.1, loss="hinge"), "loss"),
+        (dict(lr=0.1, test_bn_mode="population"), "test_bn_mode"),
+        (dict(lr=0.1, diverge_above="big"), "diverge_above"),
     ],
 )
 def test_bad_arguments_name_themselves(kwargs, match):
@@ -163,4 +307,4 @@ def test_benchmark_quick_runs():
 
     mod = load_benchmark("bench_ensemble")
     out = mod.main(["--quick", "--threads", "1", "--json"])
-    assert len(out["rows"]) == 2 and all(r["speedup"] > 0 for r in out["rows"])
+    assert len(out["rows"]) == 3 and all(r["speedup"] > 0 for r in out["rows"])
