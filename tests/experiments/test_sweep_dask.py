@@ -177,5 +177,8 @@ def test_local_cluster_workers_keep_the_default_malloc(monkeypatch):
     assert dask.config.get("distributed.nanny.pre-spawn-environ").get("MALLOC_TRIM_THRESHOLD_") is not None
     with open_client(workers=1) as client:
         seen = client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+        # and the dashboard's statistical profiler (a stack sample every 10 ms) is off in the workers
+        profiling = client.run(lambda: __import__("dask").config.get("distributed.worker.profile.enabled"))
     assert list(seen.values()) == [None]
+    assert list(profiling.values()) == [False]
     assert "MALLOC_TRIM_THRESHOLD_" not in os.environ  # the nanny sets its spawn environment in the driver too
