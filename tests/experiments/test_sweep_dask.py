@@ -182,3 +182,11 @@ def test_local_cluster_workers_keep_the_default_malloc(monkeypatch):
     assert list(seen.values()) == [None]
     assert list(profiling.values()) == [False]
     assert "MALLOC_TRIM_THRESHOLD_" not in os.environ  # the nanny sets its spawn environment in the driver too
+
+
+def test_worker_env_benchmark_quick_runs():
+    from benchmark_loader import load_benchmark
+
+    out = load_benchmark("bench_worker_env").main(["--quick", "--json"])
+    assert [r["environment"].split()[0] for r in out["rows"]] == ["Dask", "bnlab's"]
+    assert all(r["cpu_s"] >= 0 for r in out["rows"]) and out["cpu_ratio"] > 0
