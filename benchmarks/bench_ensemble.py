@@ -109,8 +109,9 @@ def main(argv=None) -> dict:
     phase = [(32, 5, 4)] if args.quick else [(128, 100, 13), (512, 100, 13)]
     for w, st, ne in phase:
         rows.append(_phase_row(w, st, ne, data, test, args.threads))
+    variance = _variance_rows(3 if args.quick else 200)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"rows": rows, "variance": variance}, indent=1))
     else:
         print(f"threads={args.threads}")
         print(f"{'grid':60s} {'one-at-a-time s':>16s} {'ensemble s':>11s} {'ratio':>6s}   (CPU s: one / ens / ratio)")
@@ -118,7 +119,33 @@ def main(argv=None) -> dict:
             cpu = (f"   {r['one_at_a_time_cpu_s']:.2f} / {r['ensemble_cpu_s']:.2f} / {r['speedup_cpu']:.2f}×"
                    if "speedup_cpu" in r else "")
             print(f"{r['grid']:60s} {r['one_at_a_time_s']:16.2f} {r['ensemble_s']:11.2f} {r['speedup']:6.2f}×{cpu}")
-    return {"rows": rows}
+        print("\nBN variance of the float32 stack, forward + backward (torch.var against the ensemble's two-pass):")
+        print(f"{'(nets, groups, B, width)':26s} {'torch.var µs':>13s} {'two-pass µs':>12s} {'ratio':>6s}")
+        for r in variance:
+            print(f"{str(tuple(r['shape'])):26s} {r['torch_var_us']:13.0f} {r['two_pass_us']:12.0f} {r['speedup']:6.2f}×")
+    return {"rows": rows, "variance": variance}
+
+
+def _variance_rows(repeats: int) -> list[dict]:
+    """CPU time of one BN variance (forward and backward) of a float32 stack, torch.var against
+    ``bnlab.nets.ensemble._sample_variance``, at the shapes of Fig. 3a's B = 8 and 128 columns and Fig. 3b's
+    ghost batches of 4."""
+    from bnlab.nets.ensemble import _sample_variance
+
+    def torch_var(h):
+        return h.var(dim=2, unbiased=False, keepdim=True)
+
+    rows = []
+    for shape in [(8, 1, 8, 128), (8, 1, 128, 128), (6, 32, 4, 128)]:
+        h = torch.randn(shape).requires_grad_()
+        times = {}
+        for name, fn in [("torch_var_us", torch_var), ("two_pass_us", _sample_variance)]:
+            t = time.process_time()
+            for _ in range(repeats):
+                fn(h).sum().backward()
+            times[name] = (time.process_time() - t) / repeats * 1e6
+        rows.append({"shape": list(shape), **times, "speedup": round(times["torch_var_us"] / times["two_pass_us"], 2)})
+    return rows
 
 
 if __name__ == "__main__":

@@ -161,3 +161,32 @@ def test_ctrl_c_keeps_finished_cells_and_requeues_the_rest(tmp_path, subprocess_
         counts = st.counts()
     assert counts["running"] == 0 and 2 <= counts["done"] <= 3 and counts["pending"] >= N_CELLS - 3
     assert counts["done"] + counts["pending"] == N_CELLS
+
+
+def test_local_cluster_workers_keep_the_default_malloc(monkeypatch):
+    """bnlab's own cluster drops Dask's MALLOC_TRIM_THRESHOLD_=65536 from the workers' environment.
+
+    That setting also turns off glibc's adaptive mmap threshold, so every tensor above 128 KiB becomes a
+    fresh mmap (page faults, system time): the sweeps' training cells cost ~30 % more CPU with it.  The
+    first assert checks that Dask still sets it by default, so that this test can fail.
+    """
+    import dask
+    import distributed  # noqa: F401  (loads distributed's defaults into dask.config)
+
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    assert dask.config.get("distributed.nanny.pre-spawn-environ").get("MALLOC_TRIM_THRESHOLD_") is not None
+    with open_client(workers=1) as client:
+        seen = client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+        # and the dashboard's statistical profiler (a stack sample every 10 ms) is off in the workers
+        profiling = client.run(lambda: __import__("dask").config.get("distributed.worker.profile.enabled"))
+    assert list(seen.values()) == [None]
+    assert list(profiling.values()) == [False]
+    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ  # the nanny sets its spawn environment in the driver too
+
+
+def test_worker_env_benchmark_quick_runs():
+    from benchmark_loader import load_benchmark
+
+    out = load_benchmark("bench_worker_env").main(["--quick", "--json"])
+    assert [r["environment"].split()[0] for r in out["rows"]] == ["Dask", "bnlab's"]
+    assert all(r["cpu_s"] >= 0 for r in out["rows"]) and out["cpu_ratio"] > 0

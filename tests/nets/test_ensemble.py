@@ -308,3 +308,51 @@ def test_benchmark_quick_runs():
     mod = load_benchmark("bench_ensemble")
     out = mod.main(["--quick", "--threads", "1", "--json"])
     assert len(out["rows"]) == 3 and all(r["speedup"] > 0 for r in out["rows"])
+
+
+# The float32 CPU variance of the BN-MLP stack (a two-pass float64 formula in place of torch's float64
+# Welford recurrence, for speed).  Both are exact to ~b·2⁻⁵³ ≈ 1.4e-14 relative (b ≤ 128 samples) before the
+# one rounding to float32, so they can differ only where the float64 value lies within 1.4e-14 of a float32
+# rounding boundary — then by one float32 ulp, 2⁻²³ ≈ 1.2e-7 relative; measured, none of 13 million random
+# variances differed (over the ~1e8 of the trainability sweeps a few do).  Asserted: one ulp (rtol 1.2e-7, atol 0), at every (groups, b) a sweep uses, on
+# data with a mean up to 10× the spread (where a one-pass E[h²] − E[h]² in float32 would be off by ~1e-5).
+@pytest.mark.parametrize("groups, b", [(1, 4), (1, 8), (1, 32), (1, 128), (32, 4), (16, 8), (2, 64)])
+def test_float32_sample_variance_is_torchs_variance(groups, b):
+    from bnlab.nets.ensemble import _sample_variance
+
+    gen = torch.Generator().manual_seed(b + groups)
+    h = torch.randn(6, groups, b, 128, generator=gen) + 10 * torch.randn(6, groups, 1, 128, generator=gen)
+    h.requires_grad_()
+    ours = _sample_variance(h)
+    ref = h.var(dim=2, unbiased=False, keepdim=True)
+    assert ours.dtype == torch.float32 and ours.shape == ref.shape
+    torch.testing.assert_close(ours, ref, rtol=1.2e-7, atol=0)
+    # backward: torch's var_backward formula term for term, so the same float32 operations on the same
+    # inputs; a wrong factor (1/b instead of 2/b, a missing centring) is off by O(1)
+    w = torch.randn(ref.shape, generator=gen)
+    (g_ours,) = torch.autograd.grad((ours * w).sum(), h)
+    (g_ref,) = torch.autograd.grad((ref * w).sum(), h)
+    torch.testing.assert_close(g_ours, g_ref, rtol=1.2e-7, atol=1e-12)
+
+
+def test_float32_ensemble_matches_the_torch_variance_route(monkeypatch):
+    # the whole float32 training with the fast variance against the same training with torch.var: the
+    # variances agree to one ulp (above), and 20 SGD steps through ≤ 5 BN layers amplify that by < 10³
+    # (the step maps' Lipschitz bound of the float64 test above), so 1e-4 relative is a wide margin that a
+    # wrong variance (a factor b/(b−1), O(1/b) ≥ 1e-2 here) still fails
+    train_set, test_set = _digits()
+    x, y = train_set
+    train32 = (torch.as_tensor(x, dtype=torch.float32), y)
+
+    def run():
+        models = [BNMLP(64, 10, depth=s["depth"], width=24, eps=s["eps"], seed=s["seed"]) for s in _SPECS[:3]]
+        train_ensemble(models, train32, lr=0.05, batch_size=16, steps=20, seeds=[0, 1, 2])
+        return [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in models]
+
+    fast = run()
+    import bnlab.nets.ensemble as ens
+
+    monkeypatch.setattr(ens, "_sample_variance", lambda h: h.var(dim=2, unbiased=False, keepdim=True))
+    slow = run()
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
