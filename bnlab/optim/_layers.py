@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bnlab.optim import _native
+
 __all__ = ["LayerHandler", "LinearHandler", "Conv1dHandler", "Conv2dHandler", "CONV_STATISTICS"]
 
 #: How a convolution's input statistics are taken (see :class:`_ConvHandler`).
@@ -171,9 +173,15 @@ class LinearHandler(LayerHandler):
     def _input_hint(self) -> str:
         return " (N, in_features)"
 
+    def __init__(self, module, name, *, moments_kernel=None, **options):
+        super().__init__(module, name)
+        # The compiled one-pass kernel of ``_native`` (native_statistics=True), or None.
+        self.moments_kernel = moments_kernel
+
     def batch_statistics(self, x):
-        # Algorithm 2 step 1 on CPU: the batch-norm statistics kernel (see _moments_two_pass).
-        if x.device.type == "cpu":
+        # Algorithm 2 step 1 on CPU: the batch-norm statistics kernel (see _moments_two_pass),
+        # unless the one-pass native kernel is on (then moments() is used).
+        if x.device.type == "cpu" and self.moments_kernel is None:
             return torch.batch_norm_update_stats(x, None, None, 0.0)
         return None
 
@@ -181,7 +189,9 @@ class LinearHandler(LayerHandler):
         # Lange et al., Algorithm 2 step 1: the mean/variance of the N rows of H (the 4·n_in·N
         # operations of Prop. 6: sum; subtract, square, sum).
         n = x.shape[0]
-        if x.device.type == "cpu":
+        if self.moments_kernel is not None and _native.can_use(x, shift):
+            s1, s2 = self.moments_kernel(x, shift)  # one read of x (see bnlab.optim._native)
+        elif x.device.type == "cpu":
             s1, s2 = _moments_two_pass(x, shift)
         else:
             s1, s2 = _shifted_moments(x, shift, out, 0)
