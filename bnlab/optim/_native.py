@@ -67,27 +67,50 @@ std::vector<torch::Tensor> shifted_moments(torch::Tensor x, torch::Tensor c) {
   });
   return {s1, s2};
 }
+
+// The mean and biased variance of the columns (Eq. 13) from the sums about c, finished per column
+// in place: mu = c + s1/n, var = max(s2/n - (s1/n)^2, 0).
+std::vector<torch::Tensor> shifted_mean_var(torch::Tensor x, torch::Tensor c) {
+  auto sums = shifted_moments(x, c);
+  auto s1 = sums[0], s2 = sums[1];
+  const int64_t n = x.size(0), m = x.size(1);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "shifted_mean_var", [&] {
+    const scalar_t* cp = c.data_ptr<scalar_t>();
+    scalar_t* a = s1.data_ptr<scalar_t>();
+    scalar_t* b = s2.data_ptr<scalar_t>();
+    const scalar_t inv_n = scalar_t(1) / scalar_t(n);
+    for (int64_t j = 0; j < m; ++j) {
+      const scalar_t d = a[j] * inv_n;
+      const scalar_t v = b[j] * inv_n - d * d;
+      a[j] = cp[j] + d;
+      b[j] = v > scalar_t(0) ? v : scalar_t(0);
+    }
+  });
+  return {s1, s2};
+}
 """
 
 _STATE: dict[str, object] = {}
 
 
 def moments_kernel():
-    """The compiled ``shifted_moments(x, c) -> (Σ(x - c), Σ(x - c)²)`` over the rows of a contiguous
-    2-D CPU float32/float64 input, or ``None`` if it cannot be built here (built once per process,
-    on the first call; see the module docstring)."""
+    """The compiled module, or ``None`` if it cannot be built here (built once per process, on the
+    first call; see the module docstring).  Its functions, over the rows of a contiguous 2-D CPU
+    float32/float64 input x and a shift c of its dtype: ``shifted_moments(x, c)`` ->
+    ``(Σ(x - c), Σ(x - c)²)``; ``shifted_mean_var(x, c)`` -> ``(μ_H, σ_H²)`` (Lange et al. Eq. 13,
+    biased variance) = ``(c + s1/N, max(s2/N - (s1/N)², 0))``."""
     if "kernel" not in _STATE:
         try:
             from torch.utils.cpp_extension import load_inline
 
             module = load_inline(
-                "bnlab_bnp_moments",
+                "bnlab_bnp_moments_v2",
                 cpp_sources=_SOURCE,
-                functions=["shifted_moments"],
+                functions=["shifted_moments", "shifted_mean_var"],
                 extra_cflags=["-O3", "-march=native", "-fopenmp-simd"],
                 verbose=False,
             )
-            _STATE["kernel"] = module.shifted_moments
+            _STATE["kernel"] = module
         except Exception as exc:  # no compiler / ninja / headers: keep the eager route
             warnings.warn(
                 f"bnlab: could not build the native BNP statistics kernel ({type(exc).__name__}: {exc}); "

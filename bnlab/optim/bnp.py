@@ -510,7 +510,7 @@ class BNPreconditioner:
             else:
                 out = self._scratch(state, x)
         if state.s1 is None and state.batch_mean is None and state.fused_x is None:
-            stats = state.handler.batch_statistics(x)
+            stats = state.handler.batch_statistics_about(x, state.mean)
             if stats is not None:  # the first forward since the last step: μ_H and σ_H² directly
                 state.batch_mean, state.batch_var = stats
                 state.samples = state.rows = x.shape[0]

@@ -64,7 +64,7 @@ def test_kernel_sums_against_float64(n):
     g = torch.Generator().manual_seed(n)
     x = torch.randn(n, 3072, generator=g) * 3.0 + 2.0
     c = torch.randn(3072, generator=g)
-    s1, s2 = kernel(x, c)
+    s1, s2 = kernel.shifted_moments(x, c)
     d = x.double() - c.double()
     ref1, ref2 = d.sum(0), d.square().sum(0)
     # Error bound (Higham §3.1, §4.2, first order): fl(x - c) has relative error ≤ u, its square
@@ -74,6 +74,17 @@ def test_kernel_sums_against_float64(n):
     u = 2.0 ** -24
     assert ((s2.double() - ref2).abs() <= 2 * (n + 2) * u * ref2).all()
     assert ((s1.double() - ref1).abs() <= 2 * (n + 1) * u * d.abs().sum(0)).all()
+    # μ_H, σ_H² from the same sums: μ_H = c + s1/n carries ≤ |s1 error|/n + u·|μ_H|; σ_H² = s2/n -
+    # (s1/n)² adds the cancellation factor (s2/n)/σ_H² = 1 + (μ_H - c)²/σ_H² to the sums' error.
+    mean, var = kernel.shifted_mean_var(x, c)
+    ref_mean, ref_var = x.double().mean(0), x.double().var(0, correction=0)
+    tol_sum = 2 * (n + 2) * u
+    assert ((mean.double() - ref_mean).abs()
+            <= tol_sum * d.abs().sum(0) / n + 2 * u * ref_mean.abs()).all()
+    if n > 1:
+        assert ((var.double() - ref_var).abs() <= 3 * tol_sum * ref2 / n).all()
+    else:
+        assert (var == 0).all()
 
 
 @pytest.mark.slow  # builds the C++ kernel (~20 s once)
