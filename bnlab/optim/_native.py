@@ -9,7 +9,9 @@ subtract, add, square, add); rows are streamed in order and the per-column accum
 values of the tile) stay in the L1 cache, so it runs at the speed of one read (0.22 ms there).
 
 It is built on first use with ``torch.utils.cpp_extension.load_inline`` (a C++ compiler and ninja
-are needed; ~20 s once, then cached by PyTorch in its extensions directory).  If the build fails,
+are needed; ~20 s once, then cached by PyTorch in its extensions directory, ``TORCH_EXTENSIONS_DIR``).
+It is compiled with ``-march=native`` for the machine that builds it: a cache directory shared by
+machines with different CPUs should be set per machine.  If the build fails,
 :func:`moments_kernel` returns ``None`` and BNP keeps the eager route (a warning says why).
 
 Accuracy: the sums are accumulated in the input's dtype, row after row, so each column's sum of
