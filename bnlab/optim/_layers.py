@@ -39,9 +39,10 @@ _BLOCK_ELEMENTS = 1 << 18
 
 
 #: ``native_statistics=True`` takes a dense layer's input statistics with the one-pass kernel only
-#: from this many input entries on: below, its 2-3 extra vector operations in step() (the moments
-#: route) cost about what the one-pass read saves (measured, Table 1's net at N = 16, 16 × 3072:
-#: kernel 6 µs against 19 µs for the batch-norm kernel, BNP/SGD 1.46 with it against 1.44 without).
+#: from this many input entries on.  Chosen when the kernel returned moments, whose 2-3 extra
+#: vector operations in step() cost about what the one-pass read saves below it (Table 1's net at
+#: N = 16, 16 × 3072: kernel 6 µs against 19 µs for the batch-norm kernel, BNP/SGD 1.46 with it
+#: against 1.44 without); not re-measured with the direct μ_H, σ_H² kernel (docs/optim.md).
 _NATIVE_MIN_ELEMENTS = 1 << 16
 
 
