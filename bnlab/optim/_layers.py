@@ -38,14 +38,6 @@ CONV_STATISTICS = ("channel", "unfold")
 _BLOCK_ELEMENTS = 1 << 18
 
 
-#: ``native_statistics=True`` takes a dense layer's input statistics with the one-pass kernel only
-#: from this many input entries on.  Chosen when the kernel returned moments, whose 2-3 extra
-#: vector operations in step() cost about what the one-pass read saves below it (Table 1's net at
-#: N = 16, 16 × 3072: kernel 6 µs against 19 µs for the batch-norm kernel, BNP/SGD 1.46 with it
-#: against 1.44 without); not re-measured with the direct μ_H, σ_H² kernel (docs/optim.md).
-_NATIVE_MIN_ELEMENTS = 1 << 16
-
-
 def block_rows(x: torch.Tensor) -> int:
     """Samples per block of :func:`_shifted_moments` for an input shaped like ``x``."""
     per_sample = max(1, math.prod(x.shape[1:]))
@@ -199,9 +191,8 @@ class LinearHandler(LayerHandler):
 
     def batch_statistics_about(self, x, shift):
         # With native_statistics: μ_H, σ_H² from one read of x about the running mean
-        # (bnlab.optim._native), for inputs large enough to repay it (see _NATIVE_MIN_ELEMENTS).
-        if (self.moments_kernel is not None and x.numel() >= _NATIVE_MIN_ELEMENTS
-                and _native.can_use(x, shift)):
+        # (bnlab.optim._native).
+        if self.moments_kernel is not None and _native.can_use(x, shift):
             return self.moments_kernel.shifted_mean_var(x, shift)
         return self.batch_statistics(x)
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from bnlab.optim import BNPreconditioner
-from bnlab.optim import _layers, _native
+from bnlab.optim import _native
 
 
 def _model(dtype=torch.float64):
@@ -89,11 +89,9 @@ def test_kernel_sums_against_float64(n):
 
 @pytest.mark.slow  # builds the C++ kernel (~20 s once)
 @pytest.mark.parametrize("batch", [1, 64])
-def test_native_matches_eager_bnp(batch, monkeypatch):
+def test_native_matches_eager_bnp(batch):
     if _native.moments_kernel() is None:
         pytest.skip("the native kernel cannot be built here")
-    # Every layer through the kernel (by default inputs below 2¹⁶ entries keep the eager kernel).
-    monkeypatch.setattr(_layers, "_NATIVE_MIN_ELEMENTS", 0)
     g = torch.Generator().manual_seed(batch)
     # Inputs with mean 1 and standard deviation 2: the moments about the running mean c (0 at the
     # first step) cancel by at most 1 + (μ - c)²/σ² ≈ 1.25 (first step) in float64.
