@@ -15,6 +15,10 @@ and are summarized by the median time of a single training step:
 * ``bnp_fused`` — ``gradient="fused"``: autograd skips the weight gradient, ``step()`` forms the
   preconditioned one as δᵀĤ (no pass over G_w, one N × n_in pass over the input);
 * ``bnp_auto`` — ``gradient="auto"``: fused where N ≤ n_out, transform elsewhere;
+* ``bnp_native`` — ``gradient="transform"`` with ``native_statistics=True``: the dense layers'
+  input statistics by the one-pass compiled kernel of ``bnlab.optim._native`` (one read of the
+  input instead of the batch-norm kernel's two; built on first use, ~20 s once; left out of
+  ``--quick`` and by ``--no-native``);
 * ``floor`` — the vanilla network, SGD plus the least memory traffic the *transform* route must
   add: a forward pre-hook that reads each layer input once (``x.sum(0)``) and one in-place scaling
   of each weight gradient after ``backward()``.  ``floor/sgd`` is the overhead no hooks + ``.grad``
@@ -49,8 +53,9 @@ from bnlab.optim import BNPreconditioner  # noqa: E402
 
 TRAIN_SIZE = 50_000
 #: BNP variants and their ``gradient`` mode (see bnlab.optim.BNPreconditioner).
-_GRADIENT = {"bnp": "transform", "bnp_fused": "fused", "bnp_auto": "auto"}
-VARIANTS = ("sgd", "bn", "bnp", "bnp_fused", "bnp_auto", "floor")
+_GRADIENT = {"bnp": "transform", "bnp_fused": "fused", "bnp_auto": "auto", "bnp_native": "transform"}
+VARIANTS = ("sgd", "bn", "bnp", "bnp_fused", "bnp_auto", "bnp_native", "floor")
+_BNP = ("bnp", "bnp_fused", "bnp_auto", "bnp_native")
 PHASES = ("fwd", "bwd", "pre", "opt")
 
 
@@ -85,7 +90,7 @@ def build(variant: str, n_in: int, hidden: int, depth: int, device: str):
     model = nn.Sequential(*layers).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     if variant.startswith("bnp"):
-        pre = BNPreconditioner(model, gradient=_GRADIENT[variant])
+        pre = BNPreconditioner(model, gradient=_GRADIENT[variant], native_statistics=variant == "bnp_native")
     else:
         pre = _Floor(model) if variant == "floor" else None
     return model, opt, pre
@@ -195,11 +200,13 @@ def gemm_time(batch: int, *, n_in: int, hidden: int, depth: int, device: str, re
     return statistics.median(ts)
 
 
-def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False):
+def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False, native=True):
     rows = []
     for b in batch_sizes:
         steps = 3 if quick else max(10, min(200, 20_000 // b))
-        t = measure(b, n_in=n_in, hidden=hidden, depth=depth, steps=steps, rounds=rounds, device=device)
+        variants = tuple(v for v in VARIANTS if native or v != "bnp_native")
+        t = measure(b, n_in=n_in, hidden=hidden, depth=depth, steps=steps, rounds=rounds, device=device,
+                    variants=variants)
         gemm = gemm_time(b, n_in=n_in, hidden=hidden, depth=depth, device=device, repeat=3 if quick else 50)
         sizes = [a * c for a, c in zip([n_in] + [hidden] * depth, [hidden] * depth + [10])]
         flops = 2 * b * (2 * sum(sizes) + sum(sizes[1:]))  # the products gemm_time runs
@@ -211,8 +218,8 @@ def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False):
             "phase_s": {v: {p: t[v][p] for p in PHASES} for v in t},
             "epoch_s": {v: s * per_epoch for v, s in step.items()},
             "ratios": {
-                **{f"{v}/sgd": step[v] / step["sgd"] for v in ("bn", "bnp", "bnp_fused", "bnp_auto", "floor")},
-                **{f"{v}/bn": step[v] / step["bn"] for v in ("bnp", "bnp_fused", "bnp_auto")},
+                **{f"{v}/sgd": step[v] / step["sgd"] for v in ("bn", *_BNP, "floor") if v in step},
+                **{f"{v}/bn": step[v] / step["bn"] for v in _BNP if v in step},
             },
             "gemm_s": gemm,
             "gemm_gflops": flops / gemm / 1e9,
@@ -232,6 +239,7 @@ def main(argv=None) -> int:
                         help="input features (3072: Table 1's CIFAR-10 net; 784: the MNIST net of Figs. 3-4)")
     parser.add_argument("--depth", type=int, default=2, help="hidden layers (2: Table 1; 3: Figs. 3-4)")
     parser.add_argument("--hidden", type=int, default=100, help="width of the hidden layers (100: the paper's)")
+    parser.add_argument("--no-native", action="store_true", help="leave out the bnp_native variant")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -240,7 +248,7 @@ def main(argv=None) -> int:
     else:
         n_in, hidden, depth, rounds, batch_sizes = args.input, args.hidden, args.depth, args.rounds, args.batch_sizes
     rows = run(batch_sizes, n_in=n_in, hidden=hidden, depth=depth, rounds=rounds, device=args.device,
-               quick=args.quick)
+               quick=args.quick, native=not (args.quick or args.no_native))
     meta = {"device": args.device, "threads": args.threads,
             "clock": "wall" if args.device.startswith("cuda") or args.threads > 1 else "thread CPU time",
             "network": [n_in] + [hidden] * depth + [10], "torch": torch.__version__}
@@ -258,6 +266,11 @@ def main(argv=None) -> int:
               f"{q['bnp/sgd']:>8.3f} {q['bnp_fused/sgd']:>9.3f} {q['bnp_auto/sgd']:>8.3f} {q['bnp/bn']:>7.3f} "
               f"{q['bnp_auto/bn']:>7.3f} {q['bn/sgd']:>7.3f} {q['floor/sgd']:>9.3f} "
               f"{1e3 * r['step_s']['sgd']:>7.3f} {1e3 * r['gemm_s']:>8.3f} {r['gemm_gflops']:>8.1f}")
+    for r in rows:
+        q = r["ratios"]
+        if "bnp_native/sgd" in q:
+            print(f"{r['batch_size']:>5}  native (transform + native_statistics): BNP/SGD {q['bnp_native/sgd']:.3f}  "
+                  f"BNP/BN {q['bnp_native/bn']:.3f}")
     print("phases, ms per step (fwd = zero_grad + forward with hooks, bwd, pre = pre.step(), opt):")
     for r in rows:
         parts = "  ".join(

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bnlab.optim import _native
+
 __all__ = ["LayerHandler", "LinearHandler", "Conv1dHandler", "Conv2dHandler", "CONV_STATISTICS"]
 
 #: How a convolution's input statistics are taken (see :class:`_ConvHandler`).
@@ -150,6 +152,11 @@ class LayerHandler:
         when the handler computes them directly, else ``None`` (then :meth:`moments` is used)."""
         return None
 
+    def batch_statistics_about(self, x: torch.Tensor, shift: torch.Tensor):
+        """:meth:`batch_statistics` where the handler may use the running mean ``shift`` (e.g. as
+        the shift of a one-pass kernel); by default :meth:`batch_statistics` itself."""
+        return self.batch_statistics(x)
+
     def expand(self, vec: torch.Tensor) -> torch.Tensor:
         """Map a per-column vector to one entry per column of :meth:`weight_matrix`."""
         return vec
@@ -171,17 +178,31 @@ class LinearHandler(LayerHandler):
     def _input_hint(self) -> str:
         return " (N, in_features)"
 
+    def __init__(self, module, name, *, moments_kernel=None, **options):
+        super().__init__(module, name)
+        # The compiled one-pass kernel of ``_native`` (native_statistics=True), or None.
+        self.moments_kernel = moments_kernel
+
     def batch_statistics(self, x):
         # Algorithm 2 step 1 on CPU: the batch-norm statistics kernel (see _moments_two_pass).
         if x.device.type == "cpu":
             return torch.batch_norm_update_stats(x, None, None, 0.0)
         return None
 
+    def batch_statistics_about(self, x, shift):
+        # With native_statistics: μ_H, σ_H² from one read of x about the running mean
+        # (bnlab.optim._native).
+        if self.moments_kernel is not None and _native.can_use(x, shift):
+            return self.moments_kernel.shifted_mean_var(x, shift)
+        return self.batch_statistics(x)
+
     def moments(self, x, shift, out):
         # Lange et al., Algorithm 2 step 1: the mean/variance of the N rows of H (the 4·n_in·N
         # operations of Prop. 6: sum; subtract, square, sum).
         n = x.shape[0]
-        if x.device.type == "cpu":
+        if self.moments_kernel is not None and _native.can_use(x, shift):
+            s1, s2 = self.moments_kernel.shifted_moments(x, shift)  # one read of x (see _native)
+        elif x.device.type == "cpu":
             s1, s2 = _moments_two_pass(x, shift)
         else:
             s1, s2 = _shifted_moments(x, shift, out, 0)

@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from bnlab._validation import check_choice, check_real
+from bnlab.optim import _native
 from bnlab.optim._layers import (
     CONV_STATISTICS,
     Conv1dHandler,
@@ -263,6 +264,15 @@ class BNPreconditioner:
         otherwise, for all layers of the step alike (a step mixing both routes pays both routes'
         fixed costs: measured slower than either).
 
+    native_statistics:
+        ``True``: Algorithm 2 step 1 of ``nn.Linear`` layers on CPU (transform route) takes the
+        column sums Σ(x - c), Σ(x - c)² about the running mean c in one read of the input, with a
+        small C++ kernel compiled on first use (``bnlab.optim._native``; ~20 s once, then cached;
+        if it cannot be built, a warning and the eager route).  Measured on one thread: 0.22 ms
+        instead of 0.46 ms for a 512 × 3072 float32 input.  The variance about c cancels by the
+        factor 1 + (μ_H - c)²/σ_H² (as the moments route on other devices does), where the default
+        eager batch-norm kernel's two-pass variance does not.  Default ``False``.
+
     Statistics are recorded by forward pre-hooks when the module is in training mode and gradients
     are enabled; several forward passes before one :meth:`step` (gradient accumulation) are pooled.
     Running statistics start at μ = 0, σ² = 1 (Algorithm 2, "initialization").
@@ -279,6 +289,7 @@ class BNPreconditioner:
         conv_statistics: str = "channel",
         process_group: Any = None,
         gradient: str = "transform",
+        native_statistics: bool = False,
     ):
         if not isinstance(model, nn.Module):
             raise ValueError(f"model={type(model).__name__} is not allowed: expected a torch.nn.Module")
@@ -286,6 +297,10 @@ class BNPreconditioner:
         self.conv_statistics = check_choice("conv_statistics", conv_statistics, CONV_STATISTICS)
         self.gradient = check_choice("gradient", gradient, GRADIENT_MODES)
         self.process_group = process_group
+        if not isinstance(native_statistics, bool):
+            raise ValueError(f"native_statistics={native_statistics!r} is not allowed: expected True or False")
+        self.native_statistics = native_statistics
+        kernel = _native.moments_kernel() if native_statistics else None
         self._recording = True
         self._auto_fused: bool | None = None
         self._workspace: dict[tuple, torch.Tensor] = {}
@@ -320,7 +335,10 @@ class BNPreconditioner:
                 skipped.append(name)
                 continue
             handler_cls.check(module, name, conv_statistics=self.conv_statistics)
-            handler = handler_cls(module, name, conv_statistics=self.conv_statistics)
+            options = {"conv_statistics": self.conv_statistics}
+            if kernel is not None and handler_cls is LinearHandler:
+                options["moments_kernel"] = kernel
+            handler = handler_cls(module, name, **options)
             weight = module.weight
             dtype = _stats_dtype(weight.dtype)
             cols = handler.num_columns()
@@ -492,7 +510,7 @@ class BNPreconditioner:
             else:
                 out = self._scratch(state, x)
         if state.s1 is None and state.batch_mean is None and state.fused_x is None:
-            stats = state.handler.batch_statistics(x)
+            stats = state.handler.batch_statistics_about(x, state.mean)
             if stats is not None:  # the first forward since the last step: μ_H and σ_H² directly
                 state.batch_mean, state.batch_var = stats
                 state.samples = state.rows = x.shape[0]
