@@ -10,7 +10,9 @@ forces ``model.eval()``):
   backward (``autograd.grad(create_graph=True)`` once, then ``autograd.grad(g, params, v)`` per
   product), power iteration;
 * ``bnlab``: ``curvature_spectrum(curvature="hessian")`` — the same double-backward product through a
-  graph built once, Lanczos (three-term recurrence in float32, float64 tridiagonal matrix);
+  graph built once, Lanczos (three-term recurrence in float32, float64 tridiagonal matrix), started
+  from the loss gradient plus 0.3 × a seeded random unit vector (``start="auto"``, the Hessian's default;
+  the power iteration keeps PyHessian's random start);
 * ``curvlinops``: ``HessianLinearOperator(...).to_scipy()`` + ``eigsh(tol=1e-3)`` when installed.
 
 Two comparisons, both against a tight reference λref (bnlab, residual ≤ 1e-8·λ):
