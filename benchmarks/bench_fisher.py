@@ -226,9 +226,17 @@ def run_case(arch, batch, repeat, quick, train_steps=0):
         calibrate_batchnorm_(model, x)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"\nmodel {arch} (BN, {n_params} parameters, float32) {state}, {source} batch of {batch}, BN eval mode")
-    ref = curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="eval", tol=1e-8)
+    try:
+        ref = curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="eval", tol=1e-8)
+        how = "residual <= 1e-8 λ"
+    except RuntimeError:
+        # float32 products can put the residual's floor above 1e-8 λ (the trained FC net): the top Ritz
+        # value after 300 products is then the reference, converged to the products' own rounding
+        ref = curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="eval",
+                                 stop="maxiter", maxiter=300)
+        how = "300 products; residual 1e-8 λ is below float32's floor here"
     lam_ref = ref.lambda_max
-    print(f"reference λmax (bnlab Lanczos, residual <= 1e-8 λ): {lam_ref:.8g}")
+    print(f"reference λmax (bnlab Lanczos, {how}): {lam_ref:.8g}")
 
     def bnlab(**kw):
         return curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="eval", **kw)
