@@ -262,7 +262,7 @@ def test_float32_three_term_recurrence_matches_float64():
 
 @pytest.mark.parametrize("start", ["random", "gradient"])
 def test_hessian_start_vectors_agree_with_dense(start):
-    # both starts (the default for the Hessian is the gradient one) against the dense Hessian's eigh:
+    # both starts (random is the default) against the dense Hessian's eigh:
     # float64 products and residual ≤ 1e-12·λ bound the error by 1e-12·λ plus rounding; 1e-9 leaves margin
     model, x = _small_models()["cnn"]
     y = torch.arange(x.shape[0]) % 3
