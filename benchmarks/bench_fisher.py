@@ -10,7 +10,9 @@ forces ``model.eval()``):
   backward (``autograd.grad(create_graph=True)`` once, then ``autograd.grad(g, params, v)`` per
   product), power iteration;
 * ``bnlab``: ``curvature_spectrum(curvature="hessian")`` — the same double-backward product through a
-  graph built once, Lanczos (three-term recurrence in float32, float64 tridiagonal matrix);
+  graph built once, Lanczos (three-term recurrence in float32, float64 tridiagonal matrix), from the
+  same seeded random starts as the power iteration (``--gradient-start``: bnlab from the loss gradient
+  + 0.3 × random, ``start="gradient"``; the power iteration keeps PyHessian's random start);
 * ``curvlinops``: ``HessianLinearOperator(...).to_scipy()`` + ``eigsh(tol=1e-3)`` when installed.
 
 Two comparisons, both against a tight reference λref (bnlab, residual ≤ 1e-8·λ):
@@ -107,6 +109,7 @@ def curvlinops_lambda_max(model, x, y, *, tol=1e-3):
 
 
 _RESULTS: list = []
+_BNLAB_START = {"start": "random"}
 
 
 def _median(fn, repeat):
@@ -135,7 +138,10 @@ def main(argv=None) -> None:
     ap.add_argument("--train-steps", type=int, default=0,
                     help="train the network this many SGD steps (lr 0.05, momentum 0.9, batch 128, 8192 MNIST "
                     "images) before measuring: the spectrum after training has a smaller top gap")
+    ap.add_argument("--gradient-start", action="store_true",
+                    help="bnlab's Lanczos starts from the loss gradient (+ 0.3 x random), start='gradient'")
     args = ap.parse_args(argv)
+    _BNLAB_START["start"] = "gradient" if args.gradient_start else "random"
     torch.manual_seed(0)
     if args.quick:
         cases, batch, repeat = ["fc:20-32-32-5"], 32, 1
@@ -186,12 +192,21 @@ def run_case(arch, batch, repeat, quick, train_steps=0):
         calibrate_batchnorm_(model, x)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"\nmodel {arch} (BN, {n_params} parameters, float32) {state}, {source} batch of {batch}, BN eval mode")
-    ref = curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="eval", tol=1e-8)
+    try:
+        ref = curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="eval", tol=1e-8)
+        how = "residual <= 1e-8 λ"
+    except RuntimeError:
+        # float32 products can put the residual's floor above 1e-8 λ (the trained FC net): the top Ritz
+        # value after 300 products is then the reference, converged to the products' own rounding
+        ref = curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="eval",
+                                 stop="maxiter", maxiter=300)
+        how = "300 products; residual 1e-8 λ is below float32's floor here"
     lam_ref = ref.lambda_max
-    print(f"reference λmax (bnlab Lanczos, residual <= 1e-8 λ): {lam_ref:.8g}")
+    print(f"reference λmax (bnlab Lanczos, {how}): {lam_ref:.8g}")
 
     def bnlab(**kw):
-        return curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="eval", **kw)
+        return curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="eval",
+                                  **_BNLAB_START, **kw)
 
     # 1. equal achieved accuracy: each method stopped at the first product whose estimate is within
     # eps of the reference (an oracle stop neither could use in practice, but the only comparison in

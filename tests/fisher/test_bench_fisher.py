@@ -25,3 +25,5 @@ def test_bench_quick_runs(capsys):
     bench.main(["--quick"])
     out = capsys.readouterr().out
     assert "power iteration" in out and "speed-up" in out
+    bench.main(["--quick", "--gradient-start"])
+    assert "speed-up" in capsys.readouterr().out

@@ -258,3 +258,30 @@ def test_float32_three_term_recurrence_matches_float64():
     r64 = curvature_spectrum(model, x, bn_mode="train", tol=1e-10, dtype=torch.float64)
     assert r32.dtype == "float32"
     assert r32.lambda_max == pytest.approx(r64.lambda_max, rel=1e-4)
+
+
+@pytest.mark.parametrize("start", ["random", "gradient"])
+def test_hessian_start_vectors_agree_with_dense(start):
+    # both starts (random is the default) against the dense Hessian's eigh:
+    # float64 products and residual ≤ 1e-12·λ bound the error by 1e-12·λ plus rounding; 1e-9 leaves margin
+    model, x = _small_models()["cnn"]
+    y = torch.arange(x.shape[0]) % 3
+    dense, _, _ = _dense(model, x, y, "train")
+    lam = np.linalg.eigvalsh(dense["hessian"])[-1]
+    r = curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="train",
+                           tol=1e-12, dtype=torch.float64, start=start, method="lanczos")
+    assert r.lambda_max == pytest.approx(lam, rel=1e-9)
+    # the seed still matters with the gradient start (its random part): two seeds, two Ritz histories
+    a = curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="train",
+                           dtype=torch.float64, start=start, stop="maxiter", maxiter=3, seed=0)
+    b = curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="train",
+                           dtype=torch.float64, start=start, stop="maxiter", maxiter=3, seed=1)
+    assert a.ritz_history[0] != b.ritz_history[0]
+
+
+def test_gradient_start_is_rejected_for_other_curvatures():
+    model, x = _small_models()["mlp"]
+    with pytest.raises(ValueError, match="start='gradient'"):
+        curvature_spectrum(model, x, start="gradient")
+    with pytest.raises(ValueError, match="start"):
+        curvature_spectrum(model, x, start="ones")
