@@ -45,7 +45,7 @@ import numpy as np
 
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 
-__all__ = ["EXPERIMENTS", "run_phase_cell", "train_phase_row", "divergence_boundary", "DIVERGE_ABOVE", "quarter_decades"]
+__all__ = ["EXPERIMENTS", "run_phase_cell", "train_phase_cell", "train_phase_row", "divergence_boundary", "DIVERGE_ABOVE", "quarter_decades"]
 
 _PAPER = "Mean-field analysis of batch normalization (the Fisher paper), Fig. 2"
 #: a training loss above this counts as an explosion (besides a non-finite one)
@@ -163,10 +163,11 @@ def eta_init(arch: str, train, *, norm: str, gamma: float, sigma_w2: float, sigm
     return 2 * (1 + _MOMENTUM) / spec.lambda_max
 
 
-def run_phase_cell(params: dict) -> dict:
-    """Train the (η, seed) ensemble of one γ row; test losses, explosions, the boundaries, η* and η_init."""
+def train_phase_cell(params: dict, **model_kw) -> dict:
+    """The shared body of the Fig. 2 and Fig. 3 cells: the cell's MNIST subsets (a skip record when MNIST
+    is absent), one :func:`train_phase_row` over its η and seeds, and ``eta_init`` (η from λmax measured at
+    initialization); ``model_kw`` are :func:`train_phase_row`'s network and loss arguments."""
     from bnlab.data import DatasetNotFoundError
-    from bnlab.fisher import fisher_order_parameters
     from bnlab.reproductions.fisher_data import mnist_subsets
 
     try:
@@ -175,12 +176,21 @@ def run_phase_cell(params: dict) -> dict:
         return {"skipped": True, "skip_reason": str(exc)}
     train = (tr.x.reshape(len(tr), -1), tr.y)
     test = (te.x.reshape(len(te), -1), te.y)
-    loss = params.get("loss", "mse")
-    kw = dict(norm="bn", gamma=float(params["gamma"]), sigma_w2=2.0, sigma_b2=0.5, loss=loss)
     out = dict(skipped=False, **train_phase_row(params["arch"], params["etas"], params["seeds"], train, test,
                                                  steps=int(params["steps"]), batch=int(params["batch"]),
-                                                 data_seed=int(params["seed"]), **kw))
-    out["eta_init"] = eta_init(params["arch"], train, **kw)
+                                                 data_seed=int(params["seed"]), **model_kw))
+    out["eta_init"] = eta_init(params["arch"], train, **model_kw)
+    return out
+
+
+def run_phase_cell(params: dict) -> dict:
+    """Train the (η, seed) ensemble of one γ row; test losses, explosions, the boundaries, η* and η_init."""
+    from bnlab.fisher import fisher_order_parameters
+
+    kw = dict(norm="bn", gamma=float(params["gamma"]), sigma_w2=2.0, sigma_b2=0.5, loss=params.get("loss", "mse"))
+    out = train_phase_cell(params, **kw)
+    if out["skipped"]:
+        return out
     for key, fkw in (("eta_star_measured_eval", dict(formula="measured", bn_mode="eval")),
                      ("eta_star_measured_train", dict(formula="measured", bn_mode="train")),
                      ("eta_star_paper", dict(formula="paper", bn_mode="eval"))):

@@ -20,9 +20,8 @@ from typing import Sequence
 import numpy as np
 
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
-from bnlab.reproductions.fisher_data import mnist_subsets
 
-from .fisher_fig2 import quarter_decades, eta_init, train_phase_row
+from .fisher_fig2 import quarter_decades, train_phase_cell
 
 __all__ = ["EXPERIMENTS", "run_sigma_cell"]
 
@@ -45,23 +44,15 @@ def _grid(scale: str) -> list[dict]:
 
 def run_sigma_cell(params: dict) -> dict:
     """Train the (η, seed) ensemble of one σ_w row; test losses, explosions, the boundaries, η* and η_init."""
-    from bnlab.data import DatasetNotFoundError
     from bnlab.fisher import fisher_order_parameters
 
-    try:
-        tr, te = mnist_subsets(int(params["n_train"]), int(params["n_test"]))
-    except DatasetNotFoundError as exc:
-        return {"skipped": True, "skip_reason": str(exc)}
-    train = (tr.x.reshape(len(tr), -1), tr.y)
-    test = (te.x.reshape(len(te), -1), te.y)
     sw2 = float(params["sigma_w"]) ** 2
     kw = dict(norm="none", gamma=1.0, sigma_w2=sw2, sigma_b2=0.5, loss=params.get("loss", "mse"))
-    out = dict(skipped=False, **train_phase_row(params["arch"], params["etas"], params["seeds"], train, test,
-                                                 steps=int(params["steps"]), batch=int(params["batch"]),
-                                                 data_seed=int(params["seed"]), **kw))
+    out = train_phase_cell(params, **kw)
+    if out["skipped"]:
+        return out
     bound = fisher_order_parameters(params["arch"], norm="none", sigma_w2=sw2, sigma_b2=0.5, momentum=0.9)
-    out.update(lambda_max_bound=bound.lambda_max_bound, eta_star=bound.eta_star,
-               eta_init=eta_init(params["arch"], train, **kw))
+    out.update(lambda_max_bound=bound.lambda_max_bound, eta_star=bound.eta_star)
     return out
 
 
