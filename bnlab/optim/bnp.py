@@ -515,8 +515,13 @@ class BNPreconditioner:
                 state.batch_mean, state.batch_var = stats
                 state.samples = state.rows = x.shape[0]
                 return
+        self._add_moments(state, x, out)
+
+    def _add_moments(self, state: _LayerState, x: torch.Tensor, scratch) -> None:
+        """Pool the moments of input ``x`` (about the running mean) into the layer's pending ones, after
+        turning any pending μ_H, σ_H² into moments first."""
         self._batch_to_moments(state)
-        samples, rows, s1, s2 = state.handler.moments(x, state.mean, out)
+        samples, rows, s1, s2 = state.handler.moments(x, state.mean, scratch)
         if state.s1 is None:
             state.samples, state.rows, state.s1, state.s2 = samples, rows, s1, s2
         else:
@@ -650,15 +655,7 @@ class BNPreconditioner:
 
     def _pool_fused_moments(self, s: _LayerState) -> None:
         """Add the moments of the fused forward's kept input to the layer's pending ones."""
-        self._batch_to_moments(s)
-        samples, rows, s1, s2 = s.handler.moments(s.fused_x, s.mean, self._scratch(s, s.fused_x))
-        if s.s1 is None:
-            s.samples, s.rows, s.s1, s.s2 = samples, rows, s1, s2
-        else:
-            s.samples += samples
-            s.rows += rows
-            s.s1 = s.s1 + s1
-            s.s2 = s.s2 + s2
+        self._add_moments(s, s.fused_x, self._scratch(s, s.fused_x))
 
     def _lean_step(self, states: list[_LayerState]) -> None:
         """Algorithm 2 steps 1-5 for fused forwards with nothing else pending (the common case).
