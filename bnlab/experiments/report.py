@@ -180,7 +180,8 @@ def _section(
 ) -> ReportSection:
     """Run or reuse one reproduction, plot and tabulate it, and judge it (:func:`verdict`)."""
     sec = _run_section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress)
-    skip_reason = "\n".join(n["text"] for n in sec.notes if "skipped" in n["what"])
+    # one line for the verdict (the page and the terminal table show it inline): distinct reasons by "; "
+    skip_reason = "; ".join(line for n in sec.notes if "skipped" in n["what"] for line in n["text"].splitlines())
     sec.verdict, sec.verdict_reason = verdict(sec.status, sec.comparisons, failed_cells=sec.failed,
                                               skip_reason=skip_reason, errors=sec.errors)
     return sec

@@ -170,7 +170,8 @@ def test_verdicts_badges_counts_and_json_from_known_disagreements(tmp_path, test
     assert rep.ok and not rep.all_reproduced  # every cell ran, but not every claim is reproduced
     by_name = {s.name: s for s in rep.sections}
     assert by_name["bnlab-test-two-of-five"].verdict_reason == "2 of 5 checked rows agree"
-    assert by_name["bnlab-test-data-missing"].verdict_reason == vh.SKIP_REASON
+    # distinct reasons, each once, on one line (the page and the terminal table show the verdict inline)
+    assert by_name["bnlab-test-data-missing"].verdict_reason == f"{vh.SKIP_REASON}; {vh.SKIP_REASON_2}"
     assert by_name["bnlab-test-data-missing"].figures == []  # no placeholder figure for a skipped section
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["verdicts"] == {"reproduced": 1, "partly": 1, "not_reproduced": 1, "skipped": 1, "error": 1}
