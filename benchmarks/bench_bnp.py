@@ -90,7 +90,7 @@ def build(variant: str, n_in: int, hidden: int, depth: int, device: str):
     model = nn.Sequential(*layers).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     if variant.startswith("bnp"):
-        pre = BNPreconditioner(model, gradient=_GRADIENT[variant], native_statistics=variant == "bnp_native")
+        pre = BNPreconditioner(model, gradient=_GRADIENT[variant], native=variant == "bnp_native")
     else:
         pre = _Floor(model) if variant == "floor" else None
     return model, opt, pre

@@ -180,7 +180,7 @@ class LinearHandler(LayerHandler):
 
     def __init__(self, module, name, *, moments_kernel=None, **options):
         super().__init__(module, name)
-        # The compiled one-pass kernel of ``_native`` (native_statistics=True), or None.
+        # The compiled kernels of ``_native`` (BNPreconditioner(native=True)), or None.
         self.moments_kernel = moments_kernel
 
     def batch_statistics(self, x):
@@ -190,7 +190,7 @@ class LinearHandler(LayerHandler):
         return None
 
     def batch_statistics_about(self, x, shift):
-        # With native_statistics: μ_H, σ_H² from one read of x about the running mean
+        # With native=True: μ_H, σ_H² from one read of x about the running mean
         # (bnlab.optim._native).
         if self.moments_kernel is not None and _native.can_use(x, shift):
             return self.moments_kernel.shifted_mean_var(x, shift)

@@ -1,4 +1,8 @@
-"""An optional compiled one-pass kernel for Algorithm 2 step 1 on CPU (``native_statistics=True``).
+"""Optional compiled CPU kernels of BNP's dense layers (``BNPreconditioner(native=True)``).
+
+Two kernels: a one-pass statistics kernel for Algorithm 2 step 1 (``shifted_moments``,
+``shifted_mean_var``), and ``dense_step``, Algorithm 2 steps 1-5 for every dense layer of a step
+in one call (one read of each layer input, one read-and-write of each weight gradient).
 
 No eager PyTorch operator forms the column sums Σ(x - c) and Σ(x - c)² of an N × n_in input in one
 read: ``torch.batch_norm_update_stats`` reads it twice (sum, then squared deviations), and
@@ -8,26 +12,39 @@ reads each entry once and updates both sums (the 4 operations per entry of Lange
 subtract, add, square, add); rows are streamed in order and the per-column accumulators (2·n_in
 values of the tile) stay in the L1 cache, so it runs at the speed of one read (0.22 ms there).
 
-It is built on first use with ``torch.utils.cpp_extension.load_inline`` (a C++ compiler and ninja
+``dense_step`` exists because at small mini-batches an eager step is dominated by per-operator
+overhead, not arithmetic: on the Table 1 network at N = 16 the eager ``step()`` issues about 20
+operator calls (3-20 µs each) and three passes over each n_out × n_in gradient (a rank-1 update, a
+scaling and a matrix-vector product, Algorithm 2 steps 4-5), where the whole step is ~0.5 MFLOP.
+The kernel does steps 1-3 (moments about the running mean, the ρ-update, σ̃² and the factor
+1/(q²σ̃²)) and then steps 4-5 row by row of G_w — G_w(i, j) ← (G_w(i, j) − μ_j G_b(i))/(q²σ̃²_j)
+and G_b(i) ← G_b(i)/q² − Σ_j G_w(i, j) μ_j with the updated row, accumulated in the same pass — for
+all layers, with the layer inputs kept by the forward hooks (no arithmetic in the hooks).
+
+The kernels are built on first use with ``torch.utils.cpp_extension.load_inline`` (a C++ compiler and ninja
 are needed; ~20 s once, then cached by PyTorch in its extensions directory, ``TORCH_EXTENSIONS_DIR``).
-It is compiled with ``-march=native`` for the machine that builds it: a cache directory shared by
-machines with different CPUs should be set per machine.  If the build fails,
-:func:`moments_kernel` returns ``None`` and BNP keeps the eager route (a warning says why).
+They are compiled with ``-march=native`` for the machine that builds them; the extension's name
+carries a hash of the CPU's model and feature flags, so a cache directory shared by machines with
+different CPUs builds one copy per CPU instead of loading code the CPU cannot run.  If the build
+fails, :func:`kernels` returns ``None`` and BNP keeps the eager route (a warning says why).
 
 Accuracy: the sums are accumulated in the input's dtype, row after row, so each column's sum of
 N terms carries a relative error ≤ N·u (u the unit roundoff; Higham, *Accuracy and Stability of
 Numerical Algorithms*, §4.2) — for s2, a sum of non-negative terms, that bound is relative to s2
 itself.  The variance s2/N - (s1/N)² about the shift c (the running mean) then loses a further
 factor 1 + (μ_H - c)²/σ_H² to cancellation, as the moments route of ``_layers._shifted_moments``
-does on other devices.
+does on other devices.  ``dense_step``'s steps 4-5 accumulate Σ_j G_w(i, j) μ_j in the gradient's
+dtype (≤ n_in·u relative to Σ_j |G_w(i, j) μ_j|, as a BLAS matrix-vector product does).
 """
 from __future__ import annotations
 
+import hashlib
+import platform
 import warnings
 
 import torch
 
-__all__ = ["moments_kernel"]
+__all__ = ["kernels", "can_use"]
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -90,33 +107,176 @@ std::vector<torch::Tensor> shifted_mean_var(torch::Tensor x, torch::Tensor c) {
   });
   return {s1, s2};
 }
+
+// Algorithm 2 steps 1-5 (Lange et al., §3.3, Eq. 15) for every dense layer of one step, in place:
+// the running mean/variance (means, vars), the weight gradients (gws, n_out x n_in) and the bias
+// gradients (gbs; an empty tensor for a layer without bias: only G_w <- G_w / (q^2 s~^2)).
+// Steps 1-3 run for every layer first; when eps1 = eps2 = 0 and a layer's q^2 s~^2 has an entry
+// <= 0 the index of the first such layer is returned and no gradient is touched (the caller
+// raises); otherwise -1 after steps 4-5.
+template <typename T>
+static bool statistics_and_inverse(const torch::Tensor& x, torch::Tensor& mean, torch::Tensor& var,
+                                   T* inv, double rho, double eps1, double eps2, double q2) {
+  const int64_t n = x.size(0), m = x.size(1);
+  std::vector<T> s1(m), s2(m);
+  const T* xp = x.data_ptr<T>();
+  T* mu = mean.data_ptr<T>();
+  T* v = var.data_ptr<T>();
+  at::parallel_for(0, m, 512, [&](int64_t begin, int64_t end) {
+    column_moments<T>(xp, mu, s1.data(), s2.data(), n, m, begin, end);
+  });
+  // Steps 1-2 from the moments about c = mu_old: mu_H - c = s1/n, sigma_H^2 = s2/n - (s1/n)^2
+  // (biased, Eq. 13; at n = 1 the variance about the running mean, (h - mu_old)^2 = s2, §3.3);
+  // mu <- mu + (1 - rho)(mu_H - mu), sigma^2 <- sigma^2 + (1 - rho)(sigma_H^2 - sigma^2).
+  const T a = T(1.0 - rho), inv_n = T(1) / T(n);
+  T vmax = T(0);
+  for (int64_t j = 0; j < m; ++j) {
+    const T d = s1[j] * inv_n;
+    T var_h = s2[j];
+    if (n > 1) {
+      var_h = s2[j] * inv_n - d * d;
+      var_h = var_h > T(0) ? var_h : T(0);
+    }
+    mu[j] += a * d;
+    v[j] += a * (var_h - v[j]);
+    vmax = v[j] > vmax ? v[j] : vmax;
+  }
+  // Step 3 and the factor of steps 4-5: 1/(q^2 s~^2), s~^2 = sigma^2 + eps1 max sigma^2 + eps2.
+  const T shift = T(eps1) * vmax + T(eps2), q = T(q2);
+  bool positive = true;
+  for (int64_t j = 0; j < m; ++j) {
+    const T vt = (v[j] + shift) * q;
+    positive = positive && vt > T(0);
+    inv[j] = T(1) / vt;
+  }
+  return positive;
+}
+
+template <typename T>
+static void transform_gradient(torch::Tensor& gw, torch::Tensor& gb, const torch::Tensor& mean,
+                               const T* inv, double q2) {
+  const int64_t rows = gw.size(0), m = gw.size(1);
+  T* g = gw.data_ptr<T>();
+  const T* mu = mean.data_ptr<T>();
+  const bool has_bias = gb.numel() > 0;
+  T* b = has_bias ? gb.data_ptr<T>() : nullptr;
+  const T inv_q2 = T(1.0 / q2);
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(m, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      T* row = g + i * m;
+      if (has_bias) {
+        const T gbi = b[i];
+        T acc = T(0);
+        #pragma omp simd reduction(+:acc)
+        for (int64_t j = 0; j < m; ++j) {
+          const T w = (row[j] - mu[j] * gbi) * inv[j];   // step 4
+          row[j] = w;
+          acc += w * mu[j];
+        }
+        b[i] = gbi * inv_q2 - acc;                        // step 5, with the updated G_w
+      } else {
+        #pragma omp simd
+        for (int64_t j = 0; j < m; ++j) row[j] *= inv[j];
+      }
+    }
+  });
+}
+
+int64_t dense_step(std::vector<torch::Tensor> xs, std::vector<torch::Tensor> means,
+                   std::vector<torch::Tensor> vars, std::vector<torch::Tensor> gws,
+                   std::vector<torch::Tensor> gbs, double rho, double eps1, double eps2,
+                   std::vector<double> q2s) {
+  const size_t layers = xs.size();
+  TORCH_CHECK(means.size() == layers && vars.size() == layers && gws.size() == layers &&
+              gbs.size() == layers && q2s.size() == layers, "dense_step: lists of unequal length");
+  if (layers == 0) return -1;
+  const auto dtype = xs[0].scalar_type();
+  for (size_t l = 0; l < layers; ++l) {
+    const auto& x = xs[l];
+    const int64_t m = x.dim() == 2 ? x.size(1) : -1;
+    TORCH_CHECK(x.dim() == 2 && x.size(0) > 0 && x.is_contiguous() && x.device().is_cpu() &&
+                x.scalar_type() == dtype, "dense_step: layer ", l, ": expected a contiguous 2-D CPU input");
+    for (const auto* t : {&means[l], &vars[l]})
+      TORCH_CHECK(t->dim() == 1 && t->size(0) == m && t->is_contiguous() && t->device().is_cpu() &&
+                  t->scalar_type() == dtype, "dense_step: layer ", l, ": statistics of the wrong shape/dtype");
+    const auto& gw = gws[l];
+    TORCH_CHECK(gw.dim() == 2 && gw.size(1) == m && gw.is_contiguous() && gw.device().is_cpu() &&
+                gw.scalar_type() == dtype, "dense_step: layer ", l, ": expected a contiguous (n_out, n_in) gradient");
+    const auto& gb = gbs[l];
+    TORCH_CHECK(gb.numel() == 0 || (gb.dim() == 1 && gb.size(0) == gw.size(0) && gb.is_contiguous() &&
+                gb.device().is_cpu() && gb.scalar_type() == dtype),
+                "dense_step: layer ", l, ": expected an (n_out,) bias gradient or an empty tensor");
+  }
+  int64_t bad = -1;
+  AT_DISPATCH_FLOATING_TYPES(dtype, "dense_step", [&] {
+    std::vector<std::vector<scalar_t>> invs(layers);
+    for (size_t l = 0; l < layers; ++l) {
+      invs[l].resize(xs[l].size(1));
+      const bool ok = statistics_and_inverse<scalar_t>(xs[l], means[l], vars[l], invs[l].data(),
+                                                       rho, eps1, eps2, q2s[l]);
+      if (!ok && eps1 == 0.0 && eps2 == 0.0 && bad < 0) bad = static_cast<int64_t>(l);
+    }
+    if (bad >= 0) return;
+    for (size_t l = 0; l < layers; ++l)
+      transform_gradient<scalar_t>(gws[l], gbs[l], means[l], invs[l].data(), q2s[l]);
+  });
+  return bad;
+}
 """
 
 _STATE: dict[str, object] = {}
 
 
-def moments_kernel():
+def _cpu_tag() -> str:
+    """A short hash of this CPU's model and feature flags (Linux ``/proc/cpuinfo``; elsewhere the
+    platform's processor string): the kernels are built with ``-march=native``, so a build cache
+    shared by machines with different CPUs must not hand one machine's binary to another."""
+    text = f"{platform.machine()} {platform.processor()}"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key = line.split(":", 1)[0].strip()
+                if key in ("model name", "flags", "Features", "CPU part"):
+                    text += line
+                if key == "flags" or key == "Features":
+                    break  # the first processor's entry is enough
+    except OSError:
+        pass
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def kernels():
     """The compiled module, or ``None`` if it cannot be built here (built once per process, on the
-    first call; see the module docstring).  Its functions, over the rows of a contiguous 2-D CPU
-    float32/float64 input x and a shift c of its dtype: ``shifted_moments(x, c)`` ->
-    ``(Σ(x - c), Σ(x - c)²)``; ``shifted_mean_var(x, c)`` -> ``(μ_H, σ_H²)`` (Lange et al. Eq. 13,
-    biased variance) = ``(c + s1/N, max(s2/N - (s1/N)², 0))``."""
+    first call; see the module docstring).  Its functions, over contiguous CPU float32/float64
+    tensors of one dtype:
+
+    * ``shifted_moments(x, c)`` -> ``(Σ(x - c), Σ(x - c)²)`` over the rows of an (N, m) input x and
+      an (m,) shift c;
+    * ``shifted_mean_var(x, c)`` -> ``(μ_H, σ_H²)`` (Lange et al. Eq. 13, biased variance) =
+      ``(c + s1/N, max(s2/N - (s1/N)², 0))``;
+    * ``dense_step(xs, means, vars, gws, gbs, rho, eps1, eps2, q2s)`` -> ``int``: Algorithm 2
+      steps 1-5 for each layer l in place (running ``means[l]``, ``vars[l]``; weight gradient
+      ``gws[l]`` (n_out, n_in); bias gradient ``gbs[l]`` or an empty tensor), returning -1, or,
+      when ``eps1 = eps2 = 0`` and some layer's σ̃² has an entry ≤ 0, that layer's index before
+      any gradient is changed.
+    """
     if "kernel" not in _STATE:
         try:
             from torch.utils.cpp_extension import load_inline
 
             module = load_inline(
-                "bnlab_bnp_moments_v2",
+                f"bnlab_bnp_native_v3_{_cpu_tag()}",
                 cpp_sources=_SOURCE,
-                functions=["shifted_moments", "shifted_mean_var"],
+                functions=["shifted_moments", "shifted_mean_var", "dense_step"],
                 extra_cflags=["-O3", "-march=native", "-fopenmp-simd"],
                 verbose=False,
             )
             _STATE["kernel"] = module
         except Exception as exc:  # no compiler / ninja / headers: keep the eager route
             warnings.warn(
-                f"bnlab: could not build the native BNP statistics kernel ({type(exc).__name__}: {exc}); "
-                "using the eager route (native_statistics has no effect)",
+                f"bnlab: could not build the native BNP kernels ({type(exc).__name__}: {exc}); "
+                "using the eager route (native=True has no effect)",
                 RuntimeWarning,
                 stacklevel=3,
             )

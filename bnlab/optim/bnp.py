@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -78,6 +79,9 @@ GRADIENT_MODES = ("transform", "fused", "auto")
 #: (measured on CPU at N = 16, × SGD, fused against transform: 1.42 vs 1.45 with a 3072 × 100
 #: first layer, 1.08 vs 1.43 with 4096 × 1024, 1.87 vs 1.68 with 784 × 100; docs/optim.md).
 _AUTO_FUSED_MIN_WEIGHTS = 1 << 17
+
+#: The "no bias gradient" placeholder of the native dense_step's list of bias gradients.
+_EMPTY = torch.empty(0)
 
 _HANDLERS: dict[type, type[LayerHandler]] = {
     nn.Linear: LinearHandler,
@@ -207,6 +211,13 @@ class _LayerState:
     # after backward() is then δᵀe (this forward's), which the lean route of step() relies on.
     fused_clean: bool = False
     fused_buffer: torch.Tensor | None = field(default=None, repr=False)
+    # native=True: whether the layer can take the compiled one-call step at all (a dense layer and
+    # the kernels built), and the input of the only forward since the last step, kept by the hook
+    # (with its version counter) for that step to take its statistics from.
+    native_ok: bool = False
+    native_x: torch.Tensor | None = None
+    native_version: int = 0
+    native_q2: tuple = (0, 1.0)  # (N, q²(N)) of the last native step
 
     def clear_pending(self) -> None:
         self.samples = 0
@@ -217,6 +228,7 @@ class _LayerState:
         self.batch_var = None
         self.fused_x = None
         self.fused_delta = None
+        self.native_x = None
 
 
 class BNPreconditioner:
@@ -264,14 +276,21 @@ class BNPreconditioner:
         otherwise, for all layers of the step alike (a step mixing both routes pays both routes'
         fixed costs: measured slower than either).
 
+    native:
+        ``True``: the ``nn.Linear`` layers on CPU (float32/float64, transform route) take compiled
+        kernels (``bnlab.optim._native``, built with a C++ compiler on first use: ~20 s once, then
+        cached; if the build fails, a warning and the eager route).  When each such layer ran one
+        forward since the last step, its hook only keeps the input, and :meth:`step` does
+        Algorithm 2 steps 1-5 for all of them in **one** call: one read of each input (the column
+        sums Σ(x - c), Σ(x - c)² about the running mean c) and one pass over each weight gradient
+        (step 4 with step 5's sum in the same pass), instead of ~20 eager operator calls and three
+        passes over G_w.  Otherwise (several forwards per step, ``torch.distributed``, a gradient
+        of another dtype or layout) the layer's statistics still come from the one-pass kernel and
+        the rest of the step is eager.  The variance about c cancels by the factor
+        1 + (μ_H - c)²/σ_H² (as the moments route on other devices does), where the default eager
+        batch-norm kernel's two-pass variance does not.  Default ``False``.
     native_statistics:
-        ``True``: Algorithm 2 step 1 of ``nn.Linear`` layers on CPU (transform route) takes the
-        column sums Σ(x - c), Σ(x - c)² about the running mean c in one read of the input, with a
-        small C++ kernel compiled on first use (``bnlab.optim._native``; ~20 s once, then cached;
-        if it cannot be built, a warning and the eager route).  Measured on one thread: 0.22 ms
-        instead of 0.46 ms for a 512 × 3072 float32 input.  The variance about c cancels by the
-        factor 1 + (μ_H - c)²/σ_H² (as the moments route on other devices does), where the default
-        eager batch-norm kernel's two-pass variance does not.  Default ``False``.
+        Deprecated alias of ``native`` (the name of the statistics-only kernel it replaced).
 
     Statistics are recorded by forward pre-hooks when the module is in training mode and gradients
     are enabled; several forward passes before one :meth:`step` (gradient accumulation) are pooled.
@@ -289,7 +308,8 @@ class BNPreconditioner:
         conv_statistics: str = "channel",
         process_group: Any = None,
         gradient: str = "transform",
-        native_statistics: bool = False,
+        native: bool = False,
+        native_statistics: bool | None = None,
     ):
         if not isinstance(model, nn.Module):
             raise ValueError(f"model={type(model).__name__} is not allowed: expected a torch.nn.Module")
@@ -297,10 +317,17 @@ class BNPreconditioner:
         self.conv_statistics = check_choice("conv_statistics", conv_statistics, CONV_STATISTICS)
         self.gradient = check_choice("gradient", gradient, GRADIENT_MODES)
         self.process_group = process_group
-        if not isinstance(native_statistics, bool):
-            raise ValueError(f"native_statistics={native_statistics!r} is not allowed: expected True or False")
-        self.native_statistics = native_statistics
-        kernel = _native.moments_kernel() if native_statistics else None
+        if native_statistics is not None:
+            if not isinstance(native_statistics, bool):
+                raise ValueError(f"native_statistics={native_statistics!r} is not allowed: expected True or False")
+            warnings.warn("BNPreconditioner(native_statistics=...) is deprecated: use native=...",
+                          DeprecationWarning, stacklevel=2)
+            native = native or native_statistics
+        if not isinstance(native, bool):
+            raise ValueError(f"native={native!r} is not allowed: expected True or False")
+        self.native = native
+        kernel = _native.kernels() if native else None
+        self._native_kernel = kernel
         self._recording = True
         self._auto_fused: bool | None = None
         self._workspace: dict[tuple, torch.Tensor] = {}
@@ -350,6 +377,7 @@ class BNPreconditioner:
                 var=torch.ones(cols, dtype=dtype, device=weight.device),
                 can_fuse=(self.gradient != "transform" and type(module) is nn.Linear
                           and module.bias is not None),
+                native_ok=kernel is not None and handler_cls is LinearHandler,
             )
             self._layers[name] = state
         if not self._layers:
@@ -358,6 +386,7 @@ class BNPreconditioner:
             raise ValueError(
                 f"model={type(model).__name__} has no layer BNP can precondition{extra}; supported types: {supported}"
             )
+        self._layer_list = list(self._layers.values())
         for state in self._layers.values():
             state.hook = state.module.register_forward_pre_hook(self._make_hook(state), with_kwargs=True)
             if state.can_fuse:
@@ -431,6 +460,14 @@ class BNPreconditioner:
             if (state.can_fuse and self._auto_fused is not False and state.fused_x is None and state.s1 is None
                     and state.batch_mean is None and self._start_fused(state, module, x)):
                 return None  # the statistics of a fused forward are taken in step(), from the kept input
+            if (state.native_ok and state.native_x is None and state.s1 is None and state.batch_mean is None
+                    and state.fused_x is None and x.is_cpu and x.dtype == state.mean.dtype
+                    and state.mean.is_cpu and x.is_contiguous()):
+                # native=True: keep the input; step() takes its statistics in the one-call kernel.
+                x = x.detach()
+                state.native_x = x
+                state.native_version = x._version
+                return None
             self._record(state, x)
             return None
 
@@ -492,6 +529,8 @@ class BNPreconditioner:
     def _record(self, state: _LayerState, x: torch.Tensor) -> None:
         # Detached operands record no autograd graph, so no no_grad() context is needed; autocast
         # leaves sub/sum/mul_ of float32 tensors alone.
+        if state.native_x is not None:
+            self._flush_native(state)  # a second forward: pool the kept input's moments first
         x = x.detach()
         mean = state.mean
         if x.dtype == mean.dtype and x.device == mean.device:
@@ -529,6 +568,23 @@ class BNPreconditioner:
             state.rows += rows
             state.s1 = state.s1 + s1
             state.s2 = state.s2 + s2
+
+    def _flush_native(self, state: _LayerState) -> None:
+        """Turn the input a hook kept for the one-call native step into pending moments (the
+        layer then takes the eager route this step)."""
+        x = state.native_x
+        state.native_x = None
+        self._check_native_version(state, x)
+        self._add_moments(state, x, self._scratch(state, x))
+
+    @staticmethod
+    def _check_native_version(state: _LayerState, x: torch.Tensor) -> None:
+        if x._version != state.native_version:
+            raise RuntimeError(
+                f"BNP layer {_layer_label(state.name)}: its input was modified in place after the forward pass; "
+                "with native=True BNP keeps the input to take its statistics in step() (use native=False, or "
+                "avoid the in-place operation)"
+            )
 
     @staticmethod
     def _batch_to_moments(state: _LayerState) -> None:
@@ -589,7 +645,6 @@ class BNPreconditioner:
                 s.s2 = flat[offset + 2 + k: offset + 2 + 2 * k]
                 offset += 2 + 2 * k
 
-    @torch.no_grad()
     def step(self) -> None:
         """Precondition the ``.grad`` of every layer's weight and bias (Algorithm 2 / 3, steps 1-5).
 
@@ -597,24 +652,91 @@ class BNPreconditioner:
         no statistics were recorded since the last step (no forward pass in training mode), or if
         a layer has a gradient but its forward hook never saw an input.
         """
+        if self._native_kernel is not None and self._native_only_step():
+            return
+        with torch.no_grad():
+            self._step()
+
+    def _native_only_step(self) -> bool:
+        """The common case of ``native=True``: every layer ran exactly one forward on the native
+        route since the last step and its gradients qualify (see :meth:`_native_ready`).  Then one
+        kernel call does the whole step and this returns ``True``; otherwise nothing is changed and
+        it returns ``False`` for the general route.  (No autograd mode switch: the kernel records
+        nothing; one pass over the layers: at N = 16 the Python around the kernel is a third of
+        the step.)"""
+        xs, gws, gbs, q2s = [], [], [], []
+        dtype = None
+        for s in self._layer_list:
+            x = s.native_x
+            if x is None:
+                return False
+            params = s.module._parameters  # not nn.Module.__getattr__: ~0.4 µs a lookup
+            gw = params["weight"].grad
+            if gw is None or not gw.is_contiguous() or gw.dtype != x.dtype or not gw.is_cpu:
+                return False
+            bias = params.get("bias")
+            gb = bias.grad if bias is not None else None
+            if gb is None:
+                gb = _EMPTY
+            elif gb.dtype != x.dtype or not gb.is_contiguous() or not gb.is_cpu:
+                return False
+            if dtype is None:
+                dtype = x.dtype
+            elif x.dtype != dtype:
+                return False  # the kernel takes one dtype per call
+            xs.append(x)
+            gws.append(gw)
+            gbs.append(gb)
+            n = x.shape[0]
+            if s.native_q2[0] != n:
+                s.native_q2 = (n, float(s.handler.q2(n)))
+            q2s.append(s.native_q2[1])
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return False
+        states = self._layer_list
+        for s, x in zip(states, xs):
+            if x._version != s.native_version:
+                self._check_native_version(s, x)  # raises
+        self._call_dense_step(states, xs, gws, gbs, q2s)
+        for s in states:
+            s.native_x = None
+            s.samples = s.rows = s.native_q2[0]
+            s.last_q2 = s.native_q2[1]
+            s.steps += 1
+        self.steps += 1
+        return True
+
+    def _step(self) -> None:
         pending = [s for s in self._layers.values()
-                   if s.s1 is not None or s.batch_mean is not None or s.fused_x is not None]
+                   if s.s1 is not None or s.batch_mean is not None or s.fused_x is not None
+                   or s.native_x is not None]
         if not pending:
             raise RuntimeError(
                 "BNPreconditioner.step() was called before any forward pass recorded statistics: run the "
                 "model forward in training mode with gradients enabled between steps"
             )
         for s in self._layers.values():
-            if s.s1 is None and s.batch_mean is None and s.fused_x is None and self._has_grad(s.module):
+            if (s.s1 is None and s.batch_mean is None and s.fused_x is None and s.native_x is None
+                    and self._has_grad(s.module)):
                 raise RuntimeError(
                     f"BNP layer {_layer_label(s.name)} has a gradient but its forward hook recorded no input "
                     "since the last step (was it called through its forward()?); skip it with "
                     f"skip=[{s.name!r}]"
                 )
         self._auto_fused = None
-        lean, standard = [], []
+        lean, standard, native = [], [], []
+        distributed = None
         for s in pending:
-            if s.fused_x is not None:
+            if s.native_x is not None:
+                if distributed is None:
+                    dist = torch.distributed
+                    distributed = dist.is_available() and dist.is_initialized()
+                if not distributed and self._native_ready(s):
+                    native.append(s)
+                    continue
+                self._flush_native(s)  # the statistics are all-reduced, or the gradients do not qualify
+            elif s.fused_x is not None:
                 if s.fused_x._version != s.fused_version:
                     raise RuntimeError(
                         f"BNP layer {_layer_label(s.name)}: its input was modified in place after the forward "
@@ -636,6 +758,8 @@ class BNPreconditioner:
                     self._precondition_layer(s, inv)
         if lean:
             self._lean_step(lean)
+        if native:
+            self._native_step(native)
         for s in pending:
             s.clear_pending()
             s.steps += 1
@@ -643,6 +767,53 @@ class BNPreconditioner:
                 s.post_hook.remove()
                 s.post_hook = None
         self.steps += 1
+
+    @staticmethod
+    def _native_ready(s: _LayerState) -> bool:
+        """Whether a layer whose hook kept its input can take the one-call native step: its weight
+        gradient (and bias gradient, if any) contiguous CPU tensors of the statistics' dtype."""
+        # The parameters dict directly: nn.Module.__getattr__ costs ~0.4 µs a lookup, and this
+        # runs for every layer at every step.
+        params = s.module._parameters
+        gw = params["weight"].grad
+        if gw is None or gw.dtype != s.mean.dtype or not gw.is_cpu or not gw.is_contiguous():
+            return False
+        bias = params.get("bias")
+        gb = bias.grad if bias is not None else None
+        return gb is None or (gb.dtype == gw.dtype and gb.is_cpu and gb.is_contiguous())
+
+    def _native_step(self, states: list[_LayerState]) -> None:
+        """Algorithm 2 steps 1-5 of ``states`` in one call of the compiled ``dense_step`` (see
+        ``bnlab.optim._native``): the same arithmetic as the eager route, in two passes per layer
+        (the general route's share of a step that also has eager layers)."""
+        by_dtype: dict[torch.dtype, list[_LayerState]] = {}
+        for s in states:
+            by_dtype.setdefault(s.mean.dtype, []).append(s)
+        for group in by_dtype.values():
+            xs, gws, gbs, q2s = [], [], [], []
+            for s in group:
+                x = s.native_x
+                self._check_native_version(s, x)
+                n = x.shape[0]
+                s.samples = s.rows = n
+                s.last_q2 = float(s.handler.q2(n))
+                xs.append(x)
+                q2s.append(s.last_q2)
+                params = s.module._parameters
+                gws.append(params["weight"].grad)
+                bias = params.get("bias")
+                gb = bias.grad if bias is not None else None
+                gbs.append(gb if gb is not None else _EMPTY)
+            self._call_dense_step(group, xs, gws, gbs, q2s)
+
+    def _call_dense_step(self, states, xs, gws, gbs, q2s) -> None:
+        bad = self._native_kernel.dense_step(xs, [s.mean for s in states], [s.var for s in states], gws, gbs,
+                                             self.rho, self.eps1, self.eps2, q2s)
+        if bad >= 0:
+            raise RuntimeError(
+                f"BNP layer {_layer_label(states[bad].name)}: an input feature has zero variance and eps1 = "
+                "eps2 = 0, so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
+            )
 
     @staticmethod
     def _is_lean(s: _LayerState) -> bool:

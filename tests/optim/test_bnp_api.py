@@ -268,14 +268,14 @@ def test_zero_variance_with_zero_eps_is_an_error_not_a_nan():
 # ---------------------------------------------------------------------------------------------- distributed
 
 
-def _dist_worker(rank, world, init_file, x, y, out_dir):
+def _dist_worker(rank, world, init_file, x, y, out_dir, native=False):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         model = _mlp().double()
-        pre = BNPreconditioner(model, rho=0.5)
+        pre = BNPreconditioner(model, rho=0.5, native=native)
         n = x.shape[0] // world
         xs, ys = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
         for _ in range(2):
@@ -291,16 +291,26 @@ def _dist_worker(rank, world, init_file, x, y, out_dir):
         dist.destroy_process_group()
 
 
-def test_distributed_statistics_are_all_reduced(tmp_path):
-    """Two gloo processes on half batches each = one process on the whole batch (float64)."""
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_distributed_statistics_are_all_reduced(tmp_path, native):
+    """Two gloo processes on half batches each = one process on the whole batch (float64).
+
+    ``native=True`` (slow: builds the kernels): the one-call route is left for the moments route,
+    whose sums are all-reduced."""
     import torch.multiprocessing as mp
+
+    if native:
+        from bnlab.optim import _native
+
+        if _native.kernels() is None:
+            pytest.skip("the native kernels cannot be built here")
 
     torch.manual_seed(1)
     x = torch.randn(12, 6, dtype=torch.float64) * 2 + 1
     y = torch.randint(0, 3, (12,))
     # fork (Linux) skips re-importing torch and this module in the children; spawn elsewhere.
     method = "fork" if "fork" in mp.get_all_start_methods() and not torch.cuda.is_initialized() else "spawn"
-    mp.start_processes(_dist_worker, args=(2, str(tmp_path / "init"), x, y, str(tmp_path)), nprocs=2, join=True,
+    mp.start_processes(_dist_worker, args=(2, str(tmp_path / "init"), x, y, str(tmp_path), native), nprocs=2, join=True,
                        start_method=method)
     model = _mlp().double()
     pre = BNPreconditioner(model, rho=0.5)
