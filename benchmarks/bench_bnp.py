@@ -15,10 +15,10 @@ and are summarized by the median time of a single training step:
 * ``bnp_fused`` — ``gradient="fused"``: autograd skips the weight gradient, ``step()`` forms the
   preconditioned one as δᵀĤ (no pass over G_w, one N × n_in pass over the input);
 * ``bnp_auto`` — ``gradient="auto"``: fused where N ≤ n_out, transform elsewhere;
-* ``bnp_native`` — ``gradient="transform"`` with ``native_statistics=True``: the dense layers'
-  input statistics by the one-pass compiled kernel of ``bnlab.optim._native`` (one read of the
-  input instead of the batch-norm kernel's two; built on first use, ~20 s once; left out of
-  ``--quick`` and by ``--no-native``);
+* ``bnp_native`` — ``native=True``: the hooks only keep each layer's input and ``pre.step()`` does
+  Algorithm 2 steps 1-5 of all three layers in one call of a compiled kernel (one read of each
+  input, one pass over each G_w; ``bnlab.optim._native``; built on first use, ~20 s once; left out
+  of ``--quick`` and by ``--no-native``);
 * ``floor`` — the vanilla network, SGD plus the least memory traffic the *transform* route must
   add: a forward pre-hook that reads each layer input once (``x.sum(0)``) and one in-place scaling
   of each weight gradient after ``backward()``.  ``floor/sgd`` is the overhead no hooks + ``.grad``
@@ -269,7 +269,7 @@ def main(argv=None) -> int:
     for r in rows:
         q = r["ratios"]
         if "bnp_native/sgd" in q:
-            print(f"{r['batch_size']:>5}  native (transform + native_statistics): BNP/SGD {q['bnp_native/sgd']:.3f}  "
+            print(f"{r['batch_size']:>5}  native=True: BNP/SGD {q['bnp_native/sgd']:.3f}  "
                   f"BNP/BN {q['bnp_native/bn']:.3f}")
     print("phases, ms per step (fwd = zero_grad + forward with hooks, bwd, pre = pre.step(), opt):")
     for r in rows:

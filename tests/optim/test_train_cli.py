@@ -56,6 +56,27 @@ def test_bad_input_exits_2(argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+def test_native_flag_reaches_the_preconditioner(monkeypatch, capsys):
+    # --native is passed to BNPreconditioner(native=True); the kernels' build is replaced by a failed
+    # one (no compiler needed here), which warns and keeps the eager route.
+    from bnlab.optim import _native
+
+    seen = []
+    real = _native.kernels
+
+    def kernels():
+        seen.append(True)
+        return None
+
+    monkeypatch.setattr(_native, "kernels", kernels)
+    assert main(["train", "--norm", "bnp", "--batch-size", "30", "--epochs", "1", *FAST, "--native", "--json"]) == 0
+    assert seen and json.loads(capsys.readouterr().out)["steps"] == 10
+    seen.clear()
+    assert main(["train", "--norm", "bnp", "--batch-size", "30", "--epochs", "1", *FAST, "--json"]) == 0
+    assert not seen
+    assert real is not kernels
+
+
 def test_module_entry_point_exit_code():
     proc = subprocess.run([sys.executable, "-m", "bnlab", "train", "--norm", "bn", "--batch-size", "1"],
                           capture_output=True, text=True, timeout=120)
