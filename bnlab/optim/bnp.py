@@ -1104,7 +1104,8 @@ class BNPreconditioner:
     def __repr__(self) -> str:
         return (
             f"BNPreconditioner(layers={len(self._layers)}, rho={self.rho}, eps1={self.eps1}, eps2={self.eps2}, "
-            f"conv_statistics={self.conv_statistics!r}, gradient={self.gradient!r}, steps={self.steps})"
+            f"conv_statistics={self.conv_statistics!r}, gradient={self.gradient!r}, native={self.native}, "
+            f"steps={self.steps})"
         )
 
 
