@@ -20,6 +20,12 @@ The kernel does steps 1-3 (moments about the running mean, the ρ-update, σ̃²
 1/(q²σ̃²)) and then steps 4-5 row by row of G_w — G_w(i, j) ← (G_w(i, j) − μ_j G_b(i))/(q²σ̃²_j)
 and G_b(i) ← G_b(i)/q² − Σ_j G_w(i, j) μ_j with the updated row, accumulated in the same pass — for
 all layers, with the layer inputs kept by the forward hooks (no arithmetic in the hooks).
+Its operation count per dense layer (Lange et al., Prop. 6: 4·n_in·N + 6·n_in·n_out + 2·n_out +
+8·n_in) is 4·n_in·N (subtract, add, square, add per input entry) + 5·n_in·n_out (step 4: multiply,
+subtract, multiply; step 5's sum: multiply, add — 1/q² folded into 1/σ̃² as in bnlab.optim.bnp's
+Errata) + 2·n_out (G_b/q² − Σ) + 13·n_in + 2 (per column: μ_H − c, σ_H², the two running
+updates, the maximum, σ̃², q²σ̃², the reciprocal), the same leading terms as the eager route whose
+count ``tests/optim/test_bnp_flops.py`` pins.
 
 The kernels are built on first use with ``torch.utils.cpp_extension.load_inline`` (a C++ compiler and ninja
 are needed; ~20 s once, then cached by PyTorch in its extensions directory, ``TORCH_EXTENSIONS_DIR``).
