@@ -204,7 +204,9 @@ def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False, native
     rows = []
     for b in batch_sizes:
         steps = 3 if quick else max(10, min(200, 20_000 // b))
-        variants = tuple(v for v in VARIANTS if native or v != "bnp_native")
+        # BN cannot train on one sample (the batch variance is zero; BatchNorm1d raises): at B = 1 the
+        # comparison is with SGD alone, BNP's case (Lange et al. §5).
+        variants = tuple(v for v in VARIANTS if (native or v != "bnp_native") and (b > 1 or v != "bn"))
         t = measure(b, n_in=n_in, hidden=hidden, depth=depth, steps=steps, rounds=rounds, device=device,
                     variants=variants)
         gemm = gemm_time(b, n_in=n_in, hidden=hidden, depth=depth, device=device, repeat=3 if quick else 50)
@@ -219,7 +221,7 @@ def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False, native
             "epoch_s": {v: s * per_epoch for v, s in step.items()},
             "ratios": {
                 **{f"{v}/sgd": step[v] / step["sgd"] for v in ("bn", *_BNP, "floor") if v in step},
-                **{f"{v}/bn": step[v] / step["bn"] for v in _BNP if v in step},
+                **{f"{v}/bn": step[v] / step["bn"] for v in _BNP if v in step and "bn" in step},
             },
             "gemm_s": gemm,
             "gemm_gflops": flops / gemm / 1e9,
@@ -244,7 +246,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
-        n_in, hidden, depth, rounds, batch_sizes = 64, 16, 2, 2, [4, 32]
+        n_in, hidden, depth, rounds, batch_sizes = 64, 16, 2, 2, [1, 4, 32]
     else:
         n_in, hidden, depth, rounds, batch_sizes = args.input, args.hidden, args.depth, args.rounds, args.batch_sizes
     rows = run(batch_sizes, n_in=n_in, hidden=hidden, depth=depth, rounds=rounds, device=args.device,
@@ -260,8 +262,12 @@ def main(argv=None) -> int:
     print(f"{'B':>5} {'SGD s/ep':>9} {'BN s/ep':>8} {'BNP s/ep':>9} {'auto s/ep':>10} "
           f"{'BNP/SGD':>8} {'fused/SGD':>9} {'auto/SGD':>8} {'BNP/BN':>7} {'auto/BN':>7} {'BN/SGD':>7} "
           f"{'floor/SGD':>9} {'SGD ms':>7} {'gemm ms':>8} {'GFLOP/s':>8}")
+    nan = float("nan")
     for r in rows:
-        e, q = r["epoch_s"], r["ratios"]
+        e, q = dict(r["epoch_s"]), dict(r["ratios"])
+        e.setdefault("bn", nan)
+        for key in ("bnp/bn", "bnp_auto/bn", "bn/sgd"):
+            q.setdefault(key, nan)
         print(f"{r['batch_size']:>5} {e['sgd']:>9.3f} {e['bn']:>8.3f} {e['bnp']:>9.3f} {e['bnp_auto']:>10.3f} "
               f"{q['bnp/sgd']:>8.3f} {q['bnp_fused/sgd']:>9.3f} {q['bnp_auto/sgd']:>8.3f} {q['bnp/bn']:>7.3f} "
               f"{q['bnp_auto/bn']:>7.3f} {q['bn/sgd']:>7.3f} {q['floor/sgd']:>9.3f} "
@@ -270,7 +276,7 @@ def main(argv=None) -> int:
         q = r["ratios"]
         if "bnp_native/sgd" in q:
             print(f"{r['batch_size']:>5}  native=True: BNP/SGD {q['bnp_native/sgd']:.3f}  "
-                  f"BNP/BN {q['bnp_native/bn']:.3f}")
+                  f"BNP/BN {q.get('bnp_native/bn', float('nan')):.3f}")
     print("phases, ms per step (fwd = zero_grad + forward with hooks, bwd, pre = pre.step(), opt):")
     for r in rows:
         parts = "  ".join(
