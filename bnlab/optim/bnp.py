@@ -79,6 +79,11 @@ GRADIENT_MODES = ("transform", "fused", "auto")
 #: (measured on CPU at N = 16, × SGD, fused against transform: 1.42 vs 1.45 with a 3072 × 100
 #: first layer, 1.08 vs 1.43 with 4096 × 1024, 1.87 vs 1.68 with 784 × 100; docs/optim.md).
 _AUTO_FUSED_MIN_WEIGHTS = 1 << 17
+#: The same threshold when ``native=True`` gives the transform route its one-call compiled step on
+#: CPU: a single bandwidth-bound pass over G_w, which the fused route beats only for large layers
+#: (measured at N = 16, × SGD, fused against native: 1.42 vs 1.16 with 3072 × 100, 1.23 vs 1.17
+#: with 1024 × 1024, 1.29 vs 1.16 with 2048 × 512, 1.05 vs 1.17 with 4096 × 1024; docs/optim.md).
+_AUTO_FUSED_MIN_WEIGHTS_NATIVE = 1 << 21
 
 #: The "no bias gradient" placeholder of the native dense_step's list of bias gradients.
 _EMPTY = torch.empty(0)
@@ -272,9 +277,10 @@ class BNPreconditioner:
         ``"auto"``: decided once per step by the first dense layer that runs: fused when its
         mini-batch has at most n_out rows (then its N × n_in pass costs less than the passes over
         its G_w; the first layer is usually the widest) and it has at least 2¹⁷ weights (below,
-        the fused route's extra hook overhead outweighs three passes over G_w), transform
-        otherwise, for all layers of the step alike (a step mixing both routes pays both routes'
-        fixed costs: measured slower than either).
+        the fused route's extra hook overhead outweighs three passes over G_w; 2²¹ with
+        ``native=True`` on CPU, whose transform route makes one pass), transform otherwise, for
+        all layers of the step alike (a step mixing both routes pays both routes' fixed costs:
+        measured slower than either).
 
     native:
         ``True``: the ``nn.Linear`` layers on CPU (float32/float64, transform route) take compiled
@@ -481,8 +487,9 @@ class BNPreconditioner:
             return False
         if self.gradient == "auto":
             if self._auto_fused is None:  # decided once per step, by the first dense layer that runs
-                self._auto_fused = (x.shape[0] <= module.out_features
-                                    and weight.numel() >= _AUTO_FUSED_MIN_WEIGHTS)
+                native = state.native_ok and x.is_cpu
+                minimum = _AUTO_FUSED_MIN_WEIGHTS_NATIVE if native else _AUTO_FUSED_MIN_WEIGHTS
+                self._auto_fused = x.shape[0] <= module.out_features and weight.numel() >= minimum
             if not self._auto_fused:
                 return False
         if weight._backward_hooks or getattr(weight, "_post_accumulate_grad_hooks", None):

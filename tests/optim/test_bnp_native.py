@@ -286,3 +286,28 @@ def test_dense_step_float32_accuracy():
     err_gb = ((m + 2) * u * (gw_ref.abs() @ mu64.abs()) + err_gw @ mu64.abs() + gw_ref.abs() @ err_mu
               + u * gb_ref.abs())
     assert ((gb_k.double() - gb_ref).abs() <= 4 * err_gb).all()
+
+
+@pytest.mark.slow  # builds the C++ kernel (~20 s once)
+def test_auto_with_native_fuses_only_large_layers(monkeypatch):
+    """gradient="auto" + native=True: the first dense layer decides; below 2²¹ weights the one-call
+    native step (one pass over G_w) is taken, above it the fused route (no pass over G_w).  The
+    threshold is lowered here to exercise both on a small layer; both equal the eager transform."""
+    _needs_kernels()
+    from bnlab.optim import bnp as bnp_module
+
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(4, 300, generator=g, dtype=torch.float64) + 1.0 for _ in range(3)]
+    for threshold, fused in ((1 << 21, False), (100, True)):
+        monkeypatch.setattr(bnp_module, "_AUTO_FUSED_MIN_WEIGHTS_NATIVE", threshold)
+        auto_model, ref_model = _model(), _model()
+        auto = BNPreconditioner(auto_model, gradient="auto", native=True, rho=0.5)
+        ref = BNPreconditioner(ref_model, rho=0.5)
+        calls = _counting(auto)
+        for x in xs:
+            for model, pre in ((auto_model, auto), (ref_model, ref)):
+                model.zero_grad()
+                model(x).square().sum().backward()
+                pre.step()
+        assert calls.dense_steps == (0 if fused else len(xs))
+        _assert_same_bnp(auto_model, auto, ref_model, ref)
