@@ -1,7 +1,7 @@
 """Lange et al. Table 1 the way the paper timed it: whole training epochs of SGD, BN and BNP through bnlab's trainer.
 
     python benchmarks/bench_bnp_epoch.py [--quick] [--network mnist|table1] [--batch-sizes 16 256 512]
-        [--rounds 5] [--max-steps K] [--device cpu|cuda] [--threads 1] [--bnp-kwargs JSON] [--json]
+        [--rounds 7] [--max-steps K] [--device cpu|cuda] [--threads 1] [--bnp-kwargs JSON] [--json]
 
 ``benchmarks/bench_bnp.py`` measures the median single *training step* on pre-generated batches —
 the strict number the ≤ 10 % goal of bnlab issue #16 is checked against.  The paper's Table 1
@@ -216,8 +216,10 @@ def measure(batch_size: int, train_data, test_data, *, widths, rounds: int, max_
         loop = statistics.median(t["loop_s"] for t in ts) / n_timed * per_epoch
         eval_pass = statistics.median(e for t in ts for e in t["eval_s"])
         outside = statistics.median(t["total_s"] - t["loop_s"] - sum(t["eval_s"]) for t in ts)
+        rounds_loop = [t["loop_s"] / n_timed * per_epoch for t in ts]
         out[v] = {"loop_s": loop, "eval_s": eval_pass, "epoch_s": loop + eval_pass, "step_ms": 1e3 * loop / per_epoch,
-                  "evals_per_run": len(ts[0]["eval_s"]), "outside_s": outside}
+                  "evals_per_run": len(ts[0]["eval_s"]), "outside_s": outside,
+                  "loop_s_rounds": rounds_loop, "loop_spread": (max(rounds_loop) - min(rounds_loop)) / loop}
     return {"batch_size": batch_size, "steps_per_epoch": per_epoch, "steps_timed": ts[0]["steps"],
             "variants": out, "ratios": _ratios(out)}
 
@@ -254,7 +256,7 @@ def main(argv=None) -> int:
                              "on random CIFAR-10-shaped tensors")
     parser.add_argument("--dataset", default="mnist", help="bnlab dataset of --network mnist (default mnist)")
     parser.add_argument("--batch-sizes", type=_positive, nargs="+", default=[16, 256, 512])
-    parser.add_argument("--rounds", type=_positive, default=5)
+    parser.add_argument("--rounds", type=_positive, default=7)
     parser.add_argument("--max-steps", type=_positive, default=None,
                         help="time only the first K (≥ 2) steps of each epoch and scale to the epoch")
     parser.add_argument("--train-size", type=_positive, default=None, help="train on this many examples")
@@ -313,11 +315,12 @@ def main(argv=None) -> int:
     if any(r["steps_timed"] != r["steps_per_epoch"] for r in rows):
         print("steps a/b: only the first a steps of the b-step epoch were run (--max-steps); the loop time "
               "(steps 2 … a) is scaled to b steps")
-    print("per variant: train loop s/epoch (ms/step) + eval s/pass = epoch s;  test passes per --epochs 1 run;  "
-          "outside the timed region s/run")
+    print("per variant: train loop s/epoch (ms/step) [spread of the rounds: (max - min)/median] + eval s/pass "
+          "= epoch s;  test passes per --epochs 1 run;  outside the timed region s/run")
     for r in rows:
-        parts = "  ".join(f"{v} {t['loop_s']:.3f} ({t['step_ms']:.3f}) + {t['eval_s']:.4f} = {t['epoch_s']:.3f}; "
-                          f"{t['evals_per_run']}; {t['outside_s']:.3f}" for v, t in r["variants"].items())
+        parts = "  ".join(f"{v} {t['loop_s']:.3f} ({t['step_ms']:.3f}) [{100 * t['loop_spread']:.0f}%] + "
+                          f"{t['eval_s']:.4f} = {t['epoch_s']:.3f}; {t['evals_per_run']}; {t['outside_s']:.3f}"
+                          for v, t in r["variants"].items())
         print(f"{r['batch_size']:>5}  {parts}")
     return 0
 
