@@ -66,6 +66,7 @@ def test_quick_table1_json_with_max_steps(bench, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["meta"]["network"] == [3072, 100, 100, 10] and data["meta"]["bnp_kwargs"] == {"rho": 0.9}
     assert [r["batch_size"] for r in data["rows"]] == [16, 64]
+    assert [r["rounds"] for r in data["rows"]] == [2, 2]  # --quick: two rounds, no time floor
     for r in data["rows"]:
         assert r["steps_timed"] == 4 and r["steps_per_epoch"] == 640 // r["batch_size"]
         assert set(r["variants"]) == {"sgd", "bn", "bnp"} and set(r["ratios"]) == {"bnp/sgd", "bnp/bn", "bn/sgd"}
@@ -81,9 +82,21 @@ def test_quick_table1_json_with_max_steps(bench, capsys):
     (["--batch-sizes", "0"], "--batch-sizes"),
     (["--max-steps", "-3"], "--max-steps"),
     (["--network", "cifar"], "--network"),
+    (["--min-seconds", "-1"], "--min-seconds"),
+    (["--min-seconds", "nan"], "--min-seconds"),
 ])
 def test_bad_arguments_exit_2_naming_the_argument(bench, capsys, argv, match):
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
     assert exc.value.code == 2
     assert match in capsys.readouterr().err
+
+
+def test_min_seconds_adds_rounds_until_every_variant_has_that_much_timed(bench, mnist_small):
+    tr, te, widths = mnist_small
+    row = bench.measure(16, tr, te, widths=widths, rounds=1, min_seconds=0.03, variants=("sgd", "bnp"))
+    # ≥ 1 round, and each variant's timed loops (steps 1 … 9, scaled to the 10-step epoch) add up to 0.03 s
+    for t in row["variants"].values():
+        assert len(t["loop_s_rounds"]) == row["rounds"]
+        assert sum(t["loop_s_rounds"]) * 9 / 10 >= 0.03
+    assert row["rounds"] > 1  # a 10-step epoch of this net takes well under 0.03 s of CPU time
