@@ -32,8 +32,9 @@ What is timed, per variant and round (one ``train()`` call = one epoch):
   call per step (~1-2 µs, the same for every variant), and reads the clock only at those two steps.
 * **eval** — one pass over the test set (``_evaluate``, batches of 1000, running statistics),
   timed by wrapping the trainer's ``_evaluate`` (behaviour unchanged).  The trainer evaluates
-  once per epoch (``eval_every_epoch=True``); ``evals/run`` reports how many passes one
-  ``--epochs 1`` run made in total (train() also evaluates at the end of the run).
+  once per epoch (``eval_every_epoch=True``); the printout also gives how many passes one run made
+  in total (1 for a whole epoch: the run's final result reuses the epoch's pass; with
+  ``--max-steps`` the run ends mid-epoch and takes one final pass instead).
 * **epoch** = train loop + one eval pass: the cost of each epoch of a multi-epoch ``bnlab train``.
 * *Outside* the timed region (reported as ``outside``, not in the epoch): loading the dataset
   (once per script run), building the network and the preconditioner, ``train()``'s set-up
@@ -45,10 +46,11 @@ With ``--max-steps K`` only the first K steps of the epoch run (``train(steps=K)
 time is scaled to the full epoch (stated in the output).  Fairness on a shared machine: the
 variants alternate — rounds of one epoch of each variant, in an order that rotates from round to
 round; at least ``--rounds``, and more until each variant's timed loops add up to ``--min-seconds``
-(short epochs need more rounds, see :func:`measure`) — and each number is the median over the rounds.  The clock is the
-thread's CPU time with one thread on a CPU (default ``--threads 1``; wall time preempted by other
-work would land unevenly on the variants, see ``_clock`` in bench_bnp.py), wall time on CUDA
-(synchronized at the two clock reads and around each evaluation) or with more threads.
+(short epochs need more rounds, see :func:`measure`) — and each number is the median over the
+rounds.  The clock is the thread's CPU time with one thread on a CPU (default ``--threads 1``;
+wall time preempted by other work would land unevenly on the variants, see ``_clock`` in
+bench_bnp.py), wall time on CUDA (synchronized at the two clock reads and around each
+evaluation) or with more threads.
 """
 from __future__ import annotations
 
@@ -324,8 +326,8 @@ def main(argv=None) -> int:
         t, q = r["variants"], r["ratios"]
         steps = (f"{r['steps_per_epoch']}" if r["steps_timed"] == r["steps_per_epoch"]
                  else f"{r['steps_timed']}/{r['steps_per_epoch']}")
-        print(f"{r['batch_size']:>5} {steps:>11} {r['rounds']:>6} {t['sgd']['epoch_s']:>9.3f} {t['bn']['epoch_s']:>8.3f} "
-              f"{t['bnp']['epoch_s']:>9.3f} {q['bnp/sgd']['epoch']:>8.3f} {q['bnp/bn']['epoch']:>7.3f} "
+        print(f"{r['batch_size']:>5} {steps:>11} {r['rounds']:>6} {t['sgd']['epoch_s']:>9.3f} "
+              f"{t['bn']['epoch_s']:>8.3f} {t['bnp']['epoch_s']:>9.3f} {q['bnp/sgd']['epoch']:>8.3f} {q['bnp/bn']['epoch']:>7.3f} "
               f"{q['bn/sgd']['epoch']:>7.3f}   {'':>10} {q['bnp/sgd']['loop']:>8.3f} {q['bnp/bn']['loop']:>7.3f} "
               f"{q['bn/sgd']['loop']:>7.3f}")
     if any(r["steps_timed"] != r["steps_per_epoch"] for r in rows):
