@@ -334,7 +334,7 @@ def main(argv=None) -> int:
         print("steps a/b: only the first a steps of the b-step epoch were run (--max-steps); the loop time "
               "(steps 2 … a) is scaled to b steps")
     print("per variant: train loop s/epoch (ms/step) [spread of the rounds: (max - min)/median] + eval s/pass "
-          "= epoch s;  test passes per --epochs 1 run;  outside the timed region s/run")
+          "= epoch s;  test passes per run;  outside the timed region s/run")
     for r in rows:
         parts = "  ".join(f"{v} {t['loop_s']:.3f} ({t['step_ms']:.3f}) [{100 * t['loop_spread']:.0f}%] + "
                           f"{t['eval_s']:.4f} = {t['epoch_s']:.3f}; {t['evals_per_run']}; {t['outside_s']:.3f}"
