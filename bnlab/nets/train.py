@@ -146,6 +146,18 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
     return torch.get_default_dtype()
 
 
+def _all_finite(t: torch.Tensor) -> bool:
+    """Whether every entry of the floating tensor ``t`` is finite.
+
+    First by one sum: NaN and ±inf propagate through IEEE addition in any order (NaN + a = NaN,
+    inf + finite = inf, inf − inf = NaN), so a finite sum proves every entry finite.  That reads
+    ``t`` once with no temporary — 13 ms against 250 ms for ``isfinite(t).all()`` on MNIST's 47 M
+    training pixels, one thread — and only a sum that is not finite (a NaN/inf entry, or finite
+    entries whose sum overflows) takes the elementwise check.
+    """
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
 def _as_tensors(name: str, data: Any, device: torch.device, dtype: torch.dtype):
     """(x, y) tensors from a bnlab.data Dataset (``.x``, ``.y``) or an (x, y) pair; sample shape kept."""
     if hasattr(data, "x") and hasattr(data, "y"):
@@ -164,10 +176,10 @@ def _as_tensors(name: str, data: Any, device: torch.device, dtype: torch.dtype):
             f"got {tuple(x.shape)} and {tuple(y.shape)}"
         )
     x = x.to(device=device, dtype=dtype)
-    if not torch.isfinite(x).all():
+    if not _all_finite(x):
         raise ValueError(f"{name} is not allowed: its inputs contain NaN or infinite values")
     if y.is_floating_point():
-        if not torch.isfinite(y).all():
+        if not _all_finite(y):
             raise ValueError(f"{name} is not allowed: its targets contain NaN or infinite values")
         return x, y.to(device=device, dtype=dtype)
     return x, y.to(device=device, dtype=torch.long)
@@ -300,7 +312,8 @@ def train(
         Callables ``cb(StepInfo)`` after every step; returning True stops.
     eval_every_epoch:
         Record ``{"epoch", "train_loss", "test_accuracy"}`` after every completed epoch (needs
-        ``test_data``; one host sync per epoch).
+        ``test_data``; one host sync per epoch).  A run that ends at an epoch's end takes its final
+        test accuracy and loss from that epoch's pass (the model is unchanged; no second pass).
     seed:
         Seed of the data order.
     device:
@@ -376,6 +389,9 @@ def train(
     epoch_rows: list[dict] = []
     chance: float | None = None
     done = 0
+    # (steps done, _evaluate's result) of the latest end-of-epoch test pass: when training ends there,
+    # the model is the one just evaluated, and the final result reuses that pass instead of a second one
+    epoch_eval: tuple[int, tuple] | None = None
     for step, idx in enumerate(_batches(n, batch_size, steps, gen, dev)):
         xb = x_tr[idx]
         out = model(xb if transform is None else transform(xb))
@@ -407,8 +423,9 @@ def train(
                 diverged_at = done - window.numel() + bad
                 break
         if eval_every_epoch and end_of_epoch:
-            acc, finite, _ = (_evaluate(model, test[0], test[1], eval_batch_size, loss_fn, test_bn_mode)
-                              if chance is not None else (None, True, None))
+            acc, finite, test_loss = (_evaluate(model, test[0], test[1], eval_batch_size, loss_fn, test_bn_mode)
+                                      if chance is not None else (None, True, None))
+            epoch_eval = (done, (acc, finite, test_loss))
             epoch_rows.append({"epoch": done // per_epoch,
                                "train_loss": float(losses[done - per_epoch : done].mean().item()),
                                "test_accuracy": acc if finite else None})
@@ -423,7 +440,10 @@ def train(
         return TrainResult(None, False, None, done, final, chance, history, epoch_rows, stopped)
     if chance is None:  # not a classifier (floating targets): no accuracy to report
         return TrainResult(None, False, None, done, final, chance, history, epoch_rows, stopped)
-    acc, finite, test_loss = _evaluate(model, test[0], test[1], eval_batch_size, loss_fn, test_bn_mode)
+    if epoch_eval is not None and epoch_eval[0] == done:
+        acc, finite, test_loss = epoch_eval[1]
+    else:
+        acc, finite, test_loss = _evaluate(model, test[0], test[1], eval_batch_size, loss_fn, test_bn_mode)
     if not finite:
         return TrainResult(chance, True, None, done, final, chance, history, epoch_rows, stopped)
     return TrainResult(acc, False, None, done, final, chance, history, epoch_rows, stopped, test_loss)

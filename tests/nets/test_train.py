@@ -4,11 +4,14 @@ The generic loop (hooks, callbacks, factories, epochs) is tested in test_train_l
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bnlab.nets import BNMLP, layer_norm_trajectory, train_classifier
 
@@ -268,6 +271,66 @@ def test_epochs_fractional_and_per_epoch_evaluation():
         assert e["train_loss"] == pytest.approx(np.mean(r.history[lo : lo + 6]), rel=1e-6)
         assert 0.0 <= e["test_accuracy"] <= 1.0
     assert "epochs" in r.to_dict()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0.0, -1.5, 2.0, 3e38, -3e38, math.inf, -math.inf, math.nan]), min_size=1,
+                max_size=40),
+       st.sampled_from([torch.float16, torch.float32, torch.float64]))
+def test_all_finite_agrees_with_the_elementwise_check(values, dtype):
+    # Independent route: Python's math.isfinite on every value after the cast (±3e38 overflow to ±inf
+    # in float16 but not in float32).  The ±3e38 pairs make finite float32 sums overflow, the case
+    # where the fast sum cannot decide and the elementwise check must.
+    train_module = importlib.import_module("bnlab.nets.train")  # the module (bnlab.nets.train is the function)
+
+    t = torch.tensor(values, dtype=torch.float64).to(dtype)
+    assert train_module._all_finite(t) == all(math.isfinite(v) for v in t.double().tolist())
+
+
+def test_finite_data_whose_sum_overflows_is_accepted_and_a_late_nan_is_not():
+    from bnlab.nets import train
+
+    x, y = _blobs()
+    big = x.copy()
+    big[:, 0] = 3e38  # every entry finite; their float32 sum is inf
+    r = train(_net(), (big, y), optimizer=_sgd(1e-45), batch_size=20, steps=1)
+    assert r.steps == 1
+    bad = x.copy()
+    bad[-1, -1] = np.nan
+    with pytest.raises(ValueError, match="train_data.*NaN"):
+        train(_net(), (bad, y), optimizer=_sgd(0.1), batch_size=20, steps=1)
+
+
+@pytest.mark.parametrize("epochs,passes", [(2.0, 2), (2.5, 3)])
+@pytest.mark.parametrize("bn_mode", ["eval", "train"])
+def test_run_ending_at_an_epoch_end_evaluates_once_there(monkeypatch, epochs, passes, bn_mode):
+    # The final result reuses the last epoch's test pass when training stops exactly there (the model
+    # is unchanged in between); a run ending mid-epoch still takes its own final pass.  The reused
+    # numbers are checked against an independent evaluation of the trained model by hand.
+    from bnlab.nets import train
+
+    train_module = importlib.import_module("bnlab.nets.train")  # the module (bnlab.nets.train is the function)
+    calls = []
+    original = train_module._evaluate
+    monkeypatch.setattr(train_module, "_evaluate", lambda *a, **k: calls.append(1) or original(*a, **k))
+    model = _net()
+    xt, yt = _blobs(seed=1)
+    r = train(model, _blobs(), optimizer=_sgd(0.1), batch_size=20, epochs=epochs, test_data=(xt, yt),
+              eval_every_epoch=True, test_bn_mode=bn_mode)
+    assert len(calls) == passes
+    assert not r.diverged and r.steps == round(epochs * 6)
+    x, y = torch.from_numpy(xt), torch.from_numpy(yt)
+    with torch.no_grad():
+        if bn_mode == "eval":
+            logits = model.eval()(x)
+        else:  # one test batch of 120 ≤ eval_batch_size, normalized by its own statistics
+            logits = model.train()(x)
+    acc = (logits.argmax(1) == y).double().mean().item()
+    assert r.test_accuracy == pytest.approx(acc, abs=1e-12)  # same float32 logits, 120 exact comparisons
+    if epochs == 2.0:
+        assert r.epochs[-1]["test_accuracy"] == r.test_accuracy
+    # float32 cross-entropy of 120 samples summed in float64 against torch's float32 mean: ~1e-7 relative
+    assert r.test_loss == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
 
 
 def test_sample_shape_is_kept_for_conv_models_and_float_targets_work():
