@@ -678,7 +678,10 @@ class BNPreconditioner:
             if x is None:
                 return False
             params = s.module._parameters  # not nn.Module.__getattr__: ~0.4 µs a lookup
-            gw = params["weight"].grad
+            weight = params.get("weight")  # absent when parametrized (torch.nn.utils.parametrize)
+            if weight is None:
+                return False
+            gw = weight.grad
             if gw is None or not gw.is_contiguous() or gw.dtype != x.dtype or not gw.is_cpu:
                 return False
             bias = params.get("bias")
@@ -782,7 +785,8 @@ class BNPreconditioner:
         # The parameters dict directly: nn.Module.__getattr__ costs ~0.4 µs a lookup, and this
         # runs for every layer at every step.
         params = s.module._parameters
-        gw = params["weight"].grad
+        weight = params.get("weight")  # absent when parametrized (torch.nn.utils.parametrize)
+        gw = weight.grad if weight is not None else None
         if gw is None or gw.dtype != s.mean.dtype or not gw.is_cpu or not gw.is_contiguous():
             return False
         bias = params.get("bias")

@@ -311,3 +311,23 @@ def test_auto_with_native_fuses_only_large_layers(monkeypatch):
                 pre.step()
         assert calls.dense_steps == (0 if fused else len(xs))
         _assert_same_bnp(auto_model, auto, ref_model, ref)
+
+
+@pytest.mark.slow  # builds the C++ kernel (~20 s once)
+def test_native_parametrized_layer_takes_the_eager_route():
+    """A parametrized weight (weight_norm) is not in the module's parameters: that layer takes the
+    general route (as on the eager path) and the others still match the eager route."""
+    _needs_kernels()
+    from torch.nn.utils import parametrizations
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(parametrizations.weight_norm(nn.Linear(30, 8)), nn.ReLU(), nn.Linear(8, 3)).double()
+
+    x = torch.randn(5, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    native_model, eager_model = model(), model()
+    native, eager = BNPreconditioner(native_model, native=True), BNPreconditioner(eager_model)
+    for m, pre in ((native_model, native), (eager_model, eager)):
+        m(x).square().sum().backward()
+        pre.step()
+    _assert_same_bnp(native_model, native, eager_model, eager)
