@@ -1,4 +1,5 @@
-"""The timing helper the benchmark scripts share (imported as a sibling: the scripts run from this folder)."""
+"""The timing helpers the benchmark scripts share (imported as a sibling: the scripts put this folder on
+``sys.path``)."""
 from __future__ import annotations
 
 import statistics
@@ -17,3 +18,43 @@ def median_time(fn: Callable[[], object], repeat: int = 5, *, warmup: bool = Fal
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def cpu_time(fn: Callable[[], object], repeat: int) -> float:
+    """Median CPU time of this process over ``repeat`` calls of ``fn`` (one untimed call first).
+
+    For single-threaded, CPU-bound work on a shared machine: CPU time is what each side of a ratio
+    costs, where wall time would add the other jobs' load to whichever side ran at the busier moment."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.process_time()
+        fn()
+        times.append(time.process_time() - t)
+    return statistics.median(times)
+
+
+def device_clock(device) -> float:
+    """Seconds: this thread's CPU time on a CPU device with one torch thread, wall time on a GPU or
+    with more threads.
+
+    On an oversubscribed machine the scheduler takes the CPU away for a time slice (~3 ms here)
+    every few milliseconds; wall time then puts a preemption into a fraction of the timed steps
+    that grows with the step's length, and once that fraction passes one half the median jumps by a
+    whole slice (BNP/SGD read 3.9 at B = 256 on the MNIST net in one run, 1.4 in the next).  The
+    thread's CPU time leaves the preemptions out; it is used only with one thread, which then does
+    all the work.  Pair every reading with :func:`device_sync` on a GPU.
+    """
+    import torch
+
+    if str(device).startswith("cuda") or torch.get_num_threads() > 1:
+        return time.perf_counter()
+    return time.thread_time()
+
+
+def device_sync(device) -> None:
+    """Wait for the device's queued work (a no-op on CPU), so that a clock reading covers it."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()

@@ -41,15 +41,16 @@ import json
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from bnlab.optim import BNPreconditioner  # noqa: E402
+from _timing import device_clock, device_sync  # noqa: E402
 
 TRAIN_SIZE = 50_000
 #: BNP variants and their ``gradient`` mode (see bnlab.optim.BNPreconditioner).
@@ -97,49 +98,29 @@ def build(variant: str, n_in: int, hidden: int, depth: int, device: str):
 
 
 def make_step(model, opt, pre, device="cpu"):
-    """One training step; returns the seconds of its phases (see :func:`_clock`)."""
+    """One training step; returns the seconds of its phases (see ``_timing.device_clock``)."""
     loss_fn = nn.functional.cross_entropy
 
     def step(x, y):
-        _sync(device)
-        t0 = _clock(device)
+        device_sync(device)
+        t0 = device_clock(device)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
-        _sync(device)
-        t1 = _clock(device)
+        device_sync(device)
+        t1 = device_clock(device)
         loss.backward()
-        _sync(device)
-        t2 = _clock(device)
+        device_sync(device)
+        t2 = device_clock(device)
         if pre is not None:
             pre.step()
-        _sync(device)
-        t3 = _clock(device)
+        device_sync(device)
+        t3 = device_clock(device)
         opt.step()
-        _sync(device)
-        t4 = _clock(device)
+        device_sync(device)
+        t4 = device_clock(device)
         return t1 - t0, t2 - t1, t3 - t2, t4 - t3
 
     return step
-
-
-def _clock(device) -> float:
-    """Seconds: this thread's CPU time on a CPU device, wall time on a GPU.
-
-    On an oversubscribed machine the scheduler takes the CPU away for a time slice (~3 ms here)
-    every few milliseconds; wall time then puts a preemption into a fraction of the steps that
-    grows with the step's length, and once that fraction passes one half the median jumps by a
-    whole slice (BNP/SGD read 3.9 at B = 256 on the MNIST net in one run, 1.4 in the next).  The
-    thread's CPU time leaves the preemptions out; it is used only with one thread (``--threads 1``,
-    the default), which then does all the work.
-    """
-    if str(device).startswith("cuda") or torch.get_num_threads() > 1:
-        return time.perf_counter()
-    return time.thread_time()
-
-
-def _sync(device):
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, rounds: int, device: str,
@@ -191,12 +172,12 @@ def gemm_time(batch: int, *, n_in: int, hidden: int, depth: int, device: str, re
 
     ts = []
     for k in range(repeat + 3):
-        _sync(device)
-        t = _clock(device)
+        device_sync(device)
+        t = device_clock(device)
         products()
-        _sync(device)
+        device_sync(device)
         if k >= 3:
-            ts.append(_clock(device) - t)
+            ts.append(device_clock(device) - t)
     return statistics.median(ts)
 
 

@@ -48,8 +48,8 @@ variants alternate — rounds of one epoch of each variant, in an order that rot
 round; at least ``--rounds``, and more until each variant's timed loops add up to ``--min-seconds``
 (short epochs need more rounds, see :func:`measure`) — and each number is the median over the
 rounds.  The clock is the thread's CPU time with one thread on a CPU (default ``--threads 1``;
-wall time preempted by other work would land unevenly on the variants, see ``_clock`` in
-bench_bnp.py), wall time on CUDA (synchronized at the two clock reads and around each
+wall time preempted by other work would land unevenly on the variants, see ``_timing.device_clock``),
+wall time on CUDA (synchronized at the two clock reads and around each
 evaluation) or with more threads.
 """
 from __future__ import annotations
@@ -61,10 +61,12 @@ import inspect
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _timing import device_clock, device_sync  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -83,19 +85,6 @@ _TRAIN_MODULE = importlib.import_module("bnlab.nets.train")
 _CIFAR_SHAPE, _CIFAR_TRAIN, _CIFAR_TEST = (3, 32, 32), 50_000, 10_000
 
 
-def _clock(device) -> float:
-    """Seconds: this thread's CPU time on a CPU with one thread, wall time on a GPU or with more threads
-    (the reason for CPU time: bench_bnp.py's ``_clock``)."""
-    if str(device).startswith("cuda") or torch.get_num_threads() > 1:
-        return time.perf_counter()
-    return time.thread_time()
-
-
-def _sync(device):
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 class _LoopClock:
     """Training callback: the clock at the end of step 0 and at the end of the last step."""
 
@@ -105,8 +94,8 @@ class _LoopClock:
 
     def __call__(self, info) -> None:
         if info.step == 0 or info.step == self.last:
-            _sync(self.device)
-            t = _clock(self.device)
+            device_sync(self.device)
+            t = device_clock(self.device)
             if info.step == 0:
                 self.first_t = t
             if info.step == self.last:
@@ -119,11 +108,11 @@ def _timed_evaluations(device, seconds: list):
     original = _TRAIN_MODULE._evaluate
 
     def timed(*args, **kwargs):
-        _sync(device)
-        t = _clock(device)
+        device_sync(device)
+        t = device_clock(device)
         out = original(*args, **kwargs)
-        _sync(device)
-        seconds.append(_clock(device) - t)
+        device_sync(device)
+        seconds.append(device_clock(device) - t)
         return out
 
     _TRAIN_MODULE._evaluate = timed
@@ -185,12 +174,12 @@ def run_epoch(variant: str, train_data, test_data, *, batch_size: int, widths, s
     clock, evals = _LoopClock(n_steps, device), []
     length = {"epochs": 1.0} if steps is None else {"steps": steps}
     with _timed_evaluations(device, evals):
-        _sync(device)
-        t0 = _clock(device)
+        device_sync(device)
+        t0 = device_clock(device)
         res = train(net, train_data, optimizer=make_optimizer, batch_size=batch_size, test_data=test_data,
                     hooks=hooks, callbacks=[clock], eval_every_epoch=True, seed=seed, device=device, **length)
-        _sync(device)
-        total = _clock(device) - t0
+        device_sync(device)
+        total = device_clock(device) - t0
     if res.diverged or res.steps != n_steps:
         raise RuntimeError(f"{variant} at batch {batch_size} stopped after {res.steps} of {n_steps} steps "
                            f"(diverged={res.diverged}): its time would not be an epoch's")

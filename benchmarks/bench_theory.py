@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import median_time  # noqa: E402
+from _timing import cpu_time, median_time  # noqa: E402
 
 #: (label, get_activation arguments, B)
 CASES = [
@@ -59,19 +59,6 @@ def _clear_caches():
     _sphere_grid.cache_clear()
     kink_sphere_grid.cache_clear()
     _forward_moments_sphere.cache_clear()
-
-
-def cpu_time(fn, repeat):
-    """Median CPU time of this process over ``repeat`` calls (one untimed call first).  Both sides of every
-    ratio are single-threaded and CPU-bound, and this machine is shared: CPU time is what each costs,
-    where wall time would add the other jobs' load to whichever side ran at the busier moment."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.process_time()
-        fn()
-        times.append(time.process_time() - t)
-    return statistics.median(times)
 
 
 def time_analyze(act, b, repeat):
