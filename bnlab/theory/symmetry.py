@@ -332,7 +332,10 @@ def fixed_point_kind(phi, batch_size, *, depth=60, seed=0, n_samples=20_000) -> 
     n_samples = check_int("n_samples", n_samples, minimum=1000)
     if depth is not None:
         _check_iteration_cost(b, depth, n_samples)  # before the stability part: fail fast, allocate nothing
-    st = _stability(phi, b)
+    # An overflowing φ makes the sums below inf/NaN; that is checked right after and reported as a
+    # ValueError, so NumPy's own overflow warnings would only be noise before it.
+    with np.errstate(over="ignore", invalid="ignore"):
+        st = _stability(phi, b)
     if not (math.isfinite(st.lambda_L) and math.isfinite(st.lambda_M)):
         # an overflow must never read as "not attracting"
         raise ValueError(
