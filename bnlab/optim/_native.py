@@ -56,10 +56,11 @@ _SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <limits>
 
 template <typename T>
-static void column_moments(const T* x, const T* c, T* s1, T* s2, int64_t n, int64_t m,
-                           int64_t begin, int64_t end) {
+static void column_moments_rows(const T* x, const T* c, T* s1, T* s2, int64_t n, int64_t m,
+                                int64_t begin, int64_t end) {
   for (int64_t j = begin; j < end; ++j) { s1[j] = T(0); s2[j] = T(0); }
   for (int64_t i = 0; i < n; ++i) {
     const T* row = x + i * m;
@@ -70,6 +71,34 @@ static void column_moments(const T* x, const T* c, T* s1, T* s2, int64_t n, int6
       s2[j] += d * d;
     }
   }
+}
+
+// Column sums of x - c over the rows for columns [begin, end): tiles of 64 columns walk down the
+// rows with their 2 x 64 accumulators in registers, so each entry of x is read once and nothing
+// else goes to memory per row (row by row over all columns, the accumulators are loaded and stored
+// at every row: 6.1 against 2.4 us at 16 x 3072, 122 against 89 us at 256 x 3072).
+template <typename T>
+static void column_moments(const T* x, const T* c, T* s1, T* s2, int64_t n, int64_t m,
+                           int64_t begin, int64_t end) {
+  constexpr int W = 64;
+  int64_t j0 = begin;
+  for (; j0 + W <= end; j0 += W) {
+    T a1[W], a2[W], cc[W];
+    #pragma omp simd
+    for (int k = 0; k < W; ++k) { a1[k] = T(0); a2[k] = T(0); cc[k] = c[j0 + k]; }
+    for (int64_t i = 0; i < n; ++i) {
+      const T* row = x + i * m + j0;
+      #pragma omp simd
+      for (int k = 0; k < W; ++k) {
+        const T d = row[k] - cc[k];
+        a1[k] += d;
+        a2[k] += d * d;
+      }
+    }
+    #pragma omp simd
+    for (int k = 0; k < W; ++k) { s1[j0 + k] = a1[k]; s2[j0 + k] = a2[k]; }
+  }
+  if (j0 < end) column_moments_rows<T>(x, c, s1, s2, n, m, j0, end);
 }
 
 std::vector<torch::Tensor> shifted_moments(torch::Tensor x, torch::Tensor c) {
@@ -135,27 +164,41 @@ static bool statistics_and_inverse(const torch::Tensor& x, torch::Tensor& mean, 
   // (biased, Eq. 13; at n = 1 the variance about the running mean, (h - mu_old)^2 = s2, §3.3);
   // mu <- mu + (1 - rho)(mu_H - mu), sigma^2 <- sigma^2 + (1 - rho)(sigma_H^2 - sigma^2).
   const T a = T(1.0 - rho), inv_n = T(1) / T(n);
+  T* p1 = s1.data();
+  T* p2 = s2.data();
+  // Branch-free loops (the n > 1 test hoisted, the maximum and the sign test as reductions in the
+  // same loops) so the compiler vectorizes them: a scalar loop, or the maximum as a loop of its
+  // own, cost 4-10 us for 3 072 columns, more than the read of a 16 x 3 072 input.
   T vmax = T(0);
-  for (int64_t j = 0; j < m; ++j) {
-    const T d = s1[j] * inv_n;
-    T var_h = s2[j];
-    if (n > 1) {
-      var_h = s2[j] * inv_n - d * d;
-      var_h = var_h > T(0) ? var_h : T(0);
+  if (n > 1) {
+    #pragma omp simd reduction(max:vmax)
+    for (int64_t j = 0; j < m; ++j) {
+      const T d = p1[j] * inv_n;
+      const T var_h = std::max(p2[j] * inv_n - d * d, T(0));
+      mu[j] += a * d;
+      const T vj = v[j] + a * (var_h - v[j]);
+      v[j] = vj;
+      vmax = std::max(vmax, vj);
     }
-    mu[j] += a * d;
-    v[j] += a * (var_h - v[j]);
-    vmax = v[j] > vmax ? v[j] : vmax;
+  } else {
+    #pragma omp simd reduction(max:vmax)
+    for (int64_t j = 0; j < m; ++j) {
+      mu[j] += a * p1[j];
+      const T vj = v[j] + a * (p2[j] - v[j]);
+      v[j] = vj;
+      vmax = std::max(vmax, vj);
+    }
   }
   // Step 3 and the factor of steps 4-5: 1/(q^2 s~^2), s~^2 = sigma^2 + eps1 max sigma^2 + eps2.
   const T shift = T(eps1) * vmax + T(eps2), q = T(q2);
-  bool positive = true;
+  T vt_min = std::numeric_limits<T>::infinity();
+  #pragma omp simd reduction(min:vt_min)
   for (int64_t j = 0; j < m; ++j) {
     const T vt = (v[j] + shift) * q;
-    positive = positive && vt > T(0);
+    vt_min = std::min(vt_min, vt);
     inv[j] = T(1) / vt;
   }
-  return positive;
+  return vt_min > T(0);
 }
 
 template <typename T>
