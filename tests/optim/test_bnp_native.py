@@ -331,3 +331,27 @@ def test_native_parametrized_layer_takes_the_eager_route():
         m(x).square().sum().backward()
         pre.step()
     _assert_same_bnp(native_model, native, eager_model, eager)
+
+
+@pytest.mark.slow  # builds the C++ kernel (~20 s once)
+def test_native_two_threads_split_rows_and_columns():
+    """With two threads dense_step splits the column sums (tiles of 512 columns) and the rows of
+    G_w (blocks of ⌈32768 / n_in⌉ rows) between them: a layer wide and tall enough for both splits
+    against the eager route (same float64 bound as above)."""
+    _needs_kernels()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        def model():
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Linear(1100, 600), nn.ReLU(), nn.Linear(600, 4)).double()
+
+        g = torch.Generator().manual_seed(9)
+        xs = [torch.randn(6, 1100, generator=g, dtype=torch.float64) + 0.3 for _ in range(2)]
+        native_model, eager_model = model(), model()
+        native, eager = BNPreconditioner(native_model, native=True), BNPreconditioner(eager_model)
+        _run(native, native_model, xs)
+        _run(eager, eager_model, xs)
+        _assert_same_bnp(native_model, native, eager_model, eager)
+    finally:
+        torch.set_num_threads(threads)
