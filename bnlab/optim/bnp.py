@@ -670,7 +670,7 @@ class BNPreconditioner:
         kernel call does the whole step and this returns ``True``; otherwise nothing is changed and
         it returns ``False`` for the general route.  (No autograd mode switch: the kernel records
         nothing; one pass over the layers: at N = 16 on Table 1's network the Python around the
-        kernel is still ~0.025 of ``step()``'s ~0.09 ms.)"""
+        kernel is still ~0.025 ms of ``step()``'s ~0.09 ms.)"""
         xs, gws, gbs, q2s = [], [], [], []
         dtype = None
         for s in self._layer_list:
