@@ -666,53 +666,26 @@ class BNPreconditioner:
 
     def _native_only_step(self) -> bool:
         """The common case of ``native=True``: every layer ran exactly one forward on the native
-        route since the last step and its gradients qualify (see :meth:`_native_ready`).  Then one
+        route since the last step and its gradients qualify (see :meth:`_native_args`).  Then one
         kernel call does the whole step and this returns ``True``; otherwise nothing is changed and
         it returns ``False`` for the general route.  (No autograd mode switch: the kernel records
         nothing; one pass over the layers: at N = 16 on Table 1's network the Python around the
         kernel is still ~0.025 ms of ``step()``'s ~0.09 ms.)"""
-        xs, gws, gbs, q2s = [], [], [], []
-        dtype = None
-        for s in self._layer_list:
-            x = s.native_x
-            if x is None:
+        states = self._layer_list
+        args = []
+        for s in states:
+            if s.native_x is None:
                 return False
-            params = s.module._parameters  # not nn.Module.__getattr__: ~0.4 µs a lookup
-            weight = params.get("weight")  # absent when parametrized (torch.nn.utils.parametrize)
-            if weight is None:
-                return False
-            gw = weight.grad
-            if gw is None or not gw.is_contiguous() or gw.dtype != x.dtype or not gw.is_cpu:
-                return False
-            bias = params.get("bias")
-            gb = bias.grad if bias is not None else None
-            if gb is None:
-                gb = _EMPTY
-            elif gb.dtype != x.dtype or not gb.is_contiguous() or not gb.is_cpu:
-                return False
-            if dtype is None:
-                dtype = x.dtype
-            elif x.dtype != dtype:
-                return False  # the kernel takes one dtype per call
-            xs.append(x)
-            gws.append(gw)
-            gbs.append(gb)
-            n = x.shape[0]
-            if s.native_q2[0] != n:
-                s.native_q2 = (n, float(s.handler.q2(n)))
-            q2s.append(s.native_q2[1])
+            a = self._native_args(s)
+            if a is None or (args and a[0].dtype != args[0][0].dtype):
+                return False  # not eligible, or a second dtype (the kernel takes one per call)
+            args.append(a)
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             return False
-        states = self._layer_list
-        for s, x in zip(states, xs):
-            if x._version != s.native_version:
-                self._check_native_version(s, x)  # raises
-        self._call_dense_step(states, xs, gws, gbs, q2s)
+        self._dense_step(states, args)
         for s in states:
             s.native_x = None
-            s.samples = s.rows = s.native_q2[0]
-            s.last_q2 = s.native_q2[1]
             s.steps += 1
         self.steps += 1
         return True
@@ -742,8 +715,9 @@ class BNPreconditioner:
                 if distributed is None:
                     dist = torch.distributed
                     distributed = dist.is_available() and dist.is_initialized()
-                if not distributed and self._native_ready(s):
-                    native.append(s)
+                args = None if distributed else self._native_args(s)
+                if args is not None:
+                    native.append((s, args))
                     continue
                 self._flush_native(s)  # the statistics are all-reduced, or the gradients do not qualify
             elif s.fused_x is not None:
@@ -779,45 +753,45 @@ class BNPreconditioner:
         self.steps += 1
 
     @staticmethod
-    def _native_ready(s: _LayerState) -> bool:
-        """Whether a layer whose hook kept its input can take the one-call native step: its weight
-        gradient (and bias gradient, if any) contiguous CPU tensors of the statistics' dtype."""
-        # The parameters dict directly: nn.Module.__getattr__ costs ~0.4 µs a lookup, and this
-        # runs for every layer at every step.
+    def _native_args(s: _LayerState) -> tuple | None:
+        """``(x, G_w, G_b, q²)`` of a layer whose hook kept its input, for the native ``dense_step``,
+        or ``None`` if its gradients do not qualify: G_w (and G_b, if any) must be contiguous CPU
+        tensors of the input's dtype (``G_b`` is an empty tensor for a layer without one)."""
+        x = s.native_x
+        # The parameters dict directly: nn.Module.__getattr__ costs ~0.4 µs a lookup, and this runs
+        # for every layer at every step.
         params = s.module._parameters
         weight = params.get("weight")  # absent when parametrized (torch.nn.utils.parametrize)
         gw = weight.grad if weight is not None else None
-        if gw is None or gw.dtype != s.mean.dtype or not gw.is_cpu or not gw.is_contiguous():
-            return False
+        if gw is None or gw.dtype != x.dtype or not gw.is_cpu or not gw.is_contiguous():
+            return None
         bias = params.get("bias")
         gb = bias.grad if bias is not None else None
-        return gb is None or (gb.dtype == gw.dtype and gb.is_cpu and gb.is_contiguous())
+        if gb is None:
+            gb = _EMPTY
+        elif gb.dtype != x.dtype or not gb.is_cpu or not gb.is_contiguous():
+            return None
+        n = x.shape[0]
+        if s.native_q2[0] != n:
+            s.native_q2 = (n, float(s.handler.q2(n)))
+        return x, gw, gb, s.native_q2[1]
 
-    def _native_step(self, states: list[_LayerState]) -> None:
-        """Algorithm 2 steps 1-5 of ``states`` in one call of the compiled ``dense_step`` (see
-        ``bnlab.optim._native``): the same arithmetic as the eager route, in two passes per layer
-        (the general route's share of a step that also has eager layers)."""
-        by_dtype: dict[torch.dtype, list[_LayerState]] = {}
-        for s in states:
-            by_dtype.setdefault(s.mean.dtype, []).append(s)
+    def _native_step(self, pairs: list[tuple[_LayerState, tuple]]) -> None:
+        """The general route's share for the dense layers that qualify: ``(state, _native_args)``
+        pairs, one ``dense_step`` call per dtype."""
+        by_dtype: dict[torch.dtype, list] = {}
+        for pair in pairs:
+            by_dtype.setdefault(pair[1][0].dtype, []).append(pair)
         for group in by_dtype.values():
-            xs, gws, gbs, q2s = [], [], [], []
-            for s in group:
-                x = s.native_x
-                self._check_native_version(s, x)
-                n = x.shape[0]
-                s.samples = s.rows = n
-                s.last_q2 = float(s.handler.q2(n))
-                xs.append(x)
-                q2s.append(s.last_q2)
-                params = s.module._parameters
-                gws.append(params["weight"].grad)
-                bias = params.get("bias")
-                gb = bias.grad if bias is not None else None
-                gbs.append(gb if gb is not None else _EMPTY)
-            self._call_dense_step(group, xs, gws, gbs, q2s)
+            self._dense_step([p[0] for p in group], [p[1] for p in group])
 
-    def _call_dense_step(self, states, xs, gws, gbs, q2s) -> None:
+    def _dense_step(self, states: list[_LayerState], args: list[tuple]) -> None:
+        """Algorithm 2 steps 1-5 of ``states`` in one call of the compiled ``dense_step`` (see
+        ``bnlab.optim._native``) given their :meth:`_native_args` (one dtype)."""
+        for s, a in zip(states, args):
+            if a[0]._version != s.native_version:
+                self._check_native_version(s, a[0])  # raises
+        xs, gws, gbs, q2s = (list(column) for column in zip(*args))
         bad = self._native_kernel.dense_step(xs, [s.mean for s in states], [s.var for s in states], gws, gbs,
                                              self.rho, self.eps1, self.eps2, q2s)
         if bad >= 0:
@@ -825,6 +799,9 @@ class BNPreconditioner:
                 f"BNP layer {_layer_label(states[bad].name)}: an input feature has zero variance and eps1 = "
                 "eps2 = 0, so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
             )
+        for s, a in zip(states, args):
+            s.samples = s.rows = a[0].shape[0]
+            s.last_q2 = a[3]
 
     @staticmethod
     def _is_lean(s: _LayerState) -> bool:
