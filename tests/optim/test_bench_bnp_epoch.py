@@ -92,11 +92,15 @@ def test_bad_arguments_exit_2_naming_the_argument(bench, capsys, argv, match):
     assert match in capsys.readouterr().err
 
 
-def test_min_seconds_adds_rounds_until_every_variant_has_that_much_timed(bench, mnist_small):
+def test_min_seconds_adds_rounds_until_every_variant_has_that_much_timed(bench, mnist_small, monkeypatch):
+    # A fake clock, 1 ms per reading, makes the rounds deterministic: each 10-step epoch's timed loop
+    # is one reading apart (step 0's and the last step's callback; the test pass runs after both),
+    # i.e. 1 ms, so 3.5 ms per variant takes exactly 4 rounds (3 give 3 ms).
+    readings = iter(range(10**9))
+    monkeypatch.setattr(bench, "device_clock", lambda device: next(readings) * 1e-3)
     tr, te, widths = mnist_small
-    row = bench.measure(16, tr, te, widths=widths, rounds=1, min_seconds=0.03, variants=("sgd", "bnp"))
-    # ≥ 1 round, and each variant's timed loops (steps 1 … 9, scaled to the 10-step epoch) add up to 0.03 s
+    row = bench.measure(16, tr, te, widths=widths, rounds=1, min_seconds=0.0035, variants=("sgd", "bnp"))
+    assert row["rounds"] == 4
     for t in row["variants"].values():
-        assert len(t["loop_s_rounds"]) == row["rounds"]
-        assert sum(t["loop_s_rounds"]) * 9 / 10 >= 0.03
-    assert row["rounds"] > 1  # a 10-step epoch of this net takes well under 0.03 s of CPU time
+        assert len(t["loop_s_rounds"]) == 4
+        assert t["loop_s_rounds"] == pytest.approx([1e-3 / 9 * 10] * 4)  # steps 1 … 9 scaled to the epoch
