@@ -171,6 +171,22 @@ def _sphere_terms(phi: Activation, b: int):
 
 
 def _stability(phi: Activation, b: int) -> BSB1Stability:
+    """λ_L↑, λ_M↑, μ* (see :func:`bsb1_stability`), or a ``ValueError`` when they are not finite.
+
+    An overflowing φ makes the sums inf/NaN; the check below reports it, so NumPy's own overflow
+    warnings would only be noise before it — and a NaN eigenvalue must never read as "not attracting"."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        st = _stability_values(phi, b)
+    if not (math.isfinite(st.lambda_L) and math.isfinite(st.lambda_M)):
+        raise ValueError(
+            f"the forward eigenvalues of phi={phi.spec!r} at batch_size={b} are not finite (λ_L={st.lambda_L!r}, "
+            f"λ_M={st.lambda_M!r}): φ overflows or is not square-integrable on the batchnorm sphere, so the BSB1/BSB2 "
+            "verdict cannot be computed"
+        )
+    return st
+
+
+def _stability_values(phi: Activation, b: int) -> BSB1Stability:
     if phi.homogeneity is not None and phi.homogeneous_coeffs is not None and b >= 4 and (b - 1) / 2.0 > phi.homogeneity:
         # positive-homogeneous φ: the closed forms (Thm 3.7 for relu/identity, Thm F.33 otherwise).  The
         # sphere sums below cancel like B·1e-16 while 1 − λ_L↑ ≈ 2.27/B for relu (issue 13: relu at
@@ -332,17 +348,7 @@ def fixed_point_kind(phi, batch_size, *, depth=60, seed=0, n_samples=20_000) -> 
     n_samples = check_int("n_samples", n_samples, minimum=1000)
     if depth is not None:
         _check_iteration_cost(b, depth, n_samples)  # before the stability part: fail fast, allocate nothing
-    # An overflowing φ makes the sums below inf/NaN; that is checked right after and reported as a
-    # ValueError, so NumPy's own overflow warnings would only be noise before it.
-    with np.errstate(over="ignore", invalid="ignore"):
-        st = _stability(phi, b)
-    if not (math.isfinite(st.lambda_L) and math.isfinite(st.lambda_M)):
-        # an overflow must never read as "not attracting"
-        raise ValueError(
-            f"the forward eigenvalues of phi={phi.spec!r} at batch_size={b} are not finite (λ_L={st.lambda_L!r}, "
-            f"λ_M={st.lambda_M!r}): φ overflows or is not square-integrable on the batchnorm sphere, so the BSB1/BSB2 "
-            "verdict cannot be computed"
-        )
+    st = _stability(phi, b)  # a ValueError if not finite: an overflow must never read as "not attracting"
     kind = "BSB1" if st.attracting else "BSB2"
     if depth is None:
         return kind

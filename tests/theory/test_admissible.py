@@ -102,6 +102,18 @@ def test_overflow_never_reads_as_bsb2():
             fixed_point_kind(get_activation("x*1e300"), 8, depth=None)
 
 
+def test_bsb1_stability_of_an_overflowing_phi_is_an_error_not_nan():
+    import warnings
+
+    from bnlab.activations import get_activation
+    from bnlab.theory.symmetry import bsb1_stability
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="phi='x\\*1e300' at batch_size=8 are not finite"):
+            bsb1_stability(get_activation("x*1e300"), 8)
+
+
 @pytest.mark.parametrize("args", [["--phi", "1/x"], ["--phi", "alpha_relu", "--alpha", "1e308"], ["--eps", "1e308"]])
 def test_cli_exits_2_with_the_reason(args):
     out = subprocess.run(
