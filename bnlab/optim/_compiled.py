@@ -42,11 +42,11 @@ def _compiled():
     return _STATE["fn"]
 
 
-def dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2) -> torch.Tensor:
+def dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps=None) -> torch.Tensor:
     """:func:`bnlab.optim._functional.dense_steps_`, compiled (or uncompiled after a failed build)."""
     fn = _STATE.get("failed") or _compiled()
     try:
-        return fn(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2)
+        return fn(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps)
     except Exception as exc:  # a compiler or backend missing: raised before anything is written
         if fn is F.dense_steps_:
             raise
@@ -57,4 +57,4 @@ def dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2) -> torch.
             stacklevel=3,
         )
         _STATE["failed"] = F.dense_steps_
-        return F.dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2)
+        return F.dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps)

@@ -205,9 +205,12 @@ def dense_steps(xs, means, variances, gws, gbs, q2s, rho: float, eps1: float, ep
     return out_means, out_vars, out_gws, out_gbs, torch.stack(skipped)
 
 
-def dense_steps_(xs, means, variances, gws, gbs, q2s, rho: float, eps1: float, eps2: float) -> torch.Tensor:
+def dense_steps_(xs, means, variances, gws, gbs, q2s, rho: float, eps1: float, eps2: float,
+                 nonfinite_steps: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`dense_steps` written back in place (the statistics and the ``.grad`` tensors); returns
-    the per-layer counts of columns kept back.  Compiled, the write-backs are the kernels' stores."""
+    the per-layer counts of columns kept back and, if given, adds 1 to ``nonfinite_steps[l]`` (an
+    int64 vector on the device) for each layer l that kept some back — no host synchronization.
+    Compiled, the write-backs and the count are stores of the same kernels."""
     new_means, new_vars, new_gws, new_gbs, skipped = dense_steps(xs, means, variances, gws, gbs, q2s,
                                                                  rho, eps1, eps2)
     for dst, src in zip([*means, *variances, *gws], [*new_means, *new_vars, *new_gws]):
@@ -215,4 +218,6 @@ def dense_steps_(xs, means, variances, gws, gbs, q2s, rho: float, eps1: float, e
     for gb, new in zip(gbs, new_gbs):
         if gb is not None:
             gb.copy_(new)
+    if nonfinite_steps is not None:
+        nonfinite_steps.add_((skipped > 0).to(nonfinite_steps.dtype))
     return skipped

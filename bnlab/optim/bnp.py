@@ -192,6 +192,12 @@ def _default_kept_route(device: torch.device, *, native_kernel: Any, compiled: b
     return None
 
 
+def _reads_back(device: torch.device) -> bool:
+    """Whether a step may read values back from ``device`` (free on CPU; a synchronization that stalls
+    the launch queue on a GPU, so there non-finite batches are counted on the device instead)."""
+    return device.type == "cpu"
+
+
 def _distributed() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized()
@@ -319,6 +325,7 @@ class BNPreconditioner:
         self._auto_fused: bool | None = None
         self._workspace: dict[tuple, torch.Tensor] = {}
         self._skipped: torch.Tensor | None = None
+        self._device_counters: dict[tuple, torch.Tensor] = {}
         self.steps = 0
         self._layers: dict[str, BNPLayer] = self._register(model, skip, _native.kernels() if native else None)
         self._layer_list = list(self._layers.values())
@@ -663,7 +670,7 @@ class BNPreconditioner:
             s.last_q2 = s.handler.q2(s.samples)
             q2s.append(float(s.last_q2))
         maxes = None
-        if new_vars[0].device.type == "cpu":
+        if _reads_back(new_vars[0].device):
             # The maxima are read back once (no device to wait for): σ̃²'s shifts as Python floats,
             # and a non-finite batch seen for free (the maximum of a column with NaN/inf is).
             maxes = torch.stack(torch._foreach_max(new_vars)).tolist()
@@ -733,15 +740,19 @@ class BNPreconditioner:
             if a[0]._version != s.kept_version:
                 s.check_kept_version(a[0])  # raises
         xs, gws, gbs, q2s = (list(column) for column in zip(*args))
+        device = layers[0].mean.device
+        counter = None
+        if not _reads_back(device):  # counted inside the compiled call, read every few steps
+            key = tuple(s.name for s in layers)
+            counter = self._device_counters.get(key)
+            if counter is None:
+                counter = self._device_counters[key] = torch.zeros(len(layers), dtype=torch.int64, device=device)
         skipped = _compiled.dense_steps_(xs, [s.mean for s in layers], [s.var for s in layers], gws, gbs, q2s,
-                                         self.rho, self.eps1, self.eps2)
-        if skipped.device.type == "cpu":
+                                         self.rho, self.eps1, self.eps2, counter)
+        if counter is None:
             for s, count in zip(layers, skipped.tolist()):
                 if count:
                     self._flag_nonfinite(s, count)
-        else:
-            for i, s in enumerate(layers):
-                self._flag_device(s, skipped[i])
         for s, a in zip(layers, args):
             s.samples = s.rows = a[0].shape[0]
             s.last_q2 = a[3]
@@ -769,6 +780,12 @@ class BNPreconditioner:
 
     def _collect_device_flags(self) -> None:
         """Move the device counters of non-finite batches to the host (one synchronization) and warn."""
+        for key, counter in list(self._device_counters.items()):
+            counts = counter.tolist()
+            del self._device_counters[key]
+            for name, steps in zip(key, counts):
+                if steps:
+                    self._flag_nonfinite(self._layers[name], None, steps)
         for s in self._layer_list:
             if s.nonfinite_device is not None:
                 steps = int(s.nonfinite_device)

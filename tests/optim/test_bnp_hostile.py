@@ -412,3 +412,32 @@ def test_loaded_statistics_are_refused_or_finite_and_nonnegative(values, which):
     model(torch.randn(3, 4, dtype=torch.float64)).sum().backward()
     pre.step()
     assert torch.isfinite(model.weight.grad).all() and torch.isfinite(model.bias.grad).all()
+
+
+@pytest.mark.parametrize("route", ["eager", "compiled"])
+def test_device_routes_keep_a_nan_batch_out_without_reading_back(monkeypatch, route):
+    """On a GPU neither route reads values back in step(): non-finite columns are kept out on the
+    device (torch.where / inside the compiled call) and counted there.  Exercised on CPU by making
+    step() treat it as such a device; the compiled route with the uncompiled core standing in."""
+    from bnlab.optim import _compiled
+    from bnlab.optim import _functional as F
+    from bnlab.optim import bnp as bnp_module
+
+    monkeypatch.setattr(bnp_module, "_reads_back", lambda device: False)
+    monkeypatch.setattr(_compiled, "_STATE", {"fn": F.dense_steps_})
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2)).double()
+    pre = BNPreconditioner(model, rho=0.5, compiled=route == "compiled")
+    g = torch.Generator().manual_seed(2)
+    for k in range(3):
+        x = torch.randn(8, 6, generator=g, dtype=torch.float64)
+        if k == 1:
+            x[2, 5] = float("nan")
+        model.zero_grad()
+        model(x).sum().backward()
+        pre.step()  # no warning yet: nothing is read back
+    for name in pre.layers:
+        assert all(torch.isfinite(t).all() for t in pre.statistics(name))
+    with pytest.warns(RuntimeWarning, match="1 step"):
+        assert pre.nonfinite_batches == {"0": 1, "2": 1}
+    assert pre.nonfinite_batches == {"0": 1, "2": 1}  # read once, counted once
