@@ -73,6 +73,7 @@ import torch
 from torch import nn
 
 from bnlab._validation import check_choice, check_int, check_real
+from bnlab.optim import _bnp_checks as _checks
 from bnlab.optim import _compiled, _native
 from bnlab.optim import _functional as F
 from bnlab.optim._bnp_layers import BNPLayer, ConvLayer, DenseLayer, stats_dtype
@@ -336,7 +337,7 @@ class BNPreconditioner:
     def _register(self, model: nn.Module, skip, kernel) -> dict[str, BNPLayer]:
         """Find the layers (handler registry), validate them, build a layer object per layer with
         its kept-input route (the route chooser) and hook it."""
-        names, types = _skip_entries(skip, model)
+        names, types = _checks.skip_entries(skip, model)
         self._native_kernel = kernel
         layers: dict[str, BNPLayer] = {}
         skipped = []
@@ -348,7 +349,7 @@ class BNPreconditioner:
                 skipped.append(name)
                 continue
             handler_cls.check(module, name, conv_statistics=self.conv_statistics)
-            _check_layer(module, name)
+            _checks.check_layer(module, name)
             options = {"conv_statistics": self.conv_statistics}
             if kernel is not None and handler_cls is LinearHandler:
                 options["moments_kernel"] = kernel
@@ -463,7 +464,7 @@ class BNPreconditioner:
             if x.dim() != handler.expected_input_ndim:
                 handler.check_input(x)  # raises, naming the layer
             if not x.is_floating_point() or x.shape[0] == 0:
-                _bad_input(layer, x)
+                _checks.bad_input(layer, x)
             route = self._route(layer, x)
             if route == "eager":
                 layer.record(x, self._workspace)
@@ -857,7 +858,7 @@ class BNPreconditioner:
                 "state_dict is not allowed: expected the mapping returned by BNPreconditioner.state_dict() "
                 "(keys 'hyperparameters', 'steps', 'layers')"
             )
-        hyper = _entry_mapping(state_dict["hyperparameters"], "state_dict['hyperparameters']",
+        hyper = _checks.entry_mapping(state_dict["hyperparameters"], "state_dict['hyperparameters']",
                                ("rho", "eps1", "eps2"))
         rho, eps1, eps2 = self._check_hyper(hyper["rho"], hyper["eps1"], hyper["eps2"])
         conv = hyper.get("conv_statistics", "channel")
@@ -879,12 +880,12 @@ class BNPreconditioner:
         new = {}
         for name, s in self._layers.items():
             where = f"state_dict layer {name!r}"
-            entry = _entry_mapping(layers[name], where, ("mean", "var", "steps"))
+            entry = _checks.entry_mapping(layers[name], where, ("mean", "var", "steps"))
             cols = s.handler.num_columns()
             weight = s.module.weight
             dtype = stats_dtype(weight.dtype)
-            mean = _state_tensor(entry["mean"], f"{where} 'mean'", cols, dtype, weight.device)
-            var = _state_tensor(entry["var"], f"{where} 'var'", cols, dtype, weight.device)
+            mean = _checks.state_tensor(entry["mean"], f"{where} 'mean'", cols, dtype, weight.device)
+            var = _checks.state_tensor(entry["var"], f"{where} 'var'", cols, dtype, weight.device)
             if bool((var < 0).any()):
                 raise ValueError(f"{where} 'var' is not allowed: it has negative entries (minimum "
                                  f"{float(var.min()):.6g}); a variance is >= 0")
@@ -902,86 +903,6 @@ class BNPreconditioner:
             f"conv_statistics={self.conv_statistics!r}, gradient={self.gradient!r}, native={self.native}, "
             f"compiled={self.compiled}, steps={self.steps})"
         )
-
-
-# --------------------------------------------------------------------------------------------------
-# Validation helpers
-# --------------------------------------------------------------------------------------------------
-
-
-def _skip_entries(skip, model: nn.Module) -> tuple[list[str], list[type]]:
-    if isinstance(skip, (str, type)):
-        skip = (skip,)
-    try:
-        skip = tuple(skip)
-    except TypeError:
-        raise ValueError(f"skip={skip!r} is not allowed: expected module names (str) or nn.Module types") from None
-    names, types = [], []
-    for item in skip:
-        if isinstance(item, str):
-            names.append(item)
-        elif isinstance(item, type) and issubclass(item, nn.Module):
-            types.append(item)
-        else:
-            raise ValueError(f"skip entry {item!r} is not allowed: expected a module name (str) or an nn.Module type")
-    all_names = [n for n, _ in model.named_modules()]
-    for pattern in names:
-        if not any(n == pattern or fnmatch.fnmatchcase(n, pattern) for n in all_names):
-            raise ValueError(
-                f"skip entry {pattern!r} matches no module of the model (module names: "
-                f"{', '.join(repr(n) for n in all_names[1:21])}{' …' if len(all_names) > 21 else ''})"
-            )
-    return names, types
-
-
-def _check_layer(module: nn.Module, name: str) -> None:
-    weight = getattr(module, "weight", None)
-    kind = type(module).__name__
-    if not isinstance(weight, torch.Tensor):
-        raise ValueError(f"BNP cannot precondition layer {_layer_label(name)} ({kind}): it has no weight tensor; "
-                         f"skip it with skip=[{name!r}]")
-    if not weight.is_floating_point():
-        raise ValueError(f"BNP cannot precondition layer {_layer_label(name)} ({kind}) of dtype {weight.dtype}: "
-                         f"expected a real floating dtype; skip it with skip=[{name!r}]")
-    if weight.is_meta:
-        raise ValueError(f"BNP cannot precondition layer {_layer_label(name)} ({kind}): its weight is on the meta "
-                         "device (no data); move the model to a real device first")
-
-
-def _bad_input(layer: BNPLayer, x: torch.Tensor) -> None:
-    kind = type(layer.module).__name__
-    if not x.is_floating_point():
-        raise ValueError(f"BNP layer {_layer_label(layer.name)} ({kind}) got an input of dtype {x.dtype}: expected a "
-                         "real floating dtype")
-    raise ValueError(f"BNP layer {_layer_label(layer.name)} ({kind}) got an input of shape {tuple(x.shape)}: an "
-                     "empty mini-batch has no statistics; leave empty batches out of training")
-
-
-def _entry_mapping(value: Any, where: str, keys: tuple[str, ...]) -> Mapping:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{where}={type(value).__name__} is not allowed: expected a mapping with keys "
-                         f"{', '.join(map(repr, keys))}")
-    missing = [k for k in keys if k not in value]
-    if missing:
-        raise ValueError(f"{where} is not allowed: missing key(s) {', '.join(map(repr, missing))}")
-    return value
-
-
-def _state_tensor(value: Any, where: str, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise ValueError(f"{where} is a {type(value).__name__}: expected a torch.Tensor")
-    if value.is_meta or value.layout != torch.strided:
-        raise ValueError(f"{where} is a {'meta' if value.is_meta else str(value.layout)} tensor: expected a dense "
-                         "tensor with data")
-    if value.is_complex() or value.dtype == torch.bool:
-        raise ValueError(f"{where} has dtype {value.dtype}: expected a real dtype")
-    if tuple(value.shape) != (cols,):
-        # (the layer's name first: the message existing callers match)
-        raise ValueError(f"{where.rsplit(' ', 1)[0]} has statistics of shape {tuple(value.shape)}, expected ({cols},)")
-    out = value.detach().to(device=device, dtype=dtype).clone()
-    if not bool(torch.isfinite(out).all()):
-        raise ValueError(f"{where} is not allowed: it has NaN or infinite entries (in {dtype})")
-    return out
 
 
 def _offsets(states: list[BNPLayer]) -> list[tuple[int, int]]:
