@@ -230,6 +230,7 @@ class DenseLayer(BNPLayer):
         super().__init__(name, module, handler)
         self.fuse = fuse
         self.kept_route = kept_route
+        self.kept_device = module.weight.device  # the device kept_route was chosen for
         self.fused: FusedForward | None = None
         self.toggled = False  # the weight's requires_grad is switched off for the running forward
         self.post_hook: Any = None

@@ -485,6 +485,10 @@ class BNPreconditioner:
         per step by the first dense layer that runs (see the class docstring)."""
         if not isinstance(layer, DenseLayer) or not layer.idle:
             return "eager"
+        if x.device != layer.kept_device:  # the model moved since registration: choose for its new device
+            layer.kept_device = x.device
+            layer.kept_route = _default_kept_route(x.device, native_kernel=self._native_kernel,
+                                                   compiled=self.compiled)
         keeps = layer.kept_route is not None and self._keeps(layer, x)
         if layer.fuse and self._auto_fused is not False and self._fuses(layer, x, keeps):
             return "fused"

@@ -236,3 +236,21 @@ def test_torch_compile_keeps_a_nan_batch_out():
     assert torch.isfinite(after[0]).all() and torch.isfinite(after[1]).all()
     assert after[1][2] == before[1][2] and after[1][0] != before[1][0]
     assert pre.nonfinite_batches == {"0": 1, "2": 1}
+
+
+def test_route_follows_the_model_to_another_device(monkeypatch):
+    """A preconditioner built before the model moved: the route is chosen again for the device its
+    inputs arrive on (here a stand-in: the chooser is asked for the new device's route)."""
+    asked = []
+
+    def chooser(device, *, native_kernel, compiled):
+        asked.append(device.type)
+        return "compiled" if device.type == "meta" else None
+
+    model = _mlp()
+    pre = BNPreconditioner(model)
+    monkeypatch.setattr(bnp_module, "_default_kept_route", chooser)
+    layer = pre._layers["0"]
+    assert pre._route(layer, torch.randn(2, 300, dtype=torch.float64)) == "eager" and asked == []
+    assert pre._route(layer, torch.empty(2, 300, dtype=torch.float64, device="meta")) == "eager"
+    assert asked == ["meta"] and layer.kept_route == "compiled"  # kept once the statistics follow
