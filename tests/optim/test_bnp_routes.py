@@ -254,3 +254,25 @@ def test_route_follows_the_model_to_another_device(monkeypatch):
     assert pre._route(layer, torch.randn(2, 300, dtype=torch.float64)) == "eager" and asked == []
     assert pre._route(layer, torch.empty(2, 300, dtype=torch.float64, device="meta")) == "eager"
     assert asked == ["meta"] and layer.kept_route == "compiled"  # kept once the statistics follow
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_default_route_is_compiled_and_equals_eager():
+    """On CUDA the default route is the compiled one (with Triton); float64 against compiled=False,
+    the eager route on the same device, with the tolerance above; a NaN batch kept out on the device."""
+    _compiled._STATE.clear()
+    g = torch.Generator().manual_seed(11)
+    batches = [(torch.randn(n, 300, generator=g, dtype=torch.float64) * 2 + 1).cuda() for n in (16, 16, 1)]
+    a, b = _mlp().cuda(), _mlp().cuda()
+    pa, pb = BNPreconditioner(a, rho=0.5), BNPreconditioner(b, rho=0.5, compiled=False)
+    expected = "compiled" if _compiled.available(torch.device("cuda")) else "eager"
+    assert set(pa.routes.values()) == {expected} and set(pb.routes.values()) == {"eager"}
+    _train(a, pa, batches)
+    _train(b, pb, batches)
+    _assert_same(a, pa, b, pb, _tol(16, 300))
+    x = batches[0].clone()
+    x[0, 0] = float("nan")
+    _train(a, pa, [x])
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        assert pa.nonfinite_batches["0"] == 1
+    assert all(torch.isfinite(t).all() for t in pa.statistics("0"))
