@@ -1,6 +1,7 @@
 """Lange et al. Table 1 on this machine: training time per epoch of BN vs BNP, and BNP's overhead over SGD.
 
     python benchmarks/bench_bnp.py [--quick] [--device cpu|cuda] [--threads 1] [--rounds 7] [--json]
+                                   [--no-native] [--no-compiled]
 
 The network is the paper's Table 1 / Fig. 8 fully connected net (input 3072 = a CIFAR-10 image,
 two hidden layers of 100, 10 outputs, ReLU, cross-entropy, SGD); ``--input 784 --depth 3`` is the
@@ -10,8 +11,14 @@ and are summarized by the median time of a single training step:
 
 * ``sgd``  — the vanilla network, plain SGD (the baseline of the ≤ 10 % overhead goal);
 * ``bn``   — the post-activation BN network (BatchNorm1d on each hidden layer's output), SGD;
-* ``bnp``  — the vanilla network, SGD with ``BNPreconditioner(gradient="transform")`` (the
-  default: autograd forms G_w, ``step()`` rewrites it with Eq. 15);
+* ``bnp``  — the vanilla network, SGD with ``BNPreconditioner(model)``: the default route the route
+  chooser picks for the device (autograd forms G_w, ``step()`` rewrites it with Eq. 15): the eager
+  route on CPU, the compiled route on CUDA (with Triton);
+* ``bnp_eager`` (CUDA only; on CPU it is ``bnp``) — ``compiled=False``: the eager ``_foreach`` route;
+* ``bnp_compiled`` (CPU only; on CUDA it is ``bnp``) — ``compiled=True``: the hooks keep the layer
+  inputs and ``step()`` is one call of the ``torch.compile``-d functional core (inductor's C++
+  backend on CPU; compiles on the first step of each batch size, left out of ``--quick`` and by
+  ``--no-compiled``);
 * ``bnp_fused`` — ``gradient="fused"``: autograd skips the weight gradient, ``step()`` forms the
   preconditioned one as δᵀĤ (no pass over G_w, one N × n_in pass over the input);
 * ``bnp_auto`` — ``gradient="auto"``: fused where N ≤ n_out, transform elsewhere;
@@ -23,6 +30,13 @@ and are summarized by the median time of a single training step:
   add: a forward pre-hook that reads each layer input once (``x.sum(0)``) and one in-place scaling
   of each weight gradient after ``backward()``.  ``floor/sgd`` is the overhead no hooks + ``.grad``
   rewrite in eager PyTorch can go below (the fused route can, by saving autograd's product).
+
+**Operators per step** (``ops_per_step``): the aten operators one training step dispatches, counted
+with a ``TorchDispatchMode`` (the proxy for kernel launches the issue uses: SGD 59, BN 75, BNP 85 on
+Table 1's net at B = 16).  ``torch.compile`` runs uncompiled under a dispatch mode, so the compiled
+route's one call is counted apart: outside the mode, under the profiler, as the kernels it runs
+(inductor's ``cpp_fused_*`` / ``triton_*`` kernels) plus the aten operators it calls.  On CUDA also
+``launches_per_step``: the kernels (and copies) the profiler sees on the device in one step.
 
 A step is zero_grad + forward + backward (+ ``pre.step()``) + ``opt.step()``; time per epoch is the
 step time × ⌈50 000 / B⌉ (one CIFAR-10 epoch).  Each phase is timed too (medians over the steps):
@@ -41,6 +55,7 @@ import json
 import math
 import statistics
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -49,14 +64,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
+
 from bnlab.optim import BNPreconditioner  # noqa: E402
+from bnlab.optim import _compiled  # noqa: E402
 from _timing import device_clock, device_sync  # noqa: E402
 
 TRAIN_SIZE = 50_000
-#: BNP variants and their ``gradient`` mode (see bnlab.optim.BNPreconditioner).
-_GRADIENT = {"bnp": "transform", "bnp_fused": "fused", "bnp_auto": "auto", "bnp_native": "transform"}
-VARIANTS = ("sgd", "bn", "bnp", "bnp_fused", "bnp_auto", "bnp_native", "floor")
-_BNP = ("bnp", "bnp_fused", "bnp_auto", "bnp_native")
+#: BNP variants and their BNPreconditioner arguments (see bnlab.optim.BNPreconditioner).
+_BNP_KWARGS = {"bnp": {}, "bnp_eager": {"compiled": False}, "bnp_compiled": {"compiled": True},
+               "bnp_fused": {"gradient": "fused"}, "bnp_auto": {"gradient": "auto"}, "bnp_native": {"native": True}}
+VARIANTS = ("sgd", "bn", "bnp", "bnp_eager", "bnp_compiled", "bnp_fused", "bnp_auto", "bnp_native", "floor")
+_BNP = ("bnp", "bnp_eager", "bnp_compiled", "bnp_fused", "bnp_auto", "bnp_native")
 PHASES = ("fwd", "bwd", "pre", "opt")
 
 
@@ -78,6 +97,70 @@ class _Floor:
             m.weight.grad.mul_(v)
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the aten operators dispatched while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _region_ops(prof) -> int:
+    """Kernels (inductor's ``cpp_fused_*`` / ``triton_*``) and top-level aten operators of one
+    compiled call, from its profile."""
+    n = 0
+    for e in prof.events():
+        name = e.name
+        if "cpp_fused" in name or name.startswith("triton_"):
+            n += 1
+        elif name.startswith("aten::"):
+            parent = e.cpu_parent
+            while parent is not None and not parent.name.startswith("aten::"):
+                parent = parent.cpu_parent
+            n += parent is None
+    return n
+
+
+@contextmanager
+def _counting_compiled_calls(counter: OpCounter):
+    """Run the compiled route's call outside the dispatch mode (under which torch.compile would fall
+    back to eager) and add what it runs to ``counter``."""
+    real = _compiled.dense_steps_
+
+    def counted(*args):
+        with _disable_current_modes():
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                out = real(*args)
+        counter.count += _region_ops(prof)
+        return out
+
+    _compiled.dense_steps_ = counted
+    try:
+        yield
+    finally:
+        _compiled.dense_steps_ = real
+
+
+def ops_per_step(step, x, y) -> int:
+    """Aten operators one training step dispatches (a compiled call counted as its kernels + operators)."""
+    counter = OpCounter()
+    with _counting_compiled_calls(counter), counter:
+        step(x, y)
+    return counter.count
+
+
+def launches_per_step(step, x, y) -> int:
+    """Kernels (and copies/fills) the profiler sees on the CUDA device in one training step."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        step(x, y)
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def build(variant: str, n_in: int, hidden: int, depth: int, device: str):
     torch.manual_seed(0)
     layers: list[nn.Module] = []
@@ -91,7 +174,7 @@ def build(variant: str, n_in: int, hidden: int, depth: int, device: str):
     model = nn.Sequential(*layers).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     if variant.startswith("bnp"):
-        pre = BNPreconditioner(model, gradient=_GRADIENT[variant], native=variant == "bnp_native")
+        pre = BNPreconditioner(model, **_BNP_KWARGS[variant])
     else:
         pre = _Floor(model) if variant == "floor" else None
     return model, opt, pre
@@ -135,11 +218,14 @@ def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, round
     n_batches = 8
     xs = [torch.randn(batch, n_in, generator=g).to(device) for _ in range(n_batches)]
     ys = [torch.randint(0, 10, (batch,), generator=g).to(device) for _ in range(n_batches)]
-    steppers = {}
+    steppers, ops, launches = {}, {}, {}
     for v in variants:
         step = make_step(*build(v, n_in, hidden, depth, device), device=device)
-        for i in range(3):  # warm-up (allocator, first-call overheads)
+        for i in range(3):  # warm-up (allocator, first-call overheads, compilation)
             step(xs[i % n_batches], ys[i % n_batches])
+        ops[v] = ops_per_step(step, xs[3], ys[3])
+        if str(device).startswith("cuda"):
+            launches[v] = launches_per_step(step, xs[4], ys[4])
         steppers[v] = step
     times: dict[str, list[tuple]] = {v: [] for v in variants}
     for _ in range(rounds):
@@ -148,7 +234,7 @@ def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, round
                 times[v].append(steppers[v](xs[i % n_batches], ys[i % n_batches]))
     out = {}
     for v, ts in times.items():
-        out[v] = {"step": statistics.median(sum(t) for t in ts)}
+        out[v] = {"step": statistics.median(sum(t) for t in ts), "ops": ops[v], "launches": launches.get(v)}
         out[v].update({p: statistics.median(t[k] for t in ts) for k, p in enumerate(PHASES)})
     return out
 
@@ -181,13 +267,16 @@ def gemm_time(batch: int, *, n_in: int, hidden: int, depth: int, device: str, re
     return statistics.median(ts)
 
 
-def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False, native=True):
+def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False, native=True, compiled=True):
     rows = []
+    cuda = str(device).startswith("cuda")
     for b in batch_sizes:
         steps = 3 if quick else max(10, min(200, 20_000 // b))
         # BN cannot train on one sample (the batch variance is zero; BatchNorm1d raises): at B = 1 the
-        # comparison is with SGD alone, BNP's case (Lange et al. §5).
-        variants = tuple(v for v in VARIANTS if (native or v != "bnp_native") and (b > 1 or v != "bn"))
+        # comparison is with SGD alone, BNP's case (Lange et al. §5).  bnp is the eager route on CPU and
+        # the compiled one on CUDA, so the other of the two is measured beside it.
+        variants = tuple(v for v in VARIANTS if (native or v != "bnp_native") and (b > 1 or v != "bn")
+                         and (v != "bnp_eager" or cuda) and (v != "bnp_compiled" or (compiled and not cuda)))
         t = measure(b, n_in=n_in, hidden=hidden, depth=depth, steps=steps, rounds=rounds, device=device,
                     variants=variants)
         gemm = gemm_time(b, n_in=n_in, hidden=hidden, depth=depth, device=device, repeat=3 if quick else 50)
@@ -197,6 +286,8 @@ def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False, native
         step = {v: t[v]["step"] for v in t}
         rows.append({
             "batch_size": b,
+            "ops_per_step": {v: t[v]["ops"] for v in t},
+            **({"launches_per_step": {v: t[v]["launches"] for v in t}} if cuda else {}),
             "step_s": step,
             "phase_s": {v: {p: t[v][p] for p in PHASES} for v in t},
             "epoch_s": {v: s * per_epoch for v, s in step.items()},
@@ -223,6 +314,8 @@ def main(argv=None) -> int:
     parser.add_argument("--depth", type=int, default=2, help="hidden layers (2: Table 1; 3: Figs. 3-4)")
     parser.add_argument("--hidden", type=int, default=100, help="width of the hidden layers (100: the paper's)")
     parser.add_argument("--no-native", action="store_true", help="leave out the bnp_native variant")
+    parser.add_argument("--no-compiled", action="store_true",
+                        help="leave out the bnp_compiled variant on CPU (it compiles for each batch size)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -230,13 +323,26 @@ def main(argv=None) -> int:
         n_in, hidden, depth, rounds, batch_sizes = 64, 16, 2, 2, [1, 4, 32]
     else:
         n_in, hidden, depth, rounds, batch_sizes = args.input, args.hidden, args.depth, args.rounds, args.batch_sizes
+    compiled = not (args.quick or args.no_compiled)
+    if compiled:  # the CPU kernels of the compiled route show up in the profile (the operator count)
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True
     rows = run(batch_sizes, n_in=n_in, hidden=hidden, depth=depth, rounds=rounds, device=args.device,
-               quick=args.quick, native=not (args.quick or args.no_native))
+               quick=args.quick, native=not (args.quick or args.no_native), compiled=compiled)
     meta = {"device": args.device, "threads": args.threads,
             "clock": "wall" if args.device.startswith("cuda") or args.threads > 1 else "thread CPU time",
             "network": [n_in] + [hidden] * depth + [10], "torch": torch.__version__}
+    summary = {
+        # the default route (BNPreconditioner(model): eager on CPU, compiled on CUDA), per batch size
+        "bnp_over_sgd": {str(r["batch_size"]): r["ratios"]["bnp/sgd"] for r in rows},
+        "bnp_over_bn": {str(r["batch_size"]): r["ratios"]["bnp/bn"] for r in rows if "bnp/bn" in r["ratios"]},
+        # operators per step at the first batch size (per batch size in each row)
+        "ops_per_step": rows[0]["ops_per_step"],
+        "ops_batch_size": rows[0]["batch_size"],
+    }
     if args.json:
-        print(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        print(json.dumps({"meta": meta, **summary, "rows": rows}, indent=2))
         return 0
     print(f"BNP benchmark: network {meta['network']}, device {args.device}, threads {args.threads}, "
           f"clock {meta['clock']}, torch {torch.__version__}")
@@ -258,6 +364,20 @@ def main(argv=None) -> int:
         if "bnp_native/sgd" in q:
             print(f"{r['batch_size']:>5}  native=True: BNP/SGD {q['bnp_native/sgd']:.3f}  "
                   f"BNP/BN {q.get('bnp_native/bn', float('nan')):.3f}")
+    for r in rows:
+        if any(v in r["step_s"] for v in ("bnp_eager", "bnp_compiled")):
+            q = r["ratios"]
+            other = "bnp_eager" if "bnp_eager" in r["step_s"] else "bnp_compiled"
+            print(f"{r['batch_size']:>5}  {other}: BNP/SGD {q[other + '/sgd']:.3f}  "
+                  f"BNP/BN {q.get(other + '/bn', float('nan')):.3f}")
+    print("aten operators dispatched per step (a compiled call counted as its kernels + operators)"
+          + (", and [kernel launches on the GPU]" if args.device.startswith("cuda") else "") + ":")
+    for r in rows:
+        ops = r["ops_per_step"]
+        launches = r.get("launches_per_step", {})
+        parts = "  ".join(f"{v} {n}" + (f" [{launches[v]}]" if v in launches else "")
+                          + (f" ({n / ops['sgd']:.2f}x)" if v != "sgd" else "") for v, n in ops.items())
+        print(f"{r['batch_size']:>5}  {parts}")
     print("phases, ms per step (fwd = zero_grad + forward with hooks, bwd, pre = pre.step(), opt):")
     for r in rows:
         parts = "  ".join(

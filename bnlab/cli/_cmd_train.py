@@ -31,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eps2", type=float, default=1e-4, help="BNP epsilon_2")
     p.add_argument("--native", action="store_true",
                    help="BNP: compiled CPU kernels for the dense layers (a C++ compiler; built once, ~20 s; "
-                        "same gradients to rounding, faster steps at small batches)")
+                        "same gradients to rounding, faster steps at small batches); only with --norm bnp or "
+                        "bnp_gn (an error otherwise)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--data-dir", default=None)

@@ -50,6 +50,8 @@ import warnings
 
 import torch
 
+from bnlab.optim import _kernel_cache
+
 __all__ = ["kernels", "can_use"]
 
 _SOURCE = r"""
@@ -137,7 +139,7 @@ std::vector<torch::Tensor> shifted_mean_var(torch::Tensor x, torch::Tensor c) {
       const scalar_t d = a[j] * inv_n;
       const scalar_t v = b[j] * inv_n - d * d;
       a[j] = cp[j] + d;
-      b[j] = v > scalar_t(0) ? v : scalar_t(0);
+      b[j] = v < scalar_t(0) ? scalar_t(0) : v;  // NaN stays NaN (the caller keeps such columns back)
     }
   });
   return {s1, s2};
@@ -148,10 +150,13 @@ std::vector<torch::Tensor> shifted_mean_var(torch::Tensor x, torch::Tensor c) {
 // gradients (gbs; an empty tensor for a layer without bias: only G_w <- G_w / (q^2 s~^2)).
 // Steps 1-3 run for every layer first; when eps1 = eps2 = 0 and a layer's q^2 s~^2 has an entry
 // <= 0 the index of the first such layer is returned and no gradient is touched (the caller
-// raises); otherwise -1 after steps 4-5.
+// raises); otherwise steps 4-5 follow and -1 is returned, or -2 when some column's new running
+// mean or variance was not finite: such a column keeps its old statistics (the number of them per
+// layer goes to `skipped`, if given).
 template <typename T>
 static bool statistics_and_inverse(const torch::Tensor& x, torch::Tensor& mean, torch::Tensor& var,
-                                   T* inv, double rho, double eps1, double eps2, double q2) {
+                                   T* inv, double rho, double eps1, double eps2, double q2,
+                                   int64_t* skipped) {
   const int64_t n = x.size(0), m = x.size(1);
   std::vector<T> s1(m), s2(m);
   const T* xp = x.data_ptr<T>();
@@ -169,34 +174,47 @@ static bool statistics_and_inverse(const torch::Tensor& x, torch::Tensor& mean, 
   // Branch-free loops (the n > 1 test hoisted, the maximum and the sign test as reductions in the
   // same loops) so the compiler vectorizes them: a scalar loop, or the maximum as a loop of its
   // own, cost 4-10 us for 3 072 columns, more than the read of a 16 x 3 072 input.
+  // A column whose new mean or variance is not finite (a NaN/inf input, or a square that
+  // overflows) keeps its old values: x - x == 0 exactly when x is finite (branch-free, vectorized).
   T vmax = T(0);
+  int64_t bad = 0;
   if (n > 1) {
-    #pragma omp simd reduction(max:vmax)
+    #pragma omp simd reduction(max:vmax) reduction(+:bad)
     for (int64_t j = 0; j < m; ++j) {
       const T d = p1[j] * inv_n;
       const T var_h = std::max(p2[j] * inv_n - d * d, T(0));
-      mu[j] += a * d;
-      const T vj = v[j] + a * (var_h - v[j]);
+      const T mj = mu[j] + a * d;
+      const T vn = v[j] + a * (var_h - v[j]);
+      const bool ok = (mj - mj == T(0)) & (vn - vn == T(0));
+      mu[j] = ok ? mj : mu[j];
+      const T vj = ok ? vn : v[j];
       v[j] = vj;
       vmax = std::max(vmax, vj);
+      bad += ok ? 0 : 1;
     }
   } else {
-    #pragma omp simd reduction(max:vmax)
+    #pragma omp simd reduction(max:vmax) reduction(+:bad)
     for (int64_t j = 0; j < m; ++j) {
-      mu[j] += a * p1[j];
-      const T vj = v[j] + a * (p2[j] - v[j]);
+      const T mj = mu[j] + a * p1[j];
+      const T vn = v[j] + a * (p2[j] - v[j]);
+      const bool ok = (mj - mj == T(0)) & (vn - vn == T(0));
+      mu[j] = ok ? mj : mu[j];
+      const T vj = ok ? vn : v[j];
       v[j] = vj;
       vmax = std::max(vmax, vj);
+      bad += ok ? 0 : 1;
     }
   }
-  // Step 3 and the factor of steps 4-5: 1/(q^2 s~^2), s~^2 = sigma^2 + eps1 max sigma^2 + eps2.
-  const T shift = T(eps1) * vmax + T(eps2), q = T(q2);
+  *skipped = bad;
+  // Step 3 and the factor of steps 4-5: 1/(q^2 s~^2) = (1/q^2)/s~^2 (no overflow of q^2 s~^2),
+  // s~^2 = sigma^2 + eps1 max sigma^2 + eps2.
+  const T shift = T(eps1) * vmax + T(eps2), inv_q = T(1.0 / q2);
   T vt_min = std::numeric_limits<T>::infinity();
   #pragma omp simd reduction(min:vt_min)
   for (int64_t j = 0; j < m; ++j) {
-    const T vt = (v[j] + shift) * q;
+    const T vt = v[j] + shift;
     vt_min = std::min(vt_min, vt);
-    inv[j] = T(1) / vt;
+    inv[j] = inv_q / vt;
   }
   return vt_min > T(0);
 }
@@ -235,10 +253,14 @@ static void transform_gradient(torch::Tensor& gw, torch::Tensor& gb, const torch
 int64_t dense_step(std::vector<torch::Tensor> xs, std::vector<torch::Tensor> means,
                    std::vector<torch::Tensor> vars, std::vector<torch::Tensor> gws,
                    std::vector<torch::Tensor> gbs, double rho, double eps1, double eps2,
-                   std::vector<double> q2s) {
+                   std::vector<double> q2s, std::optional<torch::Tensor> skipped) {
   const size_t layers = xs.size();
   TORCH_CHECK(means.size() == layers && vars.size() == layers && gws.size() == layers &&
               gbs.size() == layers && q2s.size() == layers, "dense_step: lists of unequal length");
+  if (skipped.has_value())
+    TORCH_CHECK(skipped->dim() == 1 && skipped->numel() >= static_cast<int64_t>(layers) &&
+                skipped->is_contiguous() && skipped->device().is_cpu() &&
+                skipped->scalar_type() == torch::kInt64, "dense_step: skipped must be an int64 CPU vector");
   if (layers == 0) return -1;
   const auto dtype = xs[0].scalar_type();
   for (size_t l = 0; l < layers; ++l) {
@@ -258,19 +280,35 @@ int64_t dense_step(std::vector<torch::Tensor> xs, std::vector<torch::Tensor> mea
                 "dense_step: layer ", l, ": expected an (n_out,) bias gradient or an empty tensor");
   }
   int64_t bad = -1;
+  std::vector<int64_t> kept_back(layers, 0);
   AT_DISPATCH_FLOATING_TYPES(dtype, "dense_step", [&] {
     std::vector<std::vector<scalar_t>> invs(layers);
     for (size_t l = 0; l < layers; ++l) {
       invs[l].resize(xs[l].size(1));
       const bool ok = statistics_and_inverse<scalar_t>(xs[l], means[l], vars[l], invs[l].data(),
-                                                       rho, eps1, eps2, q2s[l]);
+                                                       rho, eps1, eps2, q2s[l], &kept_back[l]);
       if (!ok && eps1 == 0.0 && eps2 == 0.0 && bad < 0) bad = static_cast<int64_t>(l);
     }
     if (bad >= 0) return;
     for (size_t l = 0; l < layers; ++l)
       transform_gradient<scalar_t>(gws[l], gbs[l], means[l], invs[l].data(), q2s[l]);
   });
-  return bad;
+  if (skipped.has_value()) {
+    int64_t* out = skipped->data_ptr<int64_t>();
+    for (size_t l = 0; l < layers; ++l) out[l] = kept_back[l];
+  }
+  if (bad >= 0) return bad;
+  for (size_t l = 0; l < layers; ++l)
+    if (kept_back[l]) return -2;
+  return -1;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("shifted_moments", &shifted_moments, "(sum(x - c), sum((x - c)^2)) over the rows");
+  m.def("shifted_mean_var", &shifted_mean_var, "column mean and biased variance about a shift");
+  m.def("dense_step", &dense_step, "Algorithm 2 steps 1-5 of every dense layer, in place",
+        py::arg("xs"), py::arg("means"), py::arg("vars"), py::arg("gws"), py::arg("gbs"), py::arg("rho"),
+        py::arg("eps1"), py::arg("eps2"), py::arg("q2s"), py::arg("skipped") = py::none());
 }
 """
 
@@ -304,33 +342,55 @@ def kernels():
       an (m,) shift c;
     * ``shifted_mean_var(x, c)`` -> ``(μ_H, σ_H²)`` (Lange et al. Eq. 13, biased variance) =
       ``(c + s1/N, max(s2/N - (s1/N)², 0))``;
-    * ``dense_step(xs, means, vars, gws, gbs, rho, eps1, eps2, q2s)`` -> ``int``: Algorithm 2
-      steps 1-5 for each layer l in place (running ``means[l]``, ``vars[l]``; weight gradient
-      ``gws[l]`` (n_out, n_in); bias gradient ``gbs[l]`` or an empty tensor), returning -1, or,
-      when ``eps1 = eps2 = 0`` and some layer's σ̃² has an entry ≤ 0, that layer's index before
-      any gradient is changed.
+    * ``dense_step(xs, means, vars, gws, gbs, rho, eps1, eps2, q2s, skipped=None)`` -> ``int``:
+      Algorithm 2 steps 1-5 for each layer l in place (running ``means[l]``, ``vars[l]``; weight
+      gradient ``gws[l]`` (n_out, n_in); bias gradient ``gbs[l]`` or an empty tensor), returning
+      -1; or, when ``eps1 = eps2 = 0`` and some layer's σ̃² has an entry ≤ 0, that layer's index
+      before any gradient is changed; or -2 when columns with a non-finite new mean or variance
+      kept their old statistics (their number per layer written to the int64 CPU vector
+      ``skipped`` if given).
+
+    Built and loaded through :mod:`bnlab.optim._kernel_cache`: only from a folder of this user's
+    that nobody else can write, after checking the folder against the SHA-256 manifest recorded at
+    the last build (a mismatch rebuilds, with a warning), under a build lock whose stale copies are
+    removed and whose wait is bounded (then ``None``: the eager route, with a warning).
     """
     if "kernel" not in _STATE:
-        try:
-            from torch.utils.cpp_extension import load_inline
+        _STATE["kernel"] = _build()
+    return _STATE["kernel"]
 
-            module = load_inline(
-                f"bnlab_bnp_native_v3_{_cpu_tag()}",
+
+def _build():
+    name = f"bnlab_bnp_native_v4_{_cpu_tag()}"
+    try:
+        from torch.utils import cpp_extension
+
+        folder = _kernel_cache.build_directory(name)
+        with _kernel_cache.build_lock(folder):
+            _kernel_cache.remove_torch_lock(folder)
+            problem = _kernel_cache.check_manifest(folder, name)
+            if problem is not None:
+                if problem != "empty":
+                    warnings.warn(f"bnlab: the native BNP kernels' build folder {folder} is not as it was built "
+                                  f"({problem}); rebuilding it from the sources", RuntimeWarning, stacklevel=4)
+                _kernel_cache.clear_directory(folder)
+            module = cpp_extension.load_inline(
+                name,
                 cpp_sources=_SOURCE,
-                functions=["shifted_moments", "shifted_mean_var", "dense_step"],
                 extra_cflags=["-O3", "-march=native", "-fopenmp-simd"],
+                build_directory=str(folder),
                 verbose=False,
             )
-            _STATE["kernel"] = module
-        except Exception as exc:  # no compiler / ninja / headers: keep the eager route
-            warnings.warn(
-                f"bnlab: could not build the native BNP kernels ({type(exc).__name__}: {exc}); "
-                "using the eager route (native=True has no effect)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            _STATE["kernel"] = None
-    return _STATE["kernel"]
+            _kernel_cache.write_manifest(folder, name)
+        return module
+    except Exception as exc:  # no compiler / ninja / headers, an unsafe folder, a lock held too long
+        warnings.warn(
+            f"bnlab: could not build the native BNP kernels ({type(exc).__name__}: {exc}); "
+            "using the eager route (native=True has no effect)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
 
 
 def can_use(x: torch.Tensor, shift: torch.Tensor) -> bool:

@@ -17,6 +17,28 @@ optimizer and rewrites ``.grad`` in place::
         pre.step()                                # Algorithm 2 / 3 steps 1-5 on every layer
         opt.step()
 
+How the code is laid out (kfac-pytorch's and torch.optim's shape):
+
+* **registration** (:class:`BNPreconditioner`'s constructor): the layers are found through the
+  handler registry (:func:`register_layer_handler`; ``_layers`` holds a handler per module type)
+  and each gets a forward pre-hook and a layer object (``_bnp_layers``: :class:`DenseLayer` for
+  ``nn.Linear``, :class:`ConvLayer` for convolutions) that holds its own state;
+* **one route chooser** (:func:`_default_kept_route` at registration, :meth:`BNPreconditioner._route`
+  for each forward), in the style of ``torch.optim``'s ``_default_to_fused_or_foreach``: *eager*
+  (``torch._foreach_*`` over the layers), *fused* (``gradient="fused"``/``"auto"``), *native*
+  (``native=True``, compiled C++ on CPU) or *compiled* (``torch.compile`` of the functional core,
+  the default on CUDA);
+* :meth:`BNPreconditioner.step` only orchestrates: it sorts the pending layers by route and hands
+  each group to the functional core (``_functional``: statistics update, inverse scales, gradient
+  transform — pure functions of tensors that the eager, fused and compiled routes share, and
+  that the native kernel implements in C++).
+
+Non-finite batches: the columns of a layer whose batch statistics are NaN or infinite (a NaN or
+inf input, or a float32 input whose square overflows) keep their running mean and variance for
+that step; a ``RuntimeWarning`` names the layer and :attr:`BNPreconditioner.nonfinite_batches`
+counts such steps.  The gradients themselves are the caller's: a NaN loss still gives NaN
+gradients, but the running statistics — and so every later step — stay finite.
+
 Errata and interpretations (Lange et al., JMLR version in ../shared/papers):
 
 * Algorithm 2 step 5 (and Algorithm 3 step 5) must use the *updated* G_w of step 4, which already
@@ -45,14 +67,17 @@ import contextlib
 import fnmatch
 import math
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
 
-from bnlab._validation import check_choice, check_real
-from bnlab.optim import _native
+from bnlab._validation import check_choice, check_int, check_real
+from bnlab.optim import _bnp_checks as _checks
+from bnlab.optim import _compiled, _native
+from bnlab.optim import _functional as F
+from bnlab.optim._bnp_layers import BNPLayer, ConvLayer, DenseLayer, stats_dtype
+from bnlab.optim._functional import regularized_variance
 from bnlab.optim._layers import (
     CONV_STATISTICS,
     Conv1dHandler,
@@ -60,7 +85,6 @@ from bnlab.optim._layers import (
     LayerHandler,
     LinearHandler,
     _layer_label,
-    block_rows,
 )
 
 __all__ = [
@@ -79,14 +103,18 @@ GRADIENT_MODES = ("transform", "fused", "auto")
 #: (measured on CPU at N = 16, × SGD, fused against transform: 1.42 vs 1.45 with a 3072 × 100
 #: first layer, 1.08 vs 1.43 with 4096 × 1024, 1.87 vs 1.68 with 784 × 100; docs/optim.md).
 _AUTO_FUSED_MIN_WEIGHTS = 1 << 17
-#: The same threshold when ``native=True`` gives the transform route its one-call compiled step on
-#: CPU: a single bandwidth-bound pass over G_w, which the fused route beats only for large layers
-#: (measured at N = 16, × SGD, fused against native: 1.42 vs 1.16 with 3072 × 100, 1.23 vs 1.17
-#: with 1024 × 1024, 1.29 vs 1.16 with 2048 × 512, 1.05 vs 1.17 with 4096 × 1024; docs/optim.md).
+#: The same threshold when the layer takes a kept-input route (``native=True`` on CPU, the compiled
+#: route): a single bandwidth-bound pass over G_w, which the fused route beats only for large
+#: layers (measured at N = 16, × SGD, fused against native: 1.42 vs 1.16 with 3072 × 100, 1.23 vs
+#: 1.17 with 1024 × 1024, 1.29 vs 1.16 with 2048 × 512, 1.05 vs 1.17 with 4096 × 1024; docs/optim.md).
 _AUTO_FUSED_MIN_WEIGHTS_NATIVE = 1 << 21
-
-#: The "no bias gradient" placeholder of the native dense_step's list of bias gradients.
-_EMPTY = torch.empty(0)
+#: ε₁ and ε₂ above these make 1/(q²σ̃²) underflow float32 (q² ≤ 10⁶ and σ̃² ≤ 10³² keep it a
+#: normal number) — BNP would then zero the gradient silently.
+_EPS1_MAX = 1e6
+_EPS2_MAX = 1e30
+#: Routes that do not synchronize with the device count non-finite batches in a device tensor,
+#: read (one synchronization) every this many steps and whenever ``nonfinite_batches`` is read.
+_NONFINITE_CHECK_EVERY = 100
 
 _HANDLERS: dict[type, type[LayerHandler]] = {
     nn.Linear: LinearHandler,
@@ -119,16 +147,6 @@ def _handler_for(module: nn.Module) -> type[LayerHandler] | None:
     return None
 
 
-# --------------------------------------------------------------------------------------------------
-# Functional core
-# --------------------------------------------------------------------------------------------------
-
-
-def regularized_variance(var: torch.Tensor, eps1: float, eps2: float) -> torch.Tensor:
-    """σ̃² = σ² + ε₁·max(σ²) + ε₂ (Lange et al., Algorithm 2 step 3; Algorithm 3 step 3)."""
-    return var + (var.max() * eps1 + eps2)
-
-
 def bnp_precondition_(
     grad_weight: torch.Tensor,
     grad_bias: torch.Tensor | None,
@@ -149,91 +167,46 @@ def bnp_precondition_(
     Without a bias only the scaling ``G_w ← G_w / (q² σ̃²)`` is applied (see the module's Errata).
     Vectorized: one rank-1 update, one scaling, one matrix-vector product (5·n_in·n_out operations).
     """
-    _precondition_with_inverse_(grad_weight, grad_bias, mean, torch.reciprocal(var_tilde * q2), q2)
+    F.precondition_(grad_weight, grad_bias, mean, torch.reciprocal(var_tilde * q2), q2)
 
 
-def _precondition_with_inverse_(grad_weight, grad_bias, mean, inv, q2) -> None:
-    """:func:`bnp_precondition_` given ``inv`` = 1/(q² σ̃²) (Lange et al., Algorithm 2 steps 4-5)."""
-    if grad_bias is None:
-        grad_weight.mul_(inv)
-        return
-    grad_weight.addr_(grad_bias, mean, alpha=-1.0)
-    grad_weight.mul_(inv)
-    _bias_step_(grad_bias, grad_weight, mean, q2)
+# --------------------------------------------------------------------------------------------------
+# The route chooser
+# --------------------------------------------------------------------------------------------------
 
 
-def _bias_step_(grad_bias, mat, vec, q2) -> None:
-    """Algorithm 2 step 5 in place: G_b ← G_b/q² - mat·vec (one ``addmv_``, 1/q² as its β)."""
-    if isinstance(q2, torch.Tensor):
-        grad_bias.div_(q2)
-        grad_bias.addmv_(mat, vec, alpha=-1.0)
-    else:
-        grad_bias.addmv_(mat, vec, beta=1.0 / q2, alpha=-1.0)
+def _default_kept_route(device: torch.device, *, native_kernel: Any, compiled: bool | None) -> str | None:
+    """The kept-input route of the dense layers on ``device``, or ``None`` (eager / fused only).
+
+    As ``torch.optim``'s ``_default_to_fused_or_foreach`` picks an implementation by device:
+    ``"native"`` on CPU when ``native=True`` built its kernels; ``"compiled"`` when ``compiled=True``,
+    or by default (``compiled=None``) on CUDA where ``torch.compile`` can work (Triton installed) —
+    there the eager step is launch-bound; on CPU the default stays eager (the compiled step's
+    call overhead is not repaid at these sizes: docs/optim.md).
+    """
+    if native_kernel is not None and device.type == "cpu":
+        return "native"
+    if compiled is True:
+        return "compiled"
+    if compiled is None and device.type == "cuda" and _compiled.available(device):
+        return "compiled"
+    return None
+
+
+def _reads_back(device: torch.device) -> bool:
+    """Whether a step may read values back from ``device`` (free on CPU; a synchronization that stalls
+    the launch queue on a GPU, so there non-finite batches are counted on the device instead)."""
+    return device.type == "cpu"
+
+
+def _distributed() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized()
 
 
 # --------------------------------------------------------------------------------------------------
 # The preconditioner
 # --------------------------------------------------------------------------------------------------
-
-
-def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
-    # Statistics in float32 for half/bfloat16 layers (mixed precision), float64 kept for theory.
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-@dataclass
-class _LayerState:
-    name: str
-    module: nn.Module
-    handler: LayerHandler
-    mean: torch.Tensor
-    var: torch.Tensor
-    steps: int = 0
-    # Moments of the inputs seen since the last step (summed over forward calls).
-    samples: Any = 0
-    rows: Any = 0
-    s1: torch.Tensor | None = None
-    s2: torch.Tensor | None = None
-    # The mean μ_H and biased variance σ_H² of the only forward since the last step, where the
-    # handler gives them directly (LayerHandler.batch_statistics); a second forward turns them
-    # into moments (s1, s2) to pool.
-    batch_mean: torch.Tensor | None = None
-    batch_var: torch.Tensor | None = None
-    hook: Any = field(default=None, repr=False)
-    post_hook: Any = field(default=None, repr=False)
-    post_fn: Any = field(default=None, repr=False)
-    scratch: Any = field(default=None, repr=False)
-    last_q2: Any = None
-    # gradient="fused"/"auto": whether the layer can take the fused route at all (a plain
-    # nn.Linear with a bias), the weight's requires_grad switched off for the running forward,
-    # and the fused forward's input H (with its version counter) and output gradient δ.
-    can_fuse: bool = False
-    toggled: bool = False
-    fused_x: torch.Tensor | None = None
-    fused_version: int = 0
-    fused_delta: torch.Tensor | None = None
-    # The bias had no gradient and no gradient hooks when the fused forward ran: its gradient
-    # after backward() is then δᵀe (this forward's), which the lean route of step() relies on.
-    fused_clean: bool = False
-    fused_buffer: torch.Tensor | None = field(default=None, repr=False)
-    # native=True: whether the layer can take the compiled one-call step at all (a dense layer and
-    # the kernels built), and the input of the only forward since the last step, kept by the hook
-    # (with its version counter) for that step to take its statistics from.
-    native_ok: bool = False
-    native_x: torch.Tensor | None = None
-    native_version: int = 0
-    native_q2: tuple = (0, 1.0)  # (N, q²(N)) of the last native step
-
-    def clear_pending(self) -> None:
-        self.samples = 0
-        self.rows = 0
-        self.s1 = None
-        self.s2 = None
-        self.batch_mean = None
-        self.batch_var = None
-        self.fused_x = None
-        self.fused_delta = None
-        self.native_x = None
 
 
 class BNPreconditioner:
@@ -298,9 +271,22 @@ class BNPreconditioner:
     native_statistics:
         Deprecated alias of ``native`` (the name of the statistics-only kernel it replaced).
 
+    compiled:
+        The compiled route of the dense layers: the hook keeps the layer input and :meth:`step`
+        runs Algorithm 2 steps 1-5 of all of them as one ``torch.compile``-d function of the
+        functional core (``bnlab.optim._functional.dense_steps``), whose elementwise work inductor
+        fuses into a few kernels.  ``None`` (default): on CUDA (where the eager step is bound by
+        kernel launches) when Triton is installed, not on CPU; ``True``: on every device (CPU
+        included: inductor's C++ backend); ``False``: never.  The first step compiles (seconds to a
+        minute; again when the batch size changes); a failed compilation warns and runs the same
+        functional core uncompiled.  Not taken with ``eps1 = eps2 = 0`` (the zero-variance error
+        must be raised before any gradient changes) nor for layers ``native=True`` covers.
+
     Statistics are recorded by forward pre-hooks when the module is in training mode and gradients
     are enabled; several forward passes before one :meth:`step` (gradient accumulation) are pooled.
-    Running statistics start at μ = 0, σ² = 1 (Algorithm 2, "initialization").
+    Running statistics start at μ = 0, σ² = 1 (Algorithm 2, "initialization").  A batch whose
+    statistics are not finite is kept out of them column by column (see the module docstring and
+    :attr:`nonfinite_batches`).
     """
 
     def __init__(
@@ -316,6 +302,7 @@ class BNPreconditioner:
         gradient: str = "transform",
         native: bool = False,
         native_statistics: bool | None = None,
+        compiled: bool | None = None,
     ):
         if not isinstance(model, nn.Module):
             raise ValueError(f"model={type(model).__name__} is not allowed: expected a torch.nn.Module")
@@ -331,81 +318,74 @@ class BNPreconditioner:
             native = native or native_statistics
         if not isinstance(native, bool):
             raise ValueError(f"native={native!r} is not allowed: expected True or False")
+        if compiled is not None and not isinstance(compiled, bool):
+            raise ValueError(f"compiled={compiled!r} is not allowed: expected None, True or False")
         self.native = native
-        kernel = _native.kernels() if native else None
-        self._native_kernel = kernel
+        self.compiled = compiled
         self._recording = True
         self._auto_fused: bool | None = None
         self._workspace: dict[tuple, torch.Tensor] = {}
-        self._layers: dict[str, _LayerState] = {}
+        self._skipped: torch.Tensor | None = None
+        self._device_counters: dict[tuple, torch.Tensor] = {}
         self.steps = 0
+        self._layers: dict[str, BNPLayer] = self._register(model, skip, _native.kernels() if native else None)
+        self._layer_list = list(self._layers.values())
 
-        skip = tuple(skip) if not isinstance(skip, (str, type)) else (skip,)
-        names, types = [], []
-        for item in skip:
-            if isinstance(item, str):
-                names.append(item)
-            elif isinstance(item, type) and issubclass(item, nn.Module):
-                types.append(item)
-            else:
-                raise ValueError(f"skip entry {item!r} is not allowed: expected a module name (str) or an nn.Module type")
-        all_names = [n for n, _ in model.named_modules()]
-        for pattern in names:
-            if not any(n == pattern or fnmatch.fnmatchcase(n, pattern) for n in all_names):
-                raise ValueError(
-                    f"skip entry {pattern!r} matches no module of the model (module names: "
-                    f"{', '.join(repr(n) for n in all_names[1:21])}{' …' if len(all_names) > 21 else ''})"
-                )
-
+    # ------------------------------------------------------------------------------------------
+    # Registration
+    # ------------------------------------------------------------------------------------------
+    def _register(self, model: nn.Module, skip, kernel) -> dict[str, BNPLayer]:
+        """Find the layers (handler registry), validate them, build a layer object per layer with
+        its kept-input route (the route chooser) and hook it."""
+        names, types = _checks.skip_entries(skip, model)
+        self._native_kernel = kernel
+        layers: dict[str, BNPLayer] = {}
         skipped = []
         for name, module in model.named_modules():
             handler_cls = _handler_for(module)
             if handler_cls is None:
                 continue
-            if isinstance(module, tuple(types)) or any(
-                name == p or fnmatch.fnmatchcase(name, p) for p in names
-            ):
+            if isinstance(module, tuple(types)) or any(name == p or fnmatch.fnmatchcase(name, p) for p in names):
                 skipped.append(name)
                 continue
             handler_cls.check(module, name, conv_statistics=self.conv_statistics)
+            _checks.check_layer(module, name)
             options = {"conv_statistics": self.conv_statistics}
             if kernel is not None and handler_cls is LinearHandler:
                 options["moments_kernel"] = kernel
             handler = handler_cls(module, name, **options)
-            weight = module.weight
-            dtype = _stats_dtype(weight.dtype)
-            cols = handler.num_columns()
-            state = _LayerState(
-                name=name,
-                module=module,
-                handler=handler,
-                mean=torch.zeros(cols, dtype=dtype, device=weight.device),
-                var=torch.ones(cols, dtype=dtype, device=weight.device),
-                can_fuse=(self.gradient != "transform" and type(module) is nn.Linear
-                          and module.bias is not None),
-                native_ok=kernel is not None and handler_cls is LinearHandler,
-            )
-            self._layers[name] = state
-        if not self._layers:
+            if handler.num_columns() == 0:
+                raise ValueError(
+                    f"BNP cannot precondition layer {_layer_label(name)} ({type(module).__name__}): it has no "
+                    f"input features, so there are no statistics to keep; skip it with skip=[{name!r}]"
+                )
+            if handler_cls is LinearHandler:
+                kept = _default_kept_route(module.weight.device, native_kernel=kernel, compiled=self.compiled)
+                fuse = self.gradient != "transform" and type(module) is nn.Linear and module.bias is not None
+                layer: BNPLayer = DenseLayer(name, module, handler, fuse=fuse, kept_route=kept)
+            else:
+                layer = ConvLayer(name, module, handler)
+            layers[name] = layer
+        if not layers:
             supported = ", ".join(sorted(t.__name__ for t in _HANDLERS))
             extra = f" ({len(skipped)} skipped: {', '.join(map(repr, skipped))})" if skipped else ""
             raise ValueError(
                 f"model={type(model).__name__} has no layer BNP can precondition{extra}; supported types: {supported}"
             )
-        self._layer_list = list(self._layers.values())
-        for state in self._layers.values():
-            state.hook = state.module.register_forward_pre_hook(self._make_hook(state), with_kwargs=True)
-            if state.can_fuse:
-                state.post_fn = self._make_post_hook(state)
+        if kernel is not None and not any(getattr(s, "kept_route", None) == "native" for s in layers.values()):
+            warnings.warn("BNPreconditioner(native=True): no dense layer is on the CPU, so the compiled CPU kernels "
+                          "are not used", RuntimeWarning, stacklevel=3)
+        for layer in layers.values():
+            layer.hook = layer.module.register_forward_pre_hook(self._make_hook(layer), with_kwargs=True)
+        return layers
 
-    # ------------------------------------------------------------------------------------------
     @staticmethod
     def _check_hyper(rho, eps1, eps2) -> tuple[float, float, float]:
         rho = check_real("rho", rho, minimum=0.0)
         if rho >= 1.0:
             raise ValueError(f"rho={rho!r} is not allowed: expected a number in [0, 1)")
-        eps1 = check_real("eps1", eps1, minimum=0.0)
-        eps2 = check_real("eps2", eps2, minimum=0.0)
+        eps1 = check_real("eps1", eps1, minimum=0.0, maximum=_EPS1_MAX)
+        eps2 = check_real("eps2", eps2, minimum=0.0, maximum=_EPS2_MAX)
         return rho, eps1, eps2
 
     @property
@@ -413,9 +393,27 @@ class BNPreconditioner:
         """The preconditioned modules by qualified name."""
         return {name: s.module for name, s in self._layers.items()}
 
+    @property
+    def routes(self) -> dict[str, str]:
+        """Per layer, the route its forwards take when nothing else is pending: ``"native"``,
+        ``"compiled"``, ``"fused"`` (``gradient="fused"``; ``"auto"`` decides per step) or ``"eager"``."""
+        out = {}
+        for name, s in self._layers.items():
+            kept = getattr(s, "kept_route", None)
+            out[name] = ("fused" if getattr(s, "fuse", False) and self.gradient == "fused"
+                         else kept or "eager")
+        return out
+
+    @property
+    def nonfinite_batches(self) -> dict[str, int]:
+        """Per layer, the steps whose batch statistics had non-finite columns, kept out of the running
+        statistics (reads device counters: one synchronization on a GPU)."""
+        self._collect_device_flags()
+        return {name: s.nonfinite for name, s in self._layers.items()}
+
     def statistics(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The running mean μ and variance σ² (not σ̃²) of layer ``name``'s input (copies)."""
-        if name not in self._layers:
+        if not isinstance(name, str) or name not in self._layers:
             raise ValueError(f"name={name!r} is not allowed: expected one of {', '.join(map(repr, self._layers))}")
         s = self._layers[name]
         return s.mean.clone(), s.var.clone()
@@ -443,12 +441,14 @@ class BNPreconditioner:
             if s.hook is not None:
                 s.hook.remove()
                 s.hook = None
-            if s.post_hook is not None:
+            if getattr(s, "post_hook", None) is not None:
                 s.post_hook.remove()
                 s.post_hook = None
 
     # ------------------------------------------------------------------------------------------
-    def _make_hook(self, state: _LayerState):
+    # Forward hooks and the route of each forward
+    # ------------------------------------------------------------------------------------------
+    def _make_hook(self, layer: BNPLayer):
         def hook(module, args, kwargs):
             if not (self._recording and module.training and torch.is_grad_enabled()):
                 return None
@@ -460,35 +460,56 @@ class BNPreconditioner:
                 return None
             if not isinstance(x, torch.Tensor):
                 return None
-            handler = state.handler
+            handler = layer.handler
             if x.dim() != handler.expected_input_ndim:
                 handler.check_input(x)  # raises, naming the layer
-            if (state.can_fuse and self._auto_fused is not False and state.fused_x is None and state.s1 is None
-                    and state.batch_mean is None and self._start_fused(state, module, x)):
-                return None  # the statistics of a fused forward are taken in step(), from the kept input
-            if (state.native_ok and state.native_x is None and state.s1 is None and state.batch_mean is None
-                    and state.fused_x is None and x.is_cpu and x.dtype == state.mean.dtype
-                    and state.mean.is_cpu and x.is_contiguous()):
-                # native=True: keep the input; step() takes its statistics in the one-call kernel.
-                x = x.detach()
-                state.native_x = x
-                state.native_version = x._version
-                return None
-            self._record(state, x)
+            if not x.is_floating_point() or x.shape[0] == 0:
+                _checks.bad_input(layer, x)
+            route = self._route(layer, x)
+            if route == "eager":
+                layer.record(x, self._workspace)
+            elif route == "kept":
+                layer.keep(x)  # step() takes the statistics, in one call for all kept layers
+            else:
+                layer.start_fused(x)  # step() takes the statistics from the kept input
             return None
 
         return hook
 
-    def _start_fused(self, state: _LayerState, module: nn.Module, x: torch.Tensor) -> bool:
-        """Take this forward of ``module`` on the fused route if it qualifies (see ``gradient``)."""
+    def _route(self, layer: BNPLayer, x: torch.Tensor) -> str:
+        """The route chooser for one forward of ``layer``: ``"fused"``, ``"kept"`` (the layer's
+        kept-input route: native or compiled) or ``"eager"``.
+
+        Only a dense layer's first forward since the last step can take the fused or a kept route
+        (a second forward pools moments on the eager route).  ``gradient="auto"`` is decided once
+        per step by the first dense layer that runs (see the class docstring)."""
+        if not isinstance(layer, DenseLayer) or not layer.idle:
+            return "eager"
+        if x.device != layer.kept_device:  # the model moved since registration: choose for its new device
+            layer.kept_device = x.device
+            layer.kept_route = _default_kept_route(x.device, native_kernel=self._native_kernel,
+                                                   compiled=self.compiled)
+        keeps = layer.kept_route is not None and self._keeps(layer, x)
+        if layer.fuse and self._auto_fused is not False and self._fuses(layer, x, keeps):
+            return "fused"
+        return "kept" if keeps else "eager"
+
+    def _keeps(self, layer: DenseLayer, x: torch.Tensor) -> bool:
+        mean = layer.mean
+        if layer.kept_route == "native":
+            return x.is_cpu and x.dtype == mean.dtype and mean.is_cpu and x.is_contiguous()
+        # compiled: any floating input on the statistics' device (upcast inside the compiled step)
+        return x.device == mean.device and not (self.eps1 == 0.0 and self.eps2 == 0.0)
+
+    def _fuses(self, layer: DenseLayer, x: torch.Tensor, one_pass: bool) -> bool:
+        module = layer.module
         weight, bias = module.weight, module.bias
-        if not (weight.requires_grad and bias.requires_grad and x.dtype == weight.dtype == state.mean.dtype
-                and x.device == state.mean.device):
+        if not (weight.requires_grad and bias.requires_grad and x.dtype == weight.dtype == layer.mean.dtype
+                and x.device == layer.mean.device):
             return False
         if self.gradient == "auto":
             if self._auto_fused is None:  # decided once per step, by the first dense layer that runs
-                native = state.native_ok and x.is_cpu
-                minimum = _AUTO_FUSED_MIN_WEIGHTS_NATIVE if native else _AUTO_FUSED_MIN_WEIGHTS
+                minimum = _AUTO_FUSED_MIN_WEIGHTS_NATIVE if one_pass else _AUTO_FUSED_MIN_WEIGHTS
                 self._auto_fused = x.shape[0] <= module.out_features and weight.numel() >= minimum
             if not self._auto_fused:
                 return False
@@ -496,144 +517,301 @@ class BNPreconditioner:
             return False  # hooks on the weight's gradient would not run: keep autograd's route
         if torch.is_autocast_enabled(x.device.type):
             return False  # the output and δ would be in the autocast dtype (mixed precision)
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
+        return not _distributed()
+
+    # ------------------------------------------------------------------------------------------
+    # step(): orchestration
+    # ------------------------------------------------------------------------------------------
+    def step(self) -> None:
+        """Precondition the ``.grad`` of every layer's weight and bias (Algorithm 2 / 3, steps 1-5).
+
+        Call after ``loss.backward()`` and before ``optimizer.step()``.  Raises ``RuntimeError`` if
+        no statistics were recorded since the last step (no forward pass in training mode), or if
+        a layer has a gradient but its forward hook never saw an input.
+        """
+        if self._native_kernel is not None and self._native_only_step():
+            return
+        with torch.no_grad():
+            self._step()
+        if self.steps % _NONFINITE_CHECK_EVERY == 0:
+            self._collect_device_flags()
+
+    def _native_only_step(self) -> bool:
+        """The common case of ``native=True``: every layer ran exactly one forward on the native
+        route since the last step and its gradients qualify (:meth:`DenseLayer.native_args`).  Then
+        one kernel call does the whole step and this returns ``True``; otherwise nothing is changed
+        and it returns ``False`` for the general route.  (No autograd mode switch: the kernel
+        records nothing; one pass over the layers: at N = 16 on Table 1's network the Python around
+        the kernel is still ~0.025 ms of ``step()``'s ~0.09 ms.)"""
+        layers = self._layer_list
+        args = []
+        for s in layers:
+            if s.kept_x is None or s.kept_route != "native":
+                return False
+            a = s.native_args()
+            if a is None or (args and a[0].dtype != args[0][0].dtype):
+                return False  # not eligible, or a second dtype (the kernel takes one per call)
+            args.append(a)
+        if _distributed():
             return False
-        if state.post_hook is None:
-            # Registered while a fused forward is pending (removed by step()), so layers that do
-            # not fuse pay nothing; always_call restores requires_grad even if the forward raises.
-            state.post_hook = module.register_forward_hook(state.post_fn, always_call=True)
-        weight.requires_grad_(False)
-        state.toggled = True
-        state.fused_x = x.detach()
-        state.fused_version = x._version
-        state.fused_clean = (bias.grad is None and not bias._backward_hooks
-                             and not getattr(bias, "_post_accumulate_grad_hooks", None))
+        self._native_step(layers, args)
+        for s in layers:
+            s.kept_x = None
+            s.steps += 1
+        self.steps += 1
         return True
 
-    def _make_post_hook(self, state: _LayerState):
-        def capture(grad_outputs):
-            # δ = ∂L/∂(output) of this forward (G_w = δᵀH, Lange et al. Eq. 9); summed over repeated backward
-            # passes through the same graph, as autograd sums gradients.
-            delta = grad_outputs[0]
-            if delta is not None:
-                state.fused_delta = delta if state.fused_delta is None else state.fused_delta + delta
-
-        def post_hook(module, args, output):
-            if not state.toggled:
-                return None
-            state.toggled = False
-            module.weight.requires_grad_(True)
-            grad_fn = getattr(output, "grad_fn", None)
-            if grad_fn is None:  # the forward raised, or its output is not differentiable
-                state.fused_x = None
-            else:
-                grad_fn.register_prehook(capture)
-            return None
-
-        return post_hook
-
-    def _record(self, state: _LayerState, x: torch.Tensor) -> None:
-        # Detached operands record no autograd graph, so no no_grad() context is needed; autocast
-        # leaves sub/sum/mul_ of float32 tensors alone.
-        if state.native_x is not None:
-            self._flush_native(state)  # a second forward: pool the kept input's moments first
-        x = x.detach()
-        mean = state.mean
-        if x.dtype == mean.dtype and x.device == mean.device:
-            # The common case, checked first to keep the per-call Python overhead small: the
-            # statistics' dtype is the input's (an input of another dtype than the statistics
-            # either is converted below or, if the weight's dtype changed, moves them).
-            out = self._scratch(state, x)
-        else:
-            dtype = _stats_dtype(state.module.weight.dtype)
-            if mean.device != x.device or mean.dtype != dtype:
-                state.mean = state.mean.to(device=x.device, dtype=dtype)
-                state.var = state.var.to(device=x.device, dtype=dtype)
-            if x.dtype != dtype:
-                x = x.to(dtype)  # a private copy (mixed precision): it can be its own scratch
-                out = None
-            else:
-                out = self._scratch(state, x)
-        if state.s1 is None and state.batch_mean is None and state.fused_x is None:
-            stats = state.handler.batch_statistics_about(x, state.mean)
-            if stats is not None:  # the first forward since the last step: μ_H and σ_H² directly
-                state.batch_mean, state.batch_var = stats
-                state.samples = state.rows = x.shape[0]
-                return
-        self._add_moments(state, x, out)
-
-    def _add_moments(self, state: _LayerState, x: torch.Tensor, scratch) -> None:
-        """Pool the moments of input ``x`` (about the running mean) into the layer's pending ones, after
-        turning any pending μ_H, σ_H² into moments first."""
-        self._batch_to_moments(state)
-        samples, rows, s1, s2 = state.handler.moments(x, state.mean, scratch)
-        if state.s1 is None:
-            state.samples, state.rows, state.s1, state.s2 = samples, rows, s1, s2
-        else:
-            state.samples += samples
-            state.rows += rows
-            state.s1 = state.s1 + s1
-            state.s2 = state.s2 + s2
-
-    def _flush_native(self, state: _LayerState) -> None:
-        """Turn the input a hook kept for the one-call native step into pending moments (the
-        layer then takes the eager route this step)."""
-        x = state.native_x
-        state.native_x = None
-        self._check_native_version(state, x)
-        self._add_moments(state, x, self._scratch(state, x))
-
-    @staticmethod
-    def _check_native_version(state: _LayerState, x: torch.Tensor) -> None:
-        if x._version != state.native_version:
+    def _step(self) -> None:
+        layers = self._layer_list
+        pending = [s for s in layers if s.pending]
+        if not pending:
             raise RuntimeError(
-                f"BNP layer {_layer_label(state.name)}: its input was modified in place after the forward pass; "
-                "with native=True BNP keeps the input to take its statistics in step() (use native=False, or "
-                "avoid the in-place operation)"
+                "BNPreconditioner.step() was called before any forward pass recorded statistics: run the "
+                "model forward in training mode with gradients enabled between steps"
             )
+        for s in layers:
+            if not s.pending and s.has_grad():
+                raise RuntimeError(
+                    f"BNP layer {_layer_label(s.name)} has a gradient but its forward hook recorded no input "
+                    "since the last step (was it called through its forward()?); skip it with "
+                    f"skip=[{s.name!r}]"
+                )
+        self._auto_fused = None
+        eager: list[BNPLayer] = []
+        lean: list[DenseLayer] = []
+        kept: dict[str, list[tuple[DenseLayer, tuple]]] = {}
+        distributed = None
+        for s in pending:
+            if s.kept_x is not None:
+                if distributed is None:
+                    distributed = _distributed()
+                args = None if distributed else (s.native_args() if s.kept_route == "native"
+                                                 else s.compiled_args())
+                if args is not None:
+                    kept.setdefault(s.kept_route, []).append((s, args))
+                    continue
+                s.flush_kept(self._workspace)  # the statistics are all-reduced, or the gradients do not qualify
+            elif s.fused is not None:
+                s.check_fused_version()
+                if s.is_lean():
+                    lean.append(s)
+                    continue
+                s.pool_fused_moments(self._workspace)
+            eager.append(s)
+        if eager:
+            self._eager_step(eager)
+        if lean:
+            self._lean_step(lean)
+        for route, pairs in kept.items():
+            by_dtype: dict[tuple, list] = {}
+            for pair in pairs:  # one call per input dtype (native) / statistics device and dtype (compiled)
+                s, a = pair
+                key = (a[0].dtype,) if route == "native" else (s.mean.device, s.mean.dtype)
+                by_dtype.setdefault(key, []).append(pair)
+            for group in by_dtype.values():
+                step = self._native_step if route == "native" else self._compiled_step
+                step([p[0] for p in group], [p[1] for p in group])
+        for s in pending:
+            s.clear_pending()
+            s.steps += 1
+        self.steps += 1
+
+    # ------------------------------------------------------------------------------------------
+    # The routes' steps
+    # ------------------------------------------------------------------------------------------
+    def _eager_step(self, layers: list[BNPLayer]) -> None:
+        """Steps 1-5 on the eager route (and the fused forwards off their lean path): statistics
+        all-reduced under torch.distributed, updated in groups with ``torch._foreach_*``, then each
+        layer's gradients transformed."""
+        self._all_reduce(layers)
+        inverses = self._update_statistics(layers)
+        for s, inv in zip(layers, inverses):
+            if s.fused is not None:
+                s.fused_transform(inv)
+            else:
+                s.precondition(inv)
+
+    def _update_statistics(self, layers: list[BNPLayer]) -> list[torch.Tensor]:
+        """Algorithm 2 / 3 steps 1-3 for the layers; returns each layer's 1/(q² σ̃²).
+
+        Batched with ``torch._foreach_*`` (as ``torch.optim`` does) over the layers that share
+        device, dtype (and, for pooled moments, row count), so a step costs a fixed number of
+        operator calls per group instead of a dozen per layer.
+        """
+        direct: dict[tuple, list[int]] = {}
+        moments: dict[tuple, list[int]] = {}
+        for i, s in enumerate(layers):
+            if s.batch_mean is not None:
+                direct.setdefault((s.mean.device, s.mean.dtype), []).append(i)
+            else:
+                moments.setdefault((s.mean.device, s.mean.dtype, s.rows), []).append(i)
+        inverses: list[Any] = [None] * len(layers)
+        for index in direct.values():  # layers with μ_H, σ_H² of one forward
+            group = [layers[i] for i in index]
+            for i, inv in zip(index, self._direct_update(group)):
+                inverses[i] = inv
+        for (_, _, rows), index in moments.items():
+            group = [layers[i] for i in index]
+            new_means, new_vars = F.moments_running_average(
+                [s.mean for s in group], [s.var for s in group], [s.s1 for s in group], [s.s2 for s in group],
+                rows, self.rho)
+            for i, inv in zip(index, self._commit(group, new_means, new_vars)):
+                inverses[i] = inv
+        return inverses
+
+    def _direct_update(self, group: list[BNPLayer]) -> list[torch.Tensor]:
+        """Step 2 from each layer's μ_H, σ_H² (one device and dtype; at N = 1 σ_H² is the variance
+        about the running mean before the update, (h - μ)², §3.3), then :meth:`_commit`."""
+        batch_vars = [s.batch_mean.sub(s.mean).square_() if s.rows == 1 else s.batch_var for s in group]
+        new_means, new_vars = F.running_average([s.mean for s in group], [s.var for s in group],
+                                                [s.batch_mean for s in group], batch_vars, self.rho)
+        return self._commit(group, new_means, new_vars)
+
+    def _commit(self, group: list[BNPLayer], new_means, new_vars) -> list[torch.Tensor]:
+        """Keep non-finite columns out of the new statistics, store them, and return step 3's
+        1/(q²σ̃²) per layer (:func:`bnlab.optim._functional.inverse_scales`)."""
+        q2s = []
+        for s in group:
+            s.last_q2 = s.handler.q2(s.samples)
+            q2s.append(float(s.last_q2))
+        maxes = None
+        if _reads_back(new_vars[0].device):
+            # The maxima are read back once (no device to wait for): σ̃²'s shifts as Python floats,
+            # and a non-finite batch seen for free (the maximum of a column with NaN/inf is).
+            maxes = torch.stack(torch._foreach_max(new_vars)).tolist()
+            for i, m in enumerate(maxes):
+                if not math.isfinite(m):
+                    s = group[i]
+                    new_means[i], new_vars[i], bad = F.keep_finite(new_means[i], new_vars[i], s.mean, s.var)
+                    self._flag_nonfinite(s, int(bad))
+                    maxes[i] = float(new_vars[i].max())
+        else:
+            for i, s in enumerate(group):  # no host synchronization: counted on the device
+                new_means[i], new_vars[i], bad = F.keep_finite(new_means[i], new_vars[i], s.mean, s.var)
+                self._flag_device(s, bad)
+        if self.eps1 == 0.0 and self.eps2 == 0.0:
+            for s, v in zip(group, new_vars):
+                if bool((v <= 0).any()):
+                    raise RuntimeError(
+                        f"BNP layer {_layer_label(s.name)}: an input feature has zero variance and eps1 = "
+                        "eps2 = 0, so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
+                    )
+        for s, mean, var in zip(group, new_means, new_vars):
+            s.mean, s.var = mean, var
+        return F.inverse_scales(new_vars, q2s, self.eps1, self.eps2, maxes)
+
+    def _lean_step(self, layers: list[DenseLayer]) -> None:
+        """Algorithm 2 steps 1-5 for fused forwards with nothing else pending (the common case of
+        the fused route): μ_H, σ_H² of the kept input (Eq. 13), the running update and
+        1/(q²σ̃²) batched over the layers, then G_w' = δᵀĤ per layer (:meth:`DenseLayer.lean_transform`)."""
+        groups: dict[tuple, list[DenseLayer]] = {}
+        for s in layers:
+            groups.setdefault((s.mean.device, s.mean.dtype), []).append(s)
+        for group in groups.values():
+            for s in group:
+                s.lean_statistics()
+            for s, inv in zip(group, self._direct_update(group)):
+                s.lean_transform(inv)
+
+    def _native_step(self, layers: list[DenseLayer], args: list[tuple]) -> None:
+        """Algorithm 2 steps 1-5 of ``layers`` in one call of the compiled ``dense_step`` (see
+        ``bnlab.optim._native``) given their :meth:`DenseLayer.native_args` (one dtype)."""
+        for s, a in zip(layers, args):
+            if a[0]._version != s.kept_version:
+                s.check_kept_version(a[0])  # raises
+        xs, gws, gbs, q2s = (list(column) for column in zip(*args))
+        skipped = self._skipped
+        if skipped is None or skipped.numel() < len(layers):
+            skipped = self._skipped = torch.zeros(len(self._layer_list), dtype=torch.int64)
+        bad = self._native_kernel.dense_step(xs, [s.mean for s in layers], [s.var for s in layers], gws, gbs,
+                                             self.rho, self.eps1, self.eps2, q2s, skipped)
+        if bad >= 0:
+            raise RuntimeError(
+                f"BNP layer {_layer_label(layers[bad].name)}: an input feature has zero variance and eps1 = "
+                "eps2 = 0, so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
+            )
+        if bad == -2:  # non-finite statistics were kept back (see _native)
+            for s, count in zip(layers, skipped.tolist()):
+                if count:
+                    self._flag_nonfinite(s, count)
+        for s, a in zip(layers, args):
+            s.samples = s.rows = a[0].shape[0]
+            s.last_q2 = a[3]
+
+    def _compiled_step(self, layers: list[DenseLayer], args: list[tuple]) -> None:
+        """Algorithm 2 steps 1-5 of ``layers`` (one statistics device and dtype) in one call of the
+        compiled functional core (``bnlab.optim._compiled``) given their :meth:`DenseLayer.compiled_args`."""
+        for s, a in zip(layers, args):
+            if a[0]._version != s.kept_version:
+                s.check_kept_version(a[0])  # raises
+        xs, gws, gbs, q2s = (list(column) for column in zip(*args))
+        device = layers[0].mean.device
+        counter = None
+        if not _reads_back(device):  # counted inside the compiled call, read every few steps
+            key = tuple(s.name for s in layers)
+            counter = self._device_counters.get(key)
+            if counter is None:
+                counter = self._device_counters[key] = torch.zeros(len(layers), dtype=torch.int64, device=device)
+        skipped = _compiled.dense_steps_(xs, [s.mean for s in layers], [s.var for s in layers], gws, gbs, q2s,
+                                         self.rho, self.eps1, self.eps2, counter)
+        if counter is None:
+            for s, count in zip(layers, skipped.tolist()):
+                if count:
+                    self._flag_nonfinite(s, count)
+        for s, a in zip(layers, args):
+            s.samples = s.rows = a[0].shape[0]
+            s.last_q2 = a[3]
+
+    # ------------------------------------------------------------------------------------------
+    # Non-finite batches
+    # ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _flag_nonfinite(s: BNPLayer, columns: int | None, steps: int = 1) -> None:
+        s.nonfinite += steps
+        what = (f"{columns} of {s.mean.numel()} input features had" if columns is not None
+                else f"{steps} step(s) since the last check had input features with")
+        warnings.warn(
+            f"BNP layer {_layer_label(s.name)}: {what} non-finite batch statistics (NaN or infinite inputs, or a "
+            f"variance that overflows {s.mean.dtype}); they kept their running mean and variance (counted in "
+            "BNPreconditioner.nonfinite_batches)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     @staticmethod
-    def _batch_to_moments(state: _LayerState) -> None:
-        """Turn a layer's pending μ_H, σ_H² into moments about c = μ (exact: with d = μ_H - c,
-        s1 = N d, s2 = N (σ_H² + d²)), to pool them with other forwards or all-reduce them."""
-        if state.batch_mean is None:
+    def _flag_device(s: BNPLayer, skipped_columns: torch.Tensor) -> None:
+        hit = (skipped_columns > 0).to(torch.int64)
+        s.nonfinite_device = hit if s.nonfinite_device is None else s.nonfinite_device.add_(hit)
+
+    def _collect_device_flags(self) -> None:
+        """Move the device counters of non-finite batches to the host (one synchronization) and warn."""
+        for key, counter in list(self._device_counters.items()):
+            counts = counter.tolist()
+            del self._device_counters[key]
+            for name, steps in zip(key, counts):
+                if steps:
+                    self._flag_nonfinite(self._layers[name], None, steps)
+        for s in self._layer_list:
+            if s.nonfinite_device is not None:
+                steps = int(s.nonfinite_device)
+                s.nonfinite_device = None
+                if steps:
+                    self._flag_nonfinite(s, None, steps)
+
+    # ------------------------------------------------------------------------------------------
+    # torch.distributed
+    # ------------------------------------------------------------------------------------------
+    def _all_reduce(self, pending: list[BNPLayer]) -> None:
+        if not _distributed():
             return
-        n = state.samples
-        d = state.batch_mean.sub_(state.mean)
-        state.s1, state.s2 = d * n, torch.addcmul(state.batch_var, d, d).mul_(n)
-        state.batch_mean = state.batch_var = None
-
-    def _scratch(self, state: _LayerState, x: torch.Tensor) -> torch.Tensor:
-        # One buffer per (device, dtype), grown to the largest block of layer input the handlers
-        # use (``block_rows`` samples; hooks run one at a time); each layer caches its view of it
-        # while the shape and the buffer stay the same.
-        cached = state.scratch
-        if (cached is not None and cached[2] == x.shape and cached[3] == (x.device, x.dtype)
-                and cached[0] is self._workspace.get(cached[3])):
-            return cached[1]
-        key = (x.device, x.dtype)
-        shape = (block_rows(x),) + tuple(x.shape[1:])
-        numel = math.prod(shape)
-        buf = self._workspace.get(key)
-        if buf is None or buf.numel() < numel:
-            buf = torch.empty(numel, dtype=x.dtype, device=x.device)
-            self._workspace[key] = buf
-        view = buf[:numel].view(shape)
-        state.scratch = (buf, view, x.shape, key)
-        return view
-
-    def _all_reduce(self, pending: list[_LayerState]) -> None:
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()):
-            return
         if dist.get_world_size(self.process_group) == 1:
             return
         for s in pending:
-            self._batch_to_moments(s)
+            s.batch_to_moments()
         # One flat buffer per (device, dtype): [samples, rows, s1, s2] of every layer, summed.
-        groups: dict[tuple, list[_LayerState]] = {}
+        groups: dict[tuple, list[BNPLayer]] = {}
         for s in pending:
             groups.setdefault((s.s1.device, s.s1.dtype), []).append(s)
         for (device, dtype), states in groups.items():
@@ -652,381 +830,8 @@ class BNPreconditioner:
                 s.s2 = flat[offset + 2 + k: offset + 2 + 2 * k]
                 offset += 2 + 2 * k
 
-    def step(self) -> None:
-        """Precondition the ``.grad`` of every layer's weight and bias (Algorithm 2 / 3, steps 1-5).
-
-        Call after ``loss.backward()`` and before ``optimizer.step()``.  Raises ``RuntimeError`` if
-        no statistics were recorded since the last step (no forward pass in training mode), or if
-        a layer has a gradient but its forward hook never saw an input.
-        """
-        if self._native_kernel is not None and self._native_only_step():
-            return
-        with torch.no_grad():
-            self._step()
-
-    def _native_only_step(self) -> bool:
-        """The common case of ``native=True``: every layer ran exactly one forward on the native
-        route since the last step and its gradients qualify (see :meth:`_native_args`).  Then one
-        kernel call does the whole step and this returns ``True``; otherwise nothing is changed and
-        it returns ``False`` for the general route.  (No autograd mode switch: the kernel records
-        nothing; one pass over the layers: at N = 16 on Table 1's network the Python around the
-        kernel is still ~0.025 ms of ``step()``'s ~0.09 ms.)"""
-        states = self._layer_list
-        args = []
-        for s in states:
-            if s.native_x is None:
-                return False
-            a = self._native_args(s)
-            if a is None or (args and a[0].dtype != args[0][0].dtype):
-                return False  # not eligible, or a second dtype (the kernel takes one per call)
-            args.append(a)
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return False
-        self._dense_step(states, args)
-        for s in states:
-            s.native_x = None
-            s.steps += 1
-        self.steps += 1
-        return True
-
-    def _step(self) -> None:
-        pending = [s for s in self._layers.values()
-                   if s.s1 is not None or s.batch_mean is not None or s.fused_x is not None
-                   or s.native_x is not None]
-        if not pending:
-            raise RuntimeError(
-                "BNPreconditioner.step() was called before any forward pass recorded statistics: run the "
-                "model forward in training mode with gradients enabled between steps"
-            )
-        for s in self._layers.values():
-            if (s.s1 is None and s.batch_mean is None and s.fused_x is None and s.native_x is None
-                    and self._has_grad(s.module)):
-                raise RuntimeError(
-                    f"BNP layer {_layer_label(s.name)} has a gradient but its forward hook recorded no input "
-                    "since the last step (was it called through its forward()?); skip it with "
-                    f"skip=[{s.name!r}]"
-                )
-        self._auto_fused = None
-        lean, standard, native = [], [], []
-        distributed = None
-        for s in pending:
-            if s.native_x is not None:
-                if distributed is None:
-                    dist = torch.distributed
-                    distributed = dist.is_available() and dist.is_initialized()
-                args = None if distributed else self._native_args(s)
-                if args is not None:
-                    native.append((s, args))
-                    continue
-                self._flush_native(s)  # the statistics are all-reduced, or the gradients do not qualify
-            elif s.fused_x is not None:
-                if s.fused_x._version != s.fused_version:
-                    raise RuntimeError(
-                        f"BNP layer {_layer_label(s.name)}: its input was modified in place after the forward "
-                        "pass; with gradient='fused' BNP keeps the input to form the weight gradient in step() "
-                        "(use gradient='transform', or avoid the in-place operation)"
-                    )
-                if self._is_lean(s):
-                    lean.append(s)
-                    continue
-                self._pool_fused_moments(s)
-            standard.append(s)
-        if standard:
-            self._all_reduce(standard)
-            inverses = self._update_statistics(standard)
-            for s, inv in zip(standard, inverses):
-                if s.fused_x is not None:
-                    self._fused_layer(s, inv)
-                else:
-                    self._precondition_layer(s, inv)
-        if lean:
-            self._lean_step(lean)
-        if native:
-            self._native_step(native)
-        for s in pending:
-            s.clear_pending()
-            s.steps += 1
-            if s.post_hook is not None:
-                s.post_hook.remove()
-                s.post_hook = None
-        self.steps += 1
-
-    @staticmethod
-    def _native_args(s: _LayerState) -> tuple | None:
-        """``(x, G_w, G_b, q²)`` of a layer whose hook kept its input, for the native ``dense_step``,
-        or ``None`` if its gradients do not qualify: G_w (and G_b, if any) must be contiguous CPU
-        tensors of the input's dtype (``G_b`` is an empty tensor for a layer without one)."""
-        x = s.native_x
-        # The parameters dict directly: nn.Module.__getattr__ costs ~0.4 µs a lookup, and this runs
-        # for every layer at every step.
-        params = s.module._parameters
-        weight = params.get("weight")  # absent when parametrized (torch.nn.utils.parametrize)
-        gw = weight.grad if weight is not None else None
-        if gw is None or gw.dtype != x.dtype or not gw.is_cpu or not gw.is_contiguous():
-            return None
-        bias = params.get("bias")
-        gb = bias.grad if bias is not None else None
-        if gb is None:
-            gb = _EMPTY
-        elif gb.dtype != x.dtype or not gb.is_cpu or not gb.is_contiguous():
-            return None
-        n = x.shape[0]
-        if s.native_q2[0] != n:
-            s.native_q2 = (n, float(s.handler.q2(n)))
-        return x, gw, gb, s.native_q2[1]
-
-    def _native_step(self, pairs: list[tuple[_LayerState, tuple]]) -> None:
-        """The general route's share for the dense layers that qualify: ``(state, _native_args)``
-        pairs, one ``dense_step`` call per dtype."""
-        by_dtype: dict[torch.dtype, list] = {}
-        for pair in pairs:
-            by_dtype.setdefault(pair[1][0].dtype, []).append(pair)
-        for group in by_dtype.values():
-            self._dense_step([p[0] for p in group], [p[1] for p in group])
-
-    def _dense_step(self, states: list[_LayerState], args: list[tuple]) -> None:
-        """Algorithm 2 steps 1-5 of ``states`` in one call of the compiled ``dense_step`` (see
-        ``bnlab.optim._native``) given their :meth:`_native_args` (one dtype)."""
-        for s, a in zip(states, args):
-            if a[0]._version != s.native_version:
-                self._check_native_version(s, a[0])  # raises
-        xs, gws, gbs, q2s = (list(column) for column in zip(*args))
-        bad = self._native_kernel.dense_step(xs, [s.mean for s in states], [s.var for s in states], gws, gbs,
-                                             self.rho, self.eps1, self.eps2, q2s)
-        if bad >= 0:
-            raise RuntimeError(
-                f"BNP layer {_layer_label(states[bad].name)}: an input feature has zero variance and eps1 = "
-                "eps2 = 0, so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
-            )
-        for s, a in zip(states, args):
-            s.samples = s.rows = a[0].shape[0]
-            s.last_q2 = a[3]
-
-    @staticmethod
-    def _is_lean(s: _LayerState) -> bool:
-        """A fused forward that :meth:`_lean_step` can finish: the only forward since the last step,
-        reached by backward(), no weight gradient present, the bias gradient this forward's alone."""
-        m = s.module
-        gb = m.bias.grad
-        return (s.s1 is None and s.batch_mean is None and s.fused_delta is not None and s.fused_clean
-                and m.weight.grad is None and gb is not None and gb.dtype == s.mean.dtype)
-
-    def _pool_fused_moments(self, s: _LayerState) -> None:
-        """Add the moments of the fused forward's kept input to the layer's pending ones."""
-        self._add_moments(s, s.fused_x, self._scratch(s, s.fused_x))
-
-    def _lean_step(self, states: list[_LayerState]) -> None:
-        """Algorithm 2 steps 1-5 for fused forwards with nothing else pending (the common case).
-
-        Step 1 from the kept input H (mean μ_H and biased variance σ_H², Eq. 13; at N = 1 the
-        variance about the running mean, (h - μ)², §3.3); step 2 as μ ← μ + (1-ρ)(μ_H - μ),
-        σ² ← σ² + (1-ρ)(σ_H² - σ²) (``lerp``, batched over the layers with ``torch._foreach_*``);
-        step 3 and the factor of steps 4-5, v = 1/(q²σ̃²); then, with Ĥ = (H - eμᵀ)·diag(v),
-
-            G_w' = δᵀĤ                       (step 4: (δᵀH - G_b μᵀ)·diag(v) with G_b = δᵀe)
-            G_b' = G_b/q² - δᵀ(Ĥμ)           (step 5: G_b/q² - G_w'μ)
-
-        one N × n_in pass for Ĥ, the matrix product autograd skipped, and two matrix-vector
-        products of N × n_in and n_out × N — no pass over the n_out × n_in gradient.
-        """
-        groups: dict[tuple, list[_LayerState]] = {}
-        for s in states:
-            groups.setdefault((s.mean.device, s.mean.dtype), []).append(s)
-        for group in groups.values():
-            for s in group:
-                s.batch_mean, s.batch_var = _mean_var(s.fused_x)
-                s.samples = s.rows = s.fused_x.shape[0]
-            self._lerp_update(group)
-            for s, v in zip(group, self._inverse_scales(group, [s.var for s in group])):
-                x, delta = s.fused_x, s.fused_delta
-                h_hat = torch.sub(x, s.mean, out=self._fused_buffer(s, x)).mul_(v)
-                dt = delta.t()
-                s.module.weight.grad = torch.mm(dt, h_hat)
-                _bias_step_(s.module.bias.grad, dt, torch.mv(h_hat, s.mean), s.last_q2)
-
-    @staticmethod
-    def _fused_buffer(s: _LayerState, x: torch.Tensor) -> torch.Tensor:
-        # Ĥ is written into a buffer kept by the layer (the size of its input, as autograd would
-        # keep H itself) instead of a fresh N × n_in tensor per step, whose allocation can come with
-        # page faults; the difference was within the noise of the benchmark at N = 16.
-        buf = s.fused_buffer
-        if buf is None or buf.shape != x.shape or buf.dtype != x.dtype or buf.device != x.device:
-            buf = s.fused_buffer = torch.empty_like(x, memory_format=torch.contiguous_format)
-        return buf
-
-    def _lerp_update(self, states: list[_LayerState]) -> None:
-        """Algorithm 2 step 2 from each layer's μ_H, σ_H² (same device and dtype): μ ← μ + (1-ρ)(μ_H - μ),
-        σ² ← σ² + (1-ρ)(σ_H² - σ²), two batched ``lerp`` calls; at N = 1 σ_H² is the variance about
-        the running mean before the update, (h - μ)² (§3.3)."""
-        a = 1.0 - self.rho
-        batch_vars = []
-        for s in states:
-            var_h = s.batch_var
-            if s.rows == 1:
-                var_h = s.batch_mean.sub(s.mean).square_()
-            batch_vars.append(var_h)
-        torch._foreach_lerp_([s.mean for s in states], [s.batch_mean for s in states], a)
-        torch._foreach_lerp_([s.var for s in states], batch_vars, a)
-
-    def _inverse_scales(self, states: list[_LayerState], variances: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Step 3 and the factor of steps 4-5: 1/(q² σ̃²) = 1/(q²·σ² + q²·(ε₁·max σ² + ε₂)) per layer
-        (σ̃² as in :func:`regularized_variance`, 1/q² folded in: Errata), batched over ``states``."""
-        q2s = []
-        for s in states:
-            s.last_q2 = s.handler.q2(s.samples)
-            q2s.append(float(s.last_q2))
-        if variances[0].device.type == "cpu":
-            # On CPU the maxima are read back once (no device to wait for) and the shifts are
-            # Python floats: the batched calls with lists of scalars convert every scalar to a
-            # tensor (43 µs of the step's 93 µs here, measured right after backward()).
-            maxes = torch.stack(torch._foreach_max(variances)).tolist()
-            var_tilde = []
-            for v, m, q in zip(variances, maxes, q2s):
-                vt = torch.add(v, self.eps1 * m + self.eps2)
-                var_tilde.append(vt.mul_(q) if q != 1.0 else vt)
-        else:
-            shifts = torch._foreach_mul(torch._foreach_max(variances), [self.eps1 * q for q in q2s])
-            torch._foreach_add_(shifts, [self.eps2 * q for q in q2s])
-            var_tilde = torch._foreach_mul(variances, q2s)  # q²·σ̃² once the shifts are added
-            torch._foreach_add_(var_tilde, shifts)
-        if self.eps1 == 0.0 and self.eps2 == 0.0:
-            for s, vt in zip(states, var_tilde):
-                if bool((vt <= 0).any()):
-                    raise RuntimeError(
-                        f"BNP layer {_layer_label(s.name)}: an input feature has zero variance and eps1 = "
-                        "eps2 = 0, so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
-                    )
-        torch._foreach_reciprocal_(var_tilde)
-        return var_tilde
-
-    @staticmethod
-    def _has_grad(module: nn.Module) -> bool:
-        return any(p.grad is not None for p in (module.weight, getattr(module, "bias", None)) if p is not None)
-
-    def _update_statistics(self, pending: list[_LayerState]) -> list[torch.Tensor]:
-        """Algorithm 2 / 3 steps 1-3 for every pending layer; returns each layer's 1/(q² σ̃²).
-
-        The per-layer vector operations are batched with ``torch._foreach_*`` (as ``torch.optim``
-        does) over the layers that share device, dtype and row count, so a step costs a fixed
-        number of operator calls per group instead of a dozen per layer.
-        """
-        rho, a = self.rho, 1.0 - self.rho
-        groups: dict[tuple, list[int]] = {}
-        direct: dict[tuple, list[int]] = {}
-        for i, s in enumerate(pending):
-            if s.batch_mean is not None:
-                direct.setdefault((s.mean.device, s.mean.dtype), []).append(i)
-            else:
-                groups.setdefault((s.mean.device, s.mean.dtype, s.rows), []).append(i)
-        inverses: list[Any] = [None] * len(pending)
-        for index in direct.values():  # layers with μ_H, σ_H² of one forward (see _lerp_update)
-            states = [pending[i] for i in index]
-            self._lerp_update(states)
-            for i, inv in zip(index, self._inverse_scales(states, [s.var for s in states])):
-                inverses[i] = inv
-        for (_, _, rows), index in groups.items():
-            states = [pending[i] for i in index]
-            means = [s.mean for s in states]
-            variances = [s.var for s in states]
-            s1s = [s.s1 for s in states]
-            s2s = [s.s2 for s in states]
-            # Steps 1-2 from the moments about c = μ_old (s1 = Σ(x - c), s2 = Σ(x - c)²):
-            #   μ_H = c + s1/n,  σ_H² = s2/n - (s1/n)²  (biased, Eq. 13; at n = 1 just s2: the
-            #   variance about the running mean, §3.3), then μ ← ρμ + (1-ρ)μ_H = μ + (1-ρ)s1/n and
-            #   σ² ← ρσ² + (1-ρ)σ_H², each fused into in-place updates.
-            torch._foreach_mul_(variances, rho)
-            torch._foreach_add_(means + variances, s1s + s2s, alpha=a / rows)  # one call for both
-            if rows > 1:
-                torch._foreach_addcmul_(variances, s1s, s1s, value=-a / (rows * rows))
-                if rho == 0.0:  # the mini-batch variance itself: no rounding below zero
-                    torch._foreach_clamp_min_(variances, 0.0)
-            # Step 3 and the factor of steps 4-5 (see _inverse_scales).
-            for i, inv in zip(index, self._inverse_scales(states, variances)):
-                inverses[i] = inv
-        return inverses
-
-    def _fused_layer(self, s: _LayerState, inv: torch.Tensor) -> None:
-        """Algorithm 2 steps 4-5 for a forward taken on the fused route (``gradient="fused"``).
-
-        Autograd left the weight gradient out; with G_w = δᵀH (Lange et al. Eq. 9: a_i = ŵᵀĥ per
-        neuron, so ∂L/∂ŵ_i = Ĥᵀδ_i with Ĥ = [e, H]) and G_b the bias gradient autograd did form,
-        Eq. 15 / step 4 is
-
-            G_w' = (G_old + δᵀH - G_b μᵀ)·diag(v) = G_old·diag(v) + δᵀĤ - R (μ∘v)ᵀ,
-
-        with v = 1/(q²σ̃²), Ĥ = (H - eμᵀ)·diag(v) and R = G_b - δᵀe (zero up to rounding unless
-        the bias gradient holds more than this forward's, e.g. an accumulation), G_old the
-        weight's ``.grad`` before the step (usually ``None``).  Appending the row -(μ∘v)ᵀ to Ĥ and
-        R to δ makes δᵀĤ - R(μ∘v)ᵀ one matrix product Δᵀ Ĥ_ext; step 5 is
-        G_b' = G_b/q² - G_w'μ, and G_w'μ = Δᵀ(Ĥ_ext μ) (+ G_old's part) needs no pass over G_w'.
-        """
-        x, delta = s.fused_x, s.fused_delta
-        module = s.module
-        weight, bias = module.weight, module.bias
-        gb = bias.grad
-        if delta is None or gb is None or gb.dtype != inv.dtype:
-            # No backward pass reached this forward (no weight-gradient contribution), or the bias
-            # gradient was dropped or changed dtype: fall back to the transform route.
-            if delta is not None:
-                raw = torch.mm(delta.t(), x)
-                weight.grad = raw if weight.grad is None else weight.grad.add_(raw)
-            self._precondition_layer(s, inv)
-            return
-        n, q2, mean = x.shape[0], s.last_q2, s.mean
-        h_ext = torch.empty((n + 1, x.shape[1]), dtype=x.dtype, device=x.device)
-        d_ext = torch.empty((n + 1, delta.shape[1]), dtype=x.dtype, device=x.device)
-        neg_mv = h_ext[n]
-        torch.mul(mean, inv, out=neg_mv).neg_()  # -(μ∘v)
-        torch.addcmul(neg_mv, x, inv, out=h_ext[:n])  # Ĥ = H·diag(v) - e(μ∘v)ᵀ, one pass over H
-        d_ext[:n].copy_(delta)
-        torch.sub(gb, delta.sum(0), out=d_ext[n])  # R
-        dt = d_ext.t()
-        old = weight.grad
-        if old is None:
-            weight.grad = torch.mm(dt, h_ext)
-            _bias_step_(gb, dt, torch.mv(h_ext, mean), q2)
-        else:
-            old.mul_(inv)
-            old.addmm_(dt, h_ext)
-            _bias_step_(gb, old, mean, q2)
-
-    def _precondition_layer(self, s: _LayerState, inv: torch.Tensor) -> None:
-        """Algorithm 2 / 3 steps 4-5 on the layer's ``.grad`` given ``inv`` = 1/(q² σ̃²)."""
-        module = s.module
-        gw = module.weight.grad
-        bias = getattr(module, "bias", None)
-        gb = bias.grad if bias is not None else None
-        if gw is None and gb is None:
-            return
-        q2 = s.last_q2
-        if gw is None:
-            # A frozen weight: only the bias block of PPᵀ/q² applies (G_b/q², the w-part is zero).
-            gb.div_(q2)
-            return
-        handler = s.handler
-        gmat = handler.weight_matrix(gw)
-        if (gmat.dtype == inv.dtype and (gb is None or gb.dtype == inv.dtype)
-                and (gmat is gw or _is_view_of(gmat, gw))):
-            # The common case (gradients in the statistics' dtype, G_w a view): in place, no copies.
-            _precondition_with_inverse_(gmat, gb, handler.expand(s.mean), handler.expand(inv), q2)
-            return
-        compute = torch.float32 if gw.dtype in (torch.float16, torch.bfloat16) else gw.dtype
-        copy_back_w = gmat.dtype != compute or not _is_view_of(gmat, gw)
-        gmat_c = gmat.to(compute) if gmat.dtype != compute else gmat
-        gb_c = None
-        if gb is not None:
-            gb_c = gb.to(compute) if gb.dtype != compute else gb
-        mean = handler.expand(s.mean)
-        inv = handler.expand(inv)
-        if mean.dtype != compute:
-            mean, inv = mean.to(compute), inv.to(compute)
-        _precondition_with_inverse_(gmat_c, gb_c, mean, inv, q2)
-        if copy_back_w:
-            gw.copy_(gmat_c.reshape(gw.shape))
-        if gb is not None and gb_c is not gb:
-            gb.copy_(gb_c)
-
+    # ------------------------------------------------------------------------------------------
+    # State
     # ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Hyperparameters, step counts and the running statistics of every layer (tensors cloned)."""
@@ -1048,74 +853,65 @@ class BNPreconditioner:
         """Restore :meth:`state_dict` output; tensors move to each layer's device (any map_location works).
 
         As in ``torch.optim``, the saved hyperparameters (ρ, ε₁, ε₂) replace the constructor's.
-        Pending (not yet stepped) statistics are discarded.
+        Pending (not yet stepped) statistics are discarded.  Everything is checked before anything
+        changes (keys, types, shapes, dtypes, finiteness in the statistics' dtype, variances ≥ 0,
+        integer step counts ≥ 0): on a ``ValueError`` the preconditioner is left as it was.
         """
         if not isinstance(state_dict, Mapping) or not {"hyperparameters", "steps", "layers"} <= set(state_dict):
             raise ValueError(
                 "state_dict is not allowed: expected the mapping returned by BNPreconditioner.state_dict() "
                 "(keys 'hyperparameters', 'steps', 'layers')"
             )
-        hyper = state_dict["hyperparameters"]
+        hyper = _checks.entry_mapping(state_dict["hyperparameters"], "state_dict['hyperparameters']",
+                               ("rho", "eps1", "eps2"))
         rho, eps1, eps2 = self._check_hyper(hyper["rho"], hyper["eps1"], hyper["eps2"])
         conv = hyper.get("conv_statistics", "channel")
         if conv != self.conv_statistics:
             raise ValueError(
                 f"state_dict has conv_statistics={conv!r} but this preconditioner uses {self.conv_statistics!r}"
             )
+        steps = check_int("state_dict['steps']", state_dict["steps"], minimum=0)
         layers = state_dict["layers"]
+        if not isinstance(layers, Mapping):
+            raise ValueError(f"state_dict['layers']={type(layers).__name__} is not allowed: expected a mapping "
+                             "layer name -> {'mean', 'var', 'steps'}")
         missing = sorted(set(self._layers) - set(layers))
-        unexpected = sorted(set(layers) - set(self._layers))
+        unexpected = sorted(set(layers) - set(self._layers), key=repr)
         if missing or unexpected:
             raise ValueError(
                 f"state_dict layers do not match this preconditioner's: missing {missing}, unexpected {unexpected}"
             )
         new = {}
         for name, s in self._layers.items():
-            entry = layers[name]
-            mean, var = entry["mean"], entry["var"]
+            where = f"state_dict layer {name!r}"
+            entry = _checks.entry_mapping(layers[name], where, ("mean", "var", "steps"))
             cols = s.handler.num_columns()
-            if tuple(mean.shape) != (cols,) or tuple(var.shape) != (cols,):
-                raise ValueError(
-                    f"state_dict layer {name!r} has statistics of shape {tuple(mean.shape)}, expected ({cols},)"
-                )
             weight = s.module.weight
-            dtype = _stats_dtype(weight.dtype)
-            new[name] = (mean.to(device=weight.device, dtype=dtype).clone(),
-                         var.to(device=weight.device, dtype=dtype).clone(), int(entry["steps"]))
+            dtype = stats_dtype(weight.dtype)
+            mean = _checks.state_tensor(entry["mean"], f"{where} 'mean'", cols, dtype, weight.device)
+            var = _checks.state_tensor(entry["var"], f"{where} 'var'", cols, dtype, weight.device)
+            if bool((var < 0).any()):
+                raise ValueError(f"{where} 'var' is not allowed: it has negative entries (minimum "
+                                 f"{float(var.min()):.6g}); a variance is >= 0")
+            new[name] = (mean, var, check_int(f"{where} 'steps'", entry["steps"], minimum=0))
         self.rho, self.eps1, self.eps2 = rho, eps1, eps2
-        self.steps = int(state_dict["steps"])
-        for name, (mean, var, steps) in new.items():
+        self.steps = steps
+        for name, (mean, var, layer_steps) in new.items():
             s = self._layers[name]
-            s.mean, s.var, s.steps = mean, var, steps
+            s.mean, s.var, s.steps = mean, var, layer_steps
             s.clear_pending()
 
     def __repr__(self) -> str:
         return (
             f"BNPreconditioner(layers={len(self._layers)}, rho={self.rho}, eps1={self.eps1}, eps2={self.eps2}, "
             f"conv_statistics={self.conv_statistics!r}, gradient={self.gradient!r}, native={self.native}, "
-            f"steps={self.steps})"
+            f"compiled={self.compiled}, steps={self.steps})"
         )
 
 
-def _mean_var(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Column mean and biased variance of a 2-D input (Lange et al. Eq. 13), in two passes.
-
-    On CPU the batch-norm statistics kernel (no temporary; see ``_layers._moments_two_pass``),
-    elsewhere ``torch.var_mean``.
-    """
-    if x.device.type == "cpu":
-        return torch.batch_norm_update_stats(x, None, None, 0.0)
-    var, mean = torch.var_mean(x, 0, correction=0)
-    return mean, var
-
-
-def _offsets(states: list[_LayerState]) -> list[tuple[int, int]]:
+def _offsets(states: list[BNPLayer]) -> list[tuple[int, int]]:
     out, offset = [], 0
     for s in states:
         out.append((offset, offset + 1))
         offset += 2 + 2 * s.s1.numel()
     return out
-
-
-def _is_view_of(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.data_ptr() == b.data_ptr() and a.is_contiguous() and b.is_contiguous()

@@ -161,6 +161,11 @@ def train_network(
     BNPreconditioner._check_hyper(rho, eps1, eps2)
     if not isinstance(native, bool):
         raise ValueError(f"native={native!r} is not allowed: expected True or False")
+    if native and norm not in ("bnp", "bnp_gn"):
+        raise ValueError(
+            f"native=True is not allowed with norm={norm!r}: it selects BNP's compiled CPU kernels, and "
+            f"norm={norm!r} trains without BNP; use norm='bnp' or 'bnp_gn', or leave native out"
+        )
 
     train_data = load_dataset(dataset, "train", data_dir=data_dir)
     test_data = load_dataset(dataset, "test", data_dir=data_dir)

@@ -48,6 +48,9 @@ def test_readable_output_fractional_epochs(capsys):
     (["--eps1", "-0.1"], "eps1=-0.1"),
     (["--batch-size", "0"], "batch_size=0"),
     (["--dataset", "imagenet"], "imagenet"),
+    # --native selects BNP's kernels: with a norm that trains without BNP it used to be ignored silently
+    (["--norm", "bn", "--native"], "native=True is not allowed with norm='bn'"),
+    (["--norm", "none", "--native"], "native=True is not allowed with norm='none'"),
 ])
 def test_bad_input_exits_2(argv, needle, capsys):
     with pytest.raises(SystemExit) as exc:
