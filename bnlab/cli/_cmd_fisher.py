@@ -159,7 +159,9 @@ def run(args: argparse.Namespace) -> int:
     out.update(res.to_dict())
     if args.measure:
         out.update(out_measure)
-        out["ratio_measured_to_bound"] = out["lambda_max_measured"] / res.lambda_max_bound
+        # a zero bound (odd φ, β = 0: the result's note) has no ratio
+        bound = res.lambda_max_bound
+        out["ratio_measured_to_bound"] = out["lambda_max_measured"] / bound if bound > 0 else None
     if args.json:
         print_json(out)
         return 0
@@ -171,10 +173,13 @@ def run(args: argparse.Namespace) -> int:
     print_table(rows, header=["layer", "kind", "fan_in", "|K|", "q", "q̂_xy(in)", "q̃_xy", "f_l"])
     print(f"lambda_max_bound = {res.lambda_max_bound:.6g}")
     print(f"eta_star = 2(1+{res.momentum:g})/lambda_max_bound = {res.eta_star:.6g}")
+    if res.note:
+        print(f"note: {res.note}")
     if args.measure:
+        ratio = out["ratio_measured_to_bound"]
         print(
             f"lambda_max_measured = {out['lambda_max_measured']:.6g} ({args.curvature}, bn_mode={args.bn_mode}, "
             f"{args.dataset} batch of {out['batch_size']}, {out['matvecs']} products, {out['seconds']:.2f} s); "
-            f"measured/bound = {out['ratio_measured_to_bound']:.3f}"
+            f"measured/bound = {'-' if ratio is None else format(ratio, '.3f')}"
         )
     return 0
