@@ -311,7 +311,6 @@ def fisher_order_parameters(
     mu = _check_momentum(momentum)
     bn_mode = check_choice("bn_mode", bn_mode, ("eval", "train"))
     L = architecture.depth
-    geos = architecture.geometry()
     sw2 = [check_real(f"sigma_w2[{i}]", v) for i, v in enumerate(_as_sequence("sigma_w2", sigma_w2, L))]
     sb2 = [check_real(f"sigma_b2[{i}]", v) for i, v in enumerate(_as_sequence("sigma_b2", sigma_b2, L))]
     for i, v in enumerate(sw2):
@@ -334,6 +333,22 @@ def fisher_order_parameters(
         )
     base = get_activation(phi)
     measured = formula == "measured"
+    try:
+        return _fisher_order_parameters(architecture, norm, base, gam, bet, sw2, sb2, mu, formula, q0, q0xy,
+                                        bn_mode, measured)
+    except OverflowError:
+        raise ValueError(_overflow_message()) from None
+
+
+def _overflow_message(where: str = "") -> str:
+    return (f"the order parameters overflow float64{where} for these parameters: reduce gamma, beta, sigma_w2, "
+            "sigma_b2 or input_q (the forward variances grow like σ_w²·q̂ per layer, q̂ ∝ γ² with BN)")
+
+
+def _fisher_order_parameters(architecture, norm, base, gam, bet, sw2, sb2, mu, formula, q0, q0xy, bn_mode,
+                             measured) -> FisherTheoryResult:
+    L = architecture.depth
+    geos = architecture.geometry()
 
     # ---------------- forward (Claims 6.1, 6.3, 6.5) ----------------
     qh, qh_xy, qh_ab = [q0], [q0xy], [q0xy]  # h^0: independent samples => cross-position = cross-sample
@@ -345,6 +360,8 @@ def fisher_order_parameters(
         q.append(sb2[l - 1] + sw2[l - 1] * rho * qh[-1])
         q_xy.append(sb2[l - 1] + sw2[l - 1] * rho * qh_xy[-1])
         q_ab.append(sb2[l - 1] + sw2[l - 1] * rho * qh_ab[-1])
+        if not (math.isfinite(q[-1]) and math.isfinite(q_xy[-1]) and math.isfinite(q_ab[-1])):
+            raise ValueError(_overflow_message(f" at layer {l} (q = {q[-1]:g})"))
         if l == L:
             s2.append(None)
             break
