@@ -61,12 +61,13 @@ def test_a_figure_is_never_written_through_a_planted_link(tmp_path):
     fig, ax = pyplot().subplots()
     ax.plot([0, 1], [1, 0])
     paths = save_figure(fig, out, "fig")
-    assert victim.read_text() == "precious\n"  # the old code wrote the PNG into the victim
+    assert victim.read_bytes() == b"precious\n"  # the old code wrote the PNG into the victim
     for p in paths:
         assert not p.is_symlink() and p.stat().st_size > 100
     assert sorted(x.name for x in out.iterdir()) == ["fig.png", "fig.svg"]  # no temporary file left
 
 
+@pytest.mark.slow  # the fisher-fig1 small grid and its plot (~30 s here); save_figure itself is tested above
 def test_the_fisher_figures_are_never_written_through_a_planted_link(tmp_path):
     """Hole 1a for the figures the fisher reproductions wrote with ``fig.savefig`` directly."""
     from bnlab.reproductions import fisher_fig1
@@ -77,7 +78,7 @@ def test_the_fisher_figures_are_never_written_through_a_planted_link(tmp_path):
     exp = fisher_fig1.EXPERIMENTS[0]
     records = [Record(params=dict(p), metrics=exp.run_cell(dict(p))) for p in exp.grid("small")]
     paths = exp.plot(records, tmp_path / "out")
-    assert victim.read_text() == "precious\n"
+    assert victim.read_bytes() == b"precious\n"
     assert paths and not Path(paths[0]).is_symlink()
 
 
@@ -102,7 +103,7 @@ def test_the_report_page_and_json_are_never_written_through_planted_links(tmp_pa
     _plant(out / "report.json", victim)
     _plant(out / "figures" / "bnlab-test-links" / "squares.png", victim)
     rep = build_report(out, results_dir=tmp_path / "res", experiments=[exp], serial=True, progress=False)
-    assert victim.read_text() == "precious\n"  # the old code wrote the page (then the JSON) into the victim
+    assert victim.read_bytes() == b"precious\n"  # the old code wrote the page (then the JSON) into the victim
     assert not (out / "index.html").is_symlink() and "<html" in (out / "index.html").read_text().lower()
     assert not (out / "report.json").is_symlink() and rep.sections[0].done == 2
 
@@ -115,7 +116,7 @@ def test_an_export_is_never_written_through_a_planted_link(tmp_path):
     victim = _victim(tmp_path)
     _plant(tmp_path / "out.csv", victim)
     export_sweep(tmp_path / "good.sqlite", tmp_path / "out.csv")
-    assert victim.read_text() == "precious\n"
+    assert victim.read_bytes() == b"precious\n"
     assert not (tmp_path / "out.csv").is_symlink() and "experiment" in (tmp_path / "out.csv").read_text()
 
 
@@ -143,7 +144,7 @@ def test_a_planted_side_file_link_is_refused_with_a_message_saying_so(tmp_path, 
     _plant(tmp_path / f"s.sqlite{side}", victim)
     with pytest.raises(ValueError, match="is a symbolic link"):
         ResultsStore(tmp_path / "s.sqlite", readonly=readonly)
-    assert victim.read_text() == "precious\n"
+    assert victim.read_bytes() == b"precious\n"
 
 
 def test_atomic_output_path_leaves_the_old_file_on_error(tmp_path):
@@ -253,7 +254,7 @@ def test_case_as_subprocess_with_memory_bound(case, fixtures):
 
 
 # --------------------------------------------------------------------------------------- hypothesis
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(value=st.one_of(st.integers(min_value=-(2**80), max_value=2**80), st.floats(allow_nan=True),
                        st.text(max_size=5), st.booleans(), st.none()))
 def test_a_seed_is_an_int_in_range_or_a_named_error(value):
@@ -267,7 +268,7 @@ def test_a_seed_is_an_int_in_range_or_a_named_error(value):
     assert isinstance(seed, int) and 0 <= seed <= MAX_SEED and seed == value
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(exponent=st.integers(min_value=-290, max_value=290), seed=st.integers(0, 2**31))
 def test_scale_invariant_rank_measures_do_not_depend_on_the_scale(exponent, seed):
     # H and 10^k·H have the same singular values up to the factor 10^k, which r(H), the stable, effective and
@@ -287,7 +288,7 @@ def test_scale_invariant_rank_measures_do_not_depend_on_the_scale(exponent, seed
     assert torch.allclose(m.singular_values, sv, rtol=1e-9, atol=0.0)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(side=st.integers(1, 10**15), kernel=st.integers(1, 10**15), channels=st.integers(1, 10**15),
        depth=st.integers(1, 5000))
 def test_any_architecture_size_parses_fast_or_is_refused_naming_arch(side, kernel, channels, depth):
@@ -306,7 +307,7 @@ _scales = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
                     st.sampled_from([1e308, -1e308, 1e200, 1e40, 1e20, 0.0, -1.0, 1e-300]))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(which=st.sampled_from(["sigma_w2", "sigma_b2", "gamma", "beta"]), value=_scales,
        double=st.booleans())
 def test_model_scales_give_a_finite_forward_pass_or_a_named_error(which, value, double):
@@ -324,7 +325,7 @@ def test_model_scales_give_a_finite_forward_pass_or_a_named_error(which, value, 
     assert torch.isfinite(model(x)).all()
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(eps=st.one_of(st.floats(min_value=0.0, allow_nan=False, allow_infinity=False),
                      st.sampled_from([1e308, 1e200, 1e100, 1.0, 1e-300])),
        norm=st.sampled_from(["bn", "bn_nomean", "none"]))
