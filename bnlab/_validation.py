@@ -1,14 +1,23 @@
-"""Argument checks shared by every part of bnlab.
+"""Argument checks shared by every part of bnlab, and the one way every part writes an output file.
 
 Bad input is rejected at the public boundary with a ``ValueError`` that names
 the argument, the value received and what is allowed (never a NaN, a silent
 clamp or a traceback from deep inside).
+
+Seeds are integers in [0, 2**63 − 1] (:func:`check_seed`; torch and NumPy take them, and a seed
+plus a small offset per network still fits torch's 64-bit generator).  Sizes are checked against a
+memory bound before anything is allocated (:func:`check_memory`; the default
+:data:`DEFAULT_MAX_MEMORY_BYTES` = 1 GiB, the ``--max-memory-gb`` of the commands).  Output files are
+written to a temporary file in their folder and renamed over their path
+(:func:`atomic_output_path`), so a symbolic link planted at the path is replaced, never followed.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
-from typing import Any, Iterable
+from pathlib import Path
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -20,7 +29,20 @@ __all__ = [
     "check_finite_array",
     "check_device",
     "check_writable_ancestor",
+    "check_seed",
+    "check_memory",
+    "check_max_memory_gb",
+    "atomic_output_path",
+    "DEFAULT_MAX_MEMORY_BYTES",
+    "MAX_SEED",
 ]
+
+#: The largest seed accepted anywhere (torch's generators take 64 bits; this leaves room for offsets).
+MAX_SEED = 2**63 - 1
+#: The working-memory bound of every size check unless the caller gives another (``--max-memory-gb 1``).
+DEFAULT_MAX_MEMORY_BYTES = 1 << 30
+#: The largest ``--max-memory-gb`` accepted (1 PiB): beyond it the bound is no bound.
+MAX_MEMORY_GB = 2.0**20
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -112,19 +134,113 @@ def check_psd_matrix(name: str, value: Any, *, rtol: float = 1e-10, min_size: in
 def check_device(name: str, value: Any):
     """Return ``value`` as a ``torch.device`` ('cpu' or 'cuda[:i]'), or raise ``ValueError`` naming ``name``.
 
-    CUDA requested on a machine without it is rejected here rather than failing deep inside torch.
+    CUDA requested on a machine without it, and a CUDA index beyond the devices present
+    (``cuda:99``), are rejected here rather than failing deep inside torch at the first ``.to()``.
     """
     import torch  # lazily: the NumPy parts of bnlab must not pay torch's import
 
-    try:
-        dev = torch.device(value)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"{name}={value!r} is not allowed: {exc}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{name}={value!r} is not allowed: CUDA is not available on this machine; use {name}='cpu'")
+    allowed = "expected 'cpu', 'cuda' or 'cuda:<index>'"
+    if isinstance(value, torch.device):
+        dev = value
+    elif isinstance(value, str) and value.strip():
+        try:
+            dev = torch.device(value.strip())
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(f"{name}={value!r} is not allowed: {allowed}") from None
+    else:
+        raise ValueError(f"{name}={value!r} is not allowed: {allowed}")
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"{name}={value!r} is not allowed: expected 'cpu' or 'cuda'")
+        raise ValueError(f"{name}={value!r} is not allowed: {allowed}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"{name}={value!r} is not allowed: CUDA is not available on this machine; use {name}='cpu'"
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(
+                f"{name}={value!r} is not allowed: this machine has {count} CUDA device(s), "
+                f"cuda:0 to cuda:{count - 1}"
+            )
     return dev
+
+
+def check_seed(name: str, value: Any) -> int:
+    """Return ``value`` as an int seed in [0, :data:`MAX_SEED`], or raise ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
+        raise ValueError(f"{name}={value!r} is not allowed: expected an integer seed in [0, 2**63 - 1]")
+    value = int(value)
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(f"{name}={value} is not allowed: expected an integer seed in [0, 2**63 - 1]")
+    return value
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.3g} GiB"
+
+
+def check_memory(what: str, needed_bytes: float, max_memory_bytes: Any, *, hint: str = "") -> int:
+    """Refuse, before allocating, work that needs more than ``max_memory_bytes``; return the bound.
+
+    ``what`` says which sizes need the memory (it names the arguments to reduce); the message names
+    ``max_memory_bytes`` and the ``--max-memory-gb`` option that sets it.
+    """
+    bound = check_int("max_memory_bytes", max_memory_bytes, minimum=1)
+    if not needed_bytes <= bound:  # also refuses a NaN or infinite estimate
+        raise ValueError(
+            f"{what} needs about {_gib(needed_bytes)} of memory, more than max_memory_bytes={bound} "
+            f"({_gib(bound)}; --max-memory-gb on the command line){'; ' + hint if hint else ''}"
+        )
+    return bound
+
+
+def check_max_memory_gb(name: str, value: Any) -> int:
+    """``--max-memory-gb`` (a positive number of GiB, at most 2**20) as a byte count, or ``ValueError``."""
+    gb = check_real(name, value, minimum=0.0, strict_minimum=True, maximum=MAX_MEMORY_GB)
+    return max(1, int(gb * 2**30))
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+@contextlib.contextmanager
+def atomic_output_path(path: Any, *, name: str = "output") -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; on success it is renamed over ``path``.
+
+    The temporary file is created with ``O_EXCL`` (``tempfile.mkstemp``) in the destination folder
+    and ``os.replace``-d onto ``path``: a symbolic link planted at ``path`` is replaced by the new
+    file, never followed, and a reader never sees a half-written file.  On an error the temporary
+    file is removed and ``path`` is left as it was.  The file gets the usual mode (0666 & ~umask).
+    A directory at ``path`` is a ``ValueError`` naming ``name``.
+    """
+    import os
+    import tempfile
+
+    target = Path(path)
+    if target.is_dir() and not target.is_symlink():
+        raise ValueError(f"{name}={str(target)!r} is not allowed: it is a directory")
+    folder = target.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name[:200]}.", suffix=".tmp" + target.suffix)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        os.close(fd)
+        yield Path(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def check_writable_ancestor(name: str, text: str, start: Any) -> None:

@@ -68,12 +68,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument("--tol", type=float, default=1e-4, help="Lanczos relative tolerance (default 1e-4)")
     m.add_argument("--seed", type=int, default=0, help="seed of the network and of the batch (default 0)")
+    m.add_argument("--max-memory-gb", type=float, default=1.0,
+                   help="memory bound of --measure (network, its copy, Lanczos vectors and the batch's activations, "
+                        "estimated before anything is allocated; default 1)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from bnlab._validation import check_int, check_real
+    from bnlab._validation import check_int, check_max_memory_gb, check_real, check_seed
     from bnlab.fisher import fisher_order_parameters, parse_arch
 
     arch = parse_arch(args.arch)
@@ -97,8 +100,10 @@ def run(args: argparse.Namespace) -> int:
         from bnlab.fisher import build_model, calibrate_batchnorm_, curvature_spectrum
 
         batch = check_int("--batch-size", args.batch_size, minimum=1)
-        seed = check_int("--seed", args.seed, minimum=0)
+        seed = check_seed("--seed", args.seed)
         check_real("--tol", args.tol, minimum=0.0)
+        max_bytes = check_max_memory_gb("max_memory_gb", args.max_memory_gb)
+        _check_measure_memory(arch, batch, max_bytes)
         if args.norm == "bn" and args.bn_mode == "train" and batch < 2:
             raise ValueError(
                 f"--batch-size={batch} with --bn-mode train is not allowed: BatchNorm's batch variance is "
@@ -118,9 +123,14 @@ def run(args: argparse.Namespace) -> int:
                 f"--arch={args.arch!r} is not allowed with --dataset {args.dataset}: input shape "
                 f"{arch.input_shape} differs from the data's {data.image_shape}"
             )
+        if batch > len(data):
+            raise ValueError(
+                f"--batch-size={batch} is not allowed with --dataset {args.dataset}: its training split has "
+                f"{len(data)} samples"
+            )
         # the batch is standardized with its own per-channel statistics (cheap; the theory's input
         # order parameters are taken from this same batch below)
-        sub = standardize(data.subset(min(batch, len(data)), seed=seed))
+        sub = standardize(data.subset(batch, seed=seed))
         x = sub.x.to(torch.float64)
         if len(arch.input_shape) == 1:
             x = x.reshape(x.shape[0], -1)
@@ -138,11 +148,13 @@ def run(args: argparse.Namespace) -> int:
             sigma_b2=args.sigma_b2,
             seed=seed,
             dtype=torch.float64,
+            max_memory_bytes=max_bytes,
         )
         calibrate_batchnorm_(model, x)  # eval mode = the batch's own statistics (the theory's population)
         loss = "mse" if args.curvature == "fisher" else "cross_entropy"
         spec = curvature_spectrum(
-            model, x, sub.y, curvature=args.curvature, loss=loss, bn_mode=args.bn_mode, tol=args.tol
+            model, x, sub.y, curvature=args.curvature, loss=loss, bn_mode=args.bn_mode, tol=args.tol,
+            max_memory_bytes=max_bytes,
         )
         out_measure = {
             "lambda_max_measured": spec.lambda_max,
@@ -159,7 +171,9 @@ def run(args: argparse.Namespace) -> int:
     out.update(res.to_dict())
     if args.measure:
         out.update(out_measure)
-        out["ratio_measured_to_bound"] = out["lambda_max_measured"] / res.lambda_max_bound
+        # a zero bound (odd φ, β = 0: the result's note) has no ratio
+        bound = res.lambda_max_bound
+        out["ratio_measured_to_bound"] = out["lambda_max_measured"] / bound if bound > 0 else None
     if args.json:
         print_json(out)
         return 0
@@ -171,10 +185,26 @@ def run(args: argparse.Namespace) -> int:
     print_table(rows, header=["layer", "kind", "fan_in", "|K|", "q", "q̂_xy(in)", "q̃_xy", "f_l"])
     print(f"lambda_max_bound = {res.lambda_max_bound:.6g}")
     print(f"eta_star = 2(1+{res.momentum:g})/lambda_max_bound = {res.eta_star:.6g}")
+    if res.note:
+        print(f"note: {res.note}")
     if args.measure:
+        ratio = out["ratio_measured_to_bound"]
         print(
             f"lambda_max_measured = {out['lambda_max_measured']:.6g} ({args.curvature}, bn_mode={args.bn_mode}, "
             f"{args.dataset} batch of {out['batch_size']}, {out['matvecs']} products, {out['seconds']:.2f} s); "
-            f"measured/bound = {out['ratio_measured_to_bound']:.3f}"
+            f"measured/bound = {'-' if ratio is None else format(ratio, '.3f')}"
         )
     return 0
+
+
+def _check_measure_memory(arch, batch: int, max_bytes: int) -> None:
+    """--measure in float64: the network twice (it and the measured copy), ~6 working vectors and the
+    batch's activations kept for the forward- and reverse-mode products (~4 copies of every unit)."""
+    from bnlab._validation import check_memory
+
+    geos = arch.geometry()
+    params = sum(g["fan_in"] * g["out_units"] / max(g["positions"], 1) + g["out_units"] for g in geos)
+    units = sum(g["out_units"] for g in geos) + geos[0]["in_units"]
+    need = 8.0 * (8 * params + 4 * batch * units)
+    check_memory(f"--measure on --arch {arch.to_spec()} with --batch-size {batch}", need, max_bytes,
+                 hint="use a smaller --arch or --batch-size, or raise --max-memory-gb")

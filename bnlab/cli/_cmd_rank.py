@@ -38,18 +38,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--max-memory-gb", type=float, default=1.0,
                    help="working-memory bound (layers are streamed in blocks that fit; default 1)")
+    p.add_argument("--max-hours", type=float, default=24.0,
+                   help="refuse, before starting, a chain estimated to take longer (default 24)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from bnlab._validation import check_choice, check_int, check_real
+    from bnlab._validation import check_choice, check_int, check_max_memory_gb, check_real, check_seed
     from bnlab.rank import default_record_layers, run_chain
 
     norm = _NORM_NAMES[check_choice("norm", args.norm, tuple(_NORM_NAMES))]
-    points = check_int("record_points", args.record_points, minimum=1)
+    points = check_int("record_points", args.record_points, minimum=1, maximum=10**6)
     depth = check_int("depth", args.depth, minimum=1)
-    mem = check_real("max_memory_gb", args.max_memory_gb, minimum=0.0, strict_minimum=True)
+    max_bytes = check_max_memory_gb("max_memory_gb", args.max_memory_gb)
+    check_seed("seed", args.seed)
     gamma = args.residual_gamma
     if isinstance(gamma, str) and gamma.strip().lower() not in ("inf", "infinity"):
         try:
@@ -61,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
             args.width, args.batch_size, depth, chains=args.chains, norm=norm, activation=args.activation,
             placement=args.placement, residual_gamma=gamma, init=args.init, tau=args.tau,
             record_layers=default_record_layers(depth, points), seed=args.seed, dtype=args.dtype,
-            device=args.device, eps=args.eps, max_memory_bytes=max(1, int(mem * 2**30)),
+            device=args.device, eps=args.eps, max_memory_bytes=max_bytes,
+            max_seconds=check_real("max_hours", args.max_hours, minimum=0.0, strict_minimum=True) * 3600.0,
         )
     except FloatingPointError as exc:
         # not bad input but a chain BN cannot normalize (a zero row): say so and which option helps

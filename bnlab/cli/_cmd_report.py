@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from bnlab.experiments.report import build_report
 
     check_output_dir("out", args.out)  # checked first: a cached run would otherwise never notice
+    if args.results_dir is not None:
+        check_output_dir("results_dir", args.results_dir)
     check_cluster_arguments(args)
     apply_data_dir(args)
     rep = build_report(args.out, only=args.only, **run_options(args))

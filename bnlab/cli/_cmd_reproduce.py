@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from bnlab.experiments.report import reproduce
 
     check_output_dir("out", args.out)  # checked first: a cached run would otherwise never notice
+    if args.results_dir is not None:
+        check_output_dir("results_dir", args.results_dir)
     check_cluster_arguments(args)
     apply_data_dir(args)
     sec = reproduce(args.name, out=args.out, **run_options(args))

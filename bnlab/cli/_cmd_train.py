@@ -36,18 +36,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--max-memory-gb", type=float, default=1.0,
+                   help="bound on the network's parameters, checked before it is built (default 1)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from bnlab._validation import check_max_memory_gb
     from bnlab.optim.training import train_network
 
+    max_bytes = check_max_memory_gb("max_memory_gb", args.max_memory_gb)
     res = train_network(
         model=args.model, norm=args.norm, dataset=args.dataset, batch_size=args.batch_size, epochs=args.epochs,
         lr=args.lr, momentum=args.momentum, widths=args.widths, train_size=args.train_size,
         test_size=args.test_size, rho=args.rho, eps1=args.eps1, eps2=args.eps2, native=args.native, seed=args.seed,
-        device=args.device, data_dir=args.data_dir,
+        device=args.device, data_dir=args.data_dir, max_memory_bytes=max_bytes,
     )
     if args.json:
         print_json(res.to_dict())

@@ -57,6 +57,10 @@ def check_output_dir(name: str, value: Any) -> None:
         is_dir, exists = p.is_dir(), p.exists()
     except OSError as exc:
         raise ValueError(f"{name}={text!r} is not allowed: {exc.strerror}") from None
+    if not exists and os.path.islink(p):
+        raise ValueError(
+            f"{name}={text!r} is not allowed: it is a symbolic link to {os.readlink(p)!r}, which does not exist"
+        )
     if exists and not is_dir:
         raise ValueError(f"{name}={text!r} is not allowed: it exists and is not a directory")
     check_writable_ancestor(name, text, text)

@@ -211,6 +211,12 @@ def _run_section(
         sec.reused = reused if reused is not None else sum(r.status == "done" for r in rows)
     except KeyboardInterrupt:
         raise
+    except (ValueError, OSError) as exc:
+        # bad input (a store path that is a file, a planted link, ...) or the file system: the message says
+        # what, a traceback would only hide it
+        sec.status = "error"
+        sec.errors.append({"what": "The sweep could not run.", "text": f"{type(exc).__name__}: {exc}"})
+        return sec
     except Exception:
         sec.status = "error"
         sec.errors.append({"what": "The sweep could not run.", "text": traceback.format_exc()})
@@ -408,8 +414,11 @@ def build_report(
     report = Report(index=outdir / "index.html", scale=scale, sections=sections, broken_modules=broken,
                     seconds=time.perf_counter() - t0)
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    report.index.write_text(_render(report, generated), encoding="utf-8")
-    (outdir / "report.json").write_text(
+    # written beside their paths and renamed over them: a link planted at index.html or report.json
+    # is replaced, never followed (bnlab._validation.atomic_output_path)
+    _write_text(report.index, _render(report, generated))
+    _write_text(
+        outdir / "report.json",
         json.dumps(
             {
                 "scale": scale,
@@ -424,9 +433,15 @@ def build_report(
             indent=2,
             default=str,
         ),
-        encoding="utf-8",
     )
     return report
+
+
+def _write_text(path: Path, text: str) -> None:
+    from bnlab._validation import atomic_output_path
+
+    with atomic_output_path(path, name="out") as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def reproduce(

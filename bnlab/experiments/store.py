@@ -149,6 +149,14 @@ def _check_store_path(path: Path, *, readonly: bool) -> None:
         st = os.stat(path)
     except FileNotFoundError:
         st = None
+        if os.path.islink(path):
+            # a dangling link would make SQLite create the store and its side files where it points; but an
+            # alias of a store another driver is creating right now is that driver's: say so
+            _refuse_if_locked(Path(os.path.realpath(path)), text)
+            raise ValueError(
+                f"store={text!r} is not allowed: it is a symbolic link to {os.readlink(path)!r}, which does not "
+                "exist; bnlab does not create a store through a link (remove the link or give the real path)"
+            ) from None
     except OSError as exc:
         raise ValueError(f"store={text!r} is not allowed: {exc.strerror}") from None
     if st is not None:
@@ -172,6 +180,23 @@ def _check_store_path(path: Path, *, readonly: bool) -> None:
         raise ValueError(f"store={text!r} is not allowed: {str(parent)!r} is a file, not a directory")
     if parent.is_dir() and not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"store={text!r} is not allowed: the folder {str(parent)!r} is not writable")
+
+
+def _refuse_if_locked(real: Path, text: str) -> None:
+    """``ValueError`` if a live driver holds ``<real>.lock`` (probed without creating anything)."""
+    try:
+        fd = os.open(real.with_name(real.name + ".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ValueError(
+            f"results store {text!r} is being written by another running sweep (its lock is held); wait for it "
+            "or stop it first"
+        ) from None
+    finally:
+        os.close(fd)
 
 
 def _now() -> str:
@@ -319,11 +344,13 @@ class ResultsStore:
         # takes the same lock as the real path, so it cannot escape the single-writer rule.
         self.real_path = _resolved(self.path)
         try:
+            self._check_side_files()
             if self.readonly:
                 self._conn = sqlite3.connect(f"file:{_uri_path(self.real_path)}?mode=ro", uri=True, timeout=30.0)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._acquire_lock()
+                self._create_side_files()
                 self._conn = sqlite3.connect(str(self.real_path), timeout=30.0)
             self._conn.row_factory = sqlite3.Row
             self._check_contents()
@@ -340,6 +367,49 @@ class ResultsStore:
         except BaseException:
             self.close()
             raise
+
+    def _check_side_files(self) -> None:
+        """Refuse a store whose SQLite side files (``-wal``, ``-shm``, ``-journal``) are links or not files.
+
+        SQLite opens them with plain ``open()``, which follows a symbolic link: a link planted at
+        ``<store>-wal`` or ``-shm`` would make it write journal pages or shared memory into the file the
+        link points to.  A writer then creates the ``-wal`` and ``-shm`` files itself, with ``O_NOFOLLOW``
+        and while it holds the lock, so none can be planted between this check and SQLite's open.
+        """
+        for suffix in ("-wal", "-shm", "-journal"):
+            side = self.real_path.with_name(self.real_path.name + suffix)
+            try:
+                st = os.lstat(side)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise ValueError(f"cannot check the store's side file {str(side)!r}: {exc.strerror}") from None
+            if stat.S_ISLNK(st.st_mode):
+                raise ValueError(
+                    f"the store's side file {str(side)!r} is a symbolic link; bnlab does not follow it "
+                    "(remove it if you did not create it)"
+                )
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"the store's side file {str(side)!r} is not a regular file; remove it")
+
+    def _create_side_files(self) -> None:
+        """Create ``-wal`` and ``-shm`` (empty, ``O_NOFOLLOW``) before SQLite does (see :meth:`_check_side_files`)."""
+        for suffix in ("-wal", "-shm"):
+            side = self.real_path.with_name(self.real_path.name + suffix)
+            try:
+                fd = os.open(side, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise ValueError(
+                        f"the store's side file {str(side)!r} is a symbolic link; bnlab does not follow it "
+                        "(remove it if you did not create it)"
+                    ) from None
+                raise ValueError(f"cannot create the store's side file {str(side)!r}: {exc.strerror}") from None
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise ValueError(f"the store's side file {str(side)!r} is not a regular file; remove it")
+            finally:
+                os.close(fd)
 
     def _check_contents(self) -> None:
         """Refuse files that are not SQLite, foreign databases and corrupted stores (clear ValueErrors)."""

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from bnlab._validation import check_choice, check_int, check_writable_ancestor
+from bnlab._validation import atomic_output_path, check_choice, check_int, check_writable_ancestor
 from bnlab.experiments._progress import SweepProgress
 from bnlab.experiments._worker import execute_cell, library_versions
 from bnlab.experiments.registry import experiment_module, get_experiment, list_experiments
@@ -391,7 +391,11 @@ def run_sweep(
         raise ValueError(f"{exp.name}.grid({scale!r}) must return a list of dicts, got {type(cells).__name__}")
     path = Path(store) if store is not None else store_path(exp.name, scale, results_dir)
     t0 = time.perf_counter()
-    with ResultsStore(path) as st:
+    connection = contextlib.ExitStack()
+    if scheduler is not None and client is None:
+        # connect before the store is opened: an unreachable scheduler is refused with nothing created
+        client = connection.enter_context(open_client(scheduler, workers))
+    with connection, ResultsStore(path) as st:
         keys = st.initialize(exp.name, scale, cells, module=experiment_module(exp), versions=library_versions())
         st.requeue_running()
         if retry_failed:
@@ -610,8 +614,10 @@ def export_sweep(store: str | os.PathLike, output: str | os.PathLike, format: st
             if len(kinds) > 1 or kinds & {list, dict}:
                 df[col] = [None if v is None else json.dumps(v, sort_keys=True) for v in df[col]]
     out.parent.mkdir(parents=True, exist_ok=True)
-    if format == "csv":
-        df.to_csv(out, index=False)
-    else:
-        df.to_parquet(out, index=False)
+    # a temporary file beside ``out``, renamed over it: a link planted at ``out`` is never followed
+    with atomic_output_path(out, name="output") as tmp:
+        if format == "csv":
+            df.to_csv(tmp, index=False)
+        else:
+            df.to_parquet(tmp, index=False)
     return out

@@ -24,9 +24,21 @@ import re
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+import numpy as np
+
 from bnlab._validation import check_int
 
-__all__ = ["FCLayer", "ConvLayer", "Architecture", "parse_arch"]
+__all__ = ["FCLayer", "ConvLayer", "Architecture", "parse_arch", "MAX_LAYERS", "MAX_SIDE", "MAX_UNITS"]
+
+#: Most layers an architecture may have (the theory's recursions cost ~ms per layer).
+MAX_LAYERS = 2000
+#: Largest spatial side, kernel, stride or padding of a conv layer (the geometry costs O(side) per layer).
+MAX_SIDE = 2**20
+#: Largest width, channel count or input size (the theory needs only their values; a network of such
+#: widths is refused by the memory bound of :func:`bnlab.fisher.build_model`).
+MAX_UNITS = 10**12
+#: Longest spec string parsed.
+_MAX_SPEC_CHARS = 100_000
 
 
 @dataclass(frozen=True)
@@ -36,7 +48,7 @@ class FCLayer:
     width: int
 
     def __post_init__(self):
-        check_int("width", self.width, minimum=1)
+        check_int("width", self.width, minimum=1, maximum=MAX_UNITS)
 
 
 @dataclass(frozen=True)
@@ -49,10 +61,10 @@ class ConvLayer:
     padding: int = 0
 
     def __post_init__(self):
-        check_int("channels", self.channels, minimum=1)
-        check_int("kernel", self.kernel, minimum=1)
-        check_int("stride", self.stride, minimum=1)
-        check_int("padding", self.padding, minimum=0)
+        check_int("channels", self.channels, minimum=1, maximum=MAX_UNITS)
+        check_int("kernel", self.kernel, minimum=1, maximum=MAX_SIDE)
+        check_int("stride", self.stride, minimum=1, maximum=MAX_SIDE)
+        check_int("padding", self.padding, minimum=0, maximum=MAX_SIDE)
 
 
 Layer = Union[FCLayer, ConvLayer]
@@ -73,11 +85,13 @@ class Architecture:
         if len(shape) not in (1, 3):
             raise ValueError(f"input_shape={shape!r} is not allowed: expected (N0,) or (C, H, W)")
         for i, n in enumerate(shape):
-            check_int(f"input_shape[{i}]", n, minimum=1)
-        object.__setattr__(self, "input_shape", shape)
+            check_int(f"input_shape[{i}]", n, minimum=1, maximum=MAX_UNITS if (i == 0) else MAX_SIDE)
+        object.__setattr__(self, "input_shape", tuple(int(n) for n in shape))
         layers = tuple(self.layers)
         if not layers:
             raise ValueError("layers=() is not allowed: expected at least the output layer")
+        if len(layers) > MAX_LAYERS:
+            raise ValueError(f"layers has {len(layers)} entries: not allowed, at most {MAX_LAYERS}")
         for i, layer in enumerate(layers):
             if not isinstance(layer, (FCLayer, ConvLayer)):
                 raise ValueError(f"layers[{i}]={layer!r} is not allowed: expected FCLayer or ConvLayer")
@@ -128,13 +142,16 @@ class Architecture:
                         f"stride {layer.stride} is larger than its padded input {padded}"
                     )
                 out_size = (padded - layer.kernel) // layer.stride + 1
-                taps = []  # per output coordinate: taps inside the unpadded input
-                for o in range(out_size):
-                    start = o * layer.stride - layer.padding
-                    taps.append(sum(1 for a in range(layer.kernel) if 0 <= start + a < size))
-                per_tap = []  # per kernel coordinate: output coordinates whose tap is inside
-                for a in range(layer.kernel):
-                    per_tap.append(sum(1 for o in range(out_size) if 0 <= o * layer.stride - layer.padding + a < size))
+                # closed forms, O(out_size + kernel) array work (a Python double loop hung on large inputs)
+                k, s, p = layer.kernel, layer.stride, layer.padding
+                start = np.arange(out_size, dtype=np.int64) * s - p  # first tap of each output coordinate
+                # per output coordinate: taps a in [0, k) with 0 <= start + a < size
+                taps = np.maximum(0, np.minimum(k, size - start) - np.maximum(0, -start))
+                # per kernel coordinate a: outputs o in [0, out) with 0 <= o*s - p + a < size
+                a = np.arange(k, dtype=np.int64)
+                lo = np.maximum(0, -((a - p) // s))  # ceil((p - a) / s)
+                hi = np.minimum(out_size - 1, (size - 1 + p - a) // s)
+                per_tap = np.maximum(0, hi - lo + 1)
                 out.append(
                     dict(
                         kind="conv",
@@ -198,6 +215,8 @@ def parse_arch(spec: "str | Architecture") -> Architecture:
         return spec
     if not isinstance(spec, str):
         raise ValueError(f"arch={spec!r} is not allowed: expected a spec string such as 'fc:784-1000-10'")
+    if len(spec) > _MAX_SPEC_CHARS:
+        raise ValueError(f"arch is not allowed: the spec has {len(spec)} characters (at most {_MAX_SPEC_CHARS})")
     text = spec.strip().lower()
     kind, sep, body = text.partition(":")
     if not sep or kind not in ("fc", "conv") or not body:
@@ -206,6 +225,20 @@ def parse_arch(spec: "str | Architecture") -> Architecture:
             "'conv:CxHxW-c<C>k<K>[s<S>][p<P>]-...-fc<N>'"
         )
     tokens = body.split("-")
+    if len(tokens) > MAX_LAYERS + 1:
+        raise ValueError(f"arch={spec[:60]!r}... is not allowed: {len(tokens) - 1} layers (at most {MAX_LAYERS})")
+    longest = max(re.findall(r"\d+", body), key=len, default="")
+    if len(longest) > 13:
+        raise ValueError(f"arch is not allowed: the number {longest[:20]}... has {len(longest)} digits (at most 13)")
+    try:
+        return _parse_tokens(spec, kind, tokens)
+    except ValueError as exc:
+        if str(exc).startswith("arch"):
+            raise
+        raise ValueError(f"arch={spec if len(spec) < 80 else spec[:60] + '...'!r} is not allowed: {exc}") from None
+
+
+def _parse_tokens(spec: str, kind: str, tokens: list) -> Architecture:
     if kind == "fc":
         if len(tokens) < 2 or not all(t.isdigit() for t in tokens):
             raise ValueError(f"arch={spec!r} is not allowed: 'fc:' needs at least two positive integers joined by '-'")

@@ -86,6 +86,7 @@ averages).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -112,6 +113,10 @@ class FisherTheoryResult:
     (``q_tilde``, ``q_tilde_xy``, ``q_tilde_ab``: Eqs. 19, 32–33), the BN scale ``s2``
     (None without BN or for the output layer), the fan-in ``fan_in`` (N_{l-1}), the number
     of output positions ``positions`` (|K_l|) and the bound's term ``f``.
+
+    A bound of exactly 0 is a result, not an error: for an odd φ with β = 0 on centred data every
+    mean activation vanishes (E φ(u) = 0 by symmetry), so every f_l = 0; ``eta_star`` is then
+    ``math.inf`` (Claim 3.1 bounds no learning rate) and ``note`` says why. ``note`` is None otherwise.
     """
 
     arch: str
@@ -130,12 +135,15 @@ class FisherTheoryResult:
     eta_star: float
     per_layer_f: tuple
     layers: tuple = field(repr=False)
+    note: "str | None" = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for key in ("gamma", "beta", "sigma_w2", "sigma_b2", "per_layer_f"):
             d[key] = list(d[key])
         d["layers"] = [dict(x) for x in self.layers]
+        if not math.isfinite(self.eta_star):
+            d["eta_star"] = None  # strict JSON has no inf: no bound (``note`` says why)
         return d
 
 
@@ -153,17 +161,77 @@ def _check_momentum(momentum) -> float:
     return mu
 
 
+# Gaussian expectations are taken over u ~ N(0, var) with |u| ≤ _CUTOFF·√var, as in
+# bnlab.theory.gaussian_kernel's quadrature (the omitted tail weighs < e^{-50}).
+_CUTOFF = 10.0
+# gaussian_kernel's stated accuracy (≲ 1e-12 relative, bnlab.theory.vphi); a cross moment that Mehler's
+# theorem makes ≥ 0 but that quadrature returns below −_KERNEL_RTOL·(its scale) is an error, not roundoff
+_KERNEL_RTOL = 1e-12
+
+
+def _gaussian_mean(fn, kinks: Sequence[float], var: float) -> float:
+    """E fn(u) for u ~ N(0, var), from the even part of fn: ∫₀^R [fn(√var r) + fn(−√var r)] p(r) dr.
+
+    Pairing r with −r before integrating is what makes an odd fn (tanh, sin, erf with β = 0) give exactly
+    0 rather than a rounding residue of either sign: fn(x) + fn(−x) is 0 at every node. ``kinks`` (in x)
+    become panel ends; scipy's adaptive QUADPACK rule handles the algebraic endpoint behaviour of
+    α-relu-like φ at 0.
+    """
+    from scipy.integrate import quad
+
+    if var == 0.0:
+        return float(np.asarray(fn(np.zeros(1)), dtype=np.float64)[0])
+    s = math.sqrt(var)
+    norm = 1.0 / math.sqrt(2.0 * math.pi)
+
+    def even(r: float) -> float:
+        x = np.array([s * r, -s * r])
+        v = np.asarray(fn(x), dtype=np.float64)
+        return float(v[0] + v[1]) * norm * math.exp(-0.5 * r * r)
+
+    cuts = sorted({abs(k) / s for k in kinks if 0.0 < abs(k) / s < _CUTOFF})
+    edges = [0.0, *cuts, _CUTOFF]
+    total = 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # non-convergence shows up as a non-finite bound, refused below
+        for a, b in zip(edges[:-1], edges[1:]):
+            total += quad(even, a, b, epsabs=0.0, epsrel=1e-13, limit=200)[0]
+    return float(total)
+
+
+def _cross_moment(value: float, scale: float, what: str) -> float:
+    """A cross moment E g(u)g(v) with Cov(u, v) ≥ 0, which Mehler's expansion Σ_k c^k (E g He_k)²/k!
+    makes ≥ 0: a quadrature value below 0 by no more than the route's accuracy is rounding and is 0."""
+    if value < 0.0:
+        if value < -_KERNEL_RTOL * max(abs(scale), 1e-300) * 10.0:
+            raise ValueError(
+                f"{what} = {value!r} < 0 for a non-negative correlation: the Gaussian quadrature did not "
+                "converge for this phi (check that phi is finite and grows at most polynomially)"
+            )
+        return 0.0
+    return value
+
+
 def _pair(act: Activation, var: float, cov: float) -> tuple[float, float]:
-    """(E φ(u)², E φ(u)φ(v)) for (u, v) ~ N(0, [[var, cov], [cov, var]]) (Gaussian-integral route)."""
+    """(E φ(u)², E φ(u)φ(v)) for (u, v) ~ N(0, [[var, cov], [cov, var]]) (Gaussian-integral route).
+
+    cov = 0 (the BN layers, Eqs. 56–60, and vanilla layers with σ_b² = 0 on centred data): u, v are
+    independent and E φ(u)φ(v) = (E φ(u))², computed without cancellation (:func:`_gaussian_mean`), so
+    an odd φ gives exactly 0 instead of a ±1e-16 residue of the 2-d quadrature.
+    """
     from bnlab.theory import gaussian_kernel
 
     cov = min(cov, var)  # roundoff only: |cov| <= var holds exactly in the recursions
+    if cov == 0.0:
+        m2 = float(gaussian_kernel(act, np.array([[var]], dtype=np.float64))[0, 0])
+        mean = _gaussian_mean(act, act.kinks, var)
+        return m2, mean * mean
     k = gaussian_kernel(act, np.array([[var, cov], [cov, var]], dtype=np.float64))
-    return float(k[0, 0]), float(k[0, 1])
+    return float(k[0, 0]), _cross_moment(float(k[0, 1]), float(k[0, 0]), "E phi(u)phi(v)")
 
 
 def _derivative_activation(act: Activation) -> Activation:
-    return activation_from_callable(act.derivative)
+    return activation_from_callable(act.derivative, kinks=act.kinks)
 
 
 def _derivative_pair(act: Activation, var: float, cov: float) -> tuple[float, float]:
@@ -171,10 +239,12 @@ def _derivative_pair(act: Activation, var: float, cov: float) -> tuple[float, fl
 
     For 1-homogeneous φ = a ρ₁(x) − b ρ₁(−x) (ReLU, leaky ReLU, abs, identity) φ' = a H(x) + b H(−x)
     and the orthant probabilities P(u > 0, v > 0) = P(u < 0, v < 0) = (π/2 + arcsin c)/(2π) give the
-    closed form (Eq. 22's ReLU case); otherwise the Gaussian-integral route.
+    closed form (Eq. 22's ReLU case); otherwise the Gaussian-integral route (:func:`_pair`).
     """
     if act.homogeneity == 1.0 and act.homogeneous_coeffs is not None:
         a, b = act.homogeneous_coeffs
+        if cov == 0.0:  # independent: (E φ')² = ((a + b)/2)², without the cancellation of the form below
+            return 0.5 * (a * a + b * b), 0.25 * (a + b) ** 2
         c = max(-1.0, min(1.0, cov / var)) if var > 0 else 0.0
         p = (math.pi / 2 + math.asin(c)) / (2 * math.pi)
         return 0.5 * (a * a + b * b), (a * a + b * b) * p + 2 * a * b * (0.5 - p)
@@ -241,7 +311,6 @@ def fisher_order_parameters(
     mu = _check_momentum(momentum)
     bn_mode = check_choice("bn_mode", bn_mode, ("eval", "train"))
     L = architecture.depth
-    geos = architecture.geometry()
     sw2 = [check_real(f"sigma_w2[{i}]", v) for i, v in enumerate(_as_sequence("sigma_w2", sigma_w2, L))]
     sb2 = [check_real(f"sigma_b2[{i}]", v) for i, v in enumerate(_as_sequence("sigma_b2", sigma_b2, L))]
     for i, v in enumerate(sw2):
@@ -264,6 +333,22 @@ def fisher_order_parameters(
         )
     base = get_activation(phi)
     measured = formula == "measured"
+    try:
+        return _fisher_order_parameters(architecture, norm, base, gam, bet, sw2, sb2, mu, formula, q0, q0xy,
+                                        bn_mode, measured)
+    except OverflowError:
+        raise ValueError(_overflow_message()) from None
+
+
+def _overflow_message(where: str = "") -> str:
+    return (f"the order parameters overflow float64{where} for these parameters: reduce gamma, beta, sigma_w2, "
+            "sigma_b2 or input_q (the forward variances grow like σ_w²·q̂ per layer, q̂ ∝ γ² with BN)")
+
+
+def _fisher_order_parameters(architecture, norm, base, gam, bet, sw2, sb2, mu, formula, q0, q0xy, bn_mode,
+                             measured) -> FisherTheoryResult:
+    L = architecture.depth
+    geos = architecture.geometry()
 
     # ---------------- forward (Claims 6.1, 6.3, 6.5) ----------------
     qh, qh_xy, qh_ab = [q0], [q0xy], [q0xy]  # h^0: independent samples => cross-position = cross-sample
@@ -275,6 +360,8 @@ def fisher_order_parameters(
         q.append(sb2[l - 1] + sw2[l - 1] * rho * qh[-1])
         q_xy.append(sb2[l - 1] + sw2[l - 1] * rho * qh_xy[-1])
         q_ab.append(sb2[l - 1] + sw2[l - 1] * rho * qh_ab[-1])
+        if not (math.isfinite(q[-1]) and math.isfinite(q_xy[-1]) and math.isfinite(q_ab[-1])):
+            raise ValueError(_overflow_message(f" at layer {l} (q = {q[-1]:g})"))
         if l == L:
             s2.append(None)
             break
@@ -372,8 +459,10 @@ def fisher_order_parameters(
             )
         )
     bound = float(sum(f))
-    if not (math.isfinite(bound) and bound > 0):
-        raise ValueError(f"the bound is {bound!r}: not a positive finite number for these parameters")
+    if not (math.isfinite(bound) and bound >= 0):
+        raise ValueError(f"the bound is {bound!r}: not a finite non-negative number for these parameters")
+    note = None if bound > 0 else _zero_bound_note(norm, bn_mode, qh_xy, bt_xy, L)
+    eta = 2.0 * (1.0 + mu) / bound if bound > 0 else math.inf
     return FisherTheoryResult(
         arch=architecture.to_spec(),
         norm=norm,
@@ -388,7 +477,33 @@ def fisher_order_parameters(
         input_q=q0,
         input_q_xy=q0xy,
         lambda_max_bound=bound,
-        eta_star=2.0 * (1.0 + mu) / bound,
+        eta_star=eta,
         per_layer_f=tuple(f),
         layers=tuple(layers),
+        note=note,
+    )
+
+
+def _zero_bound_note(norm: str, bn_mode: str, qh_xy: list, bt_xy: list, L: int) -> str:
+    """Why Σ_l f_l = 0: which factor of f_l ∝ q̂^{l-1}_xy q̃^l_xy (Eq. 45) vanished in each layer."""
+    train = norm == "bn" and bn_mode == "train"
+    if all(v == 0.0 for v in qh_xy):
+        reason = (
+            "the mean activations vanish in every layer, q̂_xy = ‖E h‖²/N = 0: the inputs are centred "
+            "(input_q_xy = 0) and E φ(u) = 0 exactly, as for an odd φ with β = 0"
+        )
+    else:
+        parts = []
+        for l in range(1, L + 1):
+            if train and l < L:
+                parts.append(f"f_{l}: train-mode BN")
+            elif qh_xy[l - 1] == 0.0:
+                parts.append(f"f_{l}: q̂^{l - 1}_xy = 0")
+            else:
+                parts.append(f"f_{l}: q̃^{l}_xy = 0 (E φ' = 0 above it)")
+        reason = "; ".join(parts)
+    return (
+        f"the bound is 0 ({reason}): Claim 3.1 then only says λ̄max ≥ 0 and gives no critical learning "
+        "rate, so eta_star is inf (no bound). The bound drops the bias gradients; the output bias alone "
+        "would contribute exactly 1 to λ̄max."
     )

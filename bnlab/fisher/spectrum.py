@@ -47,7 +47,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from bnlab._validation import check_choice, check_int, check_real
+from bnlab._validation import DEFAULT_MAX_MEMORY_BYTES, check_choice, check_int, check_memory, check_real, check_seed
 
 __all__ = ["CURVATURES", "BN_MODES", "LOSSES", "SpectrumResult", "curvature_operator", "curvature_spectrum"]
 
@@ -127,6 +127,13 @@ class _CurvatureOperator:
             )
         if not isinstance(inputs, torch.Tensor) or inputs.ndim < 1 or inputs.shape[0] < 1:
             raise ValueError("inputs is not allowed: expected a tensor with a leading batch dimension >= 1")
+        if inputs.is_floating_point() and not bool(torch.isfinite(inputs).all()):
+            raise ValueError("inputs is not allowed: it contains NaN or infinite entries")
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise ValueError(
+                    f"model is not allowed: its parameter or buffer {name!r} contains NaN or infinite entries"
+                )
         has_bn = any(_is_batchnorm(m) for m in model.modules())
         batch = int(inputs.shape[0])
         if has_bn and self.bn_mode == "train" and batch < 2:
@@ -177,6 +184,7 @@ class _CurvatureOperator:
             return out.reshape(batch, -1)
 
         self._forward = forward
+        self._check_forward(work, x, batch)
         # one forward pass, kept: the pullback (Fisher/GGN/EF) or the gradient graph (Hessian) reuse it
         if self.curvature in ("fisher", "ggn", "empirical_fisher"):
             out, self._pullback = torch.func.vjp(forward, self.primals)
@@ -191,8 +199,15 @@ class _CurvatureOperator:
                 t = t.to(self.dtype).reshape(batch, -1)
                 if t.shape != out.shape:
                     raise ValueError(f"targets shape {tuple(targets.shape)} does not match outputs {tuple(out.shape)}")
+                if not bool(torch.isfinite(t).all()):
+                    raise ValueError("targets are not allowed: they contain NaN or infinite entries")
             else:
-                t = t.reshape(-1).long()
+                t = t.reshape(-1)
+                if t.is_floating_point() and not bool((torch.isfinite(t) & (t == t.round())).all()):
+                    # .long() would truncate 2.55 to class 2 silently
+                    raise ValueError("targets are not allowed: class indices must be integers (got fractional "
+                                     "or non-finite floats)")
+                t = t.long()
                 if t.shape[0] != batch or int(t.min()) < 0 or int(t.max()) >= self.num_outputs:
                     raise ValueError(
                         f"targets are not allowed: expected {batch} class indices in [0, {self.num_outputs})"
@@ -214,6 +229,54 @@ class _CurvatureOperator:
                 loss = self._loss_value(out)
                 self._grads = torch.autograd.grad(loss, [leaves[n] for n in self.names], create_graph=True)
             self._leaves = [leaves[n] for n in self.names]
+
+    def _check_forward(self, work, x, batch) -> None:
+        """One plain forward pass: the output is a finite (B, ...) tensor and no BN variance overflows.
+
+        A tuple, dict or scalar output would fail deep inside torch.func; an overflowing BN variance
+        (σ_w² = 1e308) gives finite but meaningless outputs (every unit 0) and a λmax of nonsense.
+        """
+        torch = _torch()
+        problems: list[str] = []
+
+        def check_bn(module, args):
+            (z,) = args[:1]
+            dims = [d for d in range(z.ndim) if d != 1]
+            if not bool(torch.isfinite(z.var(dim=dims, unbiased=False)).all()):
+                problems.append(module._bnlab_name)
+
+        handles = []
+        for name, m in work.named_modules():
+            if _is_batchnorm(m) and m.training:
+                m._bnlab_name = name
+                handles.append(m.register_forward_pre_hook(check_bn))
+        try:
+            with torch.no_grad():
+                out = work(x)
+        finally:
+            for h in handles:
+                h.remove()
+        if problems:
+            raise ValueError(
+                f"the batch variance of BatchNorm layer(s) {', '.join(map(repr, problems))} overflows {self.dtype} "
+                "on these inputs (the pre-activations are too large: reduce sigma_w2 or the inputs' scale, or use "
+                "dtype=torch.float64)"
+            )
+        if not isinstance(out, torch.Tensor):
+            raise ValueError(
+                f"model is not allowed: its output is a {type(out).__name__}; expected one tensor of shape "
+                "(batch, outputs...)"
+            )
+        if out.ndim < 1 or out.shape[0] != batch:
+            raise ValueError(
+                f"model is not allowed: its output has shape {tuple(out.shape)}; expected a leading batch "
+                f"dimension of {batch}"
+            )
+        if not out.is_floating_point() or not bool(torch.isfinite(out).all()):
+            raise ValueError(
+                "model is not allowed: its output on these inputs is not finite (an overflow: reduce the inputs' "
+                "or the weights' scale, or use dtype=torch.float64)"
+            )
 
     # -- loss pieces ---------------------------------------------------------
     def _loss_value(self, out):
@@ -282,6 +345,28 @@ class _CurvatureOperator:
                 f"blocks={blocks!r} is not allowed: expected None, 'module' or a dict name -> [param names]"
             )
         return {k: np.concatenate([index[n] for n in v]) for k, v in groups.items()}
+
+
+def _check_spectrum_memory(model, dtype, k, maxiter, method, want_vectors, max_memory_bytes) -> None:
+    """The deep copy plus the Krylov vectors, from the parameter count, against ``max_memory_bytes``."""
+    torch = _torch()
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model={type(model).__name__} is not allowed: expected a torch.nn.Module")
+    tensors = list(model.parameters()) + list(model.buffers())
+    n_all = sum(t.numel() for t in tensors)
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    ref = tensors[0] if tensors else torch.empty(())
+    itemsize = torch.empty((), dtype=dtype if dtype is not None else ref.dtype).element_size()
+    if method == "arpack" or (method == "auto" and k > 1):
+        basis = max(2 * k + 1, 20) * 8  # ARPACK's ncv float64 vectors
+    elif k == 1 and not want_vectors:
+        basis = 0  # the three-term recurrence: counted with the working vectors below
+    else:
+        basis = min(n, maxiter or 300) * 8  # full reorthogonalization keeps every float64 Lanczos vector
+    # copy of every tensor + ~6 working vectors (recurrence, tangent, product, gradient) + the basis
+    need = n_all * itemsize + n * (6 * itemsize + basis)
+    check_memory(f"curvature_spectrum of a model with {n:.3g} parameters", need, max_memory_bytes,
+                 hint="measure a smaller model or diagonal blocks, or raise the bound")
 
 
 def curvature_operator(
@@ -498,6 +583,7 @@ def curvature_spectrum(
     method: str = "auto",
     stop: str = "residual",
     start: str = "random",
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
 ) -> SpectrumResult:
     """Top-``k`` eigenvalues of the Fisher (Eq. 10 of the Fisher paper), GGN, Hessian or empirical Fisher.
 
@@ -540,10 +626,18 @@ def curvature_spectrum(
         14 instead of 9–11 on the trained FC net (its gradient lies along slowly converging
         directions) — not a reliable gain, so not the default. Only the start differs; the stopping
         rules and their error bound are unchanged.
+    max_memory_bytes : int
+        Bound on the memory of the measurement's own copies (the module's deep copy and the Lanczos or
+        ARPACK vectors, estimated from the parameter count before anything is copied; default 1 GiB).
+        The activations of the forward pass are the caller's batch and are not counted.
+
+    Non-finite parameters, buffers, inputs or targets, an output that is not one finite tensor with a
+    leading batch dimension, and a BN batch variance that overflows the dtype are ``ValueError``.
     """
     torch = _torch()
     k = check_int("k", k, minimum=1)
     tol = check_real("tol", tol, minimum=0.0)
+    seed = check_seed("seed", seed)
     method = check_choice("method", method, ("auto", "lanczos", "arpack"))
     stop = check_choice("stop", stop, STOPS)
     start = check_choice("start", start, STARTS)
@@ -561,6 +655,7 @@ def curvature_spectrum(
             f"stop='maxiter' is not allowed with maxiter={maxiter!r}, method={method!r}: it needs an integer "
             "maxiter and Lanczos (method='auto' with k = 1, or 'lanczos')"
         )
+    _check_spectrum_memory(model, dtype, k, maxiter, method, return_eigenvectors, max_memory_bytes)
     t0 = time.perf_counter()
     op = curvature_operator(model, inputs, targets, curvature=curvature, loss=loss, bn_mode=bn_mode, dtype=dtype)
     core = op.curvature_info

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bnlab._validation import check_choice, check_int, check_real
+from bnlab._validation import check_choice, check_int, check_real, check_seed
 from bnlab.nets.train import (
     TEST_BN_MODES,
     TrainResult,
@@ -404,7 +404,8 @@ def train_ensemble(
     dev = resolve_device(device)
     optimizer = check_choice("optimizer", optimizer, ENSEMBLE_OPTIMIZERS)
     lrs = _per_network("lr", lr, m_count, minimum=0.0, strict=True)
-    seed_list = _per_network("seeds", seeds, m_count, minimum=0, integer=True)
+    seed_list = [check_seed(f"seeds[{i}]", s) for i, s in enumerate(_per_network("seeds", seeds, m_count, minimum=0,
+                                                                                   integer=True))]
     rmsprop_alpha = check_real("rmsprop_alpha", rmsprop_alpha, minimum=0.0, maximum=1.0)
     rmsprop_eps = check_real("rmsprop_eps", rmsprop_eps, minimum=0.0)
     momentum = check_real("momentum", momentum, minimum=0.0)

@@ -34,7 +34,7 @@ import math
 import torch
 from torch import nn
 
-from bnlab._validation import check_choice, check_int, check_real
+from bnlab._validation import check_choice, check_real, check_seed
 
 __all__ = ["INITS", "init_weights_", "initializable_layers"]
 
@@ -56,7 +56,7 @@ def _generator(generator) -> torch.Generator:
         if generator.device.type != "cpu":
             raise ValueError(f"generator={generator!r} is not allowed: expected a CPU torch.Generator")
         return generator
-    return torch.Generator().manual_seed(check_int("generator", generator, minimum=0))
+    return torch.Generator().manual_seed(check_seed("generator", generator))
 
 
 def _draw_weight(scheme: str, shape, dtype, sigma_w: float, g: torch.Generator) -> torch.Tensor:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bnlab._validation import check_choice, check_int, check_real
+from bnlab._validation import DEFAULT_MAX_MEMORY_BYTES, check_choice, check_int, check_memory, check_real, check_seed
 from bnlab.activations import Activation, get_activation
 from bnlab.nets.norms import ghost_batch_norm
 
@@ -110,6 +110,7 @@ class BNMLP(nn.Module):
         momentum: float = 0.1,
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
+        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
         **phi_params: Any,
     ):
         super().__init__()
@@ -123,12 +124,18 @@ class BNMLP(nn.Module):
         self.sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
         self.affine = check_choice("affine", affine, ("frozen", "trainable"))
         self.momentum = check_real("momentum", momentum, minimum=0.0, maximum=1.0)
-        seed = check_int("seed", seed, minimum=0)
+        seed = check_seed("seed", seed)
         if sub_batch_size is not None:
             sub_batch_size = check_int("sub_batch_size", sub_batch_size, minimum=2)
         self.sub_batch_size = sub_batch_size
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype={dtype!r} is not allowed: expected torch.float32 or torch.float64")
+        _check_scales(dtype, sigma_w2=self.sigma_w2, gamma=self.gamma, beta=self.beta)
+        w = self.width
+        # the weights are drawn in float64 and cast: 8 + itemsize bytes per parameter at the peak
+        _check_parameters(f"BNMLP(depth={self.depth}, width={w})",
+                          self.in_features * w + (self.depth - 1) * w * w + (w + 1) * self.num_classes,
+                          8 + torch.finfo(dtype).bits // 8, max_memory_bytes)
 
         if isinstance(phi, Activation):
             if phi_params:
@@ -293,17 +300,43 @@ def _set_affine(norms: list[nn.Module], gamma: float, beta: float, norm: str) ->
             layer.bias.fill_(beta)
 
 
+def _check_scales(dtype, **values) -> None:
+    """Variances (σ_w², σ_b²) at most √max and affine constants (γ, β) at most max^¼ of the dtype in magnitude.
+
+    A normalization squares the pre-activations these scale (the batch variance), so larger values make a
+    forward pass overflow to inf/NaN whatever the data (``BNMLP(gamma=1e308)`` output NaN); the bounds
+    leave √max of headroom for the batch and the widths.
+    """
+    big = float(torch.finfo(dtype).max)
+    for name, v in values.items():
+        if v is None:
+            continue
+        bound = big**0.5 if name.startswith("sigma") else big**0.25
+        if abs(v) > bound:
+            raise ValueError(
+                f"{name}={v!r} is not allowed in {str(dtype).replace('torch.', '')}: at most {bound:.3g} in magnitude "
+                "(the normalization squares the pre-activations it scales, which would overflow)"
+            )
+
+
+def _check_parameters(what: str, n_params: float, itemsize: int, max_memory_bytes) -> None:
+    check_memory(f"{what} ({n_params:.3g} parameters)", n_params * itemsize, max_memory_bytes,
+                 hint="use fewer or narrower layers, or raise max_memory_bytes")
+
+
 def _common_args(norm, init, sigma_w2, sigma_b2, gamma, beta, seed, dtype, norm_kwargs):
     from bnlab.nets.norms import NORMALIZATIONS
 
     check_choice("norm", norm, NORMALIZATIONS)
+    dtype = _check_dtype(dtype)
     if sigma_w2 is not None:
         sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
     sigma_b2 = check_real("sigma_b2", sigma_b2, minimum=0.0)
     gamma = check_real("gamma", gamma)
     beta = check_real("beta", beta)
-    seed = check_int("seed", seed, minimum=0)
-    return sigma_w2, sigma_b2, gamma, beta, seed, _check_dtype(dtype), _norm_kwargs(norm_kwargs)
+    _check_scales(dtype, sigma_w2=sigma_w2, sigma_b2=sigma_b2, gamma=gamma, beta=beta)
+    seed = check_seed("seed", seed)
+    return sigma_w2, sigma_b2, gamma, beta, seed, dtype, _norm_kwargs(norm_kwargs)
 
 
 class MLP(nn.Module):
@@ -366,10 +399,13 @@ class MLP(nn.Module):
         norm_kwargs: dict | None = None,
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
+        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     ):
         super().__init__()
         self.in_features = check_int("in_features", in_features, minimum=1)
         self.num_classes = check_int("num_classes", num_classes, minimum=1)
+        if isinstance(widths, (str, bytes)):
+            raise ValueError(f"widths={widths!r} is not allowed: expected a sequence of positive integers")
         try:
             widths = [check_int("widths", w, minimum=1) for w in widths]
         except TypeError:
@@ -383,6 +419,10 @@ class MLP(nn.Module):
             raise ValueError(f"bias={bias!r} is not allowed: expected True or False")
         sigma_w2, sigma_b2, gamma, beta, seed, dtype, nkw = _common_args(
             norm, init, sigma_w2, sigma_b2, gamma, beta, seed, dtype, norm_kwargs)
+        fans = [self.in_features, *widths]
+        _check_parameters(f"MLP(widths={widths})",
+                          sum((a + 5) * b for a, b in zip(fans[:-1], fans[1:])) + (fans[-1] + 1) * self.num_classes,
+                          torch.finfo(dtype).bits // 8, max_memory_bytes)
         from bnlab.nets.norms import make_norm
 
         self.phi = ActivationModule(phi)
@@ -499,6 +539,7 @@ class FisherCNN(_ConvNet):
         norm_kwargs: dict | None = None,
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
+        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     ):
         super().__init__()
         from bnlab.nets.norms import make_norm
@@ -510,6 +551,13 @@ class FisherCNN(_ConvNet):
         stride = check_int("stride", stride, minimum=1)
         sigma_w2, sigma_b2, gamma, beta, seed, dtype, nkw = _common_args(
             norm, init, sigma_w2, sigma_b2, gamma, beta, seed, dtype, norm_kwargs)
+        n_params, c_prev, (_, hh, ww) = 0, self.in_shape[0], self.in_shape
+        for c in channels:
+            hh, ww = max(_conv_out(hh, kernel_size, stride), 1), max(_conv_out(ww, kernel_size, stride), 1)
+            n_params += (c_prev * kernel_size**2 + 5) * c
+            c_prev = c
+        _check_parameters("FisherCNN", n_params + (c_prev * hh * ww + 1) * self.num_classes,
+                          torch.finfo(dtype).bits // 8, max_memory_bytes)
         self.norm = norm
         self.phi = ActivationModule(phi)
         layers, norms = [], []
@@ -561,6 +609,7 @@ class BNPCNN(_ConvNet):
         norm_kwargs: dict | None = None,
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
+        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     ):
         super().__init__()
         from bnlab.nets.norms import make_norm
@@ -572,6 +621,15 @@ class BNPCNN(_ConvNet):
         kernel_size = check_int("kernel_size", kernel_size, minimum=1)
         sigma_w2, sigma_b2, _, _, seed, dtype, nkw = _common_args(
             norm, init, sigma_w2, sigma_b2, 1.0, 0.0, seed, dtype, norm_kwargs)
+        n_params, c_prev, (_, hh, ww) = 0, self.in_shape[0], self.in_shape
+        for i, c in enumerate(channels):
+            hh, ww = max(_conv_out(hh, kernel_size, 1), 1), max(_conv_out(ww, kernel_size, 1), 1)
+            if i < 2:
+                hh, ww = max(hh // 2, 1), max(ww // 2, 1)
+            n_params += (c_prev * kernel_size**2 + 5) * c
+            c_prev = c
+        _check_parameters("BNPCNN", n_params + (c_prev * hh * ww + 5) * hidden + (hidden + 1) * self.num_classes,
+                          torch.finfo(dtype).bits // 8, max_memory_bytes)
         self.norm = norm
         self.phi = ActivationModule(phi)
         c_in, (_, h, w) = self.in_shape[0], self.in_shape
@@ -638,6 +696,7 @@ def vgg(
     width_multiplier: float = 1.0,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
 ) -> nn.Sequential:
     """VGG-``depth`` for 32×32 inputs (Simonyan & Zisserman 2015, Table 1, configurations A/B/D/E).
 
@@ -657,6 +716,14 @@ def vgg(
     in_channels = check_int("in_channels", in_channels, minimum=1)
     width_multiplier = check_real("width_multiplier", width_multiplier, minimum=0.0, strict_minimum=True)
     sigma_w2, _, _, _, seed, dtype, nkw = _common_args(norm, init, sigma_w2, 0.0, 1.0, 0.0, seed, dtype, norm_kwargs)
+    n_params, c_prev = 0, in_channels
+    for v in _VGG_CFG[depth]:
+        if v != "M":
+            v = max(1, round(v * width_multiplier))
+            n_params += (c_prev * 9 + 5) * v
+            c_prev = v
+    _check_parameters(f"vgg({depth}, width_multiplier={width_multiplier:g})",
+                      n_params + (c_prev + 1) * num_classes, torch.finfo(dtype).bits // 8, max_memory_bytes)
     act = ActivationModule(phi)
     layers, norms, c_in = [], [], in_channels
     for v in _VGG_CFG[depth]:
@@ -796,6 +863,7 @@ def resnet(
     preact: bool = False,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
 ) -> nn.Sequential:
     """A ResNet for 32×32 inputs with the normalization chosen by name.
 
@@ -825,6 +893,10 @@ def resnet(
     num_classes = check_int("num_classes", num_classes, minimum=1)
     in_channels = check_int("in_channels", in_channels, minimum=1)
     sigma_w2, _, _, _, seed, dtype, nkw = _common_args(norm, init, sigma_w2, 0.0, 1.0, 0.0, seed, dtype, norm_kwargs)
+    # the body is fixed (at most ~25e6 parameters, ResNet-50); the stem and the head grow with the arguments
+    _check_parameters(f"resnet({depth}, in_channels={in_channels}, num_classes={num_classes})",
+                      25e6 + 9 * 64 * in_channels + 2049 * num_classes, torch.finfo(dtype).bits // 8,
+                      max_memory_bytes)
     act = ActivationModule(phi)
     if preact and depth == 50:
         raise ValueError("preact=True with depth=50 is not allowed: the pre-activation bottleneck block is not "

@@ -63,7 +63,9 @@ def ghost_batch_norm(x: torch.Tensor, ghost_batch_size: int | None, eps: float):
     ``ghost_batch_size`` divides N.
     """
     n = x.shape[0]
-    b = n if ghost_batch_size is None else ghost_batch_size
+    b = n if ghost_batch_size is None else check_int("ghost_batch_size", ghost_batch_size, minimum=1)
+    if n % b:
+        raise ValueError(f"ghost_batch_size={b} is not allowed: it must divide the batch of {n}")
     xg = x.reshape(n // b, b, *x.shape[1:])
     dims = (1,) + tuple(range(3, xg.ndim)) if xg.ndim > 3 else 1
     mean = xg.mean(dim=dims, keepdim=True)

@@ -26,7 +26,7 @@ from torch import nn
 
 import copy
 
-from bnlab._validation import check_choice, check_device, check_int, check_real
+from bnlab._validation import check_choice, check_device, check_int, check_real, check_seed
 
 __all__ = ["TrainResult", "StepInfo", "train", "train_classifier", "layer_norm_trajectory", "resolve_device",
            "half_squared_error", "TEST_BN_MODES"]
@@ -46,6 +46,11 @@ def half_squared_error(output: torch.Tensor, target: torch.Tensor) -> torch.Tens
     """
     if not target.is_floating_point():
         target = nn.functional.one_hot(target, output.shape[-1]).to(output.dtype)
+    if target.shape != output.shape:
+        # broadcasting (N,) against (N, C) would silently compare every output with every target
+        raise ValueError(
+            f"target is not allowed: shape {tuple(target.shape)} does not match the output's {tuple(output.shape)}"
+        )
     return 0.5 * ((output - target) ** 2).sum(dim=-1).mean(dim=-1)
 
 
@@ -356,7 +361,7 @@ def train(
     batch_size = check_int("batch_size", batch_size, minimum=1)
     if batch_size > n:
         raise ValueError(f"batch_size={batch_size} is not allowed: the training set has only {n} samples")
-    seed = check_int("seed", seed, minimum=0)
+    seed = check_seed("seed", seed)
     check_every = check_int("check_every", check_every, minimum=1)
     eval_batch_size = check_int("eval_batch_size", eval_batch_size, minimum=1)
     if (epochs is None) == (steps is None):
@@ -365,7 +370,9 @@ def train(
     if epochs is not None:
         epochs = check_real("epochs", epochs, minimum=0.0, strict_minimum=True)
         steps = max(1, int(round(epochs * per_epoch)))
+        _check_training_time("epochs", epochs, steps, model, batch_size, dev)
     steps = check_int("steps", steps, minimum=1)
+    _check_training_time("steps", steps, steps, model, batch_size, dev)
     if transform is not None and not callable(transform):
         raise ValueError(f"transform={transform!r} is not allowed: expected None or a callable x -> x")
     if not callable(loss_fn):
@@ -382,6 +389,7 @@ def train(
 
     model.to(dev).train()
     opt = _build_optimizer(optimizer, model)
+    _check_hyperparameters(opt, dtype)
     gen = torch.Generator().manual_seed(seed)
     losses = torch.empty(steps, device=dev)
     diverged_at = None
@@ -449,8 +457,53 @@ def train(
     return TrainResult(acc, False, None, done, final, chance, history, epoch_rows, stopped, test_loss)
 
 
+def _check_hyperparameters(opt: torch.optim.Optimizer, dtype: torch.dtype) -> None:
+    """Every number of the optimizer's parameter groups must be finite and representable in the parameters'
+    dtype: torch raises "value cannot be converted to type float without overflow" at the first step for
+    lr=1e308 on float32 parameters (a finite lr that only makes the loss explode is reported as divergence)."""
+    big = float(torch.finfo(dtype).max) if dtype.is_floating_point else math.inf
+    for group in opt.param_groups:
+        for key, v in group.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if not math.isfinite(v) or abs(v) > big:
+                raise ValueError(
+                    f"optimizer {key}={v!r} is not allowed: not a finite number representable in the parameters' "
+                    f"{str(dtype).replace('torch.', '')} (at most {big:.3g})"
+                )
+
+
+#: A training run estimated (:func:`_training_seconds`) to take longer than this (a day) is refused up front.
+MAX_TRAINING_SECONDS = 86400.0
+
+
+def _training_seconds(steps: int, model: nn.Module, batch_size: int, device: torch.device) -> float:
+    """A lower estimate of a run's time: per step 0.2 ms of Python, optimizer and kernel launches (a step of a
+    100-unit MLP takes ~1 ms on one core of this project's CPUs) plus forward and backward at 6 flops per
+    parameter and sample, at 1e11 flop/s (CPU) or 1e13 (CUDA)."""
+    params = sum(p.numel() for p in model.parameters())
+    rate = 1e13 if device.type == "cuda" else 1e11
+    return float(steps) * (2e-4 + 6.0 * params * batch_size / rate)
+
+
+def _check_training_time(name: str, value, steps: int, model: nn.Module, batch_size: int, device) -> None:
+    secs = _training_seconds(steps, model, batch_size, device)
+    if secs > MAX_TRAINING_SECONDS:
+        raise ValueError(
+            f"{name}={value!r} is not allowed: {steps:.3g} steps of batch {batch_size} would take at least "
+            f"{secs:.3g} s ({secs / 86400:.3g} days), more than {MAX_TRAINING_SECONDS / 86400:g} day(s)"
+        )
+
+
 def _check_targets_once(out: torch.Tensor, y_tr: torch.Tensor, test) -> float | None:
     """Check class labels against the model's output size at the first step; return 1/classes."""
+    if out.ndim == 2 and y_tr.is_floating_point() and y_tr.ndim == 1:
+        # one float per sample for a model of C outputs: neither class indices (integers) nor regression
+        # targets (N, C); cross-entropy would fail deep inside torch and a squared error would broadcast
+        raise ValueError(
+            f"train_data is not allowed: its targets are floats of shape {tuple(y_tr.shape)} for a model with "
+            f"{out.shape[1]} outputs; give integer class labels or targets of shape (n, {out.shape[1]})"
+        )
     if out.ndim != 2 or y_tr.is_floating_point():
         return None
     k = out.shape[1]
@@ -554,7 +607,7 @@ def layer_norm_trajectory(
     x_tr, y_tr = _flat_features("train", train_data, model, dev)
     batch_size = _check_bnmlp(model, batch_size, x_tr.shape[0])
     steps = check_int("steps", steps, minimum=0)
-    seed = check_int("seed", seed, minimum=0)
+    seed = check_seed("seed", seed)
     model.to(dev).train()
     opt = _build_optimizer(optimizer, model)
     gen = torch.Generator().manual_seed(seed)

@@ -16,7 +16,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from bnlab._validation import check_choice, check_int, check_real
+from bnlab._validation import (DEFAULT_MAX_MEMORY_BYTES, check_choice, check_device, check_int, check_real,
+                               check_seed)
 
 __all__ = ["TRAIN_NORMS", "TRAIN_MODELS", "default_learning_rate", "build_network", "train_network",
            "NetworkTrainingResult"]
@@ -93,7 +94,8 @@ def _num_groups(widths: Sequence[int]) -> int:
     return 1
 
 
-def build_network(model: str, norm: str, in_shape, num_classes: int, *, widths=(100, 100, 100), seed: int = 0):
+def build_network(model: str, norm: str, in_shape, num_classes: int, *, widths=(100, 100, 100), seed: int = 0,
+                  max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES):
     """The network of :func:`train_network` (no preconditioner attached; ``bnp`` → the vanilla
     network, ``bnp_gn`` → the GroupNorm network, 4 groups where the widths allow)."""
     from bnlab.nets import MLP, BNPCNN
@@ -102,9 +104,9 @@ def build_network(model: str, norm: str, in_shape, num_classes: int, *, widths=(
     if model == "fc":
         kwargs = {"norm_kwargs": {"num_groups": _num_groups(widths)}} if base == "gn" else {}
         return MLP(math.prod(in_shape), list(widths), num_classes, phi="relu", norm=base, placement="post",
-                   init="glorot_uniform", seed=seed, **kwargs)
+                   init="glorot_uniform", seed=seed, max_memory_bytes=max_memory_bytes, **kwargs)
     kwargs = {"norm_kwargs": {"num_groups": _num_groups((32, 64, 32, 64))}} if base == "gn" else {}
-    return BNPCNN(tuple(in_shape), num_classes, norm=base, seed=seed, **kwargs)
+    return BNPCNN(tuple(in_shape), num_classes, norm=base, seed=seed, max_memory_bytes=max_memory_bytes, **kwargs)
 
 
 def train_network(
@@ -127,6 +129,7 @@ def train_network(
     device: str = "cpu",
     callbacks: Sequence[Callable] = (),
     data_dir: str | None = None,
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
 ) -> NetworkTrainingResult:
     """Train Lange et al.'s FC network or 5-layer CNN with ``norm`` and report per-epoch loss and accuracy.
 
@@ -137,6 +140,9 @@ def train_network(
     (§5, "BN and BN Renorm do not train").  BNP's hyperparameters are ``rho``, ``eps1``, ``eps2``;
     ``native=True`` gives BNP its compiled CPU kernels (:class:`~bnlab.optim.BNPreconditioner`'s
     ``native``: the same preconditioned gradients to rounding, a faster step at small batches).
+    ``widths`` are the FC network's hidden widths (the CNN has fixed ones: ``widths`` with
+    ``model="cnn"`` is refused unless it is the default).  The network's parameters are checked against
+    ``max_memory_bytes`` (default 1 GiB; ``bnlab train --max-memory-gb``) before it is built.
     """
     from bnlab.data import load_dataset
     from bnlab.nets import train
@@ -152,7 +158,20 @@ def train_network(
     momentum = check_real("momentum", momentum, minimum=0.0)
     if momentum >= 1.0:
         raise ValueError(f"momentum={momentum!r} is not allowed: expected a number in [0, 1)")
-    seed = check_int("seed", seed, minimum=0)
+    seed = check_seed("seed", seed)
+    device = check_device("device", device)
+    if isinstance(widths, (str, bytes)):
+        raise ValueError(f"widths={widths!r} is not allowed: expected a sequence of positive integers")
+    try:
+        widths = tuple(check_int("widths", w, minimum=1) for w in widths)
+    except TypeError:
+        raise ValueError(f"widths={widths!r} is not allowed: expected a sequence of positive integers") from None
+    if not widths:
+        raise ValueError("widths=() is not allowed: expected at least one hidden layer")
+    if model == "cnn" and widths != (100, 100, 100):
+        raise ValueError(f"widths={list(widths)} is not allowed with model='cnn': the CNN's layers are fixed "
+                         "(widths sets the FC network's hidden layers)")
+    max_memory_bytes = check_int("max_memory_bytes", max_memory_bytes, minimum=1)
     if norm in ("bn", "brn") and batch_size == 1:
         raise ValueError(
             f"norm={norm!r} with batch_size=1 is not allowed: batch normalization of one sample has zero "
@@ -169,6 +188,9 @@ def train_network(
 
     train_data = load_dataset(dataset, "train", data_dir=data_dir)
     test_data = load_dataset(dataset, "test", data_dir=data_dir)
+    if batch_size > (len(train_data.y) if train_size is None else check_int("train_size", train_size, minimum=1)):
+        raise ValueError(f"batch_size={batch_size} is not allowed: larger than the {train_size or len(train_data.y)} "
+                         "training examples")
     if train_size is not None:
         train_size = check_int("train_size", train_size, minimum=batch_size, maximum=len(train_data.y))
         train_data = train_data.subset(train_size, seed=seed)
@@ -177,7 +199,7 @@ def train_network(
         test_data = test_data.subset(test_size, seed=seed)
 
     net = build_network(model, norm, tuple(train_data.x.shape[1:]), train_data.num_classes, widths=widths,
-                        seed=seed)
+                        seed=seed, max_memory_bytes=max_memory_bytes)
     hooks = []
     if norm in ("bnp", "bnp_gn"):
         net = net.to(device)

@@ -96,8 +96,20 @@ def gradient_alignment(
     lin = modules[name]
     if not isinstance(lin, nn.Linear):
         raise ValueError(f"layer {name!r} is not allowed: expected an nn.Linear, got {type(lin).__name__}")
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or x.ndim < 1 or y.ndim < 1:
+        raise ValueError("x, y are not allowed: expected tensors with a leading batch dimension")
     if x.shape[0] < 2 or y.shape[0] != x.shape[0]:
         raise ValueError(f"x, y are not allowed: expected N >= 2 samples each, got {x.shape[0]} and {y.shape[0]}")
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ValueError("x is not allowed: it contains NaN or infinite entries")
+    if y.is_floating_point():
+        if not bool(torch.isfinite(y).all()):
+            raise ValueError("y is not allowed: it contains NaN or infinite entries")
+        if loss_fn is F.cross_entropy and y.ndim == 1:
+            # cross-entropy takes integer class indices; float class targets (2.55) are refused, not truncated
+            raise ValueError(f"y is not allowed: class targets for cross-entropy must be integers, got {y.dtype}")
+    elif loss_fn is F.cross_entropy and y.numel() and (int(y.min()) < 0 or int(y.max()) >= lin.out_features):
+        raise ValueError(f"y is not allowed: class indices must lie in [0, {lin.out_features}) for layer {name!r}")
 
     captured = {}
 

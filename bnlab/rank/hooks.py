@@ -47,9 +47,12 @@ def rescale_to_unit_trace(h: torch.Tensor) -> torch.Tensor:
     H = 0 is returned unchanged.
     """
     d, n = h.shape[-2], h.shape[-1]
-    fro2 = h.pow(2).sum(dim=(-2, -1), keepdim=True)
-    return h * torch.where(fro2 > 0, torch.rsqrt(torch.where(fro2 > 0, fro2, torch.ones_like(fro2)) / (d * n)),
-                           torch.ones_like(fro2))
+    # divided by max|H| first: ‖1e200·H‖_F² overflows float64 and the result was all zeros
+    peak = h.abs().amax(dim=(-2, -1), keepdim=True)
+    u = h / torch.where(peak > 0, peak, torch.ones_like(peak))
+    fro2 = u.pow(2).sum(dim=(-2, -1), keepdim=True)
+    return u * torch.where(fro2 > 0, torch.rsqrt(torch.where(fro2 > 0, fro2, torch.ones_like(fro2)) / (d * n)),
+                           peak)
 
 
 def _resolve_names(model: nn.Module, names: Sequence[str] | str) -> dict[str, nn.Module]:
@@ -138,6 +141,12 @@ def layer_rank_measures(
     (:func:`rescale_to_unit_trace`); the other measures are scale-invariant.
     """
     tau = check_real("tau", tau, minimum=0.0, strict_minimum=True)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model is not allowed: expected an nn.Module, got {type(model).__name__}")
+    if not isinstance(x, torch.Tensor) or x.ndim < 1 or x.shape[0] < 1:
+        raise ValueError("x is not allowed: expected a tensor with a leading batch dimension >= 1")
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ValueError("x is not allowed: it contains NaN or infinite entries")
     if names is None:
         names = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))]
         if not names:

@@ -5,6 +5,10 @@ them (layers, chains, both) — and returns one value per matrix, shape ``(...)`
 costs one ``torch.linalg`` call (``svdvals`` over the whole stack), never a Python loop
 over its matrices.  float32 and float64, CPU and CUDA: results stay on the input's device.
 
+The scale-invariant measures (r(H), numerical, stable and effective rank) are computed on H / max|H|,
+so 1e200·H gives the same values as H and 1e-200·I₄ has rank 4 (no overflow or underflow of σ²);
+the soft rank depends on the scale by definition.
+
 Conventions follow Daneshmand et al. 2020 (NeurIPS), "Batch normalization provably avoids
 rank collapse for randomly initialised deep networks" (the paper below): the columns of H
 are the samples, M(H) = H Hᵀ / N is the second-moment matrix (Eq. 2), and the eigenvalues
@@ -67,6 +71,17 @@ def _check_tau(tau: Any) -> float:
 def _singular_values(h: torch.Tensor) -> torch.Tensor:
     # One batched LAPACK/cuSOLVER call for the whole stack; descending order.
     return torch.linalg.svdvals(h)
+
+
+def _unit_scaled(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(H / max|H|, max|H|) per matrix of the stack (a zero matrix is left as is, with scale 0).
+
+    The scale-invariant measures are computed on the rescaled matrix: σ_i² of 1e200·H overflows
+    float64 (and of 1e25·H float32) and σ_i⁴ of 1e-200·I underflows to 0, which made r(H) and the
+    stable rank NaN or 0; after rescaling the largest entry is 1 and neither can happen.
+    """
+    m = h.abs().amax(dim=(-2, -1), keepdim=True)
+    return h / torch.where(m > 0, m, torch.ones_like(m)), m[..., 0, 0]
 
 
 def _soft_rank_from_sv(sv: torch.Tensor, n: int, tau: float) -> torch.Tensor:
@@ -138,7 +153,7 @@ def rank_lower_bound(h: Any) -> torch.Tensor:
     tensor of shape (...), the dtype of ``h``
     """
     h = as_representation(h)
-    return _lower_bound_gram(h)
+    return _lower_bound_gram(_unit_scaled(h)[0])
 
 
 def _lower_bound_gram(h: torch.Tensor) -> torch.Tensor:
@@ -161,7 +176,7 @@ def numerical_rank(h: Any, rtol: float | None = None) -> torch.Tensor:
     h = as_representation(h)
     if rtol is not None:
         rtol = check_real("rtol", rtol, minimum=0.0)
-    return _numerical_rank_from_sv(_singular_values(h), h.shape[-2], h.shape[-1], rtol)
+    return _numerical_rank_from_sv(_singular_values(_unit_scaled(h)[0]), h.shape[-2], h.shape[-1], rtol)
 
 
 def stable_rank(h: Any) -> torch.Tensor:
@@ -171,7 +186,7 @@ def stable_rank(h: Any) -> torch.Tensor:
     different quantity (the stable rank of H Hᵀ, not of H).  H = 0 gives 0.
     """
     h = as_representation(h)
-    return _stable_rank_from_sv(_singular_values(h))
+    return _stable_rank_from_sv(_singular_values(_unit_scaled(h)[0]))
 
 
 def effective_rank(h: Any) -> torch.Tensor:
@@ -181,7 +196,7 @@ def effective_rank(h: Any) -> torch.Tensor:
     softmax of the singular values, a common mistake).  Between 1 and rank(H); H = 0 gives 0.
     """
     h = as_representation(h)
-    return _effective_rank_from_sv(_singular_values(h))
+    return _effective_rank_from_sv(_singular_values(_unit_scaled(h)[0]))
 
 
 @dataclass(frozen=True)
@@ -218,13 +233,16 @@ def rank_measures(h: Any, tau: float = 0.5, rtol: float | None = None) -> RankMe
     if rtol is not None:
         rtol = check_real("rtol", rtol, minimum=0.0)
     d, n = h.shape[-2], h.shape[-1]
-    sv = _singular_values(h)
+    unit, scale = _unit_scaled(h)
+    sv = _singular_values(unit)  # of H / max|H|: the scale-invariant measures never overflow or underflow
+    # rank_τ compares σ_i(H)²/N = (σ_i(unit)·scale)²/N with τ without forming the square of the scale
+    threshold = tau * n / (scale.to(sv.dtype) ** 2)
     return RankMeasures(
-        soft_rank=_soft_rank_from_sv(sv, n, tau),
+        soft_rank=(sv * sv >= threshold[..., None]).sum(dim=-1),
         rank_lower_bound=_lower_bound_from_sv(sv),
         numerical_rank=_numerical_rank_from_sv(sv, d, n, rtol),
         stable_rank=_stable_rank_from_sv(sv),
         effective_rank=_effective_rank_from_sv(sv),
-        singular_values=sv,
+        singular_values=sv * scale[..., None].to(sv.dtype),
         tau=tau,
     )

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from bnlab._validation import check_choice, check_int
+from bnlab._validation import check_choice, check_int, check_seed
 from bnlab.rank.hooks import last_linear_name, record_representations
 from bnlab.rank.measures import _lower_bound_gram
 
@@ -73,7 +73,25 @@ def _inputs_of(data: Any) -> torch.Tensor:
             f"TensorDataset, got {type(data).__name__}")
     if data.ndim < 1 or data.shape[0] == 0:
         raise ValueError(f"data is not allowed: expected at least one input, got shape {tuple(data.shape)}")
+    if data.is_floating_point() and not bool(torch.isfinite(data).all()):
+        raise ValueError("data is not allowed: its inputs contain NaN or infinite values")
     return data
+
+
+#: Pre-training estimated to take longer than this (a day) is refused up front.
+MAX_PRETRAIN_SECONDS = 86400.0
+
+
+def _check_pretrain_time(model: nn.Module, passes: int, batch_size: int) -> None:
+    """A lower estimate, as bnlab.nets.train's: 0.2 ms per step plus 6 flops per parameter and sample at
+    1e11 flop/s; ``passes`` = minibatches × layers × steps forward-backward passes."""
+    params = sum(p.numel() for p in model.parameters())
+    secs = passes * (2e-4 + 6.0 * params * batch_size / 1e11)
+    if secs > MAX_PRETRAIN_SECONDS:
+        raise ValueError(
+            f"steps is not allowed: {passes:.3g} gradient steps (minibatches × layers × steps) would take at "
+            f"least {secs:.3g} s ({secs / 86400:.3g} days), more than a day"
+        )
 
 
 def _make_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer:
@@ -132,7 +150,7 @@ def rank_pretrain(
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=2, maximum=inputs.shape[0])
     objective = check_choice("objective", objective, PRETRAIN_OBJECTIVES)
-    seed = check_int("seed", seed, minimum=0)
+    seed = check_seed("seed", seed)
     if layer is None:
         layers = [last_linear_name(model)]
         capture = "input" if capture is None else capture
@@ -148,6 +166,7 @@ def rank_pretrain(
     capture = check_choice("capture", "output" if capture is None else capture, ("output", "input"))
     with record_representations(model, layers, capture=capture):
         pass  # validates every name before any training (unknown names raise ValueError)
+    _check_pretrain_time(model, minibatches * len(layers) * steps, batch_size)
     opt = _make_optimizer(optimizer, model)
     gen = torch.Generator().manual_seed(seed)
     result = PretrainResult(model=model, layer=layers[-1], capture=capture, layers=layers)

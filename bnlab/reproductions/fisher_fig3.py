@@ -90,10 +90,10 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
         ax.set(xlabel="log10 η", ylabel="σ_w", title=f"Fig. 3: vanilla {done[0].params['arch']} on MNIST")
         ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
-    path = outdir / "fisher_fig3.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    from bnlab.reproductions.plotting import save_figure
+
+    # written beside its path and renamed: a link planted at the figure's name is never followed
+    return save_figure(fig, outdir, "fisher_fig3", formats=("png",), dpi=120, bbox_inches=None)
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:

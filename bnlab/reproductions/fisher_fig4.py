@@ -136,10 +136,10 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
                title=f"Fig. 4 stand-in: {net} ({_NETS.get(net, net)})")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = outdir / "fisher_fig4.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    from bnlab.reproductions.plotting import save_figure
+
+    # written beside its path and renamed: a link planted at the figure's name is never followed
+    return save_figure(fig, outdir, "fisher_fig4", formats=("png",), dpi=120, bbox_inches=None)
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:

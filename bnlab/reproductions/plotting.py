@@ -29,14 +29,24 @@ def pyplot():
     return plt
 
 
-def save_figure(fig: Any, outdir: str | Path, stem: str, *, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Write ``fig`` as ``<outdir>/<stem>.<fmt>`` for each format, close it, return the paths."""
+def save_figure(fig: Any, outdir: str | Path, stem: str, *, formats: Sequence[str] = FORMATS,
+                dpi: float = 110, bbox_inches: "str | None" = "tight") -> list[Path]:
+    """Write ``fig`` as ``<outdir>/<stem>.<fmt>`` for each format, close it, return the paths.
+
+    Each file is written to a temporary file in ``outdir`` and renamed over its path
+    (:func:`bnlab._validation.atomic_output_path`): a symbolic link planted at a figure's name is
+    replaced, never followed, so it cannot make bnlab overwrite the file it points to.
+    """
+    from bnlab._validation import atomic_output_path
+
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     paths = [outdir / f"{stem}.{fmt}" for fmt in formats]
     try:
         for p in paths:
-            fig.savefig(p, dpi=110 if p.suffix == ".png" else None, bbox_inches="tight")
+            fmt = p.suffix.lstrip(".")
+            with atomic_output_path(p, name="figure") as tmp:
+                fig.savefig(tmp, format=fmt, dpi=dpi if fmt == "png" else None, bbox_inches=bbox_inches)
     finally:
         pyplot().close(fig)
     return paths

@@ -468,6 +468,14 @@ def simulate(
         )
     dev = resolve_device(device)
     dt = resolve_dtype(dtype)
+    # B·ε must be finite in the normalization √(‖Gh‖² + Bε) (Yang et al. 2019, Eq. 7), with room for the
+    # sum of squares beside it (the theory's own bound: bnlab.theory refuses the same ε)
+    eps_max = float(torch.finfo(dt).max) / (batch_size * 1e8)
+    if eps > eps_max:
+        raise ValueError(
+            f"eps={eps!r} is not allowed with batch_size={batch_size} in {str(dt).replace('torch.', '')}: B·ε "
+            f"overflows the normalization √(‖Gh‖² + Bε) (Yang et al. 2019, Eq. 7); use eps <= {eps_max:.3g}"
+        )
     if normalization == "batch" and eps == 0.0 and batch_size < 2:
         raise ValueError("batch_size must be >= 2 for batch normalization")
     if normalization == "batch" and eps == 0.0 and bn_gamma == 0.0 and depth >= 3:

@@ -349,6 +349,14 @@ def fixed_point_kind(phi, batch_size, *, depth=60, seed=0, n_samples=20_000) -> 
     if depth is not None:
         _check_iteration_cost(b, depth, n_samples)  # before the stability part: fail fast, allocate nothing
     st = _stability(phi, b)  # a ValueError if not finite: an overflow must never read as "not attracting"
+    if abs(st.lambda_max - 1.0) <= _UNRESOLVED_MARGIN:
+        # 1 − λ_L↑ ≈ 2.27/B for relu: beyond B ≈ 1e15 it is below float64's resolution and λ rounds to 1,
+        # which would read as "not attracting" (BSB2) for a φ whose BSB1 point attracts at every B
+        raise ValueError(
+            f"batch_size={b} is not allowed for the BSB1/BSB2 verdict of phi={phi.spec!r}: max(λ_L↑, λ_M↑) = "
+            f"{st.lambda_max!r} is 1 to within float64 rounding (its distance from 1 shrinks like 1/B), so whether "
+            "the BSB1 fixed point attracts cannot be computed; use batch_size <= 1e14"
+        )
     kind = "BSB1" if st.attracting else "BSB2"
     if depth is None:
         return kind
@@ -365,6 +373,9 @@ def fixed_point_kind(phi, batch_size, *, depth=60, seed=0, n_samples=20_000) -> 
             return it_kind
     return kind
 
+
+#: |max(λ_L↑, λ_M↑) − 1| at or below which float64 cannot tell an attracting BSB1 point (8 ulp of 1)
+_UNRESOLVED_MARGIN = 8 * 2.220446049250313e-16
 
 #: largest α scanned by :func:`alpha_transition`
 _ALPHA_MAX = 64.0

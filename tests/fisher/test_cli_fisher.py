@@ -76,3 +76,13 @@ def test_measure_hessian_curvature_on_digits(capsys):
     out = _run_json(capsys, "--arch", "fc:64-32-10", "--measure", "--dataset", "digits", "--curvature", "hessian",
                     "--batch-size", "32")
     assert out["curvature"] == "hessian" and out["lambda_max_measured"] > 0
+
+
+@pytest.mark.parametrize("phi", ["tanh", "sin", "erf"])
+def test_odd_phi_reports_a_zero_bound_instead_of_failing(capsys, phi):
+    # used to exit 2 with "the bound is -1.09e-15: not a positive finite number" on AMD EPYC
+    out = _run_json(capsys, "--arch", "fc:784-256-256-10", "--phi", phi)
+    assert out["lambda_max_bound"] == 0.0 and out["eta_star"] is None and "bound is 0" in out["note"]
+    assert main(["fisher", "--arch", "fc:784-256-256-10", "--phi", phi, "--bn-mode", "train"]) == 0
+    text = capsys.readouterr().out
+    assert "eta_star = 2(1+0.9)/lambda_max_bound = inf" in text and "note: the bound is 0" in text

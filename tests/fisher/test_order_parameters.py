@@ -236,3 +236,65 @@ def test_to_dict_is_json_serializable():
     for key in ("lambda_max_bound", "eta_star", "per_layer_f", "formula", "layers"):
         assert key in d
     assert isinstance(d["per_layer_f"], list) and "NaN" not in text
+
+
+def test_odd_phi_with_bn_bound_is_exactly_zero_and_eta_star_unbounded():
+    # E φ(u) = 0 for an odd φ with β = 0 (u ~ N(0,1) per unit after BN, Eqs. 56–60), so q̂_xy = (E φ)² = 0
+    # in every layer and, with centred inputs (q̂⁰_xy = 0), every f_l = N q̂^{l-1}_xy q̃^l_xy = 0.  The
+    # 2-d quadrature used to return ±1e-16 here (the sign depends on the CPU's rounding) and the
+    # negative residue was refused; the even-part route gives 0 at every node.
+    import json
+
+    for phi in ("tanh", "sin", "erf", "x**3"):
+        for kwargs in (dict(), dict(bn_mode="train"), dict(formula="paper")):
+            res = fisher_order_parameters("fc:784-256-256-10", phi=phi, **kwargs)
+            assert res.lambda_max_bound == 0.0 and res.per_layer_f == (0.0, 0.0, 0.0), (phi, kwargs)
+            assert res.eta_star == math.inf and "bound is 0" in res.note, (phi, kwargs)
+            assert json.loads(json.dumps(res.to_dict(), allow_nan=False))["eta_star"] is None
+    # vanilla tanh with σ_b² = 0 on centred data: q_xy = 0 in every layer, the same symmetry
+    assert fisher_order_parameters("fc:20-30-5", norm="none", phi="tanh", sigma_b2=0.0).lambda_max_bound == 0.0
+    # a positive bound has no note
+    assert fisher_order_parameters("fc:20-30-5", phi="relu").note is None
+
+
+def test_odd_phi_zero_bound_is_the_limit_of_small_beta():
+    # independent check that 0 is the value and not a clamp: for φ = tanh and small β,
+    # E tanh(u + β) = β E tanh'(u) + O(β³), so every q̂_xy ∝ β² and the bound is C β² (1 + O(β²)):
+    # bound(1e-3)/bound(1e-2) = 1e-2 up to O(1e-4) relative, and both are > 0
+    b2 = fisher_order_parameters("fc:784-256-256-10", phi="tanh", beta=1e-2).lambda_max_bound
+    b3 = fisher_order_parameters("fc:784-256-256-10", phi="tanh", beta=1e-3).lambda_max_bound
+    assert b2 > 0 and b3 > 0
+    assert b3 / b2 == pytest.approx(1e-2, rel=1e-3)
+
+
+@pytest.mark.parametrize("phi", ["relu", "sigmoid", "softplus", "gelu", "selu", "abs", "x**2", "tanh(x+0.3)"])
+def test_mean_squared_route_agrees_with_two_dimensional_quadrature(phi):
+    # cov = 0: E φ(u)φ(v) = (E φ(u))² (independence).  The 2-d kernel route (bnlab.theory.gaussian_kernel,
+    # ≲ 1e-12 relative to E φ² by its docs for φ smooth away from 0) and the 1-d even-part route must
+    # agree to that accuracy; 1e-11 leaves a factor 10
+    from bnlab.activations import get_activation
+    from bnlab.fisher.order_parameters import _gaussian_mean
+    from bnlab.theory import gaussian_kernel
+
+    act = get_activation(phi)
+    for var in (0.3, 1.0, 2.5):
+        k = gaussian_kernel(act, np.array([[var, 0.0], [0.0, var]]))
+        mean = _gaussian_mean(act, act.kinks, var)
+        assert abs(mean * mean - k[0, 1]) <= 1e-11 * k[0, 0], (var, mean * mean, k[0, 1])
+
+
+@pytest.mark.parametrize("shift", [0.4, -1.3])
+def test_mean_route_at_a_kink_off_zero_matches_the_closed_form(shift):
+    # E relu(σu − a) = σ p(a/σ) − a Q(a/σ) (p the normal density, Q its tail).  The 2-d kernel route is only
+    # algebraically accurate at a kink off 0 (1e-3 relative here); the 1-d route splits its panels at the
+    # kink and reaches QUADPACK's 1e-13 relative target: 1e-12 leaves margin
+    from scipy.stats import norm as normal
+
+    from bnlab.activations import get_activation
+    from bnlab.fisher.order_parameters import _gaussian_mean
+
+    act = get_activation("relu").with_affine(1.0, -shift)
+    for var in (0.3, 1.0, 2.5):
+        s = math.sqrt(var)
+        exact = s * normal.pdf(shift / s) - shift * normal.sf(shift / s)
+        assert _gaussian_mean(act, act.kinks, var) == pytest.approx(exact, rel=1e-12)
