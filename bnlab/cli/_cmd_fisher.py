@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from bnlab.cli._common import print_json, print_table
+from bnlab.cli._common import add_threads_argument, print_json, print_table
 
 ARCH_HELP = """\
 architecture spec (the last layer is the linear output; BN + phi follow every other layer):
@@ -68,6 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument("--tol", type=float, default=1e-4, help="Lanczos relative tolerance (default 1e-4)")
     m.add_argument("--seed", type=int, default=0, help="seed of the network and of the batch (default 0)")
+    add_threads_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bnlab.cli._common import print_json, print_table
+from bnlab.cli._common import add_threads_argument, print_json, print_table
 
 _NORM_NAMES = {"bn": "bn", "bn-nomean": "bn_nomean", "bn_nomean": "bn_nomean", "none": "none"}
 
@@ -38,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--max-memory-gb", type=float, default=1.0,
                    help="working-memory bound (layers are streamed in blocks that fit; default 1)")
+    add_threads_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
