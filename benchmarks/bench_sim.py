@@ -47,6 +47,10 @@ replay's operand budget set from the device's free memory.  The replay allocates
 operands for every recorded product, in groups whose operands fit the budget (all at once
 would need 134 GiB at width 4096 × 64 networks), timing only the products.
 
+``ops/layer`` counts the aten operators the simulator dispatches per layer (a
+``TorchDispatchMode``; on a GPU nearly every one is a kernel launch of ≈ 5–10 µs of host time,
+longer than most of the simulator's kernels at width ~1000), for each route.
+
 ``--json`` prints every row and ``sim_over_bmm``: route -> t_bmm / t_sim of the largest
 configuration run (most bmm FLOPs), for "explicit", "conditional" and "auto" (the route
 ``weight_sampling="auto"`` picks on this device for that shape, named by ``auto_route``).
@@ -124,6 +128,37 @@ class _RecordMatmuls(TorchDispatchMode):
             self.calls.append((_MATMULS[func], [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)],
                                next(a.dtype for a in args if isinstance(a, torch.Tensor))))
         return func(*args, **(kwargs or {}))
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the aten operators dispatched in this thread (a proxy for kernel launches on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops_per_layer(batch_size, num_batches, networks, device, weight_sampling, dtype="float32") -> float:
+    """Dispatched aten operators per layer of one simulation: (ops at depth 8 − ops at depth 4) / 4, at
+    width 64 (the count does not depend on the width), in this thread (one torch thread)."""
+    counts = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        simulate("relu", batch_size, 64, 2, networks, num_batches=num_batches, device=device, dtype=dtype,
+                 seed=0, weight_sampling=weight_sampling, max_memory_bytes=8 << 30)  # caches made once
+        for depth in (4, 8):
+            with _CountOps() as c:
+                simulate("relu", batch_size, 64, depth, networks, num_batches=num_batches, device=device,
+                         dtype=dtype, seed=0, weight_sampling=weight_sampling, max_memory_bytes=8 << 30)
+            counts.append(c.count)
+    finally:
+        torch.set_num_threads(threads)
+    return (counts[1] - counts[0]) / 4
 
 
 def _call_bytes(shapes, dtype) -> int:
@@ -255,7 +290,9 @@ def bench(width, depth, networks, batch_size, num_batches, dtype, device, repeat
                 auto_route=auto_route, ratio_auto=ratio[auto_route], rng_share=t_rng / t_exp,
                 train_explicit=t_bmm_train / t_exp, train_conditional=t_bmm_train / t_cond,
                 all_mm_explicit=t_mm_exp / t_exp, all_mm_conditional=t_mm_cond / t_cond,
-                replay_groups=max(r.groups for r in replays.values()), speedup=t_exp / t_cond)
+                replay_groups=max(r.groups for r in replays.values()), speedup=t_exp / t_cond,
+                ops_per_layer={ws: ops_per_layer(batch_size, num_batches, networks, device, ws, dtype)
+                               for ws in ("explicit", "conditional")})
 
 
 def sim_over_bmm(rows: list[dict]) -> dict:
@@ -307,7 +344,7 @@ def main(argv=None) -> dict:
         print("all-mm = (all matmul FLOPs the simulator runs / its time) / (the same matmuls' FLOP/s) = t_mm / t_sim")
         header = (f"{'dtype':8} {'B':>4} {'k':>3} {'rows':>5} {'bmm GF/s':>9} {'explicit':>9} {'train':>6} "
                   f"{'all-mm':>7} {'RNG share':>9} {'conditional':>11} {'train':>6} {'all-mm':>7} "
-                  f"{'cond speedup':>12} {'auto':>11}")
+                  f"{'cond speedup':>12} {'auto':>11} {'ops/layer e/c':>13}")
         print(header)
         print("-" * len(header))
     for dtype in dtypes:
@@ -319,7 +356,8 @@ def main(argv=None) -> dict:
                 print(f"{dtype:8} {b:>4} {k:>3} {b * k:>5} {r['gflops_bmm']:>9.1f} {r['ratio_explicit']:>9.2f} "
                       f"{r['train_explicit']:>6.2f} {r['all_mm_explicit']:>7.2f} {r['rng_share']:>9.2f} "
                       f"{r['ratio_conditional']:>11.2f} {r['train_conditional']:>6.2f} "
-                      f"{r['all_mm_conditional']:>7.2f} {r['speedup']:>11.1f}x {r['auto_route']:>11}", flush=True)
+                      f"{r['all_mm_conditional']:>7.2f} {r['speedup']:>11.1f}x {r['auto_route']:>11} "
+                      f"{r['ops_per_layer']['explicit']:>6.0f}/{r['ops_per_layer']['conditional']:<6.0f}", flush=True)
     out = {"meta": {"device": args.device, "threads": args.threads, "torch": torch.__version__, "clock": "wall",
                     "quick": args.quick},
            "rows": rows, "sim_over_bmm": sim_over_bmm(rows)}

@@ -13,7 +13,7 @@ Cases:
 * ``matmul m``: m×m times m×m products (2·m³ FLOPs each), a loop of ≈ 2e8 FLOPs per round: where
   a second thread starts to pay (:data:`bnlab._threads.SMALL_WORK_FLOPS`);
 * ``train B=1``: ``bnlab train --norm bnp --batch-size 1``'s network (Lange et al.'s FC net,
-  784-100-100-100-10, BNP preconditioner) for 100 steps on random MNIST-shaped data, through
+  784-100-100-100-10, BNP preconditioner) for 50 steps on random MNIST-shaped data, through
   :func:`bnlab.nets.train`;
 * ``train B=256``: the same at batch 256 (the other side of the threshold);
 * ``ensemble 4``: :func:`bnlab.nets.train_ensemble` of 4 BN-MLPs of width 32, depths 5–20, B = 8,
@@ -89,8 +89,16 @@ def _chain_case(width: int, depth: int):
     return run, 2.0 * 32 * width * width
 
 
-def _measure(cases: dict, counts: dict, rounds: int) -> list[dict]:
-    """``counts``: variant name -> (torch threads, pinned?).  Interleaved rounds, medians."""
+def _print_row(r: dict, many: int) -> None:
+    w, c, q = r["wall_s"], r["cpu_s"], r["wall_over_1_thread"]
+    print(f"{r['case']:14} {r['flops_per_op']:>9.3g} {r['chooser_threads']:>6} {w['1']:>8.3f} "
+          f"{w[str(many)]:>8.3f} {w['chooser']:>9.3f} {q[str(many)]:>6.2f} {q['chooser']:>9.2f} "
+          f"{c['1']:>7.3f} {c[str(many)]:>7.3f}", flush=True)
+
+
+def _measure(cases: dict, counts: dict, rounds: int, show=None) -> list[dict]:
+    """``counts``: variant name -> (torch threads, pinned?).  Interleaved rounds, medians; ``show(row)``
+    as each case is done."""
     rows = []
     for name, (run, flops) in cases.items():
         wall = {v: [] for v in counts}
@@ -116,6 +124,8 @@ def _measure(cases: dict, counts: dict, rounds: int) -> list[dict]:
         base = med["1"]
         rows.append({"case": name, "flops_per_op": flops, "chooser_threads": chosen["chooser"],
                      "wall_s": med, "cpu_s": med_cpu, "wall_over_1_thread": {v: med[v] / base for v in counts}})
+        if show is not None:
+            show(rows[-1])
     return rows
 
 
@@ -124,6 +134,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one round (a smoke test)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="the many-thread variant (default: all cores)")
+    ap.add_argument("--cases", nargs="+", default=None, help="only the cases whose name starts with one of these")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     many = args.threads or _threads.available_cores()
@@ -132,33 +143,33 @@ def main(argv=None) -> dict:
         cases = {"matmul 32": _matmul_case(32), "train B=1": _train_case(1, 5), "chain 32": _chain_case(32, 10)}
     else:
         cases = {f"matmul {m}": _matmul_case(m) for m in (32, 64, 128, 192, 256, 384, 512)}
-        cases.update({"train B=1": _train_case(1, 100), "train B=256": _train_case(256, 10),
+        cases.update({"train B=1": _train_case(1, 50), "train B=256": _train_case(256, 10),
                       "ensemble 4": _ensemble_case([5, 10, 15, 20], 32, 40),
                       "ensemble 20": _ensemble_case(list(range(5, 101, 5)), 384, 5),
                       "chain 32": _chain_case(32, 200), "chain 512": _chain_case(512, 40)})
+    if args.cases:
+        cases = {k: v for k, v in cases.items() if any(k.startswith(c) for c in args.cases)}
     counts = {"1": (1, True), str(many): (many, True), "chooser": (many, False)}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    if not args.json:
+        print(f"threads side by side: 1, {many} and the chooser (SMALL_WORK_FLOPS = "
+              f"{_threads.SMALL_WORK_FLOPS:.3g}); {rounds} interleaved rounds, medians; load average {load}")
+        print(f"{'case':14} {'FLOPs/op':>9} {'chosen':>6} {'1 thr s':>8} {f'{many} thr s':>8} {'chooser s':>9} "
+              f"{f'{many}/1':>6} {'chooser/1':>9} {'CPU 1':>7} {f'CPU {many}':>7}", flush=True)
     old = torch.get_num_threads()
     try:
-        rows = _measure(cases, counts, rounds)
+        rows = _measure(cases, counts, rounds, show=None if args.json else (lambda r: _print_row(r, many)))
     finally:
         _threads.pin_threads(None)
         torch.set_num_threads(old)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     out = {"meta": {"cores": _threads.available_cores(), "many": many, "rounds": rounds, "load_1min": load,
+                    "load_1min_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
                     "small_work_flops": _threads.SMALL_WORK_FLOPS, "torch": torch.__version__},
            "rows": rows}
     if args.json:
         print(json.dumps(out, indent=2))
-        return out
-    print(f"threads side by side: 1, {many} and the chooser (SMALL_WORK_FLOPS = {_threads.SMALL_WORK_FLOPS:.3g}); "
-          f"{rounds} interleaved rounds, medians; load average {load}")
-    print(f"{'case':14} {'FLOPs/op':>9} {'chosen':>6} {'1 thr s':>8} {f'{many} thr s':>8} {'chooser s':>9} "
-          f"{f'{many}/1':>6} {'chooser/1':>9} {'CPU 1':>7} {f'CPU {many}':>7}")
-    for r in rows:
-        w, c, q = r["wall_s"], r["cpu_s"], r["wall_over_1_thread"]
-        print(f"{r['case']:14} {r['flops_per_op']:>9.3g} {r['chooser_threads']:>6} {w['1']:>8.3f} "
-              f"{w[str(many)]:>8.3f} {w['chooser']:>9.3f} {q[str(many)]:>6.2f} {q['chooser']:>9.2f} "
-              f"{c['1']:>7.3f} {c[str(many)]:>7.3f}")
+    else:
+        print(f"load average after: {out['meta']['load_1min_after']}")
     return out
 
 

@@ -142,3 +142,17 @@ def test_rank_chain_at_small_width_runs_on_one_thread(two_threads, monkeypatch):
     run_chain(1024, 32, 1, seed=0)  # 2·32·1024² ≈ 6.7e7 FLOPs per layer: all the threads
     assert seen and set(seen) == {2}
     assert torch.get_num_threads() == 2
+
+
+def test_bench_threads_quick_runs():
+    from benchmark_loader import load_benchmark
+
+    before = torch.get_num_threads()
+    # --threads 1: the smoke test runs no second thread (on a loaded machine a spinning one makes it minutes)
+    out = load_benchmark("bench_threads").main(["--quick", "--json", "--threads", "1"])
+    assert torch.get_num_threads() == before and _threads.pinned_threads() is None
+    rows = {r["case"]: r for r in out["rows"]}
+    assert set(rows) == {"matmul 32", "train B=1", "chain 32"}
+    for r in rows.values():  # all three are small work: the chooser takes one thread
+        assert r["chooser_threads"] == 1 and set(r["wall_s"]) == {"1", "chooser"}
+        assert all(t > 0 for t in r["wall_s"].values())

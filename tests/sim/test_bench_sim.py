@@ -13,6 +13,7 @@ def test_bench_runs_and_records_every_matmul_of_the_simulator():
     for key in ("ratio_explicit", "ratio_conditional", "all_mm_explicit", "all_mm_conditional", "rng_share",
                 "train_explicit", "train_conditional"):
         assert r[key] > 0
+    assert r["ops_per_layer"]["explicit"] > 0 and r["ops_per_layer"]["conditional"] > 0
     # the recorder sees the layers' products: explicit weights, 3 layers forward + 2 backward at least
     with bench_sim._RecordMatmuls() as rec:
         from bnlab.sim import simulate

@@ -125,6 +125,38 @@ def test_predrawn_weights_are_chunking_invariant_and_the_same_in_float32():
         np.testing.assert_allclose(getattr(f, field), getattr(a, field), rtol=1e-4)
 
 
+def _ops_per_layer(networks, **kw):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the chunks run in this thread, where the mode sees them
+    try:
+        simulate("relu", 8, 32, 2, networks, num_batches=2, weight_sampling="explicit", **kw)  # caches made once
+        for depth in (3, 6):
+            Count.n = 0
+            with Count():
+                simulate("relu", 8, 32, depth, networks, num_batches=2, weight_sampling="explicit", **kw)
+            counts.append(Count.n)
+    finally:
+        torch.set_num_threads(threads)
+    return (counts[1] - counts[0]) / 3
+
+
+def test_operators_per_layer_do_not_grow_with_the_networks_when_predrawn():
+    # The launch count of a GPU layer: with one draw per network it does not depend on the number of
+    # networks; the per-layer route draws once per network and layer (+2 operators per network here)
+    assert _ops_per_layer(2, _predraw_weights=True) == _ops_per_layer(16, _predraw_weights=True)
+    assert _ops_per_layer(16) >= _ops_per_layer(2) + 14 * 2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_picks_explicit_weights_and_its_draws_are_chunking_invariant():
     kw = dict(num_batches=2, seed=2, device="cuda", dtype="float64")
