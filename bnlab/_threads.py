@@ -4,10 +4,11 @@ Work whose operators are small — batch-1 training, small ensembles, the rank c
 does not gain from intra-op threads: every operator pays the threads' fork/join, and on a busy
 machine a thread that the scheduler has taken away stalls the others at every join (measured on
 this project's 2-core machine under load: ``bnlab train --norm bnp --batch-size 1 --train-size
-500`` took 61 s with 2 threads and 2.9 s with ``OMP_NUM_THREADS=1``).  Large operators do gain.
-So the entry points that run such work take their thread count from :func:`choose_threads`, by
-the size of their typical operator, through :func:`small_work_threads` (a context manager that
-sets and restores ``torch.set_num_threads``) or the decorator :func:`sized_by`.
+500`` took 61 s with 2 threads and 2.9 s with ``OMP_NUM_THREADS=1``).  Large operators do gain,
+where the other threads get cores.  So the entry points that run such work take their thread count
+from :func:`choose_threads` — by the size of their largest product, and for large work by the cores
+that other work leaves free — through :func:`small_work_threads` (a context manager that sets and
+restores ``torch.set_num_threads``) or the decorator :func:`sized_by`.
 
 A count the user fixed (``--threads``, :func:`pin_threads`) is never overridden.  The chooser
 only lowers the count torch has (never raises it), so a process limited by its environment — a
@@ -25,11 +26,15 @@ import math
 import os
 from typing import Any, Callable, Iterator
 
-#: Floating-point operations of a work's typical operator (its largest matrix product) below which
-#: it runs on one intra-op thread.  Calibrated by ``python benchmarks/bench_threads.py`` on this
-#: project's 2-core machines (docs/experiments.md, "Threads"): square products of 2·m³ FLOPs with
-#: 1 and 2 threads side by side; below this size the second thread did not pay, idle or loaded.
-SMALL_WORK_FLOPS = 2.0e7
+#: Floating-point operations of a work's largest matrix product below which it runs on one intra-op
+#: thread.  Calibrated with ``benchmarks/bench_threads.py --cases matmul`` (square products, 1 and 2
+#: threads side by side) on this project's 2-core machine, run at real-time priority so that the
+#: machine's other load did not take the second core (docs/experiments.md, "Threads"): a second
+#: thread lost up to 2e6 FLOPs per product (2 threads / 1 thread = 1.07–2.1 at 2.2e5–1.8e6), gained
+#: 4–36 % between 3e6 and 1.4e7 (varying from run to run) and 1.8× from 3.4e7 on.  Below 1e7 the gain is
+#: too small to risk a join with a descheduled thread; batch-1 training (1.6e5), a 4-network ensemble of
+#: width 32 (1.6e6) and the rank chain at d = 32 (6.6e4) are far below it.
+SMALL_WORK_FLOPS = 1.0e7
 
 _pinned: int | None = None
 
@@ -79,17 +84,40 @@ def pinned_threads() -> int | None:
     return _pinned
 
 
-def choose_threads(flops_per_op: float | None, current: int | None = None) -> int:
-    """Intra-op threads for work whose typical operator does ``flops_per_op`` floating-point
-    operations: 1 below :data:`SMALL_WORK_FLOPS`, else ``current`` (default: torch's count now).
-    An unknown size (None, NaN) keeps ``current``."""
+def busy_cores() -> int | None:
+    """Threads that the machine runs or could run right now besides the caller: the runnable count of
+    ``/proc/loadavg`` minus one (a snapshot); None where it cannot be read (not Linux)."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            runnable = int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, runnable - 1)
+
+
+def choose_threads(flops_per_op: float | None, current: int | None = None, busy: int | None = None) -> int:
+    """Intra-op threads for work whose largest product does ``flops_per_op`` floating-point operations.
+
+    * below :data:`SMALL_WORK_FLOPS`: 1;
+    * else ``current`` (default: torch's count now), but no more than the cores other work leaves
+      free: available cores − ``busy`` (default :func:`busy_cores`, a snapshot), at least 1.  On this
+      project's 2-core machine under load (load average 28–38) a second thread lost at every size up
+      to 2.7e8 FLOPs per product, 1.6–200× in wall time (its joins wait for a descheduled thread).
+
+    An unknown size (None, NaN) keeps ``current``.  Never more than ``current``."""
     if current is None:
         import torch
 
         current = torch.get_num_threads()
-    if flops_per_op is None or not math.isfinite(flops_per_op) or flops_per_op >= SMALL_WORK_FLOPS:
+    if flops_per_op is None or not math.isfinite(flops_per_op):
         return current
-    return 1
+    if flops_per_op < SMALL_WORK_FLOPS:
+        return 1
+    if busy is None:
+        busy = busy_cores()
+    if busy is None:
+        return current
+    return max(1, min(current, available_cores() - busy))
 
 
 @contextlib.contextmanager

@@ -9,8 +9,11 @@ from bnlab import _threads
 
 
 @pytest.fixture
-def two_threads():
-    """torch at 2 intra-op threads, unpinned, restored after (the chooser can only lower a count)."""
+def two_threads(monkeypatch):
+    """torch at 2 intra-op threads, unpinned, on an idle 2-core machine as the chooser sees it (no other
+    runnable work), restored after (the chooser can only lower a count)."""
+    monkeypatch.setattr(_threads, "busy_cores", lambda: 0)
+    monkeypatch.setattr(_threads, "available_cores", lambda: 2)
     before = torch.get_num_threads()
     _threads.pin_threads(None)
     torch.set_num_threads(2)
@@ -19,12 +22,40 @@ def two_threads():
     torch.set_num_threads(before)
 
 
-def test_chooser_by_size():
+def test_chooser_by_size_and_free_cores(monkeypatch):
+    monkeypatch.setattr(_threads, "available_cores", lambda: 8)
     t = _threads.SMALL_WORK_FLOPS
-    assert _threads.choose_threads(t / 2, 8) == 1
-    assert _threads.choose_threads(t, 8) == 8 and _threads.choose_threads(100 * t, 3) == 3
-    assert _threads.choose_threads(None, 4) == 4 and _threads.choose_threads(float("nan"), 4) == 4
+    assert _threads.choose_threads(t / 2, 8, busy=0) == 1
+    assert _threads.choose_threads(t, 8, busy=0) == 8 and _threads.choose_threads(100 * t, 3, busy=0) == 3
+    # large work gets no more threads than the cores other work leaves free (at least one)
+    assert _threads.choose_threads(100 * t, 8, busy=3) == 5
+    assert _threads.choose_threads(100 * t, 8, busy=8) == 1 and _threads.choose_threads(100 * t, 8, busy=50) == 1
+    assert _threads.choose_threads(None, 4, busy=50) == 4 and _threads.choose_threads(float("nan"), 4) == 4
     assert _threads.choose_threads(0.0, 1) == 1  # never above the count it is given
+    monkeypatch.setattr(_threads, "busy_cores", lambda: None)  # not Linux: the size alone
+    assert _threads.choose_threads(100 * t, 6) == 6
+
+
+def test_busy_cores_reads_the_runnable_count(tmp_path, monkeypatch):
+    import builtins
+
+    real_open = builtins.open
+
+    def fake(text):
+        def opener(path, *args, **kwargs):
+            if path == "/proc/loadavg":
+                target = tmp_path / "loadavg"
+                target.write_text(text)
+                return real_open(target, *args, **kwargs)
+            return real_open(path, *args, **kwargs)
+        return opener
+
+    monkeypatch.setattr(builtins, "open", fake("0.52 0.58 0.59 3/467 12345\n"))
+    assert _threads.busy_cores() == 2  # three runnable, one of them the caller
+    monkeypatch.setattr(builtins, "open", fake("0.00 0.00 0.00 1/100 1\n"))
+    assert _threads.busy_cores() == 0
+    monkeypatch.setattr(builtins, "open", fake("garbage"))
+    assert _threads.busy_cores() is None
 
 
 def test_context_sets_and_restores_and_respects_a_pin(two_threads):
