@@ -224,9 +224,6 @@ def bench(width, depth, networks, batch_size, num_batches, dtype, device, repeat
     dt = {"float32": torch.float32, "float64": torch.float64}[dtype]
     rows = batch_size * num_batches
     flops = 2.0 * rows * width * width * networks * (depth + (depth - 1))
-    if max_memory_bytes is None:  # the simulator's chunk bound: 8 GiB on a CPU, most of a GPU's free memory
-        max_memory_bytes = 8 << 30 if torch.device(device).type == "cpu" else int(0.6 * _free_bytes(device))
-
     def sim(weight_sampling):
         return lambda: simulate("relu", batch_size, width, depth, networks, num_batches=num_batches, dtype=dtype,
                                 device=device, seed=0, max_memory_bytes=max_memory_bytes,
@@ -234,6 +231,8 @@ def bench(width, depth, networks, batch_size, num_batches, dtype, device, repeat
 
     a = torch.randn(networks, rows, width, dtype=dt, device=device)
     w = torch.randn(networks, width, width, dtype=dt, device=device)
+    if max_memory_bytes is None:  # the simulator's chunk bound: 8 GiB on a CPU, half the GPU memory left free
+        max_memory_bytes = 8 << 30 if torch.device(device).type == "cpu" else int(0.5 * _free_bytes(device))
 
     def run_bmm():
         for _ in range(depth):
