@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = warnings.showwarning
     warnings.showwarning = _warning_printer(args.command)
     try:
+        from bnlab.cli._common import apply_threads
+
+        apply_threads(args)  # --threads of the long-running commands, checked and applied before any work
         return int(args.func(args) or 0)
     except ValueError as exc:
         # Bad input is reported as a usage error with the library's message.

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from bnlab.cli._common import print_json, print_table
+from bnlab.cli._common import add_threads_argument, print_json, print_table
 
 ARCH_HELP = """\
 architecture spec (the last layer is the linear output; BN + phi follow every other layer):
@@ -71,6 +71,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--max-memory-gb", type=float, default=1.0,
                    help="memory bound of --measure (network, its copy, Lanczos vectors and the batch's activations, "
                         "estimated before anything is allocated; default 1)")
+    add_threads_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

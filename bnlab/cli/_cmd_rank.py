@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bnlab.cli._common import print_json, print_table
+from bnlab.cli._common import add_threads_argument, print_json, print_table
 
 _NORM_NAMES = {"bn": "bn", "bn-nomean": "bn_nomean", "bn_nomean": "bn_nomean", "none": "none"}
 
@@ -40,6 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="working-memory bound (layers are streamed in blocks that fit; default 1)")
     p.add_argument("--max-hours", type=float, default=24.0,
                    help="refuse, before starting, a chain estimated to take longer (default 24)")
+    add_threads_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

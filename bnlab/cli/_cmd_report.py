@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from bnlab.cli._common import (add_data_dir_argument, apply_data_dir, check_cluster_arguments, check_output_dir,
-                               print_json, print_table)
+from bnlab.cli._common import (add_data_dir_argument, add_threads_argument, apply_data_dir, check_cluster_arguments,
+                               check_output_dir, print_json, print_table)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,6 +15,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="an existing Dask cluster")
     p.add_argument("--workers", type=int, default=None, help="worker processes of the local cluster (default: cores)")
     p.add_argument("--serial", action="store_true", help="run the cells in this process (debugging)")
+    add_threads_argument(p, cells=True)
     p.add_argument("--no-retry-failed", action="store_true", help="keep cells recorded as failed instead of rerunning them")
     p.add_argument("--no-progress", action="store_true", help="no progress bars or messages")
     add_data_dir_argument(p)
@@ -24,7 +25,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def run_options(args: argparse.Namespace) -> dict:
     """The keyword arguments of ``build_report``/``reproduce`` that :func:`add_run_arguments` parsed."""
     return dict(scale=args.scale, results_dir=args.results_dir, scheduler=args.scheduler, workers=args.workers,
-                serial=args.serial, retry_failed=not args.no_retry_failed, progress=not args.no_progress)
+                serial=args.serial, retry_failed=not args.no_retry_failed, progress=not args.no_progress,
+                threads=args.threads)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from bnlab.cli._common import activation_from_args, add_phi_arguments, print_json, print_table
+from bnlab.cli._common import add_threads_argument, activation_from_args, add_phi_arguments, print_json, print_table
 
 #: The one default that differs from bnlab.sim.simulate (see the module docstring).
 CLI_NUM_BATCHES = 4
@@ -52,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-memory-gb", type=float, default=1.0, help="working-memory bound in GiB (default 1): networks run in chunks below it, and sizes "
                    "that cannot fit (one network, or all networks' results) are refused before allocating")
+    add_threads_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

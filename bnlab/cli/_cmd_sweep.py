@@ -5,7 +5,7 @@ import argparse
 import dataclasses
 import sys
 
-from bnlab.cli._common import print_json, print_table
+from bnlab.cli._common import add_threads_argument, print_json, print_table
 
 
 def _add_location(p: argparse.ArgumentParser) -> None:
@@ -23,6 +23,7 @@ def _add_cluster(p: argparse.ArgumentParser) -> None:
                    help="connect to an existing Dask cluster (e.g. tcp://host:8786) instead of starting a local one")
     g.add_argument("--workers", type=int, default=None, help="worker processes of the local cluster (default: cores)")
     g.add_argument("--serial", action="store_true", help="run the cells in this process, one by one (debugging)")
+    add_threads_argument(g, cells=True)
     g.add_argument("--retry-failed", action="store_true", help="run cells recorded as failed again")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -73,6 +74,7 @@ def _cluster_kwargs(args) -> dict:
         "scheduler": args.scheduler,
         "workers": args.workers,
         "serial": args.serial,
+        "threads": args.threads,
         "retry_failed": args.retry_failed,
         "progress": not args.no_progress,
     }

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from bnlab.cli._common import print_json, print_table
+from bnlab.cli._common import add_threads_argument, print_json, print_table
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--max-memory-gb", type=float, default=1.0,
                    help="bound on the network's parameters, checked before it is built (default 1)")
+    add_threads_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

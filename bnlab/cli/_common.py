@@ -20,6 +20,8 @@ __all__ = [
     "check_output_dir",
     "check_cluster_arguments",
     "yes_no",
+    "add_threads_argument",
+    "apply_threads",
 ]
 
 
@@ -79,6 +81,37 @@ def check_cluster_arguments(args: argparse.Namespace) -> None:
             raise ValueError("workers applies to a local cluster only; an existing cluster (--scheduler) has its own")
     if getattr(args, "serial", False) and getattr(args, "scheduler", None) is not None:
         raise ValueError("--serial runs in this process; do not also give --scheduler")
+
+
+def add_threads_argument(parser, *, cells: bool = False) -> None:
+    """--threads: the intra-op thread count of a long-running command (``cells``: of the processes
+    that run a sweep's cells).  Default: chosen by the work (bnlab._threads; docs/experiments.md)."""
+    if cells:
+        text = ("intra-op threads (torch, OpenMP, BLAS) of every process that runs cells: each worker of the "
+                "local cluster, the workers of --scheduler, or this process with --serial (default: a local "
+                "worker gets its share of the cores, cores // workers, and small work runs on one thread)")
+    else:
+        text = ("intra-op threads of torch, OpenMP and BLAS (default: chosen by the size of the work: one "
+                "thread for small operators such as batch-1 training or the rank chain at d = 32, else all cores)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N", help=text)
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """Check ``--threads`` (1 … the cores this process may use; 1 … 4096 for an existing cluster, whose
+    machines are not this one) and fix this process's count to it; nothing without the option."""
+    threads = getattr(args, "threads", None)
+    if threads is None:
+        return
+    from bnlab import _threads
+    from bnlab._validation import check_int
+
+    remote = getattr(args, "scheduler", None) is not None
+    cores = _threads.available_cores()
+    if not remote and isinstance(threads, int) and threads > cores:
+        raise ValueError(f"threads={threads} is not allowed: this process may use {cores} cores; expected "
+                         f"an integer from 1 to {cores}")
+    args.threads = check_int("threads", threads, minimum=1, maximum=4096)
+    _threads.pin_threads(args.threads)
 
 
 def yes_no(value: Any) -> Any:

@@ -17,27 +17,55 @@ from bnlab.experiments.spec import library_versions  # public in spec (the repor
 
 __all__ = ["execute_cell", "library_versions", "jsonable_metrics"]
 
-_threads_limited = False
+#: Environment of a worker process: its torch thread count (its share of the cores), and "1" where the
+#: user fixed it (``--threads``; the chooser of small work then leaves it alone).  The local cluster
+#: sets both (bnlab.experiments.sweep.open_client); a worker without them runs one thread per process.
+THREADS_ENV = "BNLAB_WORKER_THREADS"
+PINNED_ENV = "BNLAB_WORKER_THREADS_PINNED"
+
+_threads_applied: tuple[int, bool] | None = None
+
+
+def worker_threads() -> tuple[int, bool]:
+    """``(threads, pinned)`` of this worker process, from its environment (default ``(1, False)``)."""
+    try:
+        threads = max(1, int(os.environ.get(THREADS_ENV, "1")))
+    except ValueError:
+        threads = 1
+    return threads, os.environ.get(PINNED_ENV) == "1"
+
+
+def set_worker_threads(threads: int, pinned: bool = True) -> None:
+    """Make ``threads`` this worker's count from now on (``client.run`` on an existing cluster)."""
+    os.environ[THREADS_ENV] = str(int(threads))
+    os.environ[PINNED_ENV] = "1" if pinned else "0"
+    _limit_threads()
 
 
 def _limit_threads() -> None:
-    """One BLAS/OpenMP/torch thread per worker process: the cluster's parallelism is its workers.
+    """The worker's share of the cores for BLAS/OpenMP/torch (:func:`worker_threads`): the cluster's
+    parallelism is its workers, each with cores // workers threads.
 
     Without this, n workers × n cores threads oversubscribe the machine.  The
     environment variables matter for libraries imported later (torch reads
     them at import); ``torch.set_num_threads`` for a torch already imported.
+    The chooser of small work (bnlab._threads) may lower the count further for
+    a cell's tiny operators, unless the user fixed it (pinned).
     """
-    global _threads_limited
-    if _threads_limited:
-        return
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = "1"
+    global _threads_applied
+    threads, pinned = worker_threads()
     import sys
 
+    from bnlab import _threads
+
+    if _threads_applied != (threads, pinned):
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ[var] = str(threads)
+        _threads.pin_threads(threads if pinned else None, apply=False)
+        _threads_applied = (threads, pinned)
     torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
-    _threads_limited = True
+    if torch is not None and torch.get_num_threads() != threads:  # also after a cell that changed it
+        torch.set_num_threads(threads)
 
 
 def _jsonable(obj: Any) -> Any:

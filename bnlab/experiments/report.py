@@ -27,11 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable, Sequence
 
-from bnlab._validation import check_choice
+from bnlab import _threads
+from bnlab._validation import check_choice, check_int
 from bnlab.experiments.registry import discovery_errors, get_experiment, list_experiments
 from bnlab.experiments.spec import SCALES, VERDICTS, Comparison, Experiment, library_versions
 from bnlab.experiments.store import ResultsStore, cell_key
-from bnlab.experiments.sweep import open_client, run_sweep, store_path
+from bnlab.experiments.sweep import open_client, run_sweep, set_client_threads, store_path
 
 __all__ = ["build_report", "reproduce", "verdict", "Report", "ReportSection", "VERDICTS"]
 
@@ -130,12 +131,17 @@ def verdict(status: str, comparisons: Sequence[dict], *, failed_cells: int = 0, 
 class _LazyClient:
     """A Dask client started on first use only (no cluster when every cell is in the stores)."""
 
-    def __init__(self, stack: contextlib.ExitStack, client: Any, scheduler: str | None, workers: int | None):
+    def __init__(self, stack: contextlib.ExitStack, client: Any, scheduler: str | None, workers: int | None,
+                 threads: int | None = None):
         self._stack, self._client, self._scheduler, self._workers = stack, client, scheduler, workers
+        self._threads = threads
 
     def __call__(self) -> Any:
         if self._client is None:
-            self._client = self._stack.enter_context(open_client(self._scheduler, self._workers))
+            self._client = self._stack.enter_context(open_client(self._scheduler, self._workers, self._threads))
+        elif self._threads is not None and not getattr(self, "_threads_set", False):
+            set_client_threads(self._client, self._threads)  # a client given by the caller
+        self._threads_set = True
         return self._client
 
 
@@ -359,6 +365,7 @@ def build_report(
     serial: bool = False,
     retry_failed: bool = True,
     progress: bool | IO = True,
+    threads: int | None = None,
 ) -> Report:
     """Run or reuse every reproduction's sweep at ``scale`` and write ``<out>/index.html``.
 
@@ -384,6 +391,9 @@ def build_report(
         report shows the fixed reproduction).
     progress:
         Progress bars on stderr (True), none (False), or on a given stream.
+    threads:
+        Intra-op threads of every process that runs cells, fixed (see
+        :func:`~bnlab.experiments.sweep.run_sweep`; default: each local worker its share of the cores).
 
     Returns
     -------
@@ -405,8 +415,12 @@ def build_report(
         else:
             exps = list(list_experiments().values())
         broken = {} if only else discovery_errors()
+    if threads is not None:
+        threads = check_int("threads", threads, minimum=1, maximum=4096)
     with contextlib.ExitStack() as stack:
-        get_client = _LazyClient(stack, client, scheduler, workers)
+        get_client = _LazyClient(stack, client, scheduler, workers, threads)
+        if serial:
+            stack.enter_context(_threads.pinned(threads))
         sections = [
             _section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress) for exp in exps
         ]
@@ -456,6 +470,7 @@ def reproduce(
     serial: bool = False,
     retry_failed: bool = True,
     progress: bool | IO = True,
+    threads: int | None = None,
 ) -> ReportSection:
     """Run (or reuse) one reproduction's sweep, write its figures to ``<out>/figures/<name>/``, tabulate it.
 
@@ -466,6 +481,10 @@ def reproduce(
     os.environ.setdefault("MPLBACKEND", "Agg")
     exp = get_experiment(experiment)
     outdir = Path(out)
+    if threads is not None:
+        threads = check_int("threads", threads, minimum=1, maximum=4096)
     with contextlib.ExitStack() as stack:
-        return _section(exp, scale, results_dir, outdir, retry_failed, _LazyClient(stack, client, scheduler, workers),
-                        serial, progress)
+        if serial:
+            stack.enter_context(_threads.pinned(threads))
+        return _section(exp, scale, results_dir, outdir, retry_failed,
+                        _LazyClient(stack, client, scheduler, workers, threads), serial, progress)

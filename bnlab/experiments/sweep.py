@@ -16,9 +16,10 @@ travel by reference), and commits each outcome as it arrives
 * a cell whose ``run_cell`` raises is recorded ``failed`` with its traceback
   and the sweep goes on.
 
-Clusters: by default a ``LocalCluster`` of one single-threaded worker process
-per available core (``threads_per_worker=1, processes=True``; each worker also
-limits OpenMP/MKL/torch to one thread so n workers use n cores, not n²);
+Clusters: by default a ``LocalCluster`` of one worker process per available
+core (``threads_per_worker=1, processes=True``; each worker also limits
+OpenMP/MKL/torch to its share of the cores, cores // workers threads, so n
+workers use n cores, not n²; ``threads=`` fixes the count instead);
 ``scheduler="tcp://host:8786"`` connects to an existing cluster (e.g. SLURM
 via dask-jobqueue, see ``docs/experiments.md``); ``serial=True`` runs the
 cells in-process, for debugging.
@@ -37,9 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+from bnlab import _threads
 from bnlab._validation import atomic_output_path, check_choice, check_int, check_writable_ancestor
 from bnlab.experiments._progress import SweepProgress
-from bnlab.experiments._worker import execute_cell, library_versions
+from bnlab.experiments._worker import PINNED_ENV, THREADS_ENV, execute_cell, library_versions, set_worker_threads
 from bnlab.experiments.registry import experiment_module, get_experiment, list_experiments
 from bnlab.experiments.spec import SCALES, Experiment
 from bnlab.experiments.store import ResultsStore
@@ -55,6 +57,7 @@ __all__ = [
     "store_path",
     "resolve_store",
     "open_client",
+    "set_client_threads",
     "check_scheduler_address",
 ]
 
@@ -174,13 +177,18 @@ _LOCAL_CLUSTER_CONFIG = {
 
 
 @contextlib.contextmanager
-def open_client(scheduler: str | None = None, workers: int | None = None) -> Iterator[Any]:
+def open_client(scheduler: str | None = None, workers: int | None = None, threads: int | None = None) -> Iterator[Any]:
     """A Dask ``Client``: connected to ``scheduler`` if given, else to a new ``LocalCluster``.
 
     The local cluster has ``workers`` (default: the available cores) worker
-    processes of one thread each, environment ``OMP_NUM_THREADS=1`` etc., its
-    HTTP server on a free port (concurrent sweeps never clash); it is shut
-    down on exit.  An existing cluster is left running.
+    processes of one Dask thread each, its HTTP server on a free port (concurrent
+    sweeps never clash); it is shut down on exit.  Each worker runs torch, OpenMP,
+    MKL and OpenBLAS with ``threads`` threads if given (fixed: the chooser of small
+    work leaves it), else with its share of the cores, max(1, cores // workers)
+    (which the training entry points lower to one thread for small work; see
+    :mod:`bnlab._threads`).  An existing cluster is left running; ``threads`` is then
+    set on the workers connected now (a worker that joins later keeps its own
+    setting: ``BNLAB_WORKER_THREADS`` in its environment, else one thread).
     """
     from distributed import Client, LocalCluster
 
@@ -194,11 +202,14 @@ def open_client(scheduler: str | None = None, workers: int | None = None) -> Ite
         except (OSError, TimeoutError) as exc:
             raise ValueError(f"cannot connect to the Dask scheduler at {scheduler!r}: {exc}") from None
         try:
+            if threads is not None:
+                set_client_threads(client, threads)
             yield client
         finally:
             client.close()
         return
     n = _available_cores() if workers is None else check_int("workers", workers, minimum=1)
+    share = str(threads if threads is not None else max(1, _available_cores() // n))
     import dask
 
     with dask.config.set(_LOCAL_CLUSTER_CONFIG):
@@ -208,7 +219,8 @@ def open_client(scheduler: str | None = None, workers: int | None = None) -> Ite
             processes=True,
             dashboard_address=":0",  # a free port: several sweeps on one machine never collide
             silence_logs=logging.ERROR,
-            env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+            env={"OMP_NUM_THREADS": share, "MKL_NUM_THREADS": share, "OPENBLAS_NUM_THREADS": share,
+                 THREADS_ENV: share, PINNED_ENV: "1" if threads is not None else "0"},
         )
     client = Client(cluster)
     try:
@@ -219,6 +231,12 @@ def open_client(scheduler: str | None = None, workers: int | None = None) -> Ite
     finally:
         client.close()
         cluster.close()
+
+
+def set_client_threads(client: Any, threads: int) -> None:
+    """Fix the intra-op thread count (torch, OpenMP, BLAS) of every worker of ``client`` connected
+    now to ``threads`` (the chooser of small work leaves it; see :func:`open_client`)."""
+    client.run(set_worker_threads, check_int("threads", threads, minimum=1, maximum=4096), True)
 
 
 def _gpu_resources(client, experiment: Experiment) -> dict | None:
@@ -335,6 +353,7 @@ def run_sweep(
     retries: int = 0,
     retry_failed: bool = False,
     progress: bool | IO = True,
+    threads: int | None = None,
 ) -> SweepSummary:
     """Run (or continue) the sweep of ``experiment`` at ``scale``; return what happened.
 
@@ -362,6 +381,13 @@ def run_sweep(
         Run cells recorded ``failed`` again (e.g. after fixing a bug).
     progress:
         Show the progress bar on stderr (True), not at all (False), or on the given stream.
+    threads:
+        Intra-op threads (torch, OpenMP, BLAS) of every process that runs cells, fixed: each
+        worker of the local cluster, the workers of ``client``/``scheduler`` connected now, or
+        this process for the duration of a ``serial`` run.  Default: a local worker gets its share
+        of the cores (cores // workers), an existing worker keeps its own setting, a serial run
+        this process's count; the training entry points lower these to one thread for small
+        work (:mod:`bnlab._threads`, docs/experiments.md "Threads").
 
     Returns
     -------
@@ -382,6 +408,8 @@ def run_sweep(
     retries = check_int("retries", retries, minimum=0)
     if workers is not None:
         workers = check_int("workers", workers, minimum=1, maximum=4096)
+    if threads is not None:
+        threads = check_int("threads", threads, minimum=1, maximum=4096)
     if scheduler is not None:
         scheduler = check_scheduler_address(scheduler)
     if serial and (client is not None or scheduler is not None):
@@ -411,11 +439,14 @@ def run_sweep(
                 if not rows:
                     pass
                 elif serial:
-                    executed = _run_serial(exp, rows, st, bar)
+                    with _threads.pinned(threads):
+                        executed = _run_serial(exp, rows, st, bar)
                 elif client is not None:
+                    if threads is not None:
+                        set_client_threads(client, threads)
                     executed = _run_dask(exp, rows, st, bar, client, retries)
                 else:
-                    with open_client(scheduler, workers) as own:
+                    with open_client(scheduler, workers, threads) as own:
                         executed = _run_dask(exp, rows, st, bar, own, retries)
         except BaseException as exc:
             # Ctrl-C, SIGTERM, a lost scheduler...: what finished is committed; what was in flight runs again later.

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bnlab import _threads
 from bnlab._validation import check_choice, check_int, check_real, check_seed
 from bnlab.nets.train import (
     TEST_BN_MODES,
@@ -327,6 +328,7 @@ def _reported_steps(bad_step: int, check_every: int, steps: int) -> int:
 
 
 # --------------------------------------------------------------------------- training
+@_threads.sized_for_training("models")  # small ensembles run on one thread (bnlab._threads)
 def train_ensemble(
     models: Sequence[nn.Module],
     train_data: Any,

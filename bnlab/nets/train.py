@@ -26,6 +26,7 @@ from torch import nn
 
 import copy
 
+from bnlab import _threads
 from bnlab._validation import check_choice, check_device, check_int, check_real, check_seed
 
 __all__ = ["TrainResult", "StepInfo", "train", "train_classifier", "layer_norm_trajectory", "resolve_device",
@@ -266,6 +267,7 @@ def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eval_batch_siz
     return correct.item() / x.shape[0], bool(finite.item()), total.item() / x.shape[0]
 
 
+@_threads.sized_for_training("model")  # batch-1 training runs on one thread (bnlab._threads)
 def train(
     model: nn.Module,
     train_data: Any,

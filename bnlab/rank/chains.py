@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from bnlab import _threads
 from bnlab._validation import check_choice, check_device, check_int, check_real, check_seed
 from bnlab.rank.measures import (
     _effective_rank_from_sv,
@@ -251,6 +252,8 @@ class ChainResult:
         }
 
 
+# one layer is a (chains·N × d) by (d × d) product: at d = 32 one thread (bnlab._threads)
+@_threads.sized_by(lambda a: 2.0 * a["chains"] * a["batch_size"] * a["width"] ** 2)
 def run_chain(
     width: int,
     batch_size: int,

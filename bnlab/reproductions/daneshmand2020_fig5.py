@@ -217,8 +217,6 @@ def run_cell(params: dict) -> dict:
 
     require_params(params, ("kind", "arch", "width_multiplier", "dataset", "n_train", "n_eval", "n_test", "n_probe",
                             "steps", "batch_size", "lr", "checkpoints", "seed"))
-    if str(params.get("device", "cpu")) == "cpu":
-        torch.set_num_threads(1)  # sweep cells run side by side, one per core
     data = _load(str(params["dataset"]), int(params["n_train"]), int(params["n_test"]))
     if isinstance(data, dict):
         return data

@@ -107,11 +107,9 @@ def require_params(params: Any, keys: Sequence[str]) -> None:
 def _cell_data(params: dict):
     """``(train, test, num_classes)`` of a cell, or its skipped metrics when the data set is missing.
 
-    Pins torch to one thread first: sweep cells run side by side, one per core.
+    (The cell's thread count is its worker's share of the cores, lowered for small work by the
+    training entry points: bnlab._threads, docs/experiments.md "Threads".)
     """
-    import torch
-
-    torch.set_num_threads(1)
     try:
         return load_dataset_subset(params["dataset"], int(params["n_train"]), int(params["n_test"]))
     except Exception as exc:  # DatasetNotFoundError: report, don't fail the sweep

@@ -71,13 +71,10 @@ def run_norms_cell(params: dict) -> dict:
     (max/min over layers of ‖∂L/∂W^l‖ at each step) and
     ``first_layer_weight_growth`` (‖W^1‖ after one step / before).
     """
-    import torch
-
     from bnlab.nets import BNMLP, layer_norm_trajectory
     from bnlab.reproductions.trainability import load_dataset_subset, optimizer_factory, require_params
 
     require_params(params, ("dataset", "depth", "width", "batch_size", "lr", "steps", "n_train", "seed"))
-    torch.set_num_threads(1)
     train, _, num_classes = load_dataset_subset(params["dataset"], int(params["n_train"]), 1)
     model = BNMLP(
         train[0].shape[1], num_classes, depth=int(params["depth"]), width=int(params["width"]),

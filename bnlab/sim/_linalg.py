@@ -20,15 +20,22 @@ triangles differ in the last bits), and the Cholesky factorizations downstream r
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 #: Row blocks at or below this size are multiplied with one plain bmm.
 _MIN_BLOCK = 64
 
 
-def gram(x: torch.Tensor) -> torch.Tensor:
-    """x xᵀ for ``x`` of shape (..., m, n): shape (..., m, m), exactly symmetric."""
+def gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x xᵀ for ``x`` of shape (..., m, n): shape (..., m, m), exactly symmetric.
+
+    ``out``: a contiguous tensor of that shape and x's dtype to write into (the simulator's per-layer
+    buffers), instead of a new one; not with a differentiable ``x``."""
     if x.requires_grad and torch.is_grad_enabled():
+        if out is not None:
+            raise ValueError("gram(out=...) computes no gradient: detach x first")
         # the blocked products write into slices (out=), so the differentiable route is a plain
         # product, made symmetric out of place: lower triangle plus its mirror
         full = torch.matmul(x, x.transpose(-1, -2))
@@ -36,8 +43,12 @@ def gram(x: torch.Tensor) -> torch.Tensor:
     lead = x.shape[:-2]
     m, n = x.shape[-2:]
     x3 = x.reshape(-1, m, n)
-    out = x3.new_empty((x3.shape[0], m, m))
-    _gram_into(x3, out)
+    if out is None:
+        out = x3.new_empty((x3.shape[0], m, m))
+    elif tuple(out.shape) != (*lead, m, m) or not out.is_contiguous() or out.dtype != x.dtype:
+        raise ValueError(f"out is not allowed: expected a contiguous {x.dtype} tensor of shape {(*lead, m, m)}, "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    _gram_into(x3, out.view(-1, m, m))
     return out.view(*lead, m, m)
 
 
@@ -60,8 +71,15 @@ def _mirror_lower_into_upper(square: torch.Tensor) -> None:
     with the transpose of its strict lower triangle, in place."""
     m = square.shape[-1]
     if m > 1:
-        rows, cols = torch.triu_indices(m, m, 1, device=square.device)
+        rows, cols = _upper_indices(m, square.device)
         square[:, rows, cols] = square[:, cols, rows]
+
+
+@functools.lru_cache(maxsize=64)
+def _upper_indices(m: int, device: torch.device) -> torch.Tensor:
+    """The strict upper triangle's (rows, cols) indices of an m × m matrix, made once per (m, device)
+    rather than at every Gram matrix (on a GPU each torch.triu_indices is an allocation and a launch)."""
+    return torch.triu_indices(m, m, 1, device=device)
 
 
 def lower_triangular_matmul(lower: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

@@ -359,6 +359,7 @@ def simulate(
     record_layers=(),
     weight_sampling: str = "auto",
     _trace: list | None = None,
+    _predraw_weights: bool | None = None,
 ) -> EnsembleResult:
     """Simulate ``networks`` random networks of the given ``width`` and ``depth`` together.
 
@@ -417,9 +418,12 @@ def simulate(
         a W and δ Wᵀ from their conditional Gaussian law given what the network has
         computed (:mod:`bnlab.sim.conditional`): the joint law of every measured
         quantity is exactly that of explicit Gaussian weights, at O(rows²·N) cost per
-        layer instead of O(rows·N²).  ``"auto"`` (default) uses ``"conditional"`` for
-        Gaussian weights when k·B ≤ width/4 (where it is cheaper: at k·B = width/8 about 2× faster,
-        at width/4 1.4–1.5×, at width/2 1.4–2× slower, benchmarks/bench_sim.py), else ``"explicit"``.
+        layer instead of O(rows·N²).  ``"auto"`` (default) chooses by device and shape: on a CPU
+        ``"conditional"`` for Gaussian weights when k·B ≤ width/4 (where it is cheaper: at k·B =
+        width/8 about 2× faster, at width/4 1.4–1.5×, at width/2 1.4–2× slower,
+        benchmarks/bench_sim.py), else ``"explicit"``; on a GPU ``"explicit"`` (2–10× faster there);
+        and the other route where one network of the preferred one does not fit
+        ``max_memory_bytes`` but one of the other does (``_choose_weight_sampling``).
         The two realize different random networks from the same seed (same law,
         different draws).
 
@@ -520,24 +524,31 @@ def simulate(
 
     itemsize = torch.finfo(dt).bits // 8
     rows = k * batch_size
-    if weight_sampling == "auto":
-        explicit = init != "gaussian" or _trace is not None or 4 * rows > width
-        weight_sampling = "explicit" if explicit else "conditional"
+    grads = bool(measure_gradients)
     if weight_sampling == "conditional" and _trace is not None:
         raise ValueError("_trace records explicit weights: use weight_sampling='explicit'")
+    # explicit Gaussian weights on an accelerator, kept for the backward pass anyway: drawn up front
+    # (one draw per network, not one per network and layer: _Predrawn)
+    predraw = _predraw_weights if _predraw_weights is not None else dev.type != "cpu"
+    predraw_route = {route: bool(predraw and grads and route == "explicit" and init == "gaussian")
+                     for route in ("explicit", "conditional")}
+    sizes = dict(b=batch_size, k=k, width=width, depth=depth, d0=d0, grads=grads, itemsize=itemsize)
+    per_route = {route: _network_bytes(route == "conditional", predraw_route[route], **sizes)
+                 for route in ("explicit", "conditional")}
+    weight_sampling = _choose_weight_sampling(
+        weight_sampling, init, rows, width, dev.type, traced=_trace is not None,
+        fits={route: per_route[route] <= max_memory_bytes for route in per_route},
+    )
     config["weight_sampling"] = weight_sampling
     conditional = weight_sampling == "conditional"
-    # bytes per network: weights kept by autograd (all layers; for conditional sampling the
-    # (d, m) and (m, N) factors, m ≤ rows) + ~8 activation-sized tensors per layer
-    kept = (max(d0, width) + width) * min(rows, max(d0, width)) if conditional else max(d0, width) * width
-    per_layer = (kept + 8 * rows * width) * itemsize
-    per_network = per_layer * (depth if measure_gradients else 1) + 4 * rows * max(d0, width) * itemsize
+    predraw = predraw_route[weight_sampling]
+    per_network = per_route[weight_sampling]
     # On a multi-core CPU, chunks of networks run concurrently, one per thread with one intra-op
     # thread each: the simulator's many mid-size operations (BN/φ passes, QRs, measurements)
     # scale poorly with intra-op threads, independent networks scale perfectly.  Results do not
     # change: every network has its own generator (chunking invariance, tests/sim).
     _check_memory(per_network, networks, depth, batch_size, k, width, d0, max_memory_bytes,
-                  conditional, bool(measure_gradients), itemsize)
+                  conditional, grads, itemsize)
     threads = torch.get_num_threads()
     workers = min(threads, networks) if dev.type == "cpu" and _trace is None else 1
     chunk = max(1, min(-(-networks // workers), max_memory_bytes // (per_network * workers)))
@@ -548,8 +559,8 @@ def simulate(
         gen = _network_generators(seed, start, n, dev)
         return _simulate_chunk(
             act, n, batch_size, k, width, depth, d0, normalization, init, eps, sigma_w2, sigma_b2,
-            bn_gamma, bn_beta, residual_scale, rho0, fixed_inputs, bool(measure_gradients), gen, dev, dt,
-            _trace, record_layers if ci == 0 else (), conditional,
+            bn_gamma, bn_beta, residual_scale, rho0, fixed_inputs, grads, gen, dev, dt,
+            _trace, record_layers if ci == 0 else (), conditional, predraw,
         )
 
     starts = list(enumerate(range(0, networks, chunk)))
@@ -578,6 +589,59 @@ def simulate(
         chunks=len(parts),
         hidden=parts[0]["hidden"],
     )
+
+
+def _choose_weight_sampling(requested: str, init: str, rows: int, width: int, device_type: str, *,
+                            traced: bool = False, fits: dict | None = None) -> str:
+    """The route ``weight_sampling="auto"`` stands for (any other request is returned as it is).
+
+    Explicit weights where conditional sampling is not exact (``init`` other than Gaussian) or
+    the weights are recorded (``traced``).  Otherwise by device and shape:
+
+    * CPU: conditional where k·B = ``rows`` ≤ width/4.  Its O(rows²·N) work per layer beats the
+      explicit O(rows·N²) matmuls plus N² random numbers there (at rows = width/8 about 2×, at
+      width/4 1.4–1.5×; at width/2 1.4–2× slower: benchmarks/bench_sim.py, docs/sim.md).
+    * An accelerator (``device_type`` other than "cpu"): explicit.  On a GPU the explicit layer
+      is one large matmul at the device's throughput, while the conditional layer is a chain of
+      small QR/Cholesky/triangular-solve kernels, launch- and latency-bound: explicit measured
+      2–10× faster at width 1000 for every rows from 32 to 512 (H200, issue 27).
+
+    ``fits`` (route -> whether one network fits ``max_memory_bytes``): where the preferred route
+    does not fit and the other one does, the other one (explicit weights keep depth·width² numbers
+    per network for the backward pass; conditional sampling about depth·2·width·rows).
+    """
+    if requested != "auto":
+        return requested
+    if init != "gaussian" or traced:
+        return "explicit"
+    if device_type == "cpu":
+        preferred = "conditional" if 4 * rows <= width else "explicit"
+    else:
+        preferred = "explicit"
+    other = "explicit" if preferred == "conditional" else "conditional"
+    if fits is not None and not fits[preferred] and fits[other]:
+        return other
+    return preferred
+
+
+def _network_bytes(conditional: bool, predraw: bool, *, b: int, k: int, width: int, depth: int, d0: int,
+                   grads: bool, itemsize: int) -> int:
+    """Working memory of one network (bytes), the unit :func:`simulate` chunks by."""
+    rows = k * b
+    # weights kept by autograd (all layers; for conditional sampling the (d, m) and (m, N) factors,
+    # m ≤ rows) + ~8 activation-sized tensors per layer
+    kept = (max(d0, width) + width) * min(rows, max(d0, width)) if conditional else max(d0, width) * width
+    per_layer = (kept + 8 * rows * width) * itemsize
+    total = per_layer * (depth if grads else 1) + 4 * rows * max(d0, width) * itemsize
+    # the per-layer B×B measurement buffers (Σ^l, the cross-batch blocks; with gradients the Gram
+    # matrices of the layers' inputs and gradients), reduced once after the passes
+    total += depth * (2 * k - 1 + (2 * k if grads else 0)) * b * b * itemsize
+    if predraw:
+        # the float32 numbers drawn up front (_Predrawn): for float32 the weights are views of them;
+        # for float64 they stay beside the float64 copies until the chunk ends
+        numbers = rows * d0 + (d0 + (depth - 1) * width) * width + depth * width + rows * width
+        total += 4 * numbers if itemsize != 4 else 4 * (rows * d0 + rows * width)
+    return total
 
 
 #: Float64 numbers kept per (network, layer) in the results (q, c, residual, 2 variances, 2
@@ -660,26 +724,73 @@ def _check_finite(cat: dict, config: dict) -> None:
         )
 
 
+class _Predrawn:
+    """The chunk's standard normal numbers drawn up front: one draw per network for all of them
+    (inputs, explicit Gaussian weights, biases, readout), scaled to their laws at once.
+
+    On a GPU the per-layer route launches one generator kernel per network and layer (at width
+    ~1000 a launch takes longer than its kernel), and each network's generator must stay its own
+    (chunking invariance); one draw per network turns networks × layers launches into
+    ``networks``.  Used only where the explicit weights are kept for the backward pass anyway
+    (``measure_gradients``), so no memory goes to weights that would otherwise be freed layer by
+    layer.  Same law as the per-layer route; the same numbers only where the generator's stream
+    coincides (on a CPU without biases and with parts of multiples of 16 numbers,
+    tests/sim/test_device_routes.py); on a GPU each draw starts at a new Philox offset, so other
+    networks from the same seed.
+
+    Everything is scaled in place here, before the forward pass: the parts are views of one
+    buffer, and autograd refuses saved tensors whose buffer was modified after they were saved.
+    Float32 numbers, cast to the simulation's dtype where used, as :func:`bnlab.sim.init._draw`
+    does (a float32 and a float64 simulation use the same networks).
+    """
+
+    def __init__(self, gen, n, dev, *, k, b, width, depth, d0, sigma_w2, sigma_b2, inputs, readout):
+        rows = k * b
+        shapes = {"inputs": [(k, b, d0)] if inputs else [],
+                  "weights": [(d0 if layer == 0 else width, width) for layer in range(depth)],
+                  "biases": [(1, width)] * depth if sigma_b2 > 0 else [],
+                  "readout": [(rows, width)] if readout else []}
+        total = sum(math.prod(shape) for parts in shapes.values() for shape in parts)
+        buf = fill_(torch.empty((n, total), dtype=torch.float32, device=dev), gen, "normal")
+        at = 0
+        self.parts = {}
+        for key, parts in shapes.items():
+            views = []
+            for shape in parts:
+                size = math.prod(shape)
+                views.append(buf[:, at:at + size].view(n, *shape))  # each network's slice contiguous
+                at += size
+            self.parts[key] = views
+        for w in self.parts["weights"]:
+            w.mul_(math.sqrt(sigma_w2) / math.sqrt(w.shape[1]))  # N(0, σ_w²/d)
+        for bias in self.parts["biases"]:
+            bias.mul_(math.sqrt(sigma_b2))
+
+
 def _simulate_chunk(
     act, n, b, k, width, depth, d0, normalization, init, eps, sigma_w2, sigma_b2, bn_gamma, bn_beta,
-    residual_scale, rho0, fixed_inputs, grads, gen, dev, dt, trace, record_layers, conditional,
+    residual_scale, rho0, fixed_inputs, grads, gen, dev, dt, trace, record_layers, conditional, predraw=False,
 ) -> dict:
     rows = k * b
+    pre = (_Predrawn(gen, n, dev, k=k, b=b, width=width, depth=depth, d0=d0, sigma_w2=sigma_w2, sigma_b2=sigma_b2,
+                     inputs=fixed_inputs is None, readout=grads).parts if predraw else None)
     if fixed_inputs is not None:
         x = fixed_inputs.reshape(1, rows, d0).expand(n, rows, d0).contiguous()
     else:
-        z = fill_(torch.empty((n, k, b, d0), dtype=torch.float32, device=dev), gen, "normal").to(dt)
+        if pre is not None:
+            z = pre["inputs"][0].to(dt)
+        else:
+            z = fill_(torch.empty((n, k, b, d0), dtype=torch.float32, device=dev), gen, "normal").to(dt)
         if k > 1:
             z[:, 1:] = rho0 * z[:, :1] + math.sqrt(max(0.0, 1.0 - rho0 * rho0)) * z[:, 1:]
         x = z.reshape(n, rows, d0)
     record = {"inputs": x.detach().clone(), "weights": [], "biases": []} if trace is not None else None
 
-    q, c, res, dvar, ovar = (torch.empty((n, depth), dtype=torch.float64, device=dev) for _ in range(5))
-    rho = torch.empty((n, depth), dtype=torch.float64, device=dev) if k > 1 else None
-    xcov = torch.empty((n, depth), dtype=torch.float64, device=dev) if k > 1 else None
-    cov_sum = torch.zeros((depth, b, b), dtype=torch.float64, device=dev)
-    off_count = b * (b - 1)
-
+    # The per-layer measurements are B×B matrices written into buffers during the passes and reduced
+    # after them, all layers at once: a layer then costs its products and a few elementwise passes,
+    # not ~40 small reductions (on a GPU, ~40 kernel launches, each longer than the kernel).
+    covs = torch.empty((depth, n, k, b, b), dtype=dt, device=dev)  # Σ^l of every batch
+    cross = torch.empty((depth, n, b, (k - 1) * b), dtype=dt, device=dev) if k > 1 else None  # H₀ H_jᵀ
     # conditional layers hand over the Gram matrices a aᵀ and δ δᵀ of their factorizations, which
     # the weight-gradient measurement needs (saves two O(rows²·N) products per layer)
     layer_grams = [{} if (conditional and grads) else None for _ in range(depth)]
@@ -698,12 +809,18 @@ def _simulate_chunk(
                 h = conditional_gaussian_layer(a, width, sigma_w2, gen, grams=layer_grams[layer],
                                                mean_free_batch=b if mean_free else None)
             else:
-                w = _draw(init, n, d_in, width, sigma_w2, gen, dt, dev)
+                if pre is not None:
+                    w = pre["weights"][layer].to(dt)
+                else:
+                    w = _draw(init, n, d_in, width, sigma_w2, gen, dt, dev)
                 h = torch.bmm(a, w)
             bias = None
             if sigma_b2 > 0:
-                bias = torch.empty((n, 1, width), dtype=torch.float32, device=dev)
-                bias = fill_(bias, gen, "normal", 0.0, math.sqrt(sigma_b2)).to(dt)
+                if pre is not None:
+                    bias = pre["biases"][layer].to(dt)
+                else:
+                    bias = torch.empty((n, 1, width), dtype=torch.float32, device=dev)
+                    bias = fill_(bias, gen, "normal", 0.0, math.sqrt(sigma_b2)).to(dt)
                 h = h + bias
             if record is not None:
                 record["weights"].append(w.detach().clone())
@@ -714,34 +831,15 @@ def _simulate_chunk(
                 h.requires_grad_(True)  # the graph starts at h^1 (the inputs need no gradient)
             hs.append(h)
             ins.append(a)
-            # ---- measurements of Σ^l (no autograd) ----
+            # ---- measurements of Σ^l (no autograd): into the buffers, reduced after the loop ----
             hd = h.detach().view(n, k, b, width)
             if layer + 1 in record_layers:
                 hidden[layer + 1] = hd[0].to(torch.float64).cpu().numpy().copy()
-            cov = _m.batch_covariance(hd)  # (n, k, B, B) in dt; the statistics accumulate in float64
-            qq, off, off_ss, diag_ss = _m._bsb1_moments(cov)
-            q[:, layer] = qq.mean(1)
-            c[:, layer] = (off / qq).mean(1)
-            res[:, layer] = (off_ss + diag_ss).mean(1)
-            dvar[:, layer] = (diag_ss / b / qq**2).mean(1)
-            ovar[:, layer] = (off_ss / off_count / qq**2).mean(1)
-            # (a strided mean over k is slow)
-            cov_sum[layer] += cov.reshape(n * k, b * b).sum(0, dtype=torch.float64).view(b, b) / k
+            gram(hd, out=covs[layer]).div_(width)  # Σ = H Hᵀ/N (measure.batch_covariance)
             if k > 1:
-                # pairs (0, j), j = 1..k-1: exchangeable, averaged to reduce the Monte Carlo error.
-                # From the B×B blocks Ξ_0j = H_0 H_jᵀ/N (one small bmm instead of elementwise passes
-                # over (n, k, B, N)): tr(GAG) = tr A − sum(A)/B.
                 # batch 0 against all k batches in one bmm (a broadcast matmul would copy batch 0 k−1 times)
-                xi = torch.bmm(hd[:, 0], h.detach()[:, b:].transpose(1, 2)).view(n, b, k - 1, b)
-                xi = xi.transpose(1, 2).to(torch.float64) / width  # (n, k − 1, B, B): Ξ_0j
-                xi_sum = xi.sum((-2, -1))
-                cent_x = torch.diagonal(xi, dim1=-2, dim2=-1).sum(-1) - xi_sum / b
-                cent_s = (torch.diagonal(cov, dim1=-2, dim2=-1).sum(-1, dtype=torch.float64)
-                          - cov.sum((-2, -1), dtype=torch.float64) / b)
-                rho[:, layer] = (cent_x / torch.sqrt(cent_s[:, :1] * cent_s[:, 1:])).mean(1)
-                xcov[:, layer] = xi_sum.mean(1) / (b * b)
+                torch.bmm(hd[:, 0], h.detach()[:, b:].transpose(1, 2), out=cross[layer])
             if layer == depth - 1:
-                final = cov[:, 0].to(torch.float64)
                 break
             u = h if normalization == "none" else _normalize(h, k, normalization, eps)
             if normalization != "none" and (bn_gamma != 1.0 or bn_beta != 0.0):
@@ -752,16 +850,22 @@ def _simulate_chunk(
                 hs.clear()
                 ins.clear()
 
-    out = dict(q=q, c=c, res=res, dvar=dvar, ovar=ovar, final=final, rho=rho, xcov=xcov, g=None, wg=None)
+    out = _covariance_statistics(covs, cross, width)
     if grads:
-        v = fill_(torch.empty((n, rows, width), dtype=torch.float32, device=dev), gen, "normal").to(dt)
+        if pre is not None:
+            v = pre["readout"][0].to(dt)
+        else:
+            v = fill_(torch.empty((n, rows, width), dtype=torch.float32, device=dev), gen, "normal").to(dt)
         if record is not None:
             record["readout"] = v.clone()
         # loss = Σ v ⊙ h^L: seed the backward pass with ∂L/∂h^L = v directly (no product, no
         # broadcast of the scalar gradient over (networks, rows, N))
         deltas = torch.autograd.grad(hs[-1], hs, grad_outputs=v)
-        g = torch.empty((n, depth), dtype=torch.float64, device=dev)
-        wg = torch.empty((n, depth), dtype=torch.float64, device=dev)
+        del hs, v
+        grams_in = torch.empty((depth, n, k, b, b), dtype=dt, device=dev)
+        grams_delta = torch.empty((depth, n, k, b, b), dtype=dt, device=dev)
+        scale_w = torch.empty(depth, dtype=torch.float64)
+        scale_g = torch.empty(depth, dtype=torch.float64)
         for layer, (delta, a_in) in enumerate(zip(deltas, ins)):
             # per batch: ‖δ‖² = tr(δδᵀ) and ‖∂L/∂W‖² = ‖aᵀδ‖² = ⟨a aᵀ, δδᵀ⟩ from the B×B Gram matrices
             # a product, not **: 1e308**2 raises OverflowError, 1e308*1e308 is inf (then refused by _check_finite)
@@ -769,20 +873,54 @@ def _simulate_chunk(
             grams = layer_grams[layer]
             if grams is not None and "delta" in grams:
                 # the conditional layer's own Grams; its δ' = ∂L/∂(a W) = r·δ^l carries r² already
-                ga, gd = (_diagonal_blocks(grams[key], k) for key in ("input", "delta"))
+                grams_in[layer] = _diagonal_blocks(grams["input"], k)
+                grams_delta[layer] = _diagonal_blocks(grams["delta"], k)
                 delta_scale = 1.0 / r2
             else:
-                dv = delta.view(n, k, b, width)
-                av = a_in.detach().view(n, k, b, a_in.shape[-1])
-                ga, gd = gram(av), gram(dv)
+                gram(a_in.detach().view(n, k, b, a_in.shape[-1]), out=grams_in[layer])
+                gram(delta.view(n, k, b, width), out=grams_delta[layer])
                 delta_scale = 1.0
-            # products in the simulation's dtype, sums accumulated in float64 (no float64 copies)
-            wg[:, layer] = (ga * gd).sum((-2, -1), dtype=torch.float64).mean(1) * (r2 * delta_scale)
-            g[:, layer] = torch.diagonal(gd, dim1=-2, dim2=-1).sum(-1, dtype=torch.float64).mean(1) * delta_scale
-        out["g"], out["wg"] = g, wg
+            scale_w[layer] = r2 * delta_scale
+            scale_g[layer] = delta_scale
+        del deltas, ins
+        # products in the simulation's dtype, sums accumulated in float64 (no float64 copies)
+        scale_w, scale_g = scale_w.to(dev), scale_g.to(dev)
+        wg = (grams_in * grams_delta).sum((-2, -1), dtype=torch.float64).mean(-1) * scale_w[:, None]
+        g = torch.diagonal(grams_delta, dim1=-2, dim2=-1).sum(-1, dtype=torch.float64).mean(-1) * scale_g[:, None]
+        out["g"], out["wg"] = g.T, wg.T
     if record is not None:
         trace.append(record)
     out = {key: (None if val is None else val.detach().cpu().numpy()) for key, val in out.items()}
-    out["cov_sum"] = cov_sum.cpu().numpy()
     out["hidden"] = hidden
+    return out
+
+
+def _covariance_statistics(covs: torch.Tensor, cross: torch.Tensor | None, width: int) -> dict:
+    """The per-network, per-layer statistics of :class:`EnsembleResult` from the layers' batch
+    covariances ``covs`` (depth, n, k, B, B) and cross-batch products ``cross`` = H₀ [H₁ … H_{k−1}]ᵀ
+    (depth, n, B, (k − 1)·B) or None; arrays (n, depth) in float64, ``cov_sum`` (depth, B, B)."""
+    depth, n, k, b, _ = covs.shape
+    off_count = b * (b - 1)
+    qq, off, off_ss, diag_ss = _m._bsb1_moments(covs)  # (depth, n, k), float64
+    out = dict(
+        q=qq.mean(-1).T,
+        c=(off / qq).mean(-1).T,
+        res=(off_ss + diag_ss).mean(-1).T,
+        dvar=(diag_ss / b / qq**2).mean(-1).T,
+        ovar=(off_ss / off_count / qq**2).mean(-1).T,
+        final=covs[-1, :, 0].to(torch.float64),
+        rho=None, xcov=None, g=None, wg=None,
+        # (a strided mean over k is slow)
+        cov_sum=covs.reshape(depth, n * k, b * b).sum(1, dtype=torch.float64).view(depth, b, b) / k,
+    )
+    if cross is not None:
+        # pairs (0, j), j = 1..k-1: exchangeable, averaged to reduce the Monte Carlo error.
+        # From the B×B blocks Ξ_0j = H_0 H_jᵀ/N: tr(GAG) = tr A − sum(A)/B.
+        xi = cross.view(depth, n, b, k - 1, b).transpose(2, 3).to(torch.float64) / width  # Ξ_0j
+        xi_sum = xi.sum((-2, -1))
+        cent_x = torch.diagonal(xi, dim1=-2, dim2=-1).sum(-1) - xi_sum / b
+        cent_s = (torch.diagonal(covs, dim1=-2, dim2=-1).sum(-1, dtype=torch.float64)
+                  - covs.sum((-2, -1), dtype=torch.float64) / b)
+        out["rho"] = (cent_x / torch.sqrt(cent_s[..., :1] * cent_s[..., 1:])).mean(-1).T
+        out["xcov"] = (xi_sum.mean(-1) / (b * b)).T
     return out

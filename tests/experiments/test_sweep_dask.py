@@ -13,6 +13,7 @@ import threading
 import time
 
 from bnlab.experiments import ResultsStore, run_sweep
+from bnlab.experiments._worker import execute_cell
 from bnlab.experiments.sweep import open_client
 
 N_CELLS = 10
@@ -190,3 +191,58 @@ def test_worker_env_benchmark_quick_runs():
     out = load_benchmark("bench_worker_env").main(["--quick", "--json"])
     assert [r["environment"].split()[0] for r in out["rows"]] == ["Dask", "bnlab's"]
     assert all(r["cpu_s"] >= 0 for r in out["rows"]) and out["cpu_ratio"] > 0
+
+
+def _cell_threads(params):
+    import torch
+
+    from bnlab import _threads
+
+    if params.get("set"):
+        torch.set_num_threads(params["set"])  # a cell that changes the count for itself
+    return {"threads": torch.get_num_threads(), "pinned": _threads.pinned_threads()}
+
+
+def test_worker_threads_come_from_its_environment_and_are_reapplied(monkeypatch):
+    """execute_cell gives torch the worker's share (BNLAB_WORKER_THREADS), pinned when the user fixed it,
+    and puts it back after a cell that changed it."""
+    import torch
+
+    from bnlab import _threads
+    from bnlab.experiments import _worker
+
+    before = torch.get_num_threads()
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.setenv(var, os.environ.get(var, "1"))
+    monkeypatch.setattr(_worker, "_threads_applied", None)
+    try:
+        monkeypatch.setenv(_worker.THREADS_ENV, "2")
+        monkeypatch.setenv(_worker.PINNED_ENV, "0")
+        out = _worker.execute_cell(_cell_threads, {"set": 1}, True)
+        assert out["metrics"] == {"threads": 1, "pinned": None}  # the cell's own change, inside the cell
+        assert _worker.execute_cell(_cell_threads, {}, True)["metrics"] == {"threads": 2, "pinned": None}
+        assert os.environ["OMP_NUM_THREADS"] == "2"
+        monkeypatch.setenv(_worker.PINNED_ENV, "1")
+        assert _worker.execute_cell(_cell_threads, {}, True)["metrics"] == {"threads": 2, "pinned": 2}
+        monkeypatch.delenv(_worker.THREADS_ENV)  # a worker bnlab did not start: one thread, as before
+        monkeypatch.delenv(_worker.PINNED_ENV)
+        assert _worker.execute_cell(_cell_threads, {}, True)["metrics"] == {"threads": 1, "pinned": None}
+    finally:
+        _threads.pin_threads(None)
+        torch.set_num_threads(before)
+
+
+def test_local_cluster_workers_get_their_share_of_the_cores():
+    # one worker on this machine: cores // 1 threads (the default, a worker per core, gives 1 each: the
+    # environment test above); with --threads the count is fixed on the running workers
+    from bnlab import _threads
+    from bnlab.experiments.sweep import set_client_threads
+
+    cores = _threads.available_cores()
+    with open_client(workers=1) as client:
+        share = client.submit(execute_cell, _cell_threads, {}, True, False, pure=False).result()
+        assert share["ok"], share["error"]
+        assert share["metrics"] == {"threads": cores, "pinned": None}  # one worker: all the cores, unpinned
+        set_client_threads(client, 1)  # --threads 1: fixed
+        fixed = client.submit(execute_cell, _cell_threads, {}, True, False, pure=False).result()
+        assert fixed["metrics"] == {"threads": 1, "pinned": 1}
