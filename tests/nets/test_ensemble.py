@@ -239,13 +239,14 @@ def test_diverge_above_stops_a_network_like_train():
     assert bad.steps == refs[0].steps < 40 and bad.test_loss is None
     _assert_same(good, models[1], refs[1], ones[1])
     # it stopped before the first check (step 10), so the vmap stack dropped it there and trained the
-    # other one alone (the comparison above); its written-back parameters are those it had when it
-    # stopped: a run of exactly diverged_at_step steps (the bad step's update is masked) ends there too
+    # other one alone (the comparison above); its written-back state (parameters and BN buffers) is
+    # the one it had when it stopped: a run of exactly diverged_at_step steps (the bad step's update and
+    # running-statistics update are masked) ends there too
     assert bad.diverged_at_step < 10
     probe = _mlp(0)
     train_ensemble([probe], train_set, lr=3.0, batch_size=16, steps=bad.diverged_at_step, seeds=0, momentum=0.9,
                    loss="mse")
-    for (k, a), b in zip(models[0].named_parameters(), probe.parameters()):
+    for (k, a), b in zip(models[0].state_dict().items(), probe.state_dict().values()):
         assert torch.allclose(a, b, rtol=1e-9, atol=1e-10), k
     # without the threshold the same network is not flagged at that step
     free = train_ensemble([_mlp(0)], train_set, lr=3.0, batch_size=16, steps=bad.diverged_at_step + 1, seeds=0,
