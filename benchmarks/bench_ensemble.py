@@ -307,6 +307,17 @@ def _route_section(device, routes, quick, rounds) -> dict:
     busy fraction."""
     if not routes:
         return {}
+    if "compile" in routes and device.type == "cpu":
+        # Inductor's C++ kernels appear in the profiler only when compiled with a RECORD_FUNCTION each
+        # (a flag test when no profiler runs); its Triton kernels on CUDA are the profiler's kernel events
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch({"cpp.enable_kernel_profile": True}):
+            return _route_section_timed(device, routes, quick, rounds)
+    return _route_section_timed(device, routes, quick, rounds)
+
+
+def _route_section_timed(device, routes, quick, rounds) -> dict:
     setting = _route_setting(device, quick)
     per_round, warm, counted = (5, 3, 3) if quick else (10, 3, 5)
     steps = warm + rounds * per_round + 2 * counted + 4
