@@ -73,9 +73,10 @@ def per_network_loss(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return per.view(out.shape[0], out.shape[1]).mean(dim=1)
 
 
-def _per_net(v: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """The first p.shape[0] entries of the per-network vector v, shaped to broadcast over p (k, ...)."""
-    return v[: p.shape[0]].view(-1, *([1] * (p.ndim - 1)))
+def _per_net(v: torch.Tensor, p: torch.Tensor, rows: tuple[int, int]) -> torch.Tensor:
+    """Entries ``rows`` = (start, stop) of the per-network vector v (the networks p stacks), shaped to
+    broadcast over p (k, ...)."""
+    return v[rows[0] : rows[1]].view(-1, *([1] * (p.ndim - 1)))
 
 
 def build_step(stack: Any, cfg: StepConfig, grad_route: str, used: list[bool] | None = None
@@ -136,15 +137,15 @@ def build_step(stack: Any, cfg: StepConfig, grad_route: str, used: list[bool] | 
         # a stopped network keeps the running statistics it had before its bad step, as its parameters
         stack.update_stats(s["stats"], aux, saved, active)
         s["losses"].index_copy_(0, s["row_ids"] + t * m_count, lf)
-        _update(s["params"], grads, active, s["lr"], s["sq_avg"], s["velocity"], cfg)
+        _update(s["params"], grads, stack.param_rows(), active, s["lr"], s["sq_avg"], s["velocity"], cfg)
         t.add_(1)
         s["slot"].add_(1)
 
     return step
 
 
-def _update(params: list, grads: list, active: torch.Tensor, lr: torch.Tensor, sq_avg: list | None,
-            velocity: list | None, cfg: StepConfig) -> None:
+def _update(params: list, grads: list, param_rows: list, active: torch.Tensor, lr: torch.Tensor,
+            sq_avg: list | None, velocity: list | None, cfg: StepConfig) -> None:
     """torch.optim.SGD / RMSprop (their foreach formulas) with a per-network rate, networks not
     ``active`` frozen.
 
@@ -158,8 +159,9 @@ def _update(params: list, grads: list, active: torch.Tensor, lr: torch.Tensor, s
     kept = [i for i, g in enumerate(grads) if g is not None]
     ps = [params[i] for i in kept]
     gs = [grads[i] for i in kept]
-    for p, g in zip(ps, gs):
-        g.masked_fill_(_per_net(stop, p), 0.0)
+    rows = [param_rows[i] for i in kept]
+    for p, g, r in zip(ps, gs, rows):
+        g.masked_fill_(_per_net(stop, p, r), 0.0)
     if cfg.weight_decay:
         torch._foreach_add_(gs, ps, alpha=cfg.weight_decay)
     ds = gs
@@ -176,7 +178,7 @@ def _update(params: list, grads: list, active: torch.Tensor, lr: torch.Tensor, s
         torch._foreach_mul_(vs, cfg.momentum)
         torch._foreach_add_(vs, ds)
         ds = vs
-    torch._foreach_addcmul_(ps, [_per_net(neg_rate, p) for p in ps], ds)
+    torch._foreach_addcmul_(ps, [_per_net(neg_rate, p, r) for p, r in zip(ps, rows)], ds)
 
 
 # --------------------------------------------------------------------------- routes

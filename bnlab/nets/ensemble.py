@@ -1,4 +1,4 @@
-"""Batched ensembles: train many networks of one architecture together, network for network as :func:`train`.
+"""Batched ensembles: train many networks together, network for network as :func:`train`.
 
 A grid of trainability cells (Yang et al. 2019, Figs. 3–5; the learning-rate × γ phase diagram of the
 Fisher part) trains hundreds of small networks that differ only in seed, learning rate and a few
@@ -13,10 +13,12 @@ Two stackings, chosen by the kind of the models:
   (and seed).  They are sorted by depth, deepest first, and layer l is computed for the k_l networks
   deeper than l only — a prefix of the stack — so the work is Σ_m depth_m, not M·max depth (no
   padding); γ, β, ε enter as (M, 1, 1) tensors.
-* any other ``nn.Module``: the networks must be identical up to their parameter and buffer values
-  (checked: same ``repr``, same names and shapes).  Their state is stacked with
+* any other ``nn.Module``: networks identical up to their parameter and buffer values (same class,
+  ``repr``, names and shapes) form one stack: their state is stacked with
   ``torch.func.stack_module_state`` and the forward pass is ``vmap(functional_call(...))``; a
   per-network constant of such a model must be a buffer (it is then stacked like the weights).
+  Networks of several structures (MLPs of different depths or widths) form one stack per structure,
+  trained in the same step, so none pays for another's layers.
 
 The training loop is that of :func:`bnlab.nets.train` with cross-entropy or ½‖f − onehot(y)‖² and
 SGD or RMSProp (torch.optim's updates, with momentum and weight decay): per-network learning rates
@@ -108,6 +110,8 @@ def _sample_variance(h: torch.Tensor) -> torch.Tensor:
 class _BNMLPStack:
     """M :class:`~bnlab.nets.BNMLP` as stacked tensors, deepest first (Yang et al. 2019, Eq. 7)."""
 
+    compactable = False  # the prefix structure stays; a stopped network's rows are masked
+
     def __init__(self, models: Sequence[nn.Module], dev: torch.device):
         first = models[0]
         for i, m in enumerate(models):
@@ -158,6 +162,10 @@ class _BNMLPStack:
 
     def params(self) -> list[torch.Tensor]:
         return [*self.weights, self.readout_w, self.readout_b]
+
+    def param_rows(self) -> list[tuple[int, int]]:
+        """The rows (start, stop) each parameter stacks: layer l the prefix of networks deeper than l."""
+        return [(0, w.shape[0]) for w in self.params()]
 
     def stats(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         return self.running_mean, self.running_var
@@ -267,6 +275,8 @@ class _BNMLPStack:
 class _VmapStack:
     """M identical ``nn.Module`` (up to their tensors): ``stack_module_state`` + ``vmap(functional_call)``."""
 
+    compactable = True  # networks that stopped can be dropped at a check (``compact``)
+
     def __init__(self, models: Sequence[nn.Module], dev: torch.device):
         from torch.func import functional_call, stack_module_state
 
@@ -300,6 +310,9 @@ class _VmapStack:
 
     def params(self) -> list[torch.Tensor]:
         return self.param_list
+
+    def param_rows(self) -> list[tuple[int, int]]:
+        return [(0, len(self.rows))] * len(self.param_list)
 
     def stats(self) -> dict[str, torch.Tensor]:
         return self.buffers
@@ -391,6 +404,116 @@ class _VmapStack:
                     m.get_buffer(k).copy_(v)
 
 
+def _structure(m: nn.Module) -> tuple:
+    """What a vmap stack requires its networks to share: class, ``repr``, parameter and buffer shapes."""
+    return (type(m), repr(m), tuple((k, tuple(v.shape), v.dtype) for k, v in [*m.named_parameters(), *m.named_buffers()]))
+
+
+class _GroupedStack:
+    """Networks of several structures (e.g. MLPs of different depths): one vmap stack per structure,
+    trained in the same step, so no network pays for a deeper one's layers (no padding).
+
+    Rows are the groups' rows one after the other; every per-network vector of the step (rate, mask,
+    loss) is indexed by row, and a parameter stacks the rows of its group (``param_rows``)."""
+
+    compactable = True
+
+    def __init__(self, groups: list[tuple[_VmapStack, list[int]]]):
+        self.groups = groups  # (stack, the caller's index of each of its models)
+        self._gone: list[tuple[_VmapStack, list[int]]] = []  # groups whose every network was dropped
+
+    @property
+    def rows(self) -> list[int]:
+        return [callers[i] for g, callers in self.groups for i in g.rows]
+
+    @property
+    def _data_ndim(self) -> int:
+        return self.groups[0][0]._data_ndim
+
+    @_data_ndim.setter
+    def _data_ndim(self, value: int) -> None:
+        for g, _ in self.groups:
+            g._data_ndim = value
+
+    def _sizes(self) -> list[int]:
+        return [len(g.rows) for g, _ in self.groups]
+
+    def _split_params(self, params: list) -> list[list]:
+        out, at = [], 0
+        for g, _ in self.groups:
+            out.append(params[at : at + len(g.param_list)])
+            at += len(g.param_list)
+        return out
+
+    def _split_rows(self, v: torch.Tensor, shared: bool = False) -> list:
+        return [v] * len(self.groups) if shared else list(torch.split(v, self._sizes()))
+
+    def params(self) -> list[torch.Tensor]:
+        return [p for g, _ in self.groups for p in g.params()]
+
+    def param_rows(self) -> list[tuple[int, int]]:
+        out, start = [], 0
+        for g, _ in self.groups:
+            out += [(start, start + len(g.rows))] * len(g.param_list)
+            start += len(g.rows)
+        return out
+
+    def stats(self) -> list[dict]:
+        return [g.stats() for g, _ in self.groups]
+
+    def num_outputs(self, x: torch.Tensor) -> int:
+        counts = {g.num_outputs(x) for g, _ in self.groups}
+        if len(counts) > 1:
+            raise ValueError(f"models is not allowed: their numbers of outputs differ ({sorted(counts)}); an "
+                             "ensemble trains on one set of labels")
+        return counts.pop()
+
+    def used_params(self, x: torch.Tensor) -> list[bool]:
+        return [u for g, _ in self.groups for u in g.used_params(x)]
+
+    def train_logits(self, params: list, stats: list, x: torch.Tensor):
+        xs = self._split_rows(x, shared=x.ndim == self._data_ndim)
+        return torch.cat([g.train_logits(p, b, xi)[0] for (g, _), p, b, xi in
+                          zip(self.groups, self._split_params(params), stats, xs)]), None
+
+    def func_value_and_grads(self, params: list, stats: list, x: torch.Tensor, y: torch.Tensor, kind: str):
+        xs = self._split_rows(x, shared=x.ndim == self._data_ndim)
+        losses, grads = [], []
+        for (g, _), p, b, xi, yi in zip(self.groups, self._split_params(params), stats, xs, self._split_rows(y)):
+            loss, gr, _ = g.func_value_and_grads(p, b, xi, yi, kind)
+            losses.append(loss)
+            grads += gr
+        return torch.cat(losses), grads, None
+
+    def save_stats(self, stats: list) -> list:
+        return [g.save_stats(b) for (g, _), b in zip(self.groups, stats)]
+
+    def update_stats(self, stats: list, batch_stats, saved: list, active: torch.Tensor) -> None:
+        for (g, _), b, sv, a in zip(self.groups, stats, saved, self._split_rows(active)):
+            g.update_stats(b, None, sv, a)
+
+    def forward(self, x: torch.Tensor, training: bool, update_stats: bool = True) -> torch.Tensor:
+        return torch.cat([g.forward(x, training, update_stats) for g, _ in self.groups])
+
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep the rows ``keep``; a group left without rows is set aside (its final state kept)."""
+        start, at = [], 0
+        for size in self._sizes():
+            start.append(at)
+            at += size
+        keep_l = keep.tolist()
+        groups = []
+        for (g, callers), a, size in zip(self.groups, start, self._sizes()):
+            local = torch.tensor([r - a for r in keep_l if a <= r < a + size], dtype=torch.long, device=keep.device)
+            g.compact(local)
+            (groups if local.numel() else self._gone).append((g, callers))
+        self.groups = groups
+
+    def write_back(self) -> None:
+        for g, _ in self.groups + self._gone:
+            g.write_back()
+
+
 # --------------------------------------------------------------------------- arguments
 def _per_network(name: str, value: Any, m: int, *, minimum: float | None = None, strict: bool = False,
                  integer: bool = False) -> list:
@@ -468,7 +591,7 @@ class _EnsembleRun:
             "losses": torch.full((steps * cfg.num_networks,), float("nan"), dtype=torch.float32, device=dev),
             "row_ids": rows,
         }
-        used = stack.used_params(x[:batch_size]) if route != "eager" and isinstance(stack, _VmapStack) else None
+        used = stack.used_params(x[:batch_size]) if route != "eager" and stack.compactable else None
         self.runner = StepRunner(route, lambda grad_route: build_step(stack, cfg, grad_route, used))
         # the vmap stack drops networks that have stopped, at a check (``compact``): rows that only
         # burned compute on a diverged network — in a learning-rate phase diagram, the whole exploding
@@ -496,19 +619,23 @@ class _EnsembleRun:
         n_active = int(active.sum())
         if n_active == 0:
             return False
-        if isinstance(self.stack, _VmapStack) and n_active < active.shape[0] and \
+        if self.stack.compactable and n_active < active.shape[0] and \
                 n_active <= self._compact_at * active.shape[0]:
             keep = active.nonzero().flatten()
             gone = (~active).nonzero().flatten()
             for i, fb in zip(st["row_ids"][gone].tolist(), st["first_bad"][gone].tolist()):
                 self._dropped_first_bad[i] = fb
+            # each parameter's optimizer state keeps the kept rows among those it stacks
+            keep_l = keep.tolist()
+            local = [torch.tensor([r - a for r in keep_l if a <= r < b], dtype=torch.long, device=keep.device)
+                     for a, b in self.stack.param_rows()]
             self.stack.compact(keep)
             st["params"], st["stats"] = self.stack.params(), self.stack.stats()
             for key in ("lr", "active", "first_bad", "row_ids", "which"):
                 st[key] = st[key][keep]
             for key in ("sq_avg", "velocity"):
                 if st[key] is not None:
-                    st[key] = [v[keep] for v in st[key]]
+                    st[key] = [v[k] for v, k in zip(st[key], local) if k.numel()]
             self.runner.reset()
         return True
 
@@ -561,9 +688,10 @@ def train_ensemble(
     Parameters
     ----------
     models:
-        M ``nn.Module`` of one architecture: :class:`~bnlab.nets.BNMLP` that may differ in depth, γ,
-        β, ε and initialization, or any other module identical up to its tensors (per-network constants
-        as buffers).  Trained in place (the final state is written back).
+        M ``nn.Module``: :class:`~bnlab.nets.BNMLP` of one width and φ that may differ in depth, γ, β, ε
+        and initialization, or any other modules with the same number of outputs and one dtype,
+        stacked by structure (those identical up to their tensors together; per-network constants as
+        buffers).  Trained in place (the final state is written back).
     train_data, test_data:
         A ``bnlab.data`` Dataset or an ``(x, y)`` pair with integer class labels (as :func:`train`).
     lr:
@@ -628,6 +756,10 @@ def train_ensemble(
     from bnlab.nets.models import BNMLP
 
     is_bnmlp = all(isinstance(m, BNMLP) for m in models)
+    dtypes = {p.dtype for m in models for p in m.parameters() if p.is_floating_point()}
+    if len(dtypes) > 1:
+        raise ValueError(f"models is not allowed: their parameters have different dtypes ({sorted(map(str, dtypes))}); "
+                         "an ensemble trains in one dtype")
     dtype = models[0].readout.weight.dtype if is_bnmlp else next(models[0].parameters()).dtype
     x_tr, y_tr = _as_tensors("train_data", train_data, dev, dtype)
     test = None if test_data is None else _as_tensors("test_data", test_data, dev, dtype)
@@ -660,7 +792,15 @@ def train_ensemble(
                              "batches are not multiples of it)")
         stack: Any = _BNMLPStack(models, dev)
     else:
-        stack = _VmapStack(models, dev)
+        # one vmap stack per structure (class, repr, parameter/buffer shapes): networks of different
+        # depths or widths train in the same step without padding to the largest
+        by_structure: dict[tuple, list[int]] = {}
+        for i, m in enumerate(models):
+            by_structure.setdefault(_structure(m), []).append(i)
+        if len(by_structure) == 1:
+            stack = _VmapStack(models, dev)
+        else:
+            stack = _GroupedStack([(_VmapStack([models[i] for i in idx], dev), idx) for idx in by_structure.values()])
         stack._data_ndim = x_tr.ndim
     route = resolve_step_mode(step_mode, dev)
     for m in models:

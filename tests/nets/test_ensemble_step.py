@@ -51,19 +51,20 @@ def _models(stack: str, depths=(3, 1, 2, 3)) -> list[torch.nn.Module]:
                   for i, (d, (g, b, e)) in enumerate(zip(depths, specs))]
         readout = models[2].readout
     else:
-        models = [_vmap_mlp(i, 12) for i in range(4)]
+        # "vmap": one stack; "grouped": two structures (two and one hidden layers), one stack each
+        models = [_vmap_mlp(i, 12, depth=1 if stack == "grouped" and i % 2 else 2) for i in range(4)]
         readout = [m for m in models[2].modules() if isinstance(m, torch.nn.Linear)][-1]
     with torch.no_grad():
         readout.weight.mul_(10.0)  # the frozen network's loss well above the others', varying with its batch
     return models
 
 
-def _vmap_mlp(seed: int, width: int) -> torch.nn.Module:
+def _vmap_mlp(seed: int, width: int, depth: int = 2) -> torch.nn.Module:
     # torch's BatchNorm1d through the vmap stack, after a tanh ("post").  Not before BN: a bias right
     # before BN (or before a ReLU active on the whole batch, then BN) has an exactly-zero gradient up to
     # rounding noise (~1e-17), which RMSProp turns into an update of ±lr and a learning rate of 1e200
     # into ±1e183 — with the sign of the noise, different under any two summation orders
-    return MLP(64, [width, width], 10, phi="tanh", norm="bn", placement="post", seed=seed, dtype=F64)
+    return MLP(64, [width] * depth, 10, phi="tanh", norm="bn", placement="post", seed=seed, dtype=F64)
 
 
 def _lrs(optimizer: str) -> list[float]:
@@ -148,6 +149,13 @@ def test_compiled_step_equals_eager():
 @pytest.mark.parametrize("variant", list(_VARIANTS))
 def test_compiled_step_equals_eager_for_every_optimizer_and_loss(stack, variant):
     _assert_routes_agree(stack, *_VARIANTS[variant])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["sgd-momentum-mse", "rmsprop-ce"])
+def test_compiled_step_equals_eager_for_networks_of_several_structures(variant):
+    # two vmap stacks in one step; the compiled route drops a stopped network from each group at once
+    _assert_routes_agree("grouped", *_VARIANTS[variant])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
