@@ -30,20 +30,27 @@ from torch import nn
 
 from bnlab._validation import check_choice
 from bnlab.nets._compile import compile_failure, fresh_function
-from bnlab.nets.train import half_squared_error
 
-#: how :func:`bnlab.nets.train_ensemble` runs its step: ``"auto"`` (``"cuda_graph"`` on CUDA,
-#: ``"eager"`` on the CPU), ``"eager"``, ``"compile"`` (``torch.compile``), ``"cuda_graph"`` (CUDA only)
+#: how :func:`bnlab.nets.train_ensemble` runs its step: ``"auto"`` (``"cuda_graph"`` on CUDA; on the
+#: CPU ``"compile"`` for runs of at least ``AUTO_COMPILE_STEPS`` steps, else ``"eager"``), ``"eager"``,
+#: ``"compile"`` (``torch.compile``), ``"cuda_graph"`` (CUDA only)
 STEP_MODES = ("auto", "eager", "compile", "cuda_graph")
 
+#: On the CPU the compiled step is 7–8× faster than the eager one (4 BN-MLPs of depths 5–20, width 32,
+#: B = 8: 2.7–3.7 against 23–26 ms per step, ``benchmarks/bench_ensemble.py``), but compiling it took
+#: 4–15 minutes on this project's loaded 2-core machines: it pays from ~12 500 steps on.  ``"auto"``
+#: compiles from twice that; the small-scale grids (hundreds of steps) stay eager.
+AUTO_COMPILE_STEPS = 25_000
 
-def resolve_step_mode(step_mode: Any, device: torch.device) -> str:
-    """The route for ``step_mode`` on ``device``, or a ``ValueError`` naming ``step_mode``."""
+
+def resolve_step_mode(step_mode: Any, device: torch.device, steps: int = 0) -> str:
+    """The route for ``step_mode`` on ``device`` for a run of ``steps`` steps, or a ``ValueError``
+    naming ``step_mode``."""
     mode = check_choice("step_mode", step_mode, STEP_MODES)
     if mode == "auto":
-        # on the CPU the compiled step is faster per step, but its compilation (tens of seconds) is
-        # longer than most runs of the small-scale grids; docs/nets.md has the numbers
-        return "cuda_graph" if device.type == "cuda" else "eager"
+        if device.type == "cuda":
+            return "cuda_graph"
+        return "compile" if steps >= AUTO_COMPILE_STEPS else "eager"
     if mode == "cuda_graph" and device.type != "cuda":
         raise ValueError(f"step_mode='cuda_graph' is not allowed on device={str(device)!r}: CUDA graphs need a "
                          "CUDA device; use 'eager' or 'compile' (or 'auto') on the CPU")
@@ -66,9 +73,15 @@ class StepConfig:
 
 
 def per_network_loss(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Batch-mean loss per network: logits (M, n, classes), labels (M, n) → (M,)."""
+    """Batch-mean loss per network: logits (M, n, classes), labels (M, n) → (M,).
+
+    ``"mse"`` is :func:`~bnlab.nets.half_squared_error` term for term, its one-hot target built by a
+    comparison with ``arange`` instead of ``one_hot``, which checks the labels' range by reading a value
+    (a host sync on the CPU, and no value for Dynamo to read: the vmap stack's step would not compile);
+    :func:`~bnlab.nets.train_ensemble` checks the labels once, before the first step."""
     if kind == "mse":
-        return half_squared_error(out, y)
+        onehot = (y.unsqueeze(-1) == torch.arange(out.shape[-1], device=y.device)).to(out.dtype)
+        return 0.5 * ((out - onehot) ** 2).sum(dim=-1).mean(dim=-1)
     per = nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none")
     return per.view(out.shape[0], out.shape[1]).mean(dim=1)
 
@@ -79,15 +92,14 @@ def _per_net(v: torch.Tensor, p: torch.Tensor, rows: tuple[int, int]) -> torch.T
     return v[rows[0] : rows[1]].view(-1, *([1] * (p.ndim - 1)))
 
 
-def build_step(stack: Any, cfg: StepConfig, grad_route: str, used: list[bool] | None = None
-               ) -> Callable[[dict], None]:
+def build_step(stack: Any, cfg: StepConfig, grad_route: str) -> Callable[[dict], None]:
     """The whole training step of ``stack`` as a function ``step(state)`` that updates ``state`` in place.
 
     ``grad_route``: ``"autograd"`` (``torch.autograd.grad`` on fresh leaves sharing the parameters'
     storage; the eager route) or ``"func"`` (``torch.func.grad``, traceable by Dynamo as one graph).
-    ``used``: which parameters the loss depends on (``torch.func.grad`` returns zeros where
-    ``autograd.grad`` returns None, and an unused parameter must not take a weight-decay step: torch.optim
-    skips parameters without a gradient).  ``state`` holds (see :func:`bnlab.nets.train_ensemble`):
+    ``stack.used`` (None: all): which parameters the loss depends on (``torch.func.grad`` returns zeros
+    where ``autograd.grad`` returns None, and an unused parameter must not take a weight-decay step:
+    torch.optim skips parameters without a gradient).  ``state`` holds (see :func:`bnlab.nets.train_ensemble`):
 
     ``x``, ``y`` the training set; ``idx`` (W, seeds, batch) the window's batch indices and ``slot``
     (0-d) the row of this step; ``which`` (R,) each stacked network's row of ``idx``; ``params``,
@@ -109,6 +121,7 @@ def build_step(stack: Any, cfg: StepConfig, grad_route: str, used: list[bool] | 
             return loss.detach(), grads, aux
 
         loss, grads, aux = stack.func_value_and_grads(list(params), stats, xb, yb, kind)
+        used = stack.used
         if used is not None:
             grads = [g if u else None for g, u in zip(grads, used)]
         return loss, list(grads), aux

@@ -52,7 +52,6 @@ from bnlab.nets.train import (
     _as_tensors,
     _batches,
     _test_chunks,
-    half_squared_error,
     resolve_device,
 )
 
@@ -111,6 +110,7 @@ class _BNMLPStack:
     """M :class:`~bnlab.nets.BNMLP` as stacked tensors, deepest first (Yang et al. 2019, Eq. 7)."""
 
     compactable = False  # the prefix structure stays; a stopped network's rows are masked
+    used = None  # every parameter reaches the loss
 
     def __init__(self, models: Sequence[nn.Module], dev: torch.device):
         first = models[0]
@@ -290,6 +290,7 @@ class _VmapStack:
             if shapes != shapes0:
                 raise ValueError(f"models[{i}] is not allowed: its parameter/buffer shapes differ from models[0]'s")
         self.models = list(models)
+        self.used: list[bool] | None = None  # which parameters reach the loss (``used_params``)
         self._data_ndim = 0  # ndim of the training inputs (n, ...), set by train_ensemble
         self.rows = list(range(len(models)))  # the caller's index of each stacked network
         self._dropped: dict[int, tuple] = {}  # caller index -> final (parameters, buffers) of a dropped network
@@ -329,7 +330,8 @@ class _VmapStack:
             leaves = [p.detach().requires_grad_() for p in self.param_list]
             out = self._vmapped(leaves, {k: v.clone() for k, v in self.buffers.items()}, x, True)
             grads = torch.autograd.grad(out.sum(), leaves, allow_unused=True)
-        return [g is not None for g in grads]
+        self.used = [g is not None for g in grads]
+        return self.used
 
     def train_logits(self, params: list[torch.Tensor], buffers: dict, x: torch.Tensor):
         """Logits (R, n, classes) of the step's forward; BN layers update ``buffers`` in place."""
@@ -471,6 +473,12 @@ class _GroupedStack:
     def used_params(self, x: torch.Tensor) -> list[bool]:
         return [u for g, _ in self.groups for u in g.used_params(x)]
 
+    @property
+    def used(self) -> list[bool] | None:
+        if any(g.used is None for g, _ in self.groups):
+            return None
+        return [u for g, _ in self.groups for u in g.used]
+
     def train_logits(self, params: list, stats: list, x: torch.Tensor):
         xs = self._split_rows(x, shared=x.ndim == self._data_ndim)
         return torch.cat([g.train_logits(p, b, xi)[0] for (g, _), p, b, xi in
@@ -591,8 +599,9 @@ class _EnsembleRun:
             "losses": torch.full((steps * cfg.num_networks,), float("nan"), dtype=torch.float32, device=dev),
             "row_ids": rows,
         }
-        used = stack.used_params(x[:batch_size]) if route != "eager" and stack.compactable else None
-        self.runner = StepRunner(route, lambda grad_route: build_step(stack, cfg, grad_route, used))
+        if route != "eager" and stack.compactable:
+            stack.used_params(x[:batch_size])  # the functional gradient needs to know (``build_step``)
+        self.runner = StepRunner(route, lambda grad_route: build_step(stack, cfg, grad_route))
         # the vmap stack drops networks that have stopped, at a check (``compact``): rows that only
         # burned compute on a diverged network — in a learning-rate phase diagram, the whole exploding
         # half of the grid.  The eager step does so at every check with a stopped network; a compiled one
@@ -723,7 +732,8 @@ def train_ensemble(
         ``"compile"`` (the whole step — forward, backward, update, divergence bookkeeping — compiled by
         ``torch.compile`` as one graph; falls back to eager with a warning if it does not compile),
         ``"cuda_graph"`` (that step captured once in a CUDA graph and replayed; CUDA only) or ``"auto"``:
-        ``"cuda_graph"`` on CUDA, ``"eager"`` on the CPU.  Every route computes the same numbers to
+        ``"cuda_graph"`` on CUDA; on the CPU ``"compile"`` for runs of at least 25 000 steps (where
+        the compilation, minutes, is paid back), else ``"eager"``.  Every route computes the same numbers to
         rounding (``tests/nets/test_ensemble_step.py``); docs/nets.md says what each costs.
 
     Returns
@@ -802,7 +812,7 @@ def train_ensemble(
         else:
             stack = _GroupedStack([(_VmapStack([models[i] for i in idx], dev), idx) for idx in by_structure.values()])
         stack._data_ndim = x_tr.ndim
-    route = resolve_step_mode(step_mode, dev)
+    route = resolve_step_mode(step_mode, dev, steps)
     for m in models:
         m.to(dev).train()
 

@@ -24,6 +24,8 @@ pre-run (so it stops exactly at t*, asserted).
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -101,7 +103,11 @@ def _mid_run_threshold(stack, optimizer, kw, loss, depths) -> tuple[float, int, 
 def _assert_routes_agree(stack, optimizer, kw, loss, mode="compile", depths=(3, 1, 2, 3)):
     threshold, t_star, seed = _mid_run_threshold(stack, optimizer, kw, loss, depths)
     ref, ref_models = _run(stack, optimizer, kw, loss, "eager", threshold, seed, depths)
-    got, got_models = _run(stack, optimizer, kw, loss, mode, threshold, seed, depths)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got, got_models = _run(stack, optimizer, kw, loss, mode, threshold, seed, depths)
+    # the compiled step ran: a fallback to eager would make this an eager-against-eager comparison
+    assert not [w for w in caught if "failed to compile" in str(w.message)], [str(w.message) for w in caught]
     # the divergence happened as designed: one network at step 1, the frozen one at t* (after a check)
     assert ref[1].diverged and ref[1].diverged_at_step == 1
     assert ref[2].diverged and ref[2].diverged_at_step == t_star >= _CHECK
@@ -145,6 +151,7 @@ def test_compiled_step_equals_eager():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # one to three compilations, each up to ~10 min on a loaded 2-core machine
 @pytest.mark.parametrize("stack", ["bnmlp", "vmap"])
 @pytest.mark.parametrize("variant", list(_VARIANTS))
 def test_compiled_step_equals_eager_for_every_optimizer_and_loss(stack, variant):
@@ -152,6 +159,7 @@ def test_compiled_step_equals_eager_for_every_optimizer_and_loss(stack, variant)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 @pytest.mark.parametrize("variant", ["sgd-momentum-mse", "rmsprop-ce"])
 def test_compiled_step_equals_eager_for_networks_of_several_structures(variant):
     # two vmap stacks in one step; the compiled route drops a stopped network from each group at once
@@ -190,10 +198,14 @@ def test_cuda_graph_on_the_cpu_is_a_clear_error():
     assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))  # refused before any step
 
 
-def test_auto_picks_cuda_graph_on_cuda_and_eager_on_the_cpu():
+def test_auto_picks_cuda_graph_on_cuda_and_compiles_long_cpu_runs():
+    from bnlab.nets._ensemble_step import AUTO_COMPILE_STEPS
+
     assert ENSEMBLE_STEP_MODES == ("auto", "eager", "compile", "cuda_graph")
-    assert resolve_step_mode("auto", torch.device("cpu")) == "eager"
-    assert resolve_step_mode("auto", torch.device("cuda")) == "cuda_graph"  # a device object needs no GPU
+    assert resolve_step_mode("auto", torch.device("cpu"), steps=600) == "eager"
+    assert resolve_step_mode("auto", torch.device("cpu"), steps=AUTO_COMPILE_STEPS - 1) == "eager"
+    assert resolve_step_mode("auto", torch.device("cpu"), steps=AUTO_COMPILE_STEPS) == "compile"
+    assert resolve_step_mode("auto", torch.device("cuda"), steps=10) == "cuda_graph"  # a device object needs no GPU
     assert resolve_step_mode("compile", torch.device("cpu")) == "compile"
     assert resolve_step_mode("cuda_graph", torch.device("cuda", 0)) == "cuda_graph"
 
@@ -340,3 +352,96 @@ def test_a_stopped_network_keeps_its_state_from_before_its_bad_step(stack):
     assert any("running_mean" in k for k in state)
     for k in ref:
         torch.testing.assert_close(state[k], ref[k], rtol=1e-9, atol=1e-10, msg=k)
+
+
+def test_cuda_graph_route_warms_up_captures_once_and_replays(monkeypatch):
+    # the CUDA-graph route's sequencing, on the CPU with stand-ins: torch.compile returns the functional
+    # step as it is (so the func-route step runs eagerly here), a "graph" records the step it is given
+    # instead of running it (as a capture records kernels without executing them) and replays it.  Two
+    # warm-up steps, one capture, a replay per later step; the vmap stack's compaction at a check (one of
+    # two networks left) forces a second warm-up and capture; and the numbers are the eager route's
+    import bnlab.nets._ensemble_step as step_mod
+
+    events: list[str] = []
+
+    class FakeGraph:
+        capturing: "FakeGraph | None" = None
+
+        def replay(self):
+            events.append("replay")
+            self.fn(self.state)
+
+    class FakeGraphContext:
+        def __init__(self, graph):
+            self.graph = graph
+
+        def __enter__(self):
+            FakeGraph.capturing = self.graph
+            events.append("capture")
+
+        def __exit__(self, *exc):
+            FakeGraph.capturing = None
+
+    class FakeStream:
+        def wait_stream(self, other):
+            pass
+
+    class FakeStreamContext:
+        def __init__(self, stream):
+            pass
+
+        def __enter__(self):
+            events.append("warm")
+
+        def __exit__(self, *exc):
+            pass
+
+    real_compiled_step = step_mod.StepRunner._compiled_step
+
+    def compiled_step(self):
+        fn = real_compiled_step(self)
+
+        def run(state):
+            if FakeGraph.capturing is not None:  # recorded, not run
+                FakeGraph.capturing.fn, FakeGraph.capturing.state = fn, state
+            else:
+                fn(state)
+        return run
+
+    for name, fake in dict(CUDAGraph=FakeGraph, graph=FakeGraphContext, Stream=FakeStream, stream=FakeStreamContext,
+                           current_stream=lambda: FakeStream()).items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: fn)
+    monkeypatch.setattr(step_mod.StepRunner, "_compiled_step", compiled_step)
+    import bnlab.nets.ensemble as ens
+
+    monkeypatch.setattr(ens, "resolve_step_mode", lambda mode, device: mode)  # allow it on the CPU
+
+    train_set, test_set = _digits()
+    runs = {}
+    for mode in ("eager", "cuda_graph"):
+        models = [_vmap_mlp(i, 8) for i in range(2)]
+        res = train_ensemble(models, train_set, test_data=test_set, lr=[0.05, 1e200], batch_size=16, steps=12,
+                             seeds=[0, 1], check_every=5, step_mode=mode)
+        runs[mode] = (res, models)
+    # steps 0-1 warm, capture + replay at 2, replays 3-4; the check after step 5 drops the exploded
+    # network (1 of 2 left): warm 5-6, capture + replay at 7, replays to step 11
+    assert events == ["warm"] * 2 + ["capture"] + ["replay"] * 3 + ["warm"] * 2 + ["capture"] + ["replay"] * 5
+    (ref, ref_models), (got, got_models) = runs["eager"], runs["cuda_graph"]
+    assert got[1].diverged and got[1].diverged_at_step == ref[1].diverged_at_step == 1
+    np.testing.assert_allclose(got[0].history, ref[0].history, rtol=2.4e-7, atol=0)
+    for a, b in zip(ref_models[0].state_dict().values(), got_models[0].state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10)
+
+
+def test_the_steps_squared_loss_is_half_squared_error():
+    # the step's "mse" builds its one-hot target by a comparison (no range check reading a value): the
+    # same numbers as half_squared_error, exactly (the same operations on the same 0/1 targets)
+    from bnlab.nets import half_squared_error
+    from bnlab.nets._ensemble_step import per_network_loss
+
+    g = torch.Generator().manual_seed(0)
+    out = torch.randn(3, 7, 5, generator=g, dtype=F64)
+    y = torch.randint(0, 5, (3, 7), generator=g)
+    ref = torch.stack([half_squared_error(out[m], y[m]) for m in range(3)])
+    torch.testing.assert_close(per_network_loss("mse", out, y), ref, rtol=0, atol=0)
