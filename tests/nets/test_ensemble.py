@@ -338,8 +338,14 @@ def test_benchmark_quick_runs():
     from benchmark_loader import load_benchmark
 
     mod = load_benchmark("bench_ensemble")
+    threads = torch.get_num_threads()
     out = mod.main(["--quick", "--threads", "1", "--json"])
+    assert torch.get_num_threads() == threads
     assert len(out["rows"]) == 3 and all(r["speedup"] > 0 for r in out["rows"])
+    # the step-route section, with the keys benchmarks/gpu_check.py reads (--quick on the CPU: eager only)
+    assert set(out["step_ms"]) == {"eager"} and out["step_ms"]["eager"] > 0
+    assert out["ops_per_step"]["eager"] > 100 and out["profiled_ops_per_step"]["eager"] > 100
+    assert out["gpu_busy_fraction"] is None
 
 
 # The float32 CPU variance of the BN-MLP stack (a two-pass float64 formula in place of torch's float64
