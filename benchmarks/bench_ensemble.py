@@ -12,18 +12,43 @@ loss above 1e6 counting as an explosion — one at a time with ``bnlab.nets.trai
 against one ``train_ensemble`` (which drops exploded networks at the next check, as ``train`` stops
 them).  Prints the wall and CPU times and their ratios.
 
-    OMP_NUM_THREADS=2 python benchmarks/bench_ensemble.py [--quick] [--threads 2] [--json]
+Then the step routes (``train_ensemble(step_mode=...)``) side by side on one ensemble of BN-MLPs: per
+route the time of one step (median over rounds, same process, interleaved rounds), the operators each
+step runs, and on CUDA the kernels per step, the host's launch calls per step and the fraction of the
+step the GPU is busy.  Operators per step: for ``eager`` the aten operators dispatched (counted by a
+``TorchDispatchMode``, views included; the issue's "68 per layer per step"), and for every route the
+operators the step *runs*, counted by ``torch.profiler`` — top-level aten calls, plus, inside a compiled
+step, each aten call and each fused Inductor kernel of the compiled graph (a dispatch mode cannot count
+a compiled step: Dynamo runs the function uncompiled while one is active).  The CUDA setting is the
+issue's: 20 BN-MLPs of width 384, depths 5, 10, …, 100, B = 8, 784 inputs.
 
-Random inputs (no dataset needed): the cost does not depend on the pixel values.
+    OMP_NUM_THREADS=2 python benchmarks/bench_ensemble.py [--quick] [--threads 2] [--json]
+    python benchmarks/bench_ensemble.py --routes-only [--routes eager,compile] [--device cuda]
+
+Random inputs (no dataset needed): the cost does not depend on the pixel values.  The JSON has ``rows``,
+``variance`` and, from the route section, ``step_ms`` (route -> ms per step), ``ops_per_step`` (route ->
+operators per step, as above: dispatched for eager, run for the compiled routes), ``profiled_ops_per_step``
+(route -> operators run, every route counted alike), ``gpu_busy_fraction`` (of the fastest route run; None
+on the CPU), ``kernels_per_step`` / ``launch_calls_per_step`` / ``gpu_busy`` per route (CUDA only) and
+``routes_setting``.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import json
+import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _timing import device_clock, device_sync  # noqa: E402
 
 
 def _data(n: int, seed: int = 0):
@@ -87,8 +112,26 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2: the target machine)")
     ap.add_argument("--json", action="store_true", help="print the table as JSON")
     ap.add_argument("--phase-only", action="store_true", help="only the Fisher Fig. 2 rows")
+    ap.add_argument("--routes-only", action="store_true", help="only the step routes (implied by --device cuda)")
+    ap.add_argument("--device", default="cpu", help="device of the step routes (cpu or cuda)")
+    ap.add_argument("--routes", default=None,
+                    help="comma-separated step routes to time (default: every route the device has; with "
+                         "--quick on the CPU only eager, as compiling takes a minute or more there)")
+    ap.add_argument("--rounds", type=int, default=None, help="timing rounds per route (default 7, --quick 3)")
     args = ap.parse_args(argv)
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        return _main(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _main(args) -> dict:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here")
+    routes_only = args.routes_only or device.type == "cuda"
     if args.quick:
         width, steps, batch, n_nets, deep = 32, 10, 16, 4, [2, 3, 4, 6]
     else:
@@ -101,29 +144,37 @@ def main(argv=None) -> dict:
         f"depths {deep[0]}…{deep[-1]} ({len(deep)} nets)": (deep, list(range(len(deep))), [0.1] * len(deep)),
     }
     rows = []
-    for name, (depths, seeds, lrs) in ({} if args.phase_only else grids).items():
+    for name, (depths, seeds, lrs) in ({} if args.phase_only or routes_only else grids).items():
         a = _one_at_a_time(depths, width, seeds, lrs, data, test, batch, steps)
         b = _together(depths, width, seeds, lrs, data, test, batch, steps)
         rows.append({"grid": name, "width": width, "batch": batch, "steps": steps, "one_at_a_time_s": round(a, 3),
                      "ensemble_s": round(b, 3), "speedup": round(a / b, 2)})
     phase = [(32, 5, 4)] if args.quick else [(128, 100, 13), (512, 100, 13)]
-    for w, st, ne in phase:
+    for w, st, ne in ([] if routes_only else phase):
         rows.append(_phase_row(w, st, ne, data, test, args.threads))
-    variance = _variance_rows(3 if args.quick else 200)
+    variance = [] if args.phase_only or routes_only else _variance_rows(3 if args.quick else 200)
+    route_names = _route_names(args.routes, device, args.quick)
+    routes = {} if args.phase_only else _route_section(device, route_names, args.quick,
+                                                       args.rounds or (3 if args.quick else 7))
+    out = {"rows": rows, "variance": variance, **routes}
     if args.json:
-        print(json.dumps({"rows": rows, "variance": variance}, indent=1))
-    else:
-        print(f"threads={args.threads}")
+        print(json.dumps(out, indent=1))
+        return out
+    print(f"threads={args.threads}")
+    if rows:
         print(f"{'grid':60s} {'one-at-a-time s':>16s} {'ensemble s':>11s} {'ratio':>6s}   (CPU s: one / ens / ratio)")
-        for r in rows:
-            cpu = (f"   {r['one_at_a_time_cpu_s']:.2f} / {r['ensemble_cpu_s']:.2f} / {r['speedup_cpu']:.2f}×"
-                   if "speedup_cpu" in r else "")
-            print(f"{r['grid']:60s} {r['one_at_a_time_s']:16.2f} {r['ensemble_s']:11.2f} {r['speedup']:6.2f}×{cpu}")
+    for r in rows:
+        cpu = (f"   {r['one_at_a_time_cpu_s']:.2f} / {r['ensemble_cpu_s']:.2f} / {r['speedup_cpu']:.2f}×"
+               if "speedup_cpu" in r else "")
+        print(f"{r['grid']:60s} {r['one_at_a_time_s']:16.2f} {r['ensemble_s']:11.2f} {r['speedup']:6.2f}×{cpu}")
+    if variance:
         print("\nBN variance of the float32 stack, forward + backward (torch.var against the ensemble's two-pass):")
         print(f"{'(nets, groups, B, width)':26s} {'torch.var µs':>13s} {'two-pass µs':>12s} {'ratio':>6s}")
-        for r in variance:
-            print(f"{str(tuple(r['shape'])):26s} {r['torch_var_us']:13.0f} {r['two_pass_us']:12.0f} {r['speedup']:6.2f}×")
-    return {"rows": rows, "variance": variance}
+    for r in variance:
+        print(f"{str(tuple(r['shape'])):26s} {r['torch_var_us']:13.0f} {r['two_pass_us']:12.0f} {r['speedup']:6.2f}×")
+    if routes:
+        _print_routes(routes)
+    return out
 
 
 def _variance_rows(repeats: int) -> list[dict]:
@@ -146,6 +197,198 @@ def _variance_rows(repeats: int) -> list[dict]:
             times[name] = (time.process_time() - t) / repeats * 1e6
         rows.append({"shape": list(shape), **times, "speedup": round(times["torch_var_us"] / times["two_pass_us"], 2)})
     return rows
+
+
+# --------------------------------------------------------------------------- step routes
+_ALL_ROUTES = {"cpu": ("eager", "compile"), "cuda": ("eager", "compile", "cuda_graph")}
+
+
+def _route_names(text, device, quick) -> list[str]:
+    allowed = _ALL_ROUTES[device.type]
+    if text is None:
+        return ["eager"] if quick and device.type == "cpu" else list(allowed)
+    names = [r.strip() for r in text.split(",") if r.strip()]
+    bad = [r for r in names if r not in allowed]
+    if bad or not names:
+        raise SystemExit(f"--routes {text!r}: expected some of {', '.join(allowed)} on {device.type}")
+    return names
+
+
+def _route_setting(device, quick) -> dict:
+    if device.type == "cuda":
+        # the issue's setting: one Fig. 3a column at the paper's width (20 BN-MLPs, depths 5…100, B = 8)
+        depths = [5, 10] if quick else list(range(5, 101, 5))
+        return {"depths": depths, "width": 64 if quick else 384, "batch": 8, "in_features": 784, "dtype": "float32"}
+    # the issue's CPU count (4 BN-MLPs of depths 5…20, width 32, B = 8); --quick: shallower
+    return {"depths": [2, 3] if quick else [5, 10, 15, 20], "width": 16 if quick else 32, "batch": 8,
+            "in_features": 784, "dtype": "float32"}
+
+
+def _new_run(setting, route, device, steps):
+    """An ``_EnsembleRun`` of the setting's BN-MLPs (SGD, cross-entropy, one data order per network),
+    built as ``train_ensemble`` builds it, to time and count single steps."""
+    from bnlab.nets import BNMLP
+    from bnlab.nets._ensemble_step import StepConfig
+    from bnlab.nets.ensemble import _BNMLPStack, _EnsembleRun
+
+    depths, width, batch = setting["depths"], setting["width"], setting["batch"]
+    x, y = _data(4096)
+    x, y = x[:, : setting["in_features"]].to(device), y.to(device)
+    models = [BNMLP(setting["in_features"], 10, depth=d, width=width, seed=i).to(device) for i, d in enumerate(depths)]
+    stack = _BNMLPStack(models, device)
+    m = len(models)
+    cfg = StepConfig(loss="cross_entropy", optimizer="sgd", momentum=0.0, weight_decay=0.0, rmsprop_alpha=0.99,
+                     rmsprop_eps=1e-8, diverge_above=None, shared_order=False, num_networks=m)
+    return _EnsembleRun(stack, cfg, route, x, y, lrs=[1e-3 * batch] * m, seeds=list(range(m)), batch_size=batch,
+                        steps=steps, check_every=10)
+
+
+class _DispatchCount(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _profile_steps(run, n, device) -> dict:
+    """Operators run (top-level aten calls; inside a compiled graph its aten calls and fused kernels),
+    and on CUDA the device kernels, the host's launch calls and the kernels' busy time, per step."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    device_sync(device)
+    with profile(activities=activities) as prof:
+        for _ in range(n):
+            run.step()
+        device_sync(device)
+    ops = kernels = launches = 0
+    intervals = []
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            # busy: kernels and copies alike; kernels: not the window's index copy or a memset
+            kernels += not e.name.startswith(("Memcpy", "Memset"))
+            intervals.append((e.time_range.start, e.time_range.end))
+            continue
+        parent = e.cpu_parent
+        if e.name in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
+                      "cudaGraphLaunch", "cuGraphLaunch"):
+            launches += 1
+        elif parent is not None and parent.name.startswith("## Call CompiledFxGraph"):
+            ops += 1  # an aten call or a fused kernel of the compiled step
+        elif e.name.startswith("aten::") and not _has_aten_or_graph_ancestor(e):
+            ops += 1
+    busy = 0.0
+    end = float("-inf")
+    for a, b in sorted(intervals):  # the union of the kernels' intervals (µs)
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    out = {"ops": ops / n}
+    if device.type == "cuda":
+        out.update(kernels=kernels / n, launches=launches / n, busy_ms=busy / 1e3 / n)
+    return out
+
+
+def _has_aten_or_graph_ancestor(e) -> bool:
+    p = e.cpu_parent
+    while p is not None:
+        if p.name.startswith("aten::") or p.name.startswith("## Call CompiledFxGraph"):
+            return True
+        p = p.cpu_parent
+    return False
+
+
+def _route_section(device, routes, quick, rounds) -> dict:
+    """Each route's step time (median of ``rounds`` rounds of ``per_round`` steps, rounds interleaved
+    across routes so a drifting load hits every route alike), operators and, on CUDA, kernels and GPU
+    busy fraction."""
+    if not routes:
+        return {}
+    if "compile" in routes and device.type == "cpu":
+        # Inductor's C++ kernels appear in the profiler only when compiled with a RECORD_FUNCTION each
+        # (a flag test when no profiler runs); its Triton kernels on CUDA are the profiler's kernel events
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch({"cpp.enable_kernel_profile": True}):
+            return _route_section_timed(device, routes, quick, rounds)
+    return _route_section_timed(device, routes, quick, rounds)
+
+
+def _route_section_timed(device, routes, quick, rounds) -> dict:
+    setting = _route_setting(device, quick)
+    per_round, warm, counted = (5, 3, 3) if quick else (10, 3, 5)
+    steps = warm + rounds * per_round + 2 * counted + 4
+    runs, setup_s = {}, {}
+    for r in routes:
+        t = time.perf_counter()
+        runs[r] = _new_run(setting, r, device, steps)
+        for _ in range(warm):  # compiles / captures here
+            runs[r].step()
+        device_sync(device)
+        setup_s[r] = time.perf_counter() - t
+    times = collections.defaultdict(list)
+    for _ in range(rounds):
+        for r in routes:
+            device_sync(device)
+            t = device_clock(device)
+            for _ in range(per_round):
+                runs[r].step()
+            device_sync(device)
+            times[r].append((device_clock(device) - t) / per_round)
+    step_ms = {r: 1e3 * statistics.median(times[r]) for r in routes}
+    dispatched = {}
+    if "eager" in runs:
+        with _DispatchCount() as counter:
+            for _ in range(counted):
+                runs["eager"].step()
+        dispatched["eager"] = counter.count / counted
+    prof = {r: _profile_steps(runs[r], counted, device) for r in routes}
+    profiled = {r: prof[r]["ops"] for r in routes}
+    ops = {r: dispatched.get(r, profiled[r]) for r in routes}
+    out = {"routes_setting": {**setting, "nets": len(setting["depths"]), "device": str(device),
+                              "threads": torch.get_num_threads(), "steps_per_round": per_round, "rounds": rounds},
+           "step_ms": {r: round(v, 4) for r, v in step_ms.items()},
+           "setup_s": {r: round(v, 2) for r, v in setup_s.items()},
+           "ops_per_step": {r: round(v, 1) for r, v in ops.items()},
+           "profiled_ops_per_step": {r: round(v, 1) for r, v in profiled.items()},
+           "route_used": {r: runs[r].runner.route for r in routes},
+           "gpu_busy_fraction": None}
+    if device.type == "cuda":
+        out["kernels_per_step"] = {r: round(prof[r]["kernels"], 1) for r in routes}
+        out["launch_calls_per_step"] = {r: round(prof[r]["launches"], 1) for r in routes}
+        out["gpu_busy"] = {r: round(min(1.0, prof[r]["busy_ms"] / step_ms[r]), 3) for r in routes}
+        fastest = min(routes, key=lambda r: step_ms[r])
+        out["gpu_busy_fraction"] = out["gpu_busy"][fastest]
+    return out
+
+
+def _print_routes(res: dict) -> None:
+    st = res["routes_setting"]
+    print(f"\nstep routes: {st['nets']} BN-MLPs, width {st['width']}, depths {st['depths'][0]}…{st['depths'][-1]}, "
+          f"B = {st['batch']}, {st['in_features']} inputs, {st['dtype']}, {st['device']}, {st['threads']} threads")
+    routes = list(res["step_ms"])
+    base = res["step_ms"].get("eager")
+    cuda = "kernels_per_step" in res
+    head = f"{'route':12s} {'ms/step':>9s} {'eager/route':>12s} {'ops/step':>9s} {'run ops/step':>13s} {'setup s':>8s}"
+    print(head + (f" {'kernels':>8s} {'launches':>9s} {'GPU busy':>9s}" if cuda else ""))
+    for r in routes:
+        ratio = f"{base / res['step_ms'][r]:12.2f}" if base else f"{'':12s}"
+        line = (f"{r:12s} {res['step_ms'][r]:9.3f} {ratio} {res['ops_per_step'][r]:9.0f} "
+                f"{res['profiled_ops_per_step'][r]:13.0f} {res['setup_s'][r]:8.1f}")
+        if cuda:
+            line += (f" {res['kernels_per_step'][r]:8.0f} {res['launch_calls_per_step'][r]:9.0f} "
+                     f"{res['gpu_busy'][r]:9.0%}")
+        if res["route_used"][r] != r:
+            line += f"   (ran as {res['route_used'][r]})"
+        print(line)
+    if "eager" in res["ops_per_step"]:
+        print("ops/step: eager = aten operators dispatched (TorchDispatchMode); compiled = operators the compiled "
+              "step runs (profiler).\nrun ops/step: every route counted by the profiler alike "
+              f"(eager ops/layer/step: {res['ops_per_step']['eager'] / max(st['depths']):.1f} dispatched)")
 
 
 if __name__ == "__main__":

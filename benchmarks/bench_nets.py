@@ -14,6 +14,10 @@ backward, step) for each normalization of ``bnlab.nets.NORMALIZATIONS`` and prin
 * for the whole loop, ``train()`` (the library's loop: data indexing, the hooks/callbacks machinery,
   the divergence checks) against the bare loop of the first table, for ``norm="bn"``.
 
+``--step-modes eager,compile`` adds ``train(step_mode=...)`` side by side for ``norm="bn"``: the
+median time of one step of the library's loop (from callback to callback, after 3 warm-up steps, so
+the compilation is not counted), and the compiled/eager ratio.
+
 The configurations are timed interleaved (each repeat runs all of them in turn), so a change of load
 on a shared machine affects all alike; use ``--repeat`` ≥ 5 there.  Nothing is asserted;
 ``tests/nets/test_bench_nets.py`` runs ``--quick`` as a smoke test.
@@ -109,9 +113,28 @@ def _train_loop_runner(width: int, depth: int, batch: int, steps: int, dtype):
     return run
 
 
+def _train_step_mode_times(width: int, depth: int, batch: int, steps: int, dtype, modes) -> dict:
+    """Median seconds per step of ``train(step_mode=mode)`` (BN MLP, SGD), callback to callback after 3
+    warm-up steps (the compiled step is compiled in the first two)."""
+    warm = 3
+    g = torch.Generator().manual_seed(3)
+    n = batch * (steps + warm)
+    x = torch.randn(n, IN, generator=g, dtype=dtype)
+    y = torch.randint(0, OUT, (n,), generator=g)
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    out = {}
+    for mode in modes:
+        stamps = []
+        train(MLP(IN, [width] * depth, OUT, norm="bn", dtype=dtype), (x, y), optimizer=functools.partial(torch.optim.SGD, lr=1e-3),
+              batch_size=batch, steps=steps + warm, step_mode=mode, callbacks=[lambda info: stamps.append(clock())])
+        out[mode] = statistics.median(b - a for a, b in zip(stamps[warm - 1:], stamps[warm:]))
+    return out
+
+
 def bench(width: int = 1024, depth: int = 4, batch: int = 128, steps: int = 30, repeat: int = 3, threads: int = 1,
-          dtype: str = "float32") -> dict:
-    """Seconds per step for every normalization, the matmul floor and the train() loop; restores threads."""
+          dtype: str = "float32", step_modes: tuple = ()) -> dict:
+    """Seconds per step for every normalization, the matmul floor and the train() loop (and per
+    ``step_modes``, train(step_mode=...)); restores threads."""
     tdtype = {"float32": torch.float32, "float64": torch.float64}[dtype]
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -120,10 +143,11 @@ def bench(width: int = 1024, depth: int = 4, batch: int = 128, steps: int = 30, 
         runners["matmul"] = _matmul_runner(width, depth, batch, tdtype)
         runners["train_loop_bn"] = _train_loop_runner(width, depth, batch, steps, tdtype)
         t = _interleaved_medians(runners, steps, repeat)
+        modes = _train_step_mode_times(width, depth, batch, steps, tdtype, step_modes) if step_modes else {}
     finally:
         torch.set_num_threads(old)
     return {"per_norm": {name: t[name] for name in NORMALIZATIONS}, "matmul": t["matmul"],
-            "train_loop_bn": t["train_loop_bn"],
+            "train_loop_bn": t["train_loop_bn"], "train_step_modes": modes,
             "shape": dict(width=width, depth=depth, batch=batch, threads=threads, dtype=dtype)}
 
 
@@ -137,10 +161,12 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (smoke test)")
+    p.add_argument("--step-modes", default="", help="e.g. eager,compile: train(step_mode=...) side by side")
     a = p.parse_args(argv)
     if a.quick:
         a.width, a.depth, a.batch, a.steps, a.repeat = 64, 2, 16, 3, 1
-    r = bench(a.width, a.depth, a.batch, a.steps, a.repeat, a.threads, a.dtype)
+    modes = tuple(m.strip() for m in a.step_modes.split(",") if m.strip())
+    r = bench(a.width, a.depth, a.batch, a.steps, a.repeat, a.threads, a.dtype, modes)
     s = r["shape"]
     print(f"MLP 784 → {s['depth']}×{s['width']} → 10, batch {s['batch']}, {s['dtype']}, {s['threads']} thread(s); "
           f"median of {a.repeat} × {a.steps} steps")
@@ -152,6 +178,10 @@ def main(argv=None) -> None:
     bare = r["per_norm"]["bn"]
     print(f"train() loop, norm='bn': {1e3 * r['train_loop_bn']:.3f} ms/step = {r['train_loop_bn'] / bare:.2f} × "
           "the bare loop")
+    base = r["train_step_modes"].get("eager")
+    for mode, t in r["train_step_modes"].items():
+        ratio = f" = {base / t:.2f}× faster than eager" if base and mode != "eager" else ""
+        print(f"train(step_mode={mode!r}), norm='bn': {1e3 * t:.3f} ms/step{ratio}")
 
 
 if __name__ == "__main__":

@@ -133,17 +133,17 @@ def test_batch_one_training_and_small_ensembles_run_on_one_thread(two_threads):
     _threads.pin_threads(None)
     # a small ensemble (4·2·8·20·16 multiply-adds in its largest batched product): observed in its
     # per-step loss
-    import bnlab.nets.ensemble as ensemble
+    import bnlab.nets._ensemble_step as ensemble_step
 
     counts = []
-    loss = ensemble._per_network_loss
+    loss = ensemble_step.per_network_loss
 
     def spy(*args):
         counts.append(torch.get_num_threads())
         return loss(*args)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ensemble, "_per_network_loss", spy)
+        mp.setattr(ensemble_step, "per_network_loss", spy)
         train_ensemble([BNMLP(20, 3, depth=d, width=16, seed=d) for d in (2, 3, 4, 5)], (x, y), lr=0.1,
                        batch_size=4, steps=2)
         assert counts and set(counts) == {1}

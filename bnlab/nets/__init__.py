@@ -19,7 +19,7 @@ reproductions build on it; it imports none of them).  See ``docs/nets.md``.
 """
 from __future__ import annotations
 
-from bnlab.nets.ensemble import ENSEMBLE_LOSSES, ENSEMBLE_OPTIMIZERS, train_ensemble
+from bnlab.nets.ensemble import ENSEMBLE_LOSSES, ENSEMBLE_OPTIMIZERS, ENSEMBLE_STEP_MODES, train_ensemble
 from bnlab.nets.init import INITS, init_weights_, initializable_layers
 from bnlab.nets.models import (
     BNMLP,
@@ -49,6 +49,7 @@ from bnlab.nets.norms import (
 )
 from bnlab.nets.train import (
     TEST_BN_MODES,
+    TRAIN_STEP_MODES,
     StepInfo,
     TrainResult,
     half_squared_error,
@@ -91,8 +92,10 @@ __all__ = [
     "train_ensemble",
     "ENSEMBLE_OPTIMIZERS",
     "ENSEMBLE_LOSSES",
+    "ENSEMBLE_STEP_MODES",
     "half_squared_error",
     "TEST_BN_MODES",
+    "TRAIN_STEP_MODES",
     "layer_norm_trajectory",
     "resolve_device",
 ]

@@ -1,4 +1,4 @@
-"""Batched ensembles: train many networks of one architecture together, network for network as :func:`train`.
+"""Batched ensembles: train many networks together, network for network as :func:`train`.
 
 A grid of trainability cells (Yang et al. 2019, Figs. 3–5; the learning-rate × γ phase diagram of the
 Fisher part) trains hundreds of small networks that differ only in seed, learning rate and a few
@@ -13,10 +13,12 @@ Two stackings, chosen by the kind of the models:
   (and seed).  They are sorted by depth, deepest first, and layer l is computed for the k_l networks
   deeper than l only — a prefix of the stack — so the work is Σ_m depth_m, not M·max depth (no
   padding); γ, β, ε enter as (M, 1, 1) tensors.
-* any other ``nn.Module``: the networks must be identical up to their parameter and buffer values
-  (checked: same ``repr``, same names and shapes).  Their state is stacked with
+* any other ``nn.Module``: networks identical up to their parameter and buffer values (same class,
+  ``repr``, names and shapes) form one stack: their state is stacked with
   ``torch.func.stack_module_state`` and the forward pass is ``vmap(functional_call(...))``; a
   per-network constant of such a model must be a buffer (it is then stacked like the weights).
+  Networks of several structures (MLPs of different depths or widths) form one stack per structure,
+  trained in the same step, so none pays for another's layers.
 
 The training loop is that of :func:`bnlab.nets.train` with cross-entropy or ½‖f − onehot(y)‖² and
 SGD or RMSProp (torch.optim's updates, with momentum and weight decay): per-network learning rates
@@ -44,23 +46,28 @@ from torch import nn
 
 from bnlab import _threads
 from bnlab._validation import check_choice, check_int, check_real, check_seed
+from bnlab.nets._ensemble_step import STEP_MODES, StepConfig, StepRunner, build_step, per_network_loss, resolve_step_mode
 from bnlab.nets.train import (
     TEST_BN_MODES,
     TrainResult,
     _as_tensors,
     _batches,
     _test_chunks,
-    half_squared_error,
     resolve_device,
 )
 
-__all__ = ["ENSEMBLE_OPTIMIZERS", "ENSEMBLE_LOSSES", "train_ensemble"]
+__all__ = ["ENSEMBLE_OPTIMIZERS", "ENSEMBLE_LOSSES", "ENSEMBLE_STEP_MODES", "train_ensemble"]
 
 #: optimizers :func:`train_ensemble` implements (with torch.optim's update formulas)
 ENSEMBLE_OPTIMIZERS = ("sgd", "rmsprop")
 #: losses :func:`train_ensemble` trains on: softmax cross-entropy, or ½‖f − onehot(y)‖²
 #: (:func:`~bnlab.nets.half_squared_error`, the Fisher paper's Gaussian model)
 ENSEMBLE_LOSSES = ("cross_entropy", "mse")
+#: how :func:`train_ensemble` runs its step (``step_mode``): ``"auto"``, ``"eager"``, ``"compile"``, ``"cuda_graph"``
+ENSEMBLE_STEP_MODES = STEP_MODES
+# batch indices drawn ahead per device copy: check_every steps, at most this many (bounded memory
+# for a run that never checks; the copy is asynchronous, so a window boundary is not a sync)
+_MAX_WINDOW = 1024
 
 
 # --------------------------------------------------------------------------- stacks
@@ -81,10 +88,14 @@ class _SampleVariance(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(h)
+    def forward(h: torch.Tensor) -> torch.Tensor:
         hd = h.double()
         return (hd - hd.mean(2, keepdim=True)).square_().mean(2, keepdim=True).to(h.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        # forward and setup_context apart: the form torch.func.grad (the compiled step) accepts
+        ctx.save_for_backward(inputs[0])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
@@ -98,6 +109,9 @@ def _sample_variance(h: torch.Tensor) -> torch.Tensor:
 
 class _BNMLPStack:
     """M :class:`~bnlab.nets.BNMLP` as stacked tensors, deepest first (Yang et al. 2019, Eq. 7)."""
+
+    compactable = False  # the prefix structure stays; a stopped network's rows are masked
+    used = None  # every parameter reaches the loss
 
     def __init__(self, models: Sequence[nn.Module], dev: torch.device):
         first = models[0]
@@ -124,7 +138,7 @@ class _BNMLPStack:
         depths = [m.depth for m in models]
         # stable sort, deepest first: layer l is computed for the prefix of networks deeper than l
         self.order = sorted(range(len(models)), key=lambda i: -depths[i])
-        self.inverse = np.argsort(self.order)
+        self.rows = list(self.order)  # the caller's index of each stacked network
         self.depths = [depths[i] for i in self.order]
         self.max_depth = self.depths[0]
         self.k = [sum(d > l for d in self.depths) for l in range(self.max_depth)]
@@ -138,10 +152,10 @@ class _BNMLPStack:
         self.affine = bool(any(m.gamma != 1.0 or m.beta != 0.0 for m in models))
         ms = [models[i] for i in self.order]
         with torch.no_grad():
-            self.weights = [torch.stack([m.weights[l].detach() for m in ms[: self.k[l]]]).to(dev).requires_grad_()
+            self.weights = [torch.stack([m.weights[l].detach() for m in ms[: self.k[l]]]).to(dev)
                             for l in range(self.max_depth)]
-            self.readout_w = torch.stack([m.readout.weight.detach() for m in ms]).to(dev).requires_grad_()
-            self.readout_b = torch.stack([m.readout.bias.detach() for m in ms]).to(dev).requires_grad_()
+            self.readout_w = torch.stack([m.readout.weight.detach() for m in ms]).to(dev)
+            self.readout_b = torch.stack([m.readout.bias.detach() for m in ms]).to(dev)
             self.running_mean = [torch.stack([m.running_mean[l] for m in ms[: self.k[l]]]).to(dev)
                                  for l in range(self.max_depth)]
             self.running_var = [torch.stack([m.running_var[l] for m in ms[: self.k[l]]]).to(dev)
@@ -150,25 +164,72 @@ class _BNMLPStack:
     def params(self) -> list[torch.Tensor]:
         return [*self.weights, self.readout_w, self.readout_b]
 
-    def param_network_axis_sizes(self) -> list[int]:
-        return [w.shape[0] for w in self.params()]
+    def param_rows(self) -> list[tuple[int, int]]:
+        """The rows (start, stop) each parameter stacks: layer l the prefix of networks deeper than l."""
+        return [(0, w.shape[0]) for w in self.params()]
+
+    def stats(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return self.running_mean, self.running_var
+
+    def num_outputs(self, x: torch.Tensor) -> int:
+        return self.readout_w.shape[1]
+
+    def train_logits(self, params: list[torch.Tensor], stats, x: torch.Tensor):
+        """Logits (R, n, classes) in row order and each layer's batch statistics (the step's forward)."""
+        return self._run(params, x, training=True)
+
+    def func_value_and_grads(self, params: list[torch.Tensor], stats, x: torch.Tensor, y: torch.Tensor, kind: str):
+        """(losses (R,), gradients, batch statistics) by ``torch.func.grad`` of the summed loss (each
+        network's parameters reach only its own loss): the compiled step's differentiation."""
+
+        def objective(ps):
+            logits, batch_stats = self._run(ps, x, training=True)
+            loss = per_network_loss(kind, logits, y)
+            return loss.sum(), (loss, batch_stats)
+
+        grads, (loss, batch_stats) = torch.func.grad(objective, has_aux=True)(params)
+        return loss, grads, batch_stats
+
+    def save_stats(self, stats) -> None:
+        """Nothing to save: the running statistics change only in :meth:`update_stats`."""
+
+    def update_stats(self, stats, batch_stats, saved=None, active: torch.Tensor | None = None) -> None:
+        """Running statistics ← lerp towards the step's batch statistics (as the module's BN layer);
+        those of networks not ``active`` stay (lerp(r, r, w) = r exactly)."""
+        means, variances = batch_stats
+        if active is not None:
+            keep = [active[: m.shape[0]].unsqueeze(1) for m in means]
+            means = [torch.where(a, m, r) for a, m, r in zip(keep, means, stats[0])]
+            variances = [torch.where(a, v, r) for a, v, r in zip(keep, variances, stats[1])]
+        torch._foreach_lerp_(stats[0], means, self.momentum)
+        torch._foreach_lerp_(stats[1], variances, self.momentum)
 
     def forward(self, x: torch.Tensor, training: bool, update_stats: bool = True) -> torch.Tensor:
-        """Logits (M, n, classes) in the caller's network order, for inputs x (M, n, in_features) or a
+        """Logits (R, n, classes) in row order for inputs x (R, n, in_features) in row order or a
         shared x (n, in_features); ``update_stats=False``: batch statistics without touching the running ones."""
+        logits, batch_stats = self._run(self.params(), x, training=training)
+        if training and update_stats:
+            self.update_stats(self.stats(), batch_stats)
+        return logits
+
+    def _run(self, params: list[torch.Tensor], x: torch.Tensor, training: bool):
+        weights, readout_w, readout_b = params[: self.max_depth], params[-2], params[-1]
         # x (n, in) is one input shared by every network (broadcast in the first product, never copied)
-        a = x if x.ndim == 2 else x[torch.as_tensor(self.order, device=x.device)]
+        a = x
         finished = []
+        means, variances = [], []
         for layer in range(self.max_depth):
             k = self.k[layer]
             if a.ndim == 3 and k < a.shape[0]:
                 # networks of depth ≤ layer are done: their last activations wait for the readout
                 finished.append(a[k:])
                 a = a[:k]
-            h = torch.matmul(a, self.weights[layer].transpose(1, 2))
+            h = torch.matmul(a, weights[layer].transpose(1, 2))
             eps = self.eps[:k]
             if training:
-                out = self._batch_norm(h, layer, eps, update_stats)
+                out, mean, var = self._batch_norm(h, eps)
+                means.append(mean)
+                variances.append(var)
             else:
                 out = (h - self.running_mean[layer].unsqueeze(1)) * torch.rsqrt(self.running_var[layer].unsqueeze(1) + eps)
             if self.affine:
@@ -176,11 +237,12 @@ class _BNMLPStack:
             a = self.act(out)
         finished.append(a)
         a = torch.cat(finished[::-1], dim=0)
-        logits = torch.baddbmm(self.readout_b.unsqueeze(1), a, self.readout_w.transpose(1, 2))
-        return logits[torch.as_tensor(self.inverse, device=x.device)]
+        logits = torch.baddbmm(readout_b.unsqueeze(1), a, readout_w.transpose(1, 2))
+        return logits, (means, variances)
 
-    def _batch_norm(self, h: torch.Tensor, layer: int, eps: torch.Tensor, update_stats: bool = True) -> torch.Tensor:
-        # ghost_batch_norm (bnlab.nets.norms) with a leading network axis and a per-network ε
+    def _batch_norm(self, h: torch.Tensor, eps: torch.Tensor):
+        """ghost_batch_norm (bnlab.nets.norms) with a leading network axis and a per-network ε; also the
+        batch statistics for the running ones (mean, unbiased variance; averaged over ghost batches)."""
         k, n, width = h.shape
         b = self.sub_batch_size or n
         if n % b:
@@ -190,17 +252,13 @@ class _BNMLPStack:
         var = _sample_variance(hg) if hg.dtype == torch.float32 and hg.device.type == "cpu" else \
             hg.var(dim=2, unbiased=False, keepdim=True)
         out = (hg - mean) * torch.rsqrt(var + eps.view(k, 1, 1, 1))
-        if not update_stats:
-            return out.reshape(k, n, width)
         with torch.no_grad():
             batch_mean, batch_var = mean.squeeze(2), var.squeeze(2) * (b / (b - 1))
             if n != b:  # average over the ghost batches (with one batch the mean is the value itself)
                 batch_mean, batch_var = batch_mean.mean(1), batch_var.mean(1)
             else:
                 batch_mean, batch_var = batch_mean.squeeze(1), batch_var.squeeze(1)
-            self.running_mean[layer].lerp_(batch_mean, self.momentum)
-            self.running_var[layer].lerp_(batch_var, self.momentum)
-        return out.reshape(k, n, width)
+        return out.reshape(k, n, width), batch_mean, batch_var
 
     def write_back(self) -> None:
         ms = [self.models[i] for i in self.order]
@@ -218,6 +276,8 @@ class _BNMLPStack:
 class _VmapStack:
     """M identical ``nn.Module`` (up to their tensors): ``stack_module_state`` + ``vmap(functional_call)``."""
 
+    compactable = True  # networks that stopped can be dropped at a check (``compact``)
+
     def __init__(self, models: Sequence[nn.Module], dev: torch.device):
         from torch.func import functional_call, stack_module_state
 
@@ -231,6 +291,7 @@ class _VmapStack:
             if shapes != shapes0:
                 raise ValueError(f"models[{i}] is not allowed: its parameter/buffer shapes differ from models[0]'s")
         self.models = list(models)
+        self.used: list[bool] | None = None  # which parameters reach the loss (``used_params``)
         self._data_ndim = 0  # ndim of the training inputs (n, ...), set by train_ensemble
         self.rows = list(range(len(models)))  # the caller's index of each stacked network
         self._dropped: dict[int, tuple] = {}  # caller index -> final (parameters, buffers) of a dropped network
@@ -238,7 +299,8 @@ class _VmapStack:
             m.to(dev)
         params, buffers = stack_module_state(list(models))
         self.names = list(params)
-        self.param_list = [params[k] for k in self.names]
+        # plain tensors: the step makes its own leaves (or differentiates functionally)
+        self.param_list = [params[k].detach() for k in self.names]
         self.buffers = buffers
         # the base runs on the "meta" device (no memory): functional_call substitutes every tensor
         self.base = copy.deepcopy(first).to("meta")
@@ -251,17 +313,74 @@ class _VmapStack:
     def params(self) -> list[torch.Tensor]:
         return self.param_list
 
-    def forward(self, x: torch.Tensor, training: bool, update_stats: bool = True) -> torch.Tensor:
+    def param_rows(self) -> list[tuple[int, int]]:
+        return [(0, len(self.rows))] * len(self.param_list)
+
+    def stats(self) -> dict[str, torch.Tensor]:
+        return self.buffers
+
+    def num_outputs(self, x: torch.Tensor) -> int:
+        """Outputs per network: the last axis of a forward on ``x`` (buffers untouched)."""
+        with torch.no_grad():
+            return self.forward(x, True, update_stats=False).shape[-1]
+
+    def used_params(self, x: torch.Tensor) -> list[bool]:
+        """Which parameters the output on ``x`` depends on (an unused one gets no optimizer step, as in
+        torch.optim); structural, so one probe with autograd (buffers untouched) answers for every step."""
+        with torch.enable_grad():
+            leaves = [p.detach().requires_grad_() for p in self.param_list]
+            out = self._vmapped(leaves, {k: v.clone() for k, v in self.buffers.items()}, x, True)
+            grads = torch.autograd.grad(out.sum(), leaves, allow_unused=True)
+        self.used = [g is not None for g in grads]
+        return self.used
+
+    def train_logits(self, params: list[torch.Tensor], buffers: dict, x: torch.Tensor):
+        """Logits (R, n, classes) of the step's forward; BN layers update ``buffers`` in place."""
+        return self._vmapped(params, buffers, x, True), None
+
+    def func_value_and_grads(self, params: list[torch.Tensor], buffers: dict, x: torch.Tensor, y: torch.Tensor,
+                             kind: str):
+        """(losses (R,), gradients, None) by ``vmap(grad(one network's loss))``: the compiled step's
+        differentiation.  The vmap is outside the grad because a module's in-place buffer update (BN's
+        ``num_batches_tracked += 1``) under grad(vmap(…)) is beyond Dynamo (it traces vmap(grad(…)))."""
+        from torch.func import grad, vmap
+
+        self.base.train(True)
+
+        def one_loss(p, b, xi, yi):
+            logits = self._one(p, b, xi)
+            loss = per_network_loss(kind, logits.unsqueeze(0), yi.unsqueeze(0)).squeeze(0)
+            return loss, loss
+
+        shared = x.ndim == self._data_ndim
+        grads, loss = vmap(grad(one_loss, has_aux=True), in_dims=(0, 0, None if shared else 0, 0),
+                           randomness="different")(dict(zip(self.names, params)), buffers, x, y)
+        return loss, [grads[k] for k in self.names], None
+
+    def save_stats(self, buffers: dict) -> dict:
+        """Copies of the buffers before a step (the modules' BN layers update them in the forward)."""
+        return {k: v.clone() for k, v in buffers.items()}
+
+    def update_stats(self, buffers: dict, batch_stats, saved: dict, active: torch.Tensor) -> None:
+        """The modules' BN layers updated the buffers in the forward: those of networks not ``active``
+        get their saved values back."""
+        for k, v in buffers.items():
+            v.copy_(torch.where(active.view(-1, *([1] * (v.ndim - 1))), v, saved[k]))
+
+    def _vmapped(self, params: list[torch.Tensor], buffers: dict, x: torch.Tensor, training: bool) -> torch.Tensor:
         from torch.func import vmap
 
         self.base.train(training)
-        p = dict(zip(self.names, self.param_list))
         shared = x.ndim == self._data_ndim  # one batch (n, ...) for every network
+        return vmap(self._one, in_dims=(0, 0, None if shared else 0), randomness="different")(
+            dict(zip(self.names, params)), buffers, x)
+
+    def forward(self, x: torch.Tensor, training: bool, update_stats: bool = True) -> torch.Tensor:
         # BN in train mode updates its running statistics in place: a test pass on batch statistics
         # works on copies of the buffers
         keep = update_stats or not training
         buffers = self.buffers if keep else {k: v.clone() for k, v in self.buffers.items()}
-        return vmap(self._one, in_dims=(0, 0, None if shared else 0), randomness="different")(p, buffers, x)
+        return self._vmapped(self.param_list, buffers, x, training)
 
     def compact(self, keep: torch.Tensor) -> None:
         """Keep only the stacked networks at positions ``keep``; the others' final state is set aside."""
@@ -271,7 +390,7 @@ class _VmapStack:
                 if pos not in kept:
                     self._dropped[i] = ([v[pos].clone() for v in self.param_list],
                                         {k: v[pos].clone() for k, v in self.buffers.items()})
-            self.param_list = [v.detach()[keep].requires_grad_() for v in self.param_list]
+            self.param_list = [v[keep] for v in self.param_list]
             self.buffers = {k: v[keep] for k, v in self.buffers.items()}
         self.rows = [self.rows[pos] for pos in keep.tolist()]
 
@@ -286,6 +405,122 @@ class _VmapStack:
                     m.get_parameter(k).copy_(v)
                 for k, v in buffers.items():
                     m.get_buffer(k).copy_(v)
+
+
+def _structure(m: nn.Module) -> tuple:
+    """What a vmap stack requires its networks to share: class, ``repr``, parameter and buffer shapes."""
+    return (type(m), repr(m), tuple((k, tuple(v.shape), v.dtype) for k, v in [*m.named_parameters(), *m.named_buffers()]))
+
+
+class _GroupedStack:
+    """Networks of several structures (e.g. MLPs of different depths): one vmap stack per structure,
+    trained in the same step, so no network pays for a deeper one's layers (no padding).
+
+    Rows are the groups' rows one after the other; every per-network vector of the step (rate, mask,
+    loss) is indexed by row, and a parameter stacks the rows of its group (``param_rows``)."""
+
+    compactable = True
+
+    def __init__(self, groups: list[tuple[_VmapStack, list[int]]]):
+        self.groups = groups  # (stack, the caller's index of each of its models)
+        self._gone: list[tuple[_VmapStack, list[int]]] = []  # groups whose every network was dropped
+
+    @property
+    def rows(self) -> list[int]:
+        return [callers[i] for g, callers in self.groups for i in g.rows]
+
+    @property
+    def _data_ndim(self) -> int:
+        return self.groups[0][0]._data_ndim
+
+    @_data_ndim.setter
+    def _data_ndim(self, value: int) -> None:
+        for g, _ in self.groups:
+            g._data_ndim = value
+
+    def _sizes(self) -> list[int]:
+        return [len(g.rows) for g, _ in self.groups]
+
+    def _split_params(self, params: list) -> list[list]:
+        out, at = [], 0
+        for g, _ in self.groups:
+            out.append(params[at : at + len(g.param_list)])
+            at += len(g.param_list)
+        return out
+
+    def _split_rows(self, v: torch.Tensor, shared: bool = False) -> list:
+        return [v] * len(self.groups) if shared else list(torch.split(v, self._sizes()))
+
+    def params(self) -> list[torch.Tensor]:
+        return [p for g, _ in self.groups for p in g.params()]
+
+    def param_rows(self) -> list[tuple[int, int]]:
+        out, start = [], 0
+        for g, _ in self.groups:
+            out += [(start, start + len(g.rows))] * len(g.param_list)
+            start += len(g.rows)
+        return out
+
+    def stats(self) -> list[dict]:
+        return [g.stats() for g, _ in self.groups]
+
+    def num_outputs(self, x: torch.Tensor) -> int:
+        counts = {g.num_outputs(x) for g, _ in self.groups}
+        if len(counts) > 1:
+            raise ValueError(f"models is not allowed: their numbers of outputs differ ({sorted(counts)}); an "
+                             "ensemble trains on one set of labels")
+        return counts.pop()
+
+    def used_params(self, x: torch.Tensor) -> list[bool]:
+        return [u for g, _ in self.groups for u in g.used_params(x)]
+
+    @property
+    def used(self) -> list[bool] | None:
+        if any(g.used is None for g, _ in self.groups):
+            return None
+        return [u for g, _ in self.groups for u in g.used]
+
+    def train_logits(self, params: list, stats: list, x: torch.Tensor):
+        xs = self._split_rows(x, shared=x.ndim == self._data_ndim)
+        return torch.cat([g.train_logits(p, b, xi)[0] for (g, _), p, b, xi in
+                          zip(self.groups, self._split_params(params), stats, xs)]), None
+
+    def func_value_and_grads(self, params: list, stats: list, x: torch.Tensor, y: torch.Tensor, kind: str):
+        xs = self._split_rows(x, shared=x.ndim == self._data_ndim)
+        losses, grads = [], []
+        for (g, _), p, b, xi, yi in zip(self.groups, self._split_params(params), stats, xs, self._split_rows(y)):
+            loss, gr, _ = g.func_value_and_grads(p, b, xi, yi, kind)
+            losses.append(loss)
+            grads += gr
+        return torch.cat(losses), grads, None
+
+    def save_stats(self, stats: list) -> list:
+        return [g.save_stats(b) for (g, _), b in zip(self.groups, stats)]
+
+    def update_stats(self, stats: list, batch_stats, saved: list, active: torch.Tensor) -> None:
+        for (g, _), b, sv, a in zip(self.groups, stats, saved, self._split_rows(active)):
+            g.update_stats(b, None, sv, a)
+
+    def forward(self, x: torch.Tensor, training: bool, update_stats: bool = True) -> torch.Tensor:
+        return torch.cat([g.forward(x, training, update_stats) for g, _ in self.groups])
+
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep the rows ``keep``; a group left without rows is set aside (its final state kept)."""
+        start, at = [], 0
+        for size in self._sizes():
+            start.append(at)
+            at += size
+        keep_l = keep.tolist()
+        groups = []
+        for (g, callers), a, size in zip(self.groups, start, self._sizes()):
+            local = torch.tensor([r - a for r in keep_l if a <= r < a + size], dtype=torch.long, device=keep.device)
+            g.compact(local)
+            (groups if local.numel() else self._gone).append((g, callers))
+        self.groups = groups
+
+    def write_back(self) -> None:
+        for g, _ in self.groups + self._gone:
+            g.write_back()
 
 
 # --------------------------------------------------------------------------- arguments
@@ -328,6 +563,107 @@ def _reported_steps(bad_step: int, check_every: int, steps: int) -> int:
 
 
 # --------------------------------------------------------------------------- training
+
+class _EnsembleRun:
+    """One ensemble training: its state tensors, its data order and its step route.
+
+    ``step()`` runs one step (drawing the next window of batch indices when one is used up);
+    ``check()`` is the host's look every ``check_every`` steps.  :func:`train_ensemble` drives it;
+    ``benchmarks/bench_ensemble.py`` times and counts its steps."""
+
+    def __init__(self, stack: Any, cfg: StepConfig, route: str, x: torch.Tensor, y: torch.Tensor, *,
+                 lrs: list[float], seeds: list[int], batch_size: int, steps: int, check_every: int):
+        dev = x.device
+        self.stack, self.cfg, self.steps, self.done = stack, cfg, steps, 0
+        # data order: one generator per distinct seed, drawing exactly the batches train() draws, a
+        # window of steps ahead (on the host; one asynchronous copy to the device per window)
+        self._distinct = sorted(set(seeds))
+        self._gens = {s: _batches(x.shape[0], batch_size, steps, torch.Generator().manual_seed(s), torch.device("cpu"))
+                      for s in self._distinct}
+        self._window = min(check_every, steps, _MAX_WINDOW)
+        params = stack.params()
+        rows = torch.as_tensor(stack.rows, device=dev)  # the caller's index of each stacked network
+        r = len(stack.rows)
+        self.state = {
+            "x": x, "y": y,
+            "idx": torch.zeros(self._window, len(self._distinct), batch_size, dtype=torch.long, device=dev),
+            "slot": torch.zeros((), dtype=torch.long, device=dev),
+            "which": torch.tensor([self._distinct.index(seeds[i]) for i in stack.rows], device=dev),
+            "params": params, "stats": stack.stats(),
+            "sq_avg": [torch.zeros_like(p) for p in params] if cfg.optimizer == "rmsprop" else None,
+            "velocity": [torch.zeros_like(p) for p in params] if cfg.momentum > 0 else None,
+            "lr": torch.tensor(lrs, dtype=params[0].dtype, device=dev)[rows],
+            "active": torch.ones(r, dtype=torch.bool, device=dev),
+            "first_bad": torch.full((r,), steps, dtype=torch.long, device=dev),
+            "t": torch.zeros((), dtype=torch.long, device=dev),
+            # the loss history (steps, M) in the caller's order, flat: entry t·M + caller index
+            "losses": torch.full((steps * cfg.num_networks,), float("nan"), dtype=torch.float32, device=dev),
+            "row_ids": rows,
+        }
+        if route != "eager" and stack.compactable:
+            stack.used_params(x[:batch_size])  # the functional gradient needs to know (``build_step``)
+        self.runner = StepRunner(route, lambda grad_route: build_step(stack, cfg, grad_route))
+        # the vmap stack drops networks that have stopped, at a check (``compact``): rows that only
+        # burned compute on a diverged network — in a learning-rate phase diagram, the whole exploding
+        # half of the grid.  The eager step does so at every check with a stopped network; a compiled one
+        # recompiles (or recaptures) for each new number of rows, so it compacts when at most half are left
+        self._compact_at = 1.0 if route == "eager" else 0.5
+        self._dropped_first_bad: dict[int, int] = {}  # caller index -> first bad step of a dropped network
+
+    def step(self) -> None:
+        if self.done % self._window == 0:
+            count = min(self._window, self.steps - self.done)
+            draws = torch.stack([torch.stack([next(self._gens[s]) for s in self._distinct]) for _ in range(count)])
+            if draws.device != self.state["idx"].device and self.state["idx"].is_cuda:
+                draws = draws.pin_memory()
+            self.state["idx"][:count].copy_(draws, non_blocking=True)
+            self.state["slot"].zero_()
+        self.runner(self.state)
+        self.done += 1
+
+    def check(self) -> bool:
+        """The host's look at the mask (a sync): False when every network has stopped; the vmap stack
+        drops stopped networks (see ``_compact_at``)."""
+        st = self.state
+        active = st["active"]
+        n_active = int(active.sum())
+        if n_active == 0:
+            return False
+        if self.stack.compactable and n_active < active.shape[0] and \
+                n_active <= self._compact_at * active.shape[0]:
+            keep = active.nonzero().flatten()
+            gone = (~active).nonzero().flatten()
+            for i, fb in zip(st["row_ids"][gone].tolist(), st["first_bad"][gone].tolist()):
+                self._dropped_first_bad[i] = fb
+            # each parameter's optimizer state keeps the kept rows among those it stacks
+            keep_l = keep.tolist()
+            local = [torch.tensor([r - a for r in keep_l if a <= r < b], dtype=torch.long, device=keep.device)
+                     for a, b in self.stack.param_rows()]
+            self.stack.compact(keep)
+            st["params"], st["stats"] = self.stack.params(), self.stack.stats()
+            for key in ("lr", "active", "first_bad", "row_ids", "which"):
+                st[key] = st[key][keep]
+            for key in ("sq_avg", "velocity"):
+                if st[key] is not None:
+                    st[key] = [v[k] for v, k in zip(st[key], local) if k.numel()]
+            self.runner.reset()
+        return True
+
+    def first_bad(self) -> list[int]:
+        """Per network (the caller's order): the first step whose loss was bad, or ``steps``."""
+        out = [self.steps] * self.cfg.num_networks
+        for i, fb in zip(self.state["row_ids"].tolist(), self.state["first_bad"].tolist()):
+            out[i] = fb
+        for i, fb in self._dropped_first_bad.items():
+            out[i] = fb
+        return out
+
+    def history(self) -> np.ndarray:
+        """The training losses (steps done, M) as float64."""
+        m = self.cfg.num_networks
+        return self.state["losses"].view(self.steps, m)[: self.done].to(torch.float64).cpu().numpy()
+
+
 @_threads.sized_for_training("models")  # small ensembles run on one thread (bnlab._threads)
 def train_ensemble(
     models: Sequence[nn.Module],
@@ -350,6 +686,7 @@ def train_ensemble(
     eval_batch_size: int = 1000,
     diverge_above: float | None = None,
     test_bn_mode: str = "eval",
+    step_mode: str = "auto",
 ) -> list[TrainResult]:
     """Train M networks of one architecture together on one loss; one :class:`TrainResult` each.
 
@@ -363,9 +700,10 @@ def train_ensemble(
     Parameters
     ----------
     models:
-        M ``nn.Module`` of one architecture: :class:`~bnlab.nets.BNMLP` that may differ in depth, γ,
-        β, ε and initialization, or any other module identical up to its tensors (per-network constants
-        as buffers).  Trained in place (the final state is written back).
+        M ``nn.Module``: :class:`~bnlab.nets.BNMLP` of one width and φ that may differ in depth, γ, β, ε
+        and initialization, or any other modules with the same number of outputs and one dtype,
+        stacked by structure (those identical up to their tensors together; per-network constants as
+        buffers).  Trained in place (the final state is written back).
     train_data, test_data:
         A ``bnlab.data`` Dataset or an ``(x, y)`` pair with integer class labels (as :func:`train`).
     lr:
@@ -392,6 +730,14 @@ def train_ensemble(
     test_bn_mode:
         As :func:`train`: the test pass (accuracy and ``test_loss``) with running statistics
         (``"eval"``) or with the statistics of each test batch (``"train"``; running statistics untouched).
+    step_mode:
+        How each step runs (:data:`ENSEMBLE_STEP_MODES`): ``"eager"`` (op by op, the reference),
+        ``"compile"`` (the whole step — forward, backward, update, divergence bookkeeping — compiled by
+        ``torch.compile`` as one graph; falls back to eager with a warning if it does not compile),
+        ``"cuda_graph"`` (that step captured once in a CUDA graph and replayed; CUDA only) or ``"auto"``:
+        ``"cuda_graph"`` on CUDA; on the CPU ``"compile"`` for runs of at least 25 000 steps (where
+        the compilation, minutes, is paid back), else ``"eager"``.  Every route computes the same numbers to
+        rounding (``tests/nets/test_ensemble_step.py``); docs/nets.md says what each costs.
 
     Returns
     -------
@@ -424,6 +770,10 @@ def train_ensemble(
     from bnlab.nets.models import BNMLP
 
     is_bnmlp = all(isinstance(m, BNMLP) for m in models)
+    dtypes = {p.dtype for m in models for p in m.parameters() if p.is_floating_point()}
+    if len(dtypes) > 1:
+        raise ValueError(f"models is not allowed: their parameters have different dtypes ({sorted(map(str, dtypes))}); "
+                         "an ensemble trains in one dtype")
     dtype = models[0].readout.weight.dtype if is_bnmlp else next(models[0].parameters()).dtype
     x_tr, y_tr = _as_tensors("train_data", train_data, dev, dtype)
     test = None if test_data is None else _as_tensors("test_data", test_data, dev, dtype)
@@ -456,114 +806,47 @@ def train_ensemble(
                              "batches are not multiples of it)")
         stack: Any = _BNMLPStack(models, dev)
     else:
-        stack = _VmapStack(models, dev)
+        # one vmap stack per structure (class, repr, parameter/buffer shapes): networks of different
+        # depths or widths train in the same step without padding to the largest
+        by_structure: dict[tuple, list[int]] = {}
+        for i, m in enumerate(models):
+            by_structure.setdefault(_structure(m), []).append(i)
+        if len(by_structure) == 1:
+            stack = _VmapStack(models, dev)
+        else:
+            stack = _GroupedStack([(_VmapStack([models[i] for i in idx], dev), idx) for idx in by_structure.values()])
         stack._data_ndim = x_tr.ndim
+    route = resolve_step_mode(step_mode, dev, steps)
     for m in models:
         m.to(dev).train()
 
-    params = stack.params()
-    lr_t = torch.tensor(lrs, dtype=dtype, device=dev)
-    sq_avg = [torch.zeros_like(p) for p in params] if optimizer == "rmsprop" else None
-    velocity = [torch.zeros_like(p) for p in params] if momentum > 0 else None
-    # per-network views: a (M, 1, ..., 1) tensor for each parameter's leading axis
-    def per_net(v: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        return v[: p.shape[0]].view(-1, *([1] * (p.ndim - 1)))
-
-    # data order: one generator per distinct seed, drawing exactly the batches train() draws
-    distinct = sorted(set(seed_list))
-    gens = {s: _batches(n, batch_size, steps, torch.Generator().manual_seed(s), dev) for s in distinct}
-    which = torch.tensor([distinct.index(s) for s in seed_list], device=dev)
-    shared = len(distinct) == 1
-
-    # which network each row is (caller's index): of the forward's outputs (``out_rows``) and of the
-    # parameter stacks (``par_rows``; a BN-MLP stack sorts by depth).  The vmap stack drops networks
-    # that have stopped at the next check (``compact``): rows that only burned compute on a diverged
-    # network — in a learning-rate phase diagram, the whole exploding half of the grid.
-    out_rows = torch.arange(m_count, device=dev)
-    par_rows = torch.as_tensor(stack.order, device=dev) if is_bnmlp else out_rows
-    lr_stack = lr_t[par_rows]
-    active = torch.ones(m_count, dtype=torch.bool, device=dev)  # caller's order
-    # float32 like train()'s history, whose finiteness check is on the stored value (a float64 loss
-    # beyond 3.4e38 counts as divergence there, and so here)
-    losses = torch.full((steps, m_count), float("nan"), dtype=torch.float32, device=dev)
-    first_bad = torch.full((m_count,), steps, dtype=torch.long, device=dev)
-    chance = None
-    done = 0
-    for step in range(steps):
-        idx = torch.stack([next(gens[s]) for s in distinct])  # (distinct seeds, batch)
-        if shared:
-            xb = x_tr[idx[0]]  # one batch, broadcast to every network by the stack
-            yb = y_tr[idx[0]].unsqueeze(0).expand(out_rows.shape[0], batch_size)
-        else:
-            sel = idx[which[out_rows]]
-            xb, yb = x_tr[sel], y_tr[sel]
-        out = stack.forward(xb, True)
-        if step == 0:
-            k = out.shape[-1]
-            for y in [y_tr] + ([] if test is None else [test[1]]):
-                if int(y.min()) < 0 or int(y.max()) >= k:
-                    raise ValueError(f"labels are not allowed: they must lie in [0, {k}) for models with {k} outputs")
-            chance = 1.0 / k
-        loss = _per_network_loss(loss_kind, out, yb)
-        grads = torch.autograd.grad(loss.sum(), params, allow_unused=True)
-        with torch.no_grad():
-            lf = loss.detach().float()
-            ok = torch.isfinite(lf)
-            if diverge_above is not None:
-                ok &= lf <= diverge_above
-            bad = torch.zeros(m_count, dtype=torch.bool, device=dev)
-            bad[out_rows] = ~ok
-            first_bad = torch.where(active & bad, torch.full_like(first_bad, step), first_bad)
-            active &= ~bad
-            losses[step, out_rows] = lf
-            act_stack = active[par_rows]
-            # a stopped network gets a zero gradient and a zero rate: its parameters stay where they
-            # are (its optimizer state decays harmlessly).  Everything is in place on the fresh
-            # gradients and the state: no per-step allocation of parameter-sized tensors, which for
-            # wide networks (26 × 1M parameters) cost more than the products themselves
-            neg_rate = torch.where(act_stack, -lr_stack, torch.zeros_like(lr_stack))
-            # on a CPU asking whether every network is active is free, and saves a pass over every
-            # gradient; on a GPU it would be a sync per step, so the mask is always applied there
-            masked = dev.type != "cpu" or not bool(act_stack.all())
-            for i, (p, g) in enumerate(zip(params, grads)):
-                if g is None:
-                    continue
-                if masked:
-                    g.masked_fill_(~per_net(act_stack, p), 0.0)  # NaN-safe, unlike a multiplication by 0
-                if weight_decay:
-                    g.add_(p, alpha=weight_decay)
-                d = g
-                if sq_avg is not None:
-                    s = sq_avg[i]
-                    s.mul_(rmsprop_alpha).addcmul_(g, g, value=1 - rmsprop_alpha)
-                    d = g / (s.sqrt() + rmsprop_eps)
-                if velocity is not None:
-                    # torch.optim: the first step's buffer is d itself (= μ·0 + d)
-                    d = torch.add(d, velocity[i], alpha=momentum, out=velocity[i])  # one pass: v ← d + μ v
-                p.addcmul_(per_net(neg_rate, p), d)
-        done = step + 1
-        if done % check_every == 0 and done < steps:
-            if not bool(active.any()):
-                break  # every network has diverged: nothing left to train
-            if not is_bnmlp and not bool(active[out_rows].all()):
-                keep = active[out_rows].nonzero().flatten()
-                stack.compact(keep)
-                out_rows = par_rows = out_rows[keep]
-                params = stack.params()
-                lr_stack = lr_t[par_rows]
-                sq_avg = None if sq_avg is None else [v[keep] for v in sq_avg]
-                velocity = None if velocity is None else [v[keep] for v in velocity]
+    # labels against the number of outputs, before any step (a bad label would fail inside the step)
+    k_out = stack.num_outputs(x_tr[:batch_size])
+    for y in [y_tr] + ([] if test is None else [test[1]]):
+        if int(y.min()) < 0 or int(y.max()) >= k_out:
+            raise ValueError(f"labels are not allowed: they must lie in [0, {k_out}) for models with {k_out} outputs")
+    chance = 1.0 / k_out
+    cfg = StepConfig(loss=loss_kind, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
+                     rmsprop_alpha=rmsprop_alpha, rmsprop_eps=rmsprop_eps, diverge_above=diverge_above,
+                     shared_order=len(set(seed_list)) == 1, num_networks=m_count)
+    run = _EnsembleRun(stack, cfg, route, x_tr, y_tr, lrs=lrs, seeds=seed_list, batch_size=batch_size, steps=steps,
+                       check_every=check_every)
+    while run.done < steps:
+        run.step()
+        if run.done % check_every == 0 and run.done < steps and not run.check():
+            break  # every network has diverged: nothing left to train
+    done = run.done
 
     stack.write_back()
-    first_bad_l = first_bad.cpu().tolist()
-    hist = losses[:done].to(torch.float64).cpu().numpy()
+    first_bad_l = run.first_bad()
+    hist = run.history()
     accs = test_losses = None
     if test is not None:
-        # the networks still stacked (every one that has not diverged, in the order of out_rows)
-        acc_rows, loss_rows = _ensemble_evaluate(stack, test, out_rows.shape[0], eval_batch_size, loss_kind,
+        # the networks still stacked (every one that has not diverged, in row order)
+        acc_rows, loss_rows = _ensemble_evaluate(stack, test, len(stack.rows), eval_batch_size, loss_kind,
                                                  test_bn_mode)
         accs, test_losses = [None] * m_count, [None] * m_count
-        for pos, i in enumerate(out_rows.tolist()):
+        for pos, i in enumerate(stack.rows):
             accs[i], test_losses[i] = acc_rows[pos], loss_rows[pos]
     results = []
     for i in range(m_count):
@@ -585,14 +868,6 @@ def train_ensemble(
     return results
 
 
-def _per_network_loss(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Batch-mean loss per network: logits (M, n, classes), labels (M, n) → (M,)."""
-    if kind == "mse":
-        return half_squared_error(out, y)
-    per = nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none")
-    return per.view(out.shape[0], out.shape[1]).mean(dim=1)
-
-
 @torch.no_grad()
 def _ensemble_evaluate(stack, test, m_count: int, eval_batch_size: int, loss_kind: str,
                        bn_mode: str) -> tuple[list[float | None], list[float]]:
@@ -607,6 +882,6 @@ def _ensemble_evaluate(stack, test, m_count: int, eval_batch_size: int, loss_kin
         finite &= torch.isfinite(logits).flatten(1).all(dim=1)
         yb = y[sl].unsqueeze(0).expand(m_count, -1)
         correct += (logits.argmax(dim=-1) == yb).sum(dim=1)
-        total += _per_network_loss(loss_kind, logits, yb).double() * logits.shape[1]
+        total += per_network_loss(loss_kind, logits, yb).double() * logits.shape[1]
     acc = (correct.double() / x.shape[0]).cpu().tolist()
     return [a if f else None for a, f in zip(acc, finite.cpu().tolist())], (total / x.shape[0]).cpu().tolist()

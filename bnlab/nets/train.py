@@ -17,6 +17,7 @@ the CLI) maps it to a factory itself, e.g. ``functools.partial(torch.optim.SGD, 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -28,13 +29,18 @@ import copy
 
 from bnlab import _threads
 from bnlab._validation import check_choice, check_device, check_int, check_real, check_seed
+from bnlab.nets._compile import compile_failure, fresh_function
 
 __all__ = ["TrainResult", "StepInfo", "train", "train_classifier", "layer_norm_trajectory", "resolve_device",
-           "half_squared_error", "TEST_BN_MODES"]
+           "half_squared_error", "TEST_BN_MODES", "TRAIN_STEP_MODES"]
 
 #: how the test pass runs BatchNorm: ``"eval"`` (running statistics) or ``"train"`` (the statistics of
 #: each test batch, running statistics left untouched)
 TEST_BN_MODES = ("eval", "train")
+
+#: how :func:`train` runs a step (``step_mode``): ``"eager"`` (op by op) or ``"compile"`` (the model and
+#: loss, forward and backward, and the optimizer's step compiled by ``torch.compile``)
+TRAIN_STEP_MODES = ("eager", "compile")
 
 
 def half_squared_error(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -288,6 +294,7 @@ def train(
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
     diverge_above: float | None = None,
     test_bn_mode: str = "eval",
+    step_mode: str = "eager",
 ) -> TrainResult:
     """Train ``model`` by minibatch steps and (with ``test_data``) report its test accuracy.
 
@@ -340,6 +347,13 @@ def train(
     test_bn_mode:
         ``"eval"`` (running statistics) or ``"train"`` (the statistics of each test batch of at most
         ``eval_batch_size``, running statistics untouched) for the test accuracy and ``test_loss``.
+    step_mode:
+        ``"eager"`` or ``"compile"``: from the second step on, ``loss_fn(model(x), y)`` is compiled by
+        ``torch.compile`` (its backward by AOTAutograd) and so is ``optimizer.step()`` (torch's compiled
+        optimizer: one fused update for all parameters); ``transform``, hooks and callbacks stay
+        eager between them.  Same numbers to rounding; a model or optimizer that does not compile gives
+        a warning and the eager step.  Worth it where a step is many small operations (small batches,
+        a GPU); compiling takes seconds to minutes, once per call.
 
     Returns
     -------
@@ -389,9 +403,11 @@ def train(
     if eval_every_epoch and test is None:
         raise ValueError("eval_every_epoch=True is not allowed without test_data")
 
+    step_mode = check_choice("step_mode", step_mode, TRAIN_STEP_MODES)
     model.to(dev).train()
     opt = _build_optimizer(optimizer, model)
     _check_hyperparameters(opt, dtype)
+    step_fns = _StepFunctions(model, loss_fn, opt, step_mode)
     gen = torch.Generator().manual_seed(seed)
     losses = torch.empty(steps, device=dev)
     diverged_at = None
@@ -404,15 +420,18 @@ def train(
     epoch_eval: tuple[int, tuple] | None = None
     for step, idx in enumerate(_batches(n, batch_size, steps, gen, dev)):
         xb = x_tr[idx]
-        out = model(xb if transform is None else transform(xb))
-        if step == 0:
+        xb = xb if transform is None else transform(xb)
+        if step == 0:  # eager: the labels are checked against the outputs before the loss sees them
+            out = model(xb)
             chance = _check_targets_once(out, y_tr, test)
-        loss = loss_fn(out, y_tr[idx])
+            loss = loss_fn(out, y_tr[idx])
+        else:
+            loss = step_fns.loss(xb, y_tr[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         for hook in hooks:
             hook(model)
-        opt.step()
+        step_fns.optimizer_step()
         losses[step] = loss.detach()
         done = step + 1
         if callbacks:
@@ -495,6 +514,49 @@ def _check_training_time(name: str, value, steps: int, model: nn.Module, batch_s
             f"{name}={value!r} is not allowed: {steps:.3g} steps of batch {batch_size} would take at least "
             f"{secs:.3g} s ({secs / 86400:.3g} days), more than {MAX_TRAINING_SECONDS / 86400:g} day(s)"
         )
+
+
+class _StepFunctions:
+    """:func:`train`'s ``loss_fn(model(x), y)`` and ``optimizer.step()``, eager or compiled.
+
+    Compiled: two ``torch.compile`` regions (the forward with the loss, whose backward AOTAutograd
+    compiles; the optimizer's step), each on a private code object (``_compile.fresh_function``).  A
+    compilation failure in either, raised before the compiled code runs, gives a warning and the eager
+    function from then on."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable, opt: torch.optim.Optimizer, mode: str):
+        def forward_loss(x, y):
+            return loss_fn(model(x), y)
+
+        def optimizer_step():
+            opt.step()
+
+        self._eager = {"loss": forward_loss, "optimizer_step": opt.step}
+        self._compiled: dict[str, Callable] = {}
+        if mode == "compile":
+            self._compiled = {"loss": torch.compile(fresh_function(forward_loss)),
+                              "optimizer_step": torch.compile(fresh_function(optimizer_step))}
+
+    def _call(self, name: str, *args):
+        fn = self._compiled.get(name)
+        if fn is None:
+            return self._eager[name](*args)
+        try:
+            return fn(*args)
+        except Exception as e:
+            reason = compile_failure(e)
+            if reason is None:
+                raise
+            warnings.warn(f"train: the compiled {name.replace('_', ' ')} failed to compile ({reason}); running it "
+                          "eagerly instead", RuntimeWarning, stacklevel=3)
+            del self._compiled[name]
+            return self._eager[name](*args)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self._call("loss", x, y)
+
+    def optimizer_step(self) -> None:
+        self._call("optimizer_step")
 
 
 def _check_targets_once(out: torch.Tensor, y_tr: torch.Tensor, test) -> float | None:

@@ -239,13 +239,14 @@ def test_diverge_above_stops_a_network_like_train():
     assert bad.steps == refs[0].steps < 40 and bad.test_loss is None
     _assert_same(good, models[1], refs[1], ones[1])
     # it stopped before the first check (step 10), so the vmap stack dropped it there and trained the
-    # other one alone (the comparison above); its written-back parameters are those it had when it
-    # stopped: a run of exactly diverged_at_step steps (the bad step's update is masked) ends there too
+    # other one alone (the comparison above); its written-back state (parameters and BN buffers) is
+    # the one it had when it stopped: a run of exactly diverged_at_step steps (the bad step's update and
+    # running-statistics update are masked) ends there too
     assert bad.diverged_at_step < 10
     probe = _mlp(0)
     train_ensemble([probe], train_set, lr=3.0, batch_size=16, steps=bad.diverged_at_step, seeds=0, momentum=0.9,
                    loss="mse")
-    for (k, a), b in zip(models[0].named_parameters(), probe.parameters()):
+    for (k, a), b in zip(models[0].state_dict().items(), probe.state_dict().values()):
         assert torch.allclose(a, b, rtol=1e-9, atol=1e-10), k
     # without the threshold the same network is not flagged at that step
     free = train_ensemble([_mlp(0)], train_set, lr=3.0, batch_size=16, steps=bad.diverged_at_step + 1, seeds=0,
@@ -295,19 +296,56 @@ def test_mixed_architectures_are_refused():
     b = BNMLP(64, 10, depth=2, width=16)
     with pytest.raises(ValueError, match="width"):
         train_ensemble([a, b], train_set, lr=0.1, batch_size=16, steps=1)
-    with pytest.raises(ValueError, match="structure"):
-        train_ensemble([MLP(64, [8], 10, norm="bn"), MLP(64, [8], 10, norm="ln")], train_set, lr=0.1, batch_size=16,
-                       steps=1)
     with pytest.raises(ValueError, match="twice"):
         train_ensemble([a, a], train_set, lr=0.1, batch_size=16, steps=1)
+    # stacked by structure, but one label set and one dtype
+    with pytest.raises(ValueError, match="outputs differ"):
+        train_ensemble([MLP(64, [8], 10, norm="bn"), MLP(64, [8], 7, norm="bn")], train_set, lr=0.1, batch_size=16,
+                       steps=1)
+    with pytest.raises(ValueError, match="dtypes"):
+        train_ensemble([MLP(64, [8], 10, norm="bn"), MLP(64, [8], 10, norm="bn", dtype=F64)], train_set, lr=0.1,
+                       batch_size=16, steps=1)
+
+
+def test_networks_of_several_structures_train_as_groups():
+    # MLPs of different depths, widths and normalizations: one vmap stack per structure in one step
+    # (no padding), each network exactly as trained alone (same tolerances), with a network of the
+    # second group exploding so that its group is dropped whole at a check while the others go on
+    train_set, test_set = _digits()
+
+    def make():
+        return [MLP(64, [24], 10, norm="bn", seed=0, dtype=F64), MLP(64, [24, 24], 10, norm="bn", seed=1, dtype=F64),
+                MLP(64, [16], 10, norm="ln", seed=2, dtype=F64), MLP(64, [24], 10, norm="bn", seed=3, dtype=F64)]
+
+    lrs = [0.05, 0.1, 1e200, 0.02]
+    models = make()
+    results = train_ensemble(models, train_set, test_data=test_set, lr=lrs, batch_size=16, steps=30,
+                             seeds=[0, 1, 2, 3], momentum=0.9, check_every=10)
+    from bnlab.nets.ensemble import _structure
+
+    assert len({_structure(m) for m in models}) == 3
+    for i, (one, r, m) in enumerate(zip(make(), results, models)):
+        r1 = train(one, train_set, optimizer=functools.partial(torch.optim.SGD, lr=lrs[i], momentum=0.9),
+                   batch_size=16, steps=30, test_data=test_set, seed=i)
+        if i == 2:
+            assert r.diverged and r1.diverged and r.diverged_at_step == r1.diverged_at_step and r.steps == r1.steps
+            continue
+        _assert_same(r, m, r1, one)
+        assert r.test_accuracy > 0.3
 
 
 def test_benchmark_quick_runs():
     from benchmark_loader import load_benchmark
 
     mod = load_benchmark("bench_ensemble")
+    threads = torch.get_num_threads()
     out = mod.main(["--quick", "--threads", "1", "--json"])
+    assert torch.get_num_threads() == threads
     assert len(out["rows"]) == 3 and all(r["speedup"] > 0 for r in out["rows"])
+    # the step-route section, with the keys benchmarks/gpu_check.py reads (--quick on the CPU: eager only)
+    assert set(out["step_ms"]) == {"eager"} and out["step_ms"]["eager"] > 0
+    assert out["ops_per_step"]["eager"] > 100 and out["profiled_ops_per_step"]["eager"] > 100
+    assert out["gpu_busy_fraction"] is None
 
 
 # The float32 CPU variance of the BN-MLP stack (a two-pass float64 formula in place of torch's float64

@@ -1,0 +1,275 @@
+"""The training step of :func:`bnlab.nets.train_ensemble` as one unit of tensor work, and the routes that run it.
+
+One step — the batch gather, forward, backward, the optimizer update (SGD/RMSProp with momentum and
+weight decay, ``torch.optim``'s formulas), the divergence mask and the loss-history write — is one
+Python function of tensors (:func:`build_step`) with no host synchronization: no ``.item()``, no
+``bool()`` of a tensor, no branch on a value.  Everything it changes it changes in place (parameters,
+optimizer state, running statistics, the mask, the step counter), so the same function can be
+
+* run as it is (route ``"eager"``, the reference and the fallback; gradients by ``torch.autograd.grad``),
+* compiled whole by ``torch.compile(fullgraph=True)`` (route ``"compile"``; gradients by
+  ``torch.func.grad``, which Dynamo traces into the same graph as the forward and the update, so
+  Inductor fuses the elementwise BN + φ of forward and backward and each parameter's update chain),
+* captured once into a CUDA graph and replayed (route ``"cuda_graph"``: the compiled step when it
+  compiles, otherwise the eager one), since its inputs are static buffers that are rewritten, never
+  rebound, between steps.
+
+The host looks at the state only every ``check_every`` steps (the early stop, the vmap stack's
+compaction), in :func:`bnlab.nets.train_ensemble`.  The batch indices of a window of steps are drawn
+on the host ahead of time (the same generators, the same draws as :func:`bnlab.nets.train`) and copied
+to the device in one transfer; the step picks its row by a device-side counter.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from bnlab._validation import check_choice
+from bnlab.nets._compile import compile_failure, fresh_function
+
+#: how :func:`bnlab.nets.train_ensemble` runs its step: ``"auto"`` (``"cuda_graph"`` on CUDA; on the
+#: CPU ``"compile"`` for runs of at least ``AUTO_COMPILE_STEPS`` steps, else ``"eager"``), ``"eager"``,
+#: ``"compile"`` (``torch.compile``), ``"cuda_graph"`` (CUDA only)
+STEP_MODES = ("auto", "eager", "compile", "cuda_graph")
+
+#: On the CPU the compiled step is 7–8× faster than the eager one (4 BN-MLPs of depths 5–20, width 32,
+#: B = 8: 2.7–3.7 against 23–26 ms per step, ``benchmarks/bench_ensemble.py``), but compiling it took
+#: 4–15 minutes on this project's loaded 2-core machines: it pays from ~12 500 steps on.  ``"auto"``
+#: compiles from twice that; the small-scale grids (hundreds of steps) stay eager.
+AUTO_COMPILE_STEPS = 25_000
+
+
+def resolve_step_mode(step_mode: Any, device: torch.device, steps: int = 0) -> str:
+    """The route for ``step_mode`` on ``device`` for a run of ``steps`` steps, or a ``ValueError``
+    naming ``step_mode``."""
+    mode = check_choice("step_mode", step_mode, STEP_MODES)
+    if mode == "auto":
+        if device.type == "cuda":
+            return "cuda_graph"
+        return "compile" if steps >= AUTO_COMPILE_STEPS else "eager"
+    if mode == "cuda_graph" and device.type != "cuda":
+        raise ValueError(f"step_mode='cuda_graph' is not allowed on device={str(device)!r}: CUDA graphs need a "
+                         "CUDA device; use 'eager' or 'compile' (or 'auto') on the CPU")
+    return mode
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """The step's constants (Python values: a compiled step specializes on them)."""
+
+    loss: str
+    optimizer: str
+    momentum: float
+    weight_decay: float
+    rmsprop_alpha: float
+    rmsprop_eps: float
+    diverge_above: float | None
+    shared_order: bool
+    num_networks: int  # M, the width of the loss history (the caller's order)
+
+
+def per_network_loss(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Batch-mean loss per network: logits (M, n, classes), labels (M, n) → (M,).
+
+    ``"mse"`` is :func:`~bnlab.nets.half_squared_error` term for term, its one-hot target built by a
+    comparison with ``arange`` instead of ``one_hot``, which checks the labels' range by reading a value
+    (a host sync on the CPU, and no value for Dynamo to read: the vmap stack's step would not compile);
+    :func:`~bnlab.nets.train_ensemble` checks the labels once, before the first step."""
+    if kind == "mse":
+        onehot = (y.unsqueeze(-1) == torch.arange(out.shape[-1], device=y.device)).to(out.dtype)
+        return 0.5 * ((out - onehot) ** 2).sum(dim=-1).mean(dim=-1)
+    per = nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none")
+    return per.view(out.shape[0], out.shape[1]).mean(dim=1)
+
+
+def _per_net(v: torch.Tensor, p: torch.Tensor, rows: tuple[int, int]) -> torch.Tensor:
+    """Entries ``rows`` = (start, stop) of the per-network vector v (the networks p stacks), shaped to
+    broadcast over p (k, ...)."""
+    return v[rows[0] : rows[1]].view(-1, *([1] * (p.ndim - 1)))
+
+
+def build_step(stack: Any, cfg: StepConfig, grad_route: str) -> Callable[[dict], None]:
+    """The whole training step of ``stack`` as a function ``step(state)`` that updates ``state`` in place.
+
+    ``grad_route``: ``"autograd"`` (``torch.autograd.grad`` on fresh leaves sharing the parameters'
+    storage; the eager route) or ``"func"`` (``torch.func.grad``, traceable by Dynamo as one graph).
+    ``stack.used`` (None: all): which parameters the loss depends on (``torch.func.grad`` returns zeros
+    where ``autograd.grad`` returns None, and an unused parameter must not take a weight-decay step:
+    torch.optim skips parameters without a gradient).  ``state`` holds (see :func:`bnlab.nets.train_ensemble`):
+
+    ``x``, ``y`` the training set; ``idx`` (W, seeds, batch) the window's batch indices and ``slot``
+    (0-d) the row of this step; ``which`` (R,) each stacked network's row of ``idx``; ``params``,
+    ``stats`` the stack's tensors; ``sq_avg``, ``velocity`` the optimizer state (lists or None); ``lr``
+    (R,); ``active`` (R,) bool; ``first_bad`` (R,) long; ``t`` (0-d) the step; ``losses`` (steps·M,)
+    float32, written at ``t·M + row_ids``.
+    """
+    if grad_route not in ("autograd", "func"):
+        raise ValueError(f"grad_route={grad_route!r} is not allowed: expected 'autograd' or 'func'")
+    kind, m_count = cfg.loss, cfg.num_networks
+
+    def value_and_grads(params, stats, xb, yb):
+        if grad_route == "autograd":
+            with torch.enable_grad():
+                leaves = [p.detach().requires_grad_() for p in params]
+                logits, aux = stack.train_logits(leaves, stats, xb)
+                loss = per_network_loss(kind, logits, yb)
+                grads = list(torch.autograd.grad(loss.sum(), leaves, allow_unused=True))
+            return loss.detach(), grads, aux
+
+        loss, grads, aux = stack.func_value_and_grads(list(params), stats, xb, yb, kind)
+        used = stack.used
+        if used is not None:
+            grads = [g if u else None for g, u in zip(grads, used)]
+        return loss, list(grads), aux
+
+    def step(s: dict) -> None:
+        active, t = s["active"], s["t"]
+        rows = active.shape[0]
+        idx = s["idx"].index_select(0, s["slot"]).squeeze(0)  # (distinct seeds, batch)
+        if cfg.shared_order:
+            # one batch for every network: the stack broadcasts it (never copied M times)
+            xb = s["x"].index_select(0, idx[0])
+            yb = s["y"].index_select(0, idx[0]).expand(rows, -1)
+        else:
+            sel = idx.index_select(0, s["which"])  # (R, batch): each network's own draw
+            xb, yb = s["x"][sel], s["y"][sel]
+        saved = stack.save_stats(s["stats"])
+        loss, grads, aux = value_and_grads(s["params"], s["stats"], xb, yb)
+        # float32 like train()'s history, whose finiteness check is on the stored value (a float64
+        # loss beyond 3.4e38 counts as divergence there, and so here)
+        lf = loss.float()
+        ok = torch.isfinite(lf)
+        if cfg.diverge_above is not None:
+            ok = ok & (lf <= cfg.diverge_above)
+        s["first_bad"].copy_(torch.where(active & ~ok, t, s["first_bad"]))
+        active.logical_and_(ok)
+        # a stopped network keeps the running statistics it had before its bad step, as its parameters
+        stack.update_stats(s["stats"], aux, saved, active)
+        s["losses"].index_copy_(0, s["row_ids"] + t * m_count, lf)
+        _update(s["params"], grads, stack.param_rows(), active, s["lr"], s["sq_avg"], s["velocity"], cfg)
+        t.add_(1)
+        s["slot"].add_(1)
+
+    return step
+
+
+def _update(params: list, grads: list, param_rows: list, active: torch.Tensor, lr: torch.Tensor,
+            sq_avg: list | None, velocity: list | None, cfg: StepConfig) -> None:
+    """torch.optim.SGD / RMSprop (their foreach formulas) with a per-network rate, networks not
+    ``active`` frozen.
+
+    A stopped network gets a zero gradient (a fill, NaN-safe unlike a multiplication by 0) and a zero
+    rate: its parameters stay where they are and its optimizer state decays harmlessly.  Everything is
+    in place on the fresh gradients and the state, by ``_foreach`` ops (one launch for all parameters
+    on a GPU where the shapes pair up; the per-network rate broadcasts, which is one launch per tensor).
+    """
+    stop = ~active
+    neg_rate = torch.where(active, -lr, 0.0)
+    kept = [i for i, g in enumerate(grads) if g is not None]
+    ps = [params[i] for i in kept]
+    gs = [grads[i] for i in kept]
+    rows = [param_rows[i] for i in kept]
+    for p, g, r in zip(ps, gs, rows):
+        g.masked_fill_(_per_net(stop, p, r), 0.0)
+    if cfg.weight_decay:
+        torch._foreach_add_(gs, ps, alpha=cfg.weight_decay)
+    ds = gs
+    if cfg.optimizer == "rmsprop":
+        sq = [sq_avg[i] for i in kept]
+        torch._foreach_mul_(sq, cfg.rmsprop_alpha)
+        torch._foreach_addcmul_(sq, gs, gs, value=1 - cfg.rmsprop_alpha)
+        denom = torch._foreach_sqrt(sq)
+        torch._foreach_add_(denom, cfg.rmsprop_eps)
+        ds = torch._foreach_div(gs, denom)
+    if cfg.momentum:
+        # torch.optim: buf ← μ·buf + d (the first step's buffer is d itself = μ·0 + d)
+        vs = [velocity[i] for i in kept]
+        torch._foreach_mul_(vs, cfg.momentum)
+        torch._foreach_add_(vs, ds)
+        ds = vs
+    torch._foreach_addcmul_(ps, [_per_net(neg_rate, p, r) for p, r in zip(ps, rows)], ds)
+
+
+# --------------------------------------------------------------------------- routes
+class StepRunner:
+    """Runs a step by one route; ``reset()`` after the state's tensors were replaced (a compaction).
+
+    ``make_step(grad_route)`` builds the step (:func:`build_step`).  ``"compile"`` compiles it on the
+    first call; a compilation failure (a Dynamo or Inductor error, raised before anything runs) is
+    reported by a warning and the eager step takes over.  ``"cuda_graph"`` runs ``warmup`` steps as they
+    are (on a side stream, as ``torch.cuda.graphs`` asks: lazy initializations, the compilation), then
+    captures one step — capture records without executing — and replays it for this and every later step.
+    """
+
+    def __init__(self, mode: str, make_step: Callable[[str], Callable[[dict], None]], warmup: int = 2):
+        if mode not in ("eager", "compile", "cuda_graph"):
+            raise ValueError(f"mode={mode!r} is not allowed: expected 'eager', 'compile' or 'cuda_graph'")
+        self.mode = mode
+        self._make = make_step
+        self._eager = make_step("autograd")
+        self._compiled: Callable | None = None
+        self._warmup = warmup
+        self.fallback_reason: str | None = None  # why the compiled step was given up, if it was
+        self.reset()
+
+    def reset(self) -> None:
+        self._graph = None
+        self._warm = 0
+
+    @property
+    def route(self) -> str:
+        """The route actually running: the mode, or ``"eager"`` after a compilation failure (for
+        ``cuda_graph``: ``"cuda_graph"`` whichever step it captures)."""
+        return "eager" if self.mode == "compile" and self.fallback_reason else self.mode
+
+    def _compiled_step(self) -> Callable[[dict], None]:
+        if self.fallback_reason is not None:
+            return self._eager
+        if self._compiled is None:
+            self._compiled = torch.compile(fresh_function(self._make("func")), fullgraph=True)
+        return self._compiled
+
+    def _run_compiled(self, state: dict) -> None:
+        fn = self._compiled_step()
+        if fn is self._eager:
+            fn(state)
+            return
+        try:
+            fn(state)
+        except Exception as e:
+            reason = compile_failure(e)
+            if reason is None:
+                raise
+            self.fallback_reason = reason  # compilation failed: nothing has run
+            warnings.warn(f"train_ensemble: the compiled step failed to compile ({self.fallback_reason}); "
+                          "running the eager step instead", RuntimeWarning, stacklevel=3)
+            self._eager(state)
+
+    def __call__(self, state: dict) -> None:
+        with torch.no_grad():
+            if self.mode == "eager":
+                self._eager(state)
+            elif self.mode == "compile":
+                self._run_compiled(state)
+            else:
+                self._replay(state)
+
+    def _replay(self, state: dict) -> None:
+        if self._graph is None:
+            if self._warm < self._warmup:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    self._run_compiled(state)
+                torch.cuda.current_stream().wait_stream(side)
+                self._warm += 1
+                return
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._compiled_step()(state)
+            self._graph = graph
+        self._graph.replay()

@@ -1,0 +1,98 @@
+"""train(step_mode="compile") against the eager step, and the option's checks.
+
+Tolerance of compiled against eager (float64, 20 steps): the compiled forward/backward and optimizer
+step evaluate the same formulas, differing in the order of reductions (≤ k·u relative for k ≤ 64
+terms, u = 2⁻⁵³; Higham §3.1) and in fused elementwise chains (≤ one rounding per operation), so ~1e-14
+per step; 20 steps through two BN layers amplify that by ≤ 10³ (the Lipschitz bound measured in
+test_ensemble.py), hence 1e-10 relative and absolute on the final state — 10⁶ below what one update
+changes (~1e-4 at lr 0.05), so a missing or doubled step, a lost momentum buffer or an update of the
+wrong parameter fails.  Histories are float32 (two ulps).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from bnlab.nets import MLP, TRAIN_STEP_MODES, train
+
+from ._data import digits
+
+torch.set_num_threads(1)
+F64 = torch.float64
+
+
+def _train(mode, optimizer, steps=20):
+    train_set, test_set = digits(np.float64)
+    model = MLP(64, [16, 16], 10, norm="bn", seed=0, dtype=F64)
+    res = train(model, train_set, optimizer=optimizer, batch_size=16, steps=steps, test_data=test_set, seed=3,
+                step_mode=mode)
+    return res, model
+
+
+def _assert_same(a, b):
+    (ra, ma), (rb, mb) = a, b
+    assert (ra.diverged, ra.steps) == (rb.diverged, rb.steps)
+    np.testing.assert_allclose(rb.history, ra.history, rtol=2.4e-7, atol=0)
+    assert rb.test_accuracy == ra.test_accuracy
+    for (k, x), y in zip(ma.state_dict().items(), mb.state_dict().values()):
+        if x.is_floating_point():
+            torch.testing.assert_close(y, x, rtol=1e-10, atol=1e-10, msg=k)
+        else:
+            assert torch.equal(x, y), k
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("opt", [
+    functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=1e-2),
+    functools.partial(torch.optim.Adam, lr=1e-3),
+], ids=["sgd-momentum-weight_decay", "adam"])
+def test_compiled_train_step_equals_eager(opt):
+    eager = _train("eager", opt)
+    assert eager[0].test_accuracy > 0.3  # trained: the comparison is not between two untouched nets
+    _assert_same(eager, _train("compile", opt))
+
+
+@pytest.mark.parametrize("bad", ["cuda_graph", "auto", "", None, 1])
+def test_bad_step_mode_names_the_argument(bad):
+    with pytest.raises(ValueError, match="step_mode"):
+        _train(bad, functools.partial(torch.optim.SGD, lr=0.05), steps=1)
+    assert TRAIN_STEP_MODES == ("eager", "compile")
+
+
+def test_a_step_that_does_not_compile_falls_back_to_eager(monkeypatch):
+    # a compilation failure (raised before compiled code runs) of the loss or of the optimizer's step
+    # gives a warning and the eager function: the same run as eager, number for number
+    class _NoCompile(torch._dynamo.exc.TorchDynamoException):
+        pass
+
+    def fake_compile(fn, **kwargs):
+        def failing(*args):
+            raise _NoCompile("unsupported here")
+        return failing
+
+    sgd = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)
+    eager = _train("eager", sgd, steps=6)
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    with pytest.warns(RuntimeWarning, match="failed to compile.*unsupported here") as rec:
+        fallback = _train("compile", sgd, steps=6)
+    assert {str(w.message).split(" failed")[0] for w in rec} == {"train: the compiled loss",
+                                                                 "train: the compiled optimizer step"}
+    assert len(rec) == 2  # one warning each, then eager for good
+    assert eager[0].history == fallback[0].history
+    for x, y in zip(eager[1].parameters(), fallback[1].parameters()):
+        torch.testing.assert_close(y, x, rtol=0, atol=0)
+
+
+def test_a_runtime_error_in_the_compiled_step_is_not_swallowed(monkeypatch):
+    # only compilation failures fall back; an error of the computation itself propagates
+    def fake_compile(fn, **kwargs):
+        def failing(*args):
+            raise RuntimeError("shape mismatch in the user's loss")
+        return failing
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        _train("compile", functools.partial(torch.optim.SGD, lr=0.05), steps=3)
