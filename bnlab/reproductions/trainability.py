@@ -34,6 +34,8 @@ __all__ = [
     "optimizer_factory",
     "run_trainability_cell",
     "run_trainability_ensemble",
+    "column_group",
+    "run_trainability_group",
     "expand_records",
     "expand_cells",
     "as_columns",
@@ -197,20 +199,31 @@ def run_trainability_ensemble(params: dict) -> dict:
     Returns ``{"networks": [metrics of run_trainability_cell + "depth", "seed"], "skipped": False}``,
     or the skipped metrics; :func:`expand_records` turns its record into one record per network.
     """
-    from bnlab.nets import train_ensemble
-
     require_params(params, ("dataset", "depths", "seeds", "width", "bn_batch", "batch_size", "lr", "n_train",
                             "n_test"))
-    length = _training_length(params)
     depths, seeds = list(params["depths"]), list(params["seeds"])
     if not depths or not seeds:
         raise ValueError(f"depths={depths!r}, seeds={seeds!r} is not allowed: give at least one of each")
+    nets = [(int(d), int(s)) for s in seeds for d in depths]
+    rows = _train_networks(params, nets)
+    if isinstance(rows, dict):
+        return rows
+    for (d, s), row in zip(nets, rows):
+        row.update(depth=d, seed=s)
+    return {"networks": rows, "skipped": False}
+
+
+def _train_networks(params: dict, nets: Sequence[tuple[int, int]]) -> list[dict] | dict:
+    """Train the BN-MLPs ``nets`` = [(depth, seed), …] of one column (the other settings from ``params``) as
+    one ensemble; each network's metrics as :func:`run_trainability_cell` returns them, or the skipped metrics."""
+    from bnlab.nets import train_ensemble
+
+    length = _training_length(params)
     data = _cell_data(params)
     if isinstance(data, dict):
         return data
     train, test, num_classes = data
     batch_size = int(params["batch_size"])
-    nets = [(int(d), int(s)) for s in seeds for d in depths]
     models = [_bn_mlp(params, train[0].shape[1], num_classes, depth=d, seed=s) for d, s in nets]
     opt = params.get("optimizer", "sgd")
     # the optimizer names of optimizer_factory: RMSProp with TensorFlow's decay 0.9 and ε 1e-10
@@ -218,11 +231,45 @@ def run_trainability_ensemble(params: dict) -> dict:
                              optimizer=opt, rmsprop_alpha=0.9, rmsprop_eps=1e-10, seeds=[s for _, s in nets],
                              device=params.get("device", "cpu"), **length)
     rows = []
-    for (d, s), r in zip(nets, results):
+    for r in results:
         row = r.to_dict()
-        row.update(depth=d, seed=s, skipped=False)
+        row["skipped"] = False
         rows.append(row)
-    return {"networks": rows, "skipped": False}
+    return rows
+
+
+def column_group(params: dict, scale: str) -> str | None:
+    """The column a single-network trainability cell trains in at ``paper`` scale (:attr:`Experiment.group`).
+
+    Cells that differ only in ``depth`` and ``seed`` — one x of the heatmap — are one batched ensemble
+    (:func:`run_trainability_group`); they stay separate cells in the results store.  ``None`` (train
+    alone) at ``small`` scale, whose grids already hold whole columns as one cell (``depths``, ``seeds``).
+    """
+    if scale != "paper" or "depths" in params:
+        return None
+    return repr(sorted((k, v) for k, v in params.items() if k not in ("depth", "seed", "device")))
+
+
+def run_trainability_group(cells: Sequence[dict]) -> list[dict]:
+    """Train the single-network cells of one column (:func:`column_group`) as one ensemble.
+
+    Returns one metrics dict per cell, in order: what :func:`run_trainability_cell` returns for that
+    cell, to the rounding of the batched products (``tests/reproductions/test_paper_scale.py``).
+    """
+    cells = [dict(c) for c in cells]
+    if not cells:
+        raise ValueError("cells=[] is not allowed: a group holds at least one cell")
+    for c in cells:
+        require_params(c, ("dataset", "depth", "width", "bn_batch", "batch_size", "lr", "n_train", "n_test", "seed"))
+    base = {k: v for k, v in cells[0].items() if k not in ("depth", "seed")}
+    for c in cells[1:]:
+        other = {k: v for k, v in c.items() if k not in ("depth", "seed")}
+        if other != base:
+            raise ValueError(f"cells={cells!r} are not allowed as one group: they differ in more than depth and seed")
+    rows = _train_networks(base, [(int(c["depth"]), int(c["seed"])) for c in cells])
+    if isinstance(rows, dict):
+        return [dict(rows) for _ in cells]
+    return rows
 
 
 def expand_records(records: Sequence[Record]) -> list[Record]:
