@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.experiments.spec import Comparison, Experiment, Record, TaskCost
 from bnlab.reproductions.plotting import pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_cell", "group", "run_group"]
@@ -142,6 +142,20 @@ def run_group(cells: list[dict]) -> list[dict]:
     return [_after_training(m, r, c, x, y, o) for m, r, c, o in zip(models, results, cells, outs)]
 
 
+def cost(cells: list[dict]) -> TaskCost:
+    """A task's steps and multiply-adds per step (forward + backward ≈ 3 × batch × weights) and for the rest
+    (the rank probe and the accuracy pass), for a plan; BN and vanilla networks are separate kinds."""
+    c = cells[0]
+    weights = sum(784 * x["width"] + x["depth"] * x["width"] ** 2 + 10 * x["width"] for x in cells)
+    steps = c["steps"] if "steps" in c else max(1, round(c["epochs"] * (c["n_train"] // c["batch_size"])))
+    return TaskCost(c["norm"], int(steps), 3.0 * c["batch_size"] * weights, float(c["n_eval"] + c["batch_size"]) * weights)
+
+
+def shorten(cells: list[dict], steps: int) -> list[dict]:
+    """The task cut to ``steps`` SGD steps (for a plan's pilot)."""
+    return [{**{k: v for k, v in c.items() if k not in ("steps", "epochs")}, "steps": int(steps)} for c in cells]
+
+
 def _best(records: Sequence[Record]) -> dict:
     """(norm, depth) → (best train accuracy over the lr grid, mean over seeds), rank_init mean."""
     acc: dict = {}
@@ -214,5 +228,7 @@ EXPERIMENTS = [
         uses_gpu=True,
         group=group,
         run_group=run_group,
+        cost=cost,
+        shorten=shorten,
     )
 ]

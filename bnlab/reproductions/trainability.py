@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bnlab.experiments.spec import Check, Comparison, Record
+from bnlab.experiments.spec import Check, Comparison, Record, TaskCost
 from bnlab.reproductions.plotting import grid_ticks, pyplot, save_figure
 
 __all__ = [
@@ -36,6 +36,8 @@ __all__ = [
     "run_trainability_ensemble",
     "column_group",
     "run_trainability_group",
+    "trainability_cost",
+    "trainability_shorten",
     "expand_records",
     "expand_cells",
     "as_columns",
@@ -270,6 +272,38 @@ def run_trainability_group(cells: Sequence[dict]) -> list[dict]:
     if isinstance(rows, dict):
         return [dict(rows) for _ in cells]
     return rows
+
+
+def _full_steps(params: dict) -> int:
+    """The steps a cell trains: ``steps``, or ``round(epochs · ⌊n_train/batch⌋)`` as :func:`bnlab.nets.train`."""
+    if "steps" in params:
+        return int(params["steps"])
+    return max(1, int(round(float(params["epochs"]) * (int(params["n_train"]) // int(params["batch_size"])))))
+
+
+def trainability_cost(cells: Sequence[dict]) -> TaskCost:
+    """What a trainability task costs (:attr:`Experiment.cost`): its steps and, in multiply-adds, the work
+    of one step (forward + backward ≈ 3 × batch × the networks' weights) and of the rest (the test pass)."""
+    nets = [n for n in expand_cells(cells)]
+    first = nets[0]
+    width, features = int(first["width"]), _FEATURES.get(str(first["dataset"]), 784)
+    weights = sum(features * width + int(n["depth"]) * width * width + 10 * width for n in nets)
+    return TaskCost("column", _full_steps(first), 3.0 * int(first["batch_size"]) * weights,
+                    float(int(first["n_test"]) + 1) * weights)
+
+
+def trainability_shorten(cells: Sequence[dict], steps: int) -> list[dict]:
+    """The task cut to ``steps`` training steps (:attr:`Experiment.shorten`): the same networks, data and test."""
+    out = []
+    for c in cells:
+        c = {k: v for k, v in c.items() if k not in ("steps", "epochs")}
+        c["steps"] = int(steps)
+        out.append(c)
+    return out
+
+
+#: input features of the data sets the trainability cells train on (flattened images)
+_FEATURES = {"mnist": 784, "fashion_mnist": 784, "cifar10": 3072, "digits": 64}
 
 
 def expand_records(records: Sequence[Record]) -> list[Record]:

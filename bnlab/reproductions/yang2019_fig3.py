@@ -49,6 +49,8 @@ from bnlab.reproductions.trainability import (
     run_trainability_cell,
     run_trainability_group,
     theory_max_depth,
+    trainability_cost,
+    trainability_shorten,
 )
 
 __all__ = ["EXPERIMENTS"]
@@ -213,6 +215,8 @@ def _make(letter: str, *, dataset: str, optimizer: str, ghost: bool, title: str,
         # batched ensemble (bnlab.nets.train_ensemble)
         group=column_group,
         run_group=run_trainability_group,
+        cost=trainability_cost,
+        shorten=trainability_shorten,
         settings=_settings(dataset, optimizer, ghost),
         checks=DEPTH_CHECKS,
         limitations=(_LIMITS_RMSPROP if optimizer == "rmsprop" else _LIMITS_GHOST if ghost

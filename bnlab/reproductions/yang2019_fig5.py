@@ -42,6 +42,8 @@ from bnlab.reproductions.trainability import (
     run_trainability_cell,
     run_trainability_group,
     theory_max_depth,
+    trainability_cost,
+    trainability_shorten,
 )
 
 __all__ = ["EXPERIMENTS"]
@@ -255,6 +257,8 @@ def _make(letter: str) -> Experiment:
         # batched ensemble (bnlab.nets.train_ensemble)
         group=column_group,
         run_group=run_trainability_group,
+        cost=trainability_cost,
+        shorten=trainability_shorten,
         settings=_scale_table(letter),
         checks=DEPTH_CHECKS,
         limitations=_LIMITS.get(letter, ""),
