@@ -450,6 +450,7 @@ def plan_experiments(
     pilot_steps: tuple[int, int] = DEFAULT_PILOT_STEPS,
     isolate: bool = True,
     hard_limit: float | None = None,
+    total_budget: float | None = None,
     clock: str = "wall",
     progress: bool | IO = False,
 ) -> Plan:
@@ -458,7 +459,9 @@ def plan_experiments(
     ``isolate=True`` runs the pilots in a child process with one torch thread (as a Dask worker): an
     experiment whose pilots run past ``hard_limit`` seconds (default ``2·budget + 60``) is stopped there
     and reported with a lower bound (each of its tasks takes at least that long); the child is restarted
-    for the next experiment.  ``progress`` prints one line per experiment (True: on stderr).
+    for the next experiment.  ``total_budget`` caps the whole plan: each experiment gets at most its
+    share of the time left, and the experiments it leaves no time for are listed without an estimate.
+    ``progress`` prints one line per experiment (True: on stderr).
     """
     exps = [get_experiment(e) for e in experiments]
     check_choice("scale", scale, SCALES)
@@ -472,13 +475,27 @@ def plan_experiments(
     stream = sys.stderr if progress is True else (progress or None)
     plans: list[ExperimentPlan] = []
     runner = _ChildRunner() if isolate else None
+    if total_budget is not None:
+        total_budget = check_real("total_budget", total_budget, minimum=0.0, strict_minimum=True)
     try:
-        for exp in exps:
+        for i, exp in enumerate(exps):
+            b, hard = budget, hard_limit
+            if total_budget is not None:
+                left = t0 + total_budget - time.monotonic()
+                if left < 1.0:
+                    cells = exp.grid(scale)
+                    tasks = cell_tasks(exp, cells, scale)
+                    plans.append(ExperimentPlan(exp.name, scale, _device_of_quiet(exp, device), len(cells), len(tasks),
+                                                max((len(t) for t in tasks), default=0),
+                                                error="not planned: the plan's time budget ran out"))
+                    continue
+                share = left / (len(exps) - i)
+                b, hard = min(budget, share), min(hard_limit, max(share, left / 2))
             if runner is None:
-                p = plan_experiment(exp, scale, device=device, workers=workers, budget=budget, pilot_steps=pilot_steps,
+                p = plan_experiment(exp, scale, device=device, workers=workers, budget=b, pilot_steps=pilot_steps,
                                     clock=clock)
             else:
-                p = runner.plan(exp, scale, device, workers, budget, pilot_steps, hard_limit, clock)
+                p = runner.plan(exp, scale, device, workers, b, pilot_steps, hard, clock)
             plans.append(p)
             if stream is not None:
                 print(f"planned {p.experiment}: {_fmt_seconds(p.wall_seconds, p.lower_bound)} "
