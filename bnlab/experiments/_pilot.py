@@ -3,7 +3,8 @@
 Reads one JSON request per line on stdin (``name``, ``module``, ``scale``, ``device``, ``workers``,
 ``budget``, ``pilot_steps``, ``clock``), pilots that experiment with one torch thread (as a Dask worker runs), and
 writes one JSON line with the :class:`~bnlab.experiments.plan.ExperimentPlan` to the stdout it was
-started with.  Anything the pilots print goes to stderr, so the answer line stays clean.
+started with — after a ``{"progress": …}`` line before each pilot run, so that a parent which stops a
+pilot past its limit knows whether a whole task was running.  Anything the pilots print goes to stderr, so the answer line stays clean.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def main() -> int:
             exp = get_experiment(req["name"], module=req.get("module"))
             plan = plan_experiment(exp, req["scale"], device=req.get("device"), workers=req.get("workers"),
                                    budget=float(req["budget"]), pilot_steps=tuple(req["pilot_steps"]),
-                                   limit_threads=True, clock=req.get("clock", "wall"))
+                                   limit_threads=True, clock=req.get("clock", "wall"),
+                                   _notify=lambda msg: answer.write(json.dumps(msg) + "\n"))
             out = asdict(plan)
         except Exception as exc:  # the parent turns this into a ValueError naming the cause
             traceback.print_exc()

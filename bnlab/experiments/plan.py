@@ -215,17 +215,21 @@ def _last_line(text: str) -> str:
 
 # --------------------------------------------------------------------------- the pilot of one kind
 def _pilot(exp: Experiment, cells: list[dict], grouped: bool, task: int, cost: TaskCost, device: str,
-           steps: tuple[int, int], deadline: float, limit_threads: bool, clock: str) -> Pilot:
+           steps: tuple[int, int], deadline: float, limit_threads: bool, clock: str, notify=None) -> Pilot:
     kind = cost.kind
     k1, k2 = steps
     full = max(1, int(cost.steps))
     if exp.shorten is None or full <= k2:
         # nothing to cut (or the task is hardly longer than a pilot): run it whole, once
+        if notify is not None:
+            notify({"progress": "whole_task", "task": task})  # a parent that stops us knows a task took longer
         r = _run_task(exp, cells, grouped, device, limit_threads, clock)
         return Pilot(kind, task, len(cells), [], [r["seconds"]], None, None, r["seconds"], r["peak"],
                      r["skipped"], None if r["error"] is None else _last_line(r["error"]))
 
     def run(k: int) -> dict:
+        if notify is not None:
+            notify({"progress": "cut_task", "task": task, "steps": k})
         return _run_task(exp, exp.shorten([dict(c) for c in cells], k), grouped, device, limit_threads, clock)
 
     warm = run(k1)
@@ -292,6 +296,7 @@ def plan_experiment(
     pilot_steps: tuple[int, int] = DEFAULT_PILOT_STEPS,
     limit_threads: bool = False,
     clock: str = "wall",
+    _notify=None,
 ) -> ExperimentPlan:
     """Pilot ``experiment`` at ``scale`` in this process and estimate its sweep (see the module docstring).
 
@@ -364,7 +369,7 @@ def plan_experiment(
             if time.monotonic() > deadline and pilots:
                 break  # past the budget: one pilot per kind is enough
             pilots.append(_pilot(exp, [cells[i] for i in tasks[j]], grouped[j], j, costs[j], dev, (k1, k2),
-                                 deadline, limit_threads, clock))
+                                 deadline, limit_threads, clock, _notify))
         plan.pilots.extend(pilots)
         bad = [p for p in pilots if p.error is not None]
         if bad:
@@ -485,7 +490,7 @@ def plan_experiments(
                 if left < 1.0:
                     cells = exp.grid(scale)
                     tasks = cell_tasks(exp, cells, scale)
-                    plans.append(ExperimentPlan(exp.name, scale, _device_of_quiet(exp, device), len(cells), len(tasks),
+                    plans.append(ExperimentPlan(exp.name, scale, _device_of(exp, device), len(cells), len(tasks),
                                                 max((len(t) for t in tasks), default=0),
                                                 error="not planned: the plan's time budget ran out"))
                     continue
@@ -537,31 +542,44 @@ class _ChildRunner:
         proc.stdin.write(json.dumps(request) + "\n")
         proc.stdin.flush()
         t0 = time.monotonic()
-        ready, _, _ = select.select([proc.stdout], [], [], hard_limit)
-        line = proc.stdout.readline() if ready else ""
-        answer = json.loads(line) if line else None
+        answer, whole_since = None, None
+        while answer is None:
+            ready, _, _ = select.select([proc.stdout], [], [], max(hard_limit - (time.monotonic() - t0), 0.0))
+            line = proc.stdout.readline() if ready else ""
+            if not line:
+                break  # past the hard limit, or the child died
+            msg = json.loads(line)
+            if "progress" in msg:  # the child starts a pilot run: a whole task, or one cut to a few steps
+                whole_since = time.monotonic() if msg["progress"] == "whole_task" else None
+                continue
+            answer = msg
         if answer is not None and "crash" not in answer:
             pilots = [Pilot(**q) for q in answer.pop("pilots", [])]
             return ExperimentPlan(pilots=pilots, **answer)
-        # a crash, past the hard limit, or the child died: say what is known
         died = answer is None and proc.poll() is not None
         if answer is None:
             self.close()
         elapsed = time.monotonic() - t0
         cells = exp.grid(scale)
         tasks = cell_tasks(exp, cells, scale)
-        p = ExperimentPlan(exp.name, scale, _device_of_quiet(exp, device), len(cells), len(tasks),
+        p = ExperimentPlan(exp.name, scale, _device_of(exp, device), len(cells), len(tasks),
                            max((len(t) for t in tasks), default=0), plan_seconds=elapsed)
         if answer is not None:
             p.error = answer["crash"]
         elif died:
             p.error = "the pilot process died: " + self._tail()
-        else:
-            # a pilot run of one task (cut to a few steps) took longer than this: each task at least as long
+        elif whole_since is not None:
+            # stopped while running one whole task: that task takes longer than it ran, and without a cost
+            # model every task is taken to cost the same
+            ran = time.monotonic() - whole_since
             p.lower_bound = True
-            p.seconds = elapsed * len(tasks)
-            p.workers = workers or 1
-            p.wall_seconds = lpt_makespan([elapsed] * len(tasks), p.workers)
+            p.workers = workers or _default_workers(p.device)
+            p.task_seconds = [ran] * len(tasks)
+            p.seconds = ran * len(tasks)
+            p.wall_seconds = lpt_makespan(p.task_seconds, p.workers)
+        else:
+            p.error = (f"the pilot (a task cut to a few steps) ran past {hard_limit:.0f} s; give it more time "
+                       "(--plan-budget)")
         return p
 
     def _tail(self) -> str:
@@ -578,10 +596,6 @@ class _ChildRunner:
                 self._proc.kill()
             self._proc.wait()
             self._proc = None
-
-
-def _device_of_quiet(exp: Experiment, device: str | None) -> str:
-    return "cpu" if not exp.uses_gpu else (device or "the engine's (see cell_device)")
 
 
 # --------------------------------------------------------------------------- output
