@@ -8,7 +8,8 @@ step count, the relative work of a step and of the rest), and pilots one task of
 present device:
 
 1. the task cut to ``k₁`` steps (:attr:`Experiment.shorten`) runs once to warm up (imports, data
-   loading, CUDA context, kernels chosen on first use), then again: ``t₁``;
+   loading, CUDA context, kernels chosen on first use; the first pilot of an experiment only), then
+   again: ``t₁``;
 2. cut to ``k₂ > k₁`` steps: ``t₂``; the seconds per step are ``(t₂ − t₁)/(k₂ − k₁)`` and the rest of
    the task (building the networks, the test pass) ``t₁ − k₁·step``.  When ``t₂ − t₁`` is small beside
    ``t₁`` (noise), ``k₂`` grows until the steps take at least a quarter of the run, within the budget;
@@ -215,7 +216,8 @@ def _last_line(text: str) -> str:
 
 # --------------------------------------------------------------------------- the pilot of one kind
 def _pilot(exp: Experiment, cells: list[dict], grouped: bool, task: int, cost: TaskCost, device: str,
-           steps: tuple[int, int], deadline: float, limit_threads: bool, clock: str, notify=None) -> Pilot:
+           steps: tuple[int, int], deadline: float, limit_threads: bool, clock: str, notify=None,
+           warm_up: bool = True) -> Pilot:
     kind = cost.kind
     k1, k2 = steps
     full = max(1, int(cost.steps))
@@ -232,11 +234,16 @@ def _pilot(exp: Experiment, cells: list[dict], grouped: bool, task: int, cost: T
             notify({"progress": "cut_task", "task": task, "steps": k})
         return _run_task(exp, exp.shorten([dict(c) for c in cells], k), grouped, device, limit_threads, clock)
 
-    warm = run(k1)
-    if warm["error"] is not None or warm["skipped"] is not None:
+    # the first pilot of an experiment warms up (imports, data read from disk, CUDA context); later ones
+    # reuse what it loaded, as a worker's later tasks do
+    warm = run(k1) if warm_up else None
+    if warm is not None and (warm["error"] is not None or warm["skipped"] is not None):
         return Pilot(kind, task, len(cells), [], [], warm["seconds"], None, warm["seconds"], warm["peak"],
                      warm["skipped"], None if warm["error"] is None else _last_line(warm["error"]))
     first = run(k1)
+    if first["error"] is not None or first["skipped"] is not None:
+        return Pilot(kind, task, len(cells), [], [], None, None, first["seconds"], first["peak"], first["skipped"],
+                     None if first["error"] is None else _last_line(first["error"]))
     runs = [(k1, first)]
     second = run(k2)
     runs.append((k2, second))
@@ -256,9 +263,11 @@ def _pilot(exp: Experiment, cells: list[dict], grouped: bool, task: int, cost: T
         t2 = second["seconds"]
     step = max(t2 - t1, 0.0) / (k2 - k1)
     fixed = max(t1 - k1 * step, 0.0)
-    peaks = [r["peak"] for _, r in runs if r["peak"] is not None] + ([warm["peak"]] if warm["peak"] is not None else [])
+    peaks = [r["peak"] for _, r in runs if r["peak"] is not None] + (
+        [warm["peak"]] if warm is not None and warm["peak"] is not None else [])
     errors = [r["error"] for _, r in runs if r["error"] is not None]
-    return Pilot(kind, task, len(cells), [k for k, _ in runs], [r["seconds"] for _, r in runs], warm["seconds"], step,
+    return Pilot(kind, task, len(cells), [k for k, _ in runs], [r["seconds"] for _, r in runs],
+                 None if warm is None else warm["seconds"], step,
                  fixed, max(peaks) if peaks else None, None, _last_line(errors[0]) if errors else None)
 
 
@@ -369,7 +378,7 @@ def plan_experiment(
             if time.monotonic() > deadline and pilots:
                 break  # past the budget: one pilot per kind is enough
             pilots.append(_pilot(exp, [cells[i] for i in tasks[j]], grouped[j], j, costs[j], dev, (k1, k2),
-                                 deadline, limit_threads, clock, _notify))
+                                 deadline, limit_threads, clock, _notify, warm_up=not (plan.pilots or pilots)))
         plan.pilots.extend(pilots)
         bad = [p for p in pilots if p.error is not None]
         if bad:

@@ -91,3 +91,25 @@ def test_groups_run_on_a_dask_cluster(tmp_path, test_env, helpers):
     assert {i: len(p) for i, p in markers(test_env, "group").items()} == {0: 1, 1: 1, 2: 1}
     rows = _rows(s.store)
     assert all(r.metrics["group_size"] == 4 and r.worker for r in rows.values())
+
+
+def test_gpu_groups_go_to_the_workers_that_declare_a_gpu(tmp_path, test_env, helpers, monkeypatch):
+    # The layout of docs/paper-scale.md for a cluster of GPU workers: one single-threaded worker per GPU,
+    # each declaring a GPU resource.  Here two CPU workers declare one each (BNLAB_DEVICE stands for the
+    # device cell_device() would give): every group runs as one task on one of them, both get work, and
+    # each cell is told its device.
+    from distributed import Client, LocalCluster
+
+    monkeypatch.setenv("BNLAB_DEVICE", "cuda:7")
+    monkeypatch.setenv("BNLAB_TEST_SLEEP", "0.3")  # each group takes > 1 s: both workers get one
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, resources={"GPU": 1},
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        s = run_sweep(helpers.GROUPED_GPU, "paper", results_dir=tmp_path, client=client, progress=False)
+    assert (s.done, s.executed) == (12, 12)
+    rows = _rows(s.store)
+    assert all(r.metrics["device"] == "cuda:7" and r.versions["device"] == "cuda:7" for r in rows.values())
+    by_group = {}
+    for i, r in rows.items():
+        by_group.setdefault(i % 3, set()).add(r.worker)
+    assert all(len(w) == 1 for w in by_group.values())  # a group is one task on one worker
+    assert len(set().union(*by_group.values())) == 2
