@@ -14,7 +14,10 @@ BN Renorm do not train".
 
 Scales.  ``small``: 10 000 / 5 000 / 2 000 training images at batch 60 / 6 / 1 (seeded draws) for
 6 / 3 / 3 epochs, 2 000 test images, one seed — minutes on 2 CPU cores.  ``paper``: the full 60 000 / 10 000, 20 / 10 / 5
-epochs, five seeds (the paper shows the range of 5 runs).
+epochs, five seeds (the paper shows the range of 5 runs).  At ``paper`` scale the five seeds of vanilla, BN and LN at one batch
+size train as one batched ensemble, one epoch per chunk with a fresh data order per chunk
+(:mod:`bnlab.reproductions.chunked`; the per-epoch test accuracy is read between chunks); BNP and Batch
+Renorm train one network per cell.
 """
 from __future__ import annotations
 

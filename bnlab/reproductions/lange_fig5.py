@@ -13,7 +13,8 @@ Scales.  ``small``: 4 000 / 1 000 training images at batch 128 / 2 (seeded draws
 2 CPU cores).  At 93 steps BNP is still catching up with BN at mini-batch 128 (it starts slower, as
 in the paper), so "BNP comparable to BN at 128" is judged only at ``paper`` scale; ``small`` judges
 BN above vanilla at 128 and the mini-batch-2 ordering (see the experiment's ``limitations``).  ``paper``: the full data set, 20 epochs at 128
-and 5 at 2, five seeds.
+and 5 at 2, five seeds; on a GPU the five seeds of vanilla and BN at one batch size train as one
+batched ensemble, one epoch per chunk with a fresh data order per chunk (:mod:`bnlab.reproductions.chunked`).
 """
 from __future__ import annotations
 
@@ -72,6 +73,8 @@ def _settings() -> list[Setting]:
         Setting("epochs", "not stated in the text", per_batch(s["epochs"]), per_batch(p["epochs"]),
                 "small: cut to fit bnlab report's 10 minutes on 2 CPU cores"),
         Setting("seeds", "5 tests", str(len(s["seeds"])), str(len(p["seeds"]))),
+        Setting("data order", "not stated", "reshuffled every epoch", "reshuffled every epoch (vanilla and BN: "
+                "a fresh permutation per one-epoch chunk)", "paper: the seeds of vanilla and BN train as one ensemble"),
     ]
 
 
