@@ -114,6 +114,25 @@ class Plan:
 
 
 # --------------------------------------------------------------------------- measuring one run
+def _check_device(device: Any) -> str | None:
+    """``None``, ``"cpu"``, ``"cuda"`` or ``"cuda:<i>"`` of a GPU that exists here (a ValueError otherwise)."""
+    import re
+
+    if device is None:
+        return None
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d{1,3})?", device.strip()):
+        raise ValueError(f"device={device!r} is not allowed: expected 'cpu', 'cuda' or 'cuda:<index>'")
+    device = device.strip()
+    if device.startswith("cuda"):
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= count:
+            raise ValueError(f"device={device!r} is not allowed: this machine has {count} CUDA device(s)")
+    return device
+
+
 def _device_of(exp: Experiment, device: str | None) -> str:
     """The device the engine would give this experiment's cells: ``device`` (or :func:`cell_device`) for a
     ``uses_gpu`` experiment, the CPU otherwise."""
@@ -336,7 +355,7 @@ def plan_experiment(
     k1 = check_int("pilot_steps[0]", pilot_steps[0], minimum=1)
     k2 = check_int("pilot_steps[1]", pilot_steps[1], minimum=k1 + 1)
     clock = check_choice("clock", clock, tuple(_CLOCKS))
-    dev = _device_of(exp, device)
+    dev = _device_of(exp, _check_device(device))
     if workers is None:
         workers = _default_workers(dev)
     workers = check_int("workers", workers, minimum=1, maximum=4096)
@@ -483,6 +502,7 @@ def plan_experiments(
     hard_limit = 2 * budget + 60 if hard_limit is None else check_real("hard_limit", hard_limit, minimum=0.0,
                                                                           strict_minimum=True)
     clock = check_choice("clock", clock, tuple(_CLOCKS))
+    device = _check_device(device)
     if workers is not None:
         workers = check_int("workers", workers, minimum=1, maximum=4096)
     t0 = time.monotonic()

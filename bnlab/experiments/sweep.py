@@ -5,7 +5,9 @@ store.  It opens the sweep's SQLite file, adds the grid's cells, returns any
 cell a previous driver left ``running`` to ``pending``, submits every pending
 cell to a Dask client (``client.submit`` of a module-level function, so cells
 travel by reference), and commits each outcome as it arrives
-(``as_completed``).  Hence:
+(``as_completed``).  Cells that an experiment's ``group`` puts together (a batched
+ensemble at ``paper`` scale) are submitted as one task, ``run_group``, and still
+committed one by one.  Hence:
 
 * stopping the driver (Ctrl-C, SIGTERM, ``kill -9``) loses no finished cell
   and a resume runs only the cells without a committed result;

@@ -126,3 +126,12 @@ def test_cli_plan_json(subprocess_env, helper_ref):
                          env=subprocess_env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "bnlab-test-sweep" in out.stdout and "total (small scale" in out.stdout
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(device="gpu"), "device"), (dict(device="cuda:99"), "device"),
+                                          (dict(budget=0), "budget"), (dict(budget=float("nan")), "budget"),
+                                          (dict(workers=0), "workers"), (dict(scale="huge"), "scale"),
+                                          (dict(pilot_steps=(5, 5)), "pilot_steps"), (dict(clock="sun"), "clock")])
+def test_bad_plan_arguments_name_themselves(kwargs, match, helpers):
+    with pytest.raises(ValueError, match=match):
+        plan_experiment(helpers.SWEEP, **{"scale": "small", **kwargs})
