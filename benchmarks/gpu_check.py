@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 #: seconds of each part, as fractions of the whole budget (the plan gets what the others leave)
-SHARES = {"tests": 0.2, "bench_sim": 0.1, "bench_ensemble": 0.1, "bench_bnp": 0.1}
+SHARES = {"tests": 0.15, "bench_sim": 0.1, "bench_ensemble": 0.1, "bench_bnp": 0.1}
 
 
 def _env() -> dict:
