@@ -31,7 +31,8 @@ rank raised on the one pre-training minibatch (M = 1) carries over only partly t
 Budget (``small``): the first 20 000 training images (standardized), 500 SGD steps at lr 0.01,
 1 seed (cut from 2 to fit ``bnlab report``'s 10-minute budget on 2 CPU cores); accuracy on 5 000 of the training images and on 2 000 test images.  ``paper``: 60 000
 images, 20 000 steps (≈ 21 epochs; the paper trains longer with a grid-searched step size),
-lr 0.01, 5 seeds.
+lr 0.01, 5 seeds; the kinds of one architecture and all seeds train as one batched ensemble, in chunks
+between the tracked steps (:func:`run_group`, :mod:`bnlab.reproductions.chunked`).
 """
 from __future__ import annotations
 
