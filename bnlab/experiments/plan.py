@@ -493,7 +493,9 @@ def plan_experiments(
 
     ``isolate=True`` runs the pilots in a child process with one torch thread (as a Dask worker): an
     experiment whose pilots run past ``hard_limit`` seconds (default ``2·budget + 60``) is stopped there
-    and reported with a lower bound (each of its tasks takes at least that long); the child is restarted
+    and reported with a lower bound — stopped in a whole task, each task is taken to take at least as long as
+    it ran; stopped in a task cut to k steps, that task and (past the warm-up) every task of its kind with at
+    least its work (:class:`~bnlab.experiments.spec.TaskCost`) and k steps; the child is restarted
     for the next experiment.  ``total_budget`` caps the whole plan: each experiment gets at most its
     share of the time left, and the experiments it leaves no time for are listed without an estimate.
     ``progress`` prints one line per experiment (True: on stderr).
@@ -573,7 +575,7 @@ class _ChildRunner:
         proc.stdin.write(json.dumps(request) + "\n")
         proc.stdin.flush()
         t0 = time.monotonic()
-        answer, whole_since = None, None
+        answer, running, since, runs = None, None, None, 0
         while answer is None:
             ready, _, _ = select.select([proc.stdout], [], [], max(hard_limit - (time.monotonic() - t0), 0.0))
             line = proc.stdout.readline() if ready else ""
@@ -581,7 +583,7 @@ class _ChildRunner:
                 break  # past the hard limit, or the child died
             msg = json.loads(line)
             if "progress" in msg:  # the child starts a pilot run: a whole task, or one cut to a few steps
-                whole_since = time.monotonic() if msg["progress"] == "whole_task" else None
+                running, since, runs = msg, time.monotonic(), runs + 1
                 continue
             answer = msg
         if answer is not None and "crash" not in answer:
@@ -599,14 +601,31 @@ class _ChildRunner:
             p.error = answer["crash"]
         elif died:
             p.error = "the pilot process died: " + self._tail()
-        elif whole_since is not None:
+        elif running is not None and running["progress"] == "whole_task":
             # stopped while running one whole task: that task takes longer than it ran, and without a cost
             # model every task is taken to cost the same
-            ran = time.monotonic() - whole_since
+            ran = time.monotonic() - since
             p.lower_bound = True
             p.workers = workers or _default_workers(p.device)
             p.task_seconds = [ran] * len(tasks)
             p.seconds = ran * len(tasks)
+            p.wall_seconds = lpt_makespan(p.task_seconds, p.workers)
+        elif running is not None and exp.cost is not None:
+            # stopped while running task j cut to k steps: the whole task j does all of that run's work and
+            # more, so it takes longer than the run ran; so does, per the cost model, every task of j's kind
+            # with at least j's work per step and for the rest and at least k steps — unless the run was the
+            # experiment's first (its warm-up), whose one-time costs (imports, data read from disk) a worker
+            # pays once: then task j alone.  The others count 0.
+            ran = time.monotonic() - since
+            j, k = int(running["task"]), int(running["steps"])
+            costs = _costs(exp, cells, tasks)
+            cj = costs[j]
+            p.lower_bound = True
+            p.workers = workers or _default_workers(p.device)
+            p.task_seconds = [ran if i == j or (runs > 1 and c.kind == cj.kind and c.steps >= k
+                                                and c.step_work >= cj.step_work and c.fixed_work >= cj.fixed_work)
+                              else 0.0 for i, c in enumerate(costs)]
+            p.seconds = sum(p.task_seconds)
             p.wall_seconds = lpt_makespan(p.task_seconds, p.workers)
         else:
             p.error = (f"the pilot (a task cut to a few steps) ran past {hard_limit:.0f} s; give it more time "

@@ -3,12 +3,17 @@
 Importable by Dask workers and by the plan's child process.  ``BNLAB_TEST_PLAN_STEPS`` sets the training
 steps of every cell (default 300) and ``BNLAB_TEST_PLAN_BATCHES`` the BN batch of each column (default
 "8,32"), so a test can make the grid longer or more varied without another experiment.
+
+``COSTED`` is the engine's test sweep (``tests/experiments/_helpers.py``) with cost and shorten hooks:
+100 steps per cell that each sleep ``BNLAB_TEST_STEP_SLEEP`` seconds (default 0), cells 0–2 twice the
+work per step of cells 3–5 — for a pilot stopped while it runs a task cut to a few steps.
 """
 from __future__ import annotations
 
 import os
+import time
 
-from bnlab.experiments.spec import Experiment
+from bnlab.experiments.spec import Experiment, TaskCost
 from bnlab.reproductions.trainability import (column_group, run_trainability_cell, run_trainability_group,
                                               trainability_cost, trainability_shorten)
 
@@ -25,4 +30,27 @@ COLUMNS = Experiment(name="bnlab-test-plan-columns", paper="p", figure="f", titl
                      grid=grid, run_cell=run_trainability_cell, plot=lambda records, outdir: [],
                      group=column_group, run_group=run_trainability_group, cost=trainability_cost,
                      shorten=trainability_shorten)
-EXPERIMENTS = [COLUMNS]
+
+
+def _costed_grid(scale: str) -> list[dict]:
+    from ._helpers import grid as sweep_grid
+
+    step_sleep = float(os.environ.get("BNLAB_TEST_STEP_SLEEP", "0"))
+    return [dict(c, steps=100, step_sleep=step_sleep) for c in sweep_grid(scale)]
+
+
+def _costed_cell(params: dict) -> dict:
+    from ._helpers import run_cell
+
+    time.sleep(params["steps"] * params["step_sleep"])
+    return run_cell(params)
+
+
+def _costed_cost(cells: list[dict]) -> TaskCost:
+    return TaskCost("sleep", steps=cells[0]["steps"], step_work=2.0 if cells[0]["i"] < 3 else 1.0)
+
+
+COSTED = Experiment(name="bnlab-test-plan-costed", paper="p", figure="f", title="sleeps", claim="c",
+                    grid=_costed_grid, run_cell=_costed_cell, plot=lambda records, outdir: [], cost=_costed_cost,
+                    shorten=lambda cells, k: [dict(c, steps=k) for c in cells])
+EXPERIMENTS = [COLUMNS, COSTED]

@@ -3,8 +3,12 @@
 The estimate is checked against the run it predicts, side by side in one process: the plan pilots the
 grid, then the same grid runs serially, both timed with the process's CPU time (``clock="process"``) —
 on this shared 2-core machine wall time carries the other jobs' load (measured: 20–30 s wall for 6 s
-of CPU in the same run), which would make the comparison a measurement of the load.  The criterion is
-the issue's: within a factor 2.
+of CPU in the same run), which would make the comparison a measurement of the load.  Both run with
+one torch thread (as a Dask worker and the plan's child do): with two, the CPU time also counts the
+intra-op threads spinning while they wait for a core the other jobs hold, which grows with the load
+and differs between the two halves of the comparison; with one it is the work itself (the plan's
+memory-sampling thread adds a few per cent to the pilots' side).  The criterion is the issue's: within a
+factor 2.
 """
 from __future__ import annotations
 
@@ -23,6 +27,16 @@ from . import _plan_helpers
 from .conftest import helper_pythonpath
 
 
+@pytest.fixture
+def one_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _plan_then_run(tmp_path, monkeypatch, steps: str, batches: str) -> tuple[float, float]:
     monkeypatch.setenv("BNLAB_TEST_PLAN_STEPS", steps)
     monkeypatch.setenv("BNLAB_TEST_PLAN_BATCHES", batches)
@@ -37,16 +51,18 @@ def _plan_then_run(tmp_path, monkeypatch, steps: str, batches: str) -> tuple[flo
     return plan.seconds, measured
 
 
-def test_the_plan_is_within_2x_of_the_run_it_plans(tmp_path, monkeypatch):
+def test_the_plan_is_within_2x_of_the_run_it_plans(tmp_path, monkeypatch, one_thread):
     # two columns (B = 8, 32) of three BN-MLPs each, 300 SGD steps: two pilots (the work per step spans 4x)
     planned, measured = _plan_then_run(tmp_path, monkeypatch, "300", "8,32")
+    print(f"plan / run: {planned:.2f} s / {measured:.2f} s = {planned / measured:.2f}")
     assert 0.5 <= planned / measured <= 2.0, (planned, measured)
 
 
 @pytest.mark.slow
-def test_the_plan_is_within_2x_of_a_longer_more_varied_run(tmp_path, monkeypatch):
+def test_the_plan_is_within_2x_of_a_longer_more_varied_run(tmp_path, monkeypatch, one_thread):
     # four columns (B = 8 … 128: 16x the work per step from one end to the other), 600 steps each
     planned, measured = _plan_then_run(tmp_path, monkeypatch, "600", "8,16,64,128")
+    print(f"plan / run: {planned:.2f} s / {measured:.2f} s = {planned / measured:.2f}")
     assert 0.5 <= planned / measured <= 2.0, (planned, measured)
 
 
@@ -100,6 +116,32 @@ def test_isolated_pilots_run_in_a_child_and_a_pilot_past_its_limit_gives_a_lower
     # start-up counts against the limit), and every task is taken to cost the same (no cost model)
     assert e.lower_bound and e.error is None and "≥" in format_plan(plan)
     assert len(set(e.task_seconds)) == 1 and 0 < e.task_seconds[0] < 8 and e.seconds == pytest.approx(6 * e.task_seconds[0])
+
+
+@pytest.mark.parametrize("slow_in", ["warm_up", "timed_run"])
+def test_a_pilot_stopped_in_a_cut_task_gives_a_lower_bound_for_the_tasks_that_do_more(test_env, monkeypatch,
+                                                                                       slow_in):
+    monkeypatch.setenv("PYTHONPATH", helper_pythonpath())
+    # a hard limit of 30 s leaves the child's start-up (imports, under load) time to reach the slow run
+    if slow_in == "warm_up":  # task 0 (piloted first: the most work) sleeps 5 minutes from its first run on
+        monkeypatch.setenv("BNLAB_TEST_SLOW", "0:300")
+    else:  # the warm-up's 1 step takes 1 s (past the budget: it stands in for the timed run), the next 60 steps 60 s
+        monkeypatch.setenv("BNLAB_TEST_STEP_SLEEP", "1.0")
+    t0 = time.monotonic()
+    plan = plan_experiments([_plan_helpers.COSTED], "small", workers=1, budget=0.5, hard_limit=30,
+                            pilot_steps=(1, 60))
+    assert time.monotonic() - t0 < 120
+    (e,) = plan.experiments
+    assert e.lower_bound and e.error is None and "≥" in format_plan(plan)
+    ran = e.task_seconds[0]
+    assert 0 < ran < 30  # the run, stopped at the hard limit (the child's start-up counts against it)
+    if slow_in == "warm_up":
+        # the warm-up's one-time costs are a worker's, not every task's: task 0 alone
+        assert e.task_seconds == [ran, 0, 0, 0, 0, 0]
+    else:
+        # cells 0-2 do the stopped run's work and more (twice the work per step of 3-5, 100 >= 60 steps)
+        assert e.task_seconds == [ran, ran, ran, 0, 0, 0]
+    assert e.seconds == pytest.approx(sum(e.task_seconds)) and e.wall_seconds == pytest.approx(e.seconds)
 
 
 def test_plan_to_dict_and_table():
