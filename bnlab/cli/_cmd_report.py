@@ -20,6 +20,31 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars or messages")
     add_data_dir_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    g = p.add_argument_group("plan (nothing long runs)")
+    g.add_argument("--plan", action="store_true",
+                   help="pilot a few steps of each kind of task on this device and print the cells, the estimated "
+                   "time per reproduction and in total, and the memory per task; then stop")
+    g.add_argument("--plan-budget", type=float, default=60.0, metavar="SECONDS",
+                   help="seconds the pilots of one reproduction should take (default 60; a reproduction whose "
+                   "pilots run past 2x this + 60 s is stopped and reported with a lower bound)")
+    g.add_argument("--device", default=None,
+                   help="device of the plan's pilots for GPU reproductions (default: the engine's choice, "
+                   "cuda:0 when CUDA is present)")
+
+
+def run_plan(args: argparse.Namespace, names) -> int:
+    """``--plan``: pilot the reproductions ``names`` and print the estimate (the table, or JSON)."""
+    from bnlab.experiments.plan import format_plan, plan_experiments
+
+    check_cluster_arguments(args)
+    apply_data_dir(args)
+    plan = plan_experiments(names, args.scale, device=args.device, workers=args.workers, budget=args.plan_budget,
+                            progress=not args.no_progress and not args.json)
+    if args.json:
+        print_json(plan.to_dict())
+    else:
+        print(format_plan(plan))
+    return 0
 
 
 def run_options(args: argparse.Namespace) -> dict:
@@ -44,6 +69,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from bnlab.experiments.report import build_report
 
+    if args.plan:
+        from bnlab.experiments.registry import list_experiments
+
+        return run_plan(args, args.only or list(list_experiments()))
     check_output_dir("out", args.out)  # checked first: a cached run would otherwise never notice
     if args.results_dir is not None:
         check_output_dir("results_dir", args.results_dir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from bnlab.cli._cmd_report import add_run_arguments, run_options
+from bnlab.cli._cmd_report import add_run_arguments, run_options, run_plan
 from bnlab.cli._common import (apply_data_dir, check_cluster_arguments, check_output_dir, print_json, print_table,
                                yes_no)
 
@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"\n{mod} failed to import: {tb.strip().splitlines()[-1]}")
         return 0
 
+    if args.plan:
+        return run_plan(args, [args.name])
     from bnlab.experiments.report import reproduce
 
     check_output_dir("out", args.out)  # checked first: a cached run would otherwise never notice

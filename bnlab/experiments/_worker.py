@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from bnlab.experiments.spec import library_versions  # public in spec (the report reads it too)
 
-__all__ = ["execute_cell", "library_versions", "jsonable_metrics"]
+__all__ = ["execute_cell", "execute_group", "execute_task", "library_versions", "jsonable_metrics"]
 
 #: Environment of a worker process: its torch thread count (its share of the cores), and "1" where the
 #: user fixed it (``--threads``; the chooser of small work then leaves it alone).  The local cluster
@@ -153,3 +153,59 @@ def execute_cell(
     )
     return out
 
+
+def execute_group(
+    run_group: Callable[[list[dict]], list[dict]], cells: list[dict], limit_threads: bool = True,
+    uses_gpu: bool = False,
+) -> list[dict]:
+    """Run ``run_group(cells)`` (cells trained together) and return one outcome per cell, in order.
+
+    Each outcome is :func:`execute_cell`'s dict.  Every cell of the group gets the group's ``started``,
+    ``finished``, worker and versions, and an equal share of its duration (so the durations of a
+    sweep's cells still add up to the time spent).  When ``run_group`` raises, or returns anything but
+    one metrics dict per cell, every cell of the group fails with that error.
+    """
+    if limit_threads:
+        _limit_threads()
+    started = _now()
+    t0 = time.perf_counter()
+    versions = library_versions()
+    n = len(cells)
+    try:
+        call_cells = [dict(p) for p in cells]
+        if uses_gpu:
+            from bnlab.experiments.spec import cell_device
+
+            device = cell_device()
+            for p in call_cells:
+                if "device" not in p:
+                    p["device"] = versions["device"] = device
+        results = run_group(call_cells)
+        if not isinstance(results, (list, tuple)) or len(results) != n:
+            raise TypeError(f"run_group must return a list of {n} metrics dicts (one per cell), returned "
+                            f"{type(results).__name__}" + (f" of length {len(results)}"
+                                                         if isinstance(results, (list, tuple)) else ""))
+        outs = [{"ok": True, "metrics": jsonable_metrics(m), "error": None} for m in results]
+    except Exception:  # a failing group is a result for each of its cells, not a crash of the sweep
+        error = traceback.format_exc()
+        outs = [{"ok": False, "metrics": None, "error": error} for _ in range(n)]
+    duration = time.perf_counter() - t0
+    share = duration / max(n, 1) if math.isfinite(duration) else None
+    finished, worker, host = _now(), _worker_name(), socket.gethostname()
+    for out in outs:
+        out.update(started=started, finished=finished, duration=share, worker=worker, host=host, pid=os.getpid(),
+                   versions=versions)
+    return outs
+
+
+def execute_task(
+    run_cell: Callable[[dict], dict], run_group: Callable[[list[dict]], list[dict]] | None, cells: list[dict],
+    limit_threads: bool = True, uses_gpu: bool = False,
+) -> list[dict]:
+    """One task of a sweep: ``run_group(cells)`` for a group (:func:`execute_group`), else ``run_cell`` of its
+    one cell (:func:`execute_cell`); a list of one outcome per cell either way."""
+    if run_group is None:
+        if len(cells) != 1:
+            raise ValueError(f"a task without run_group holds one cell, not {len(cells)}")
+        return [execute_cell(run_cell, cells[0], limit_threads, uses_gpu)]
+    return execute_group(run_group, cells, limit_threads, uses_gpu)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["Experiment", "Record", "Comparison", "Setting", "Check", "SCALES", "VERDICTS", "cell_device",
-           "library_versions"]
+__all__ = ["Experiment", "Record", "Comparison", "Setting", "Check", "TaskCost", "SCALES", "VERDICTS", "cell_device",
+           "cell_tasks", "library_versions"]
 
 #: ``small``: minutes on 2 CPU cores (used by ``bnlab report`` and tests);
 #: ``paper``: the paper's sizes (a GPU or a Dask cluster).
@@ -73,6 +73,23 @@ class Check:
 
 
 @dataclass(frozen=True)
+class TaskCost:
+    """What one task of a sweep (a cell, or a group of cells trained together) costs, for a plan.
+
+    ``steps`` is the number of training steps (iterations) the task runs; a pilot runs a few of them
+    (:attr:`Experiment.shorten`) and extrapolates to ``steps``.  ``step_work`` and ``fixed_work`` are
+    the relative costs of one step and of everything else (building the networks, the test pass) in
+    any unit shared by the tasks of one ``kind`` (e.g. multiply-adds): a task that is not piloted is
+    extrapolated from the piloted task of its kind in proportion to them.
+    """
+
+    kind: str
+    steps: int = 1
+    step_work: float = 1.0
+    fixed_work: float = 1.0
+
+
+@dataclass(frozen=True)
 class Experiment:
     """A paper figure or table as a sweep.
 
@@ -120,6 +137,19 @@ class Experiment:
         when CUDA is present, else ``"cpu"``), which is not part of the cell's
         identity.  On a cluster whose workers declare a ``GPU`` resource the
         engine sends these cells only there.
+    group, run_group:
+        Batched training (optional, both or neither).  ``group(params, scale) -> str | None`` names the
+        ensemble a cell trains in at ``scale``; the engine runs the pending cells of one name as one
+        task, ``run_group(list_of_params) -> list_of_metrics`` (one metrics dict per cell, in order; a
+        module-level function), and commits each cell's result on its own — cells stay the unit of
+        storage and resume, and a resumed group trains only its unfinished cells.  ``None`` runs the
+        cell alone through ``run_cell``.  ``run_group([p])`` must give the metrics ``run_cell(p)``
+        gives, to the rounding of batched products (each reproduction's tests show it).
+    cost, shorten:
+        For a plan (:func:`bnlab.experiments.plan.plan_experiment`), optional.
+        ``cost(cells) -> TaskCost`` says what a task (the cells that run together) costs;
+        ``shorten(cells, steps) -> cells`` returns the task cut to ``steps`` training steps, with the
+        same work per step (the pilot).  Without them a pilot runs whole tasks.
     """
 
     name: str
@@ -135,6 +165,36 @@ class Experiment:
     settings: Sequence[Setting] = ()
     checks: Sequence[Check] = ()
     limitations: str = ""
+    group: Callable[[dict, str], str | None] | None = None
+    run_group: Callable[[list[dict]], list[dict]] | None = None
+    cost: Callable[[list[dict]], TaskCost] | None = None
+    shorten: Callable[[list[dict], int], list[dict]] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.group is None) != (self.run_group is None):
+            raise ValueError(f"experiment {self.name!r}: give both group and run_group, or neither")
+
+
+def cell_tasks(experiment: Experiment, cells: Sequence[Mapping[str, Any]], scale: str) -> list[list[int]]:
+    """The tasks the engine runs for ``cells`` at ``scale``: lists of indices into ``cells``.
+
+    Cells whose :attr:`Experiment.group` names the same ensemble form one task (in the order of their
+    first cell); every other cell is a task of its own.  Without ``group`` every cell runs alone.
+    """
+    if experiment.group is None:
+        return [[i] for i in range(len(cells))]
+    tasks: list[list[int]] = []
+    named: dict[str, list[int]] = {}
+    for i, params in enumerate(cells):
+        name = experiment.group(dict(params), scale)
+        if name is None:
+            tasks.append([i])
+        elif name in named:
+            named[name].append(i)
+        else:
+            named[name] = [i]
+            tasks.append(named[name])
+    return tasks
 
 
 def cell_device() -> str:

@@ -5,7 +5,9 @@ store.  It opens the sweep's SQLite file, adds the grid's cells, returns any
 cell a previous driver left ``running`` to ``pending``, submits every pending
 cell to a Dask client (``client.submit`` of a module-level function, so cells
 travel by reference), and commits each outcome as it arrives
-(``as_completed``).  Hence:
+(``as_completed``).  Cells that an experiment's ``group`` puts together (a batched
+ensemble at ``paper`` scale) are submitted as one task, ``run_group``, and still
+committed one by one.  Hence:
 
 * stopping the driver (Ctrl-C, SIGTERM, ``kill -9``) loses no finished cell
   and a resume runs only the cells without a committed result;
@@ -41,9 +43,9 @@ from typing import IO, Any, Iterator
 from bnlab import _threads
 from bnlab._validation import atomic_output_path, check_choice, check_int, check_writable_ancestor
 from bnlab.experiments._progress import SweepProgress
-from bnlab.experiments._worker import PINNED_ENV, THREADS_ENV, execute_cell, library_versions, set_worker_threads
+from bnlab.experiments._worker import PINNED_ENV, THREADS_ENV, execute_task, library_versions, set_worker_threads
 from bnlab.experiments.registry import experiment_module, get_experiment, list_experiments
-from bnlab.experiments.spec import SCALES, Experiment
+from bnlab.experiments.spec import SCALES, Experiment, cell_tasks
 from bnlab.experiments.store import ResultsStore
 
 __all__ = [
@@ -291,49 +293,68 @@ def _commit(store: ResultsStore, key: str, outcome: dict, progress: SweepProgres
     progress.update(outcome["ok"])
 
 
-def _run_serial(experiment: Experiment, rows, store: ResultsStore, progress: SweepProgress) -> int:
-    executed = 0
-    for row in rows:
-        store.mark_submitted([row.key])
-        outcome = execute_cell(experiment.run_cell, row.params, False, experiment.uses_gpu)
+def _tasks(experiment: Experiment, rows, scale: str) -> list[tuple[list, Any]]:
+    """The pending rows as tasks: ``(rows, run_group or None)``, groups of :attr:`Experiment.group` first-seen order."""
+    out = []
+    for idx in cell_tasks(experiment, [r.params for r in rows], scale):
+        members = [rows[i] for i in idx]
+        grouped = experiment.group is not None and experiment.group(dict(members[0].params), scale) is not None
+        out.append((members, experiment.run_group if grouped else None))
+    return out
+
+
+def _commit_task(store: ResultsStore, members, outcomes, progress: SweepProgress) -> None:
+    for row, outcome in zip(members, outcomes):
         _commit(store, row.key, outcome, progress)
-        executed += 1
+
+
+def _run_serial(experiment: Experiment, tasks, store: ResultsStore, progress: SweepProgress) -> int:
+    executed = 0
+    for members, run_group in tasks:
+        store.mark_submitted([r.key for r in members])
+        outcomes = execute_task(experiment.run_cell, run_group, [r.params for r in members], False,
+                                experiment.uses_gpu)
+        _commit_task(store, members, outcomes, progress)
+        executed += len(members)
     return executed
 
 
-def _run_dask(experiment: Experiment, rows, store: ResultsStore, progress: SweepProgress, client, retries: int) -> int:
+def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: SweepProgress, client, retries: int) -> int:
     from distributed import as_completed
 
     resources = _gpu_resources(client, experiment)
-    store.mark_submitted([r.key for r in rows])
+    store.mark_submitted([r.key for members, _ in tasks for r in members])
     tag = uuid.uuid4().hex[:8]
-    # One map call submits the whole grid in one message; the function travels by reference.
+    # One map call submits the whole grid in one message; the functions travel by reference.  A task is
+    # one cell, or the cells of one group (trained together, committed one by one).
     futs = client.map(
-        execute_cell,
-        [experiment.run_cell] * len(rows),
-        [r.params for r in rows],
-        [True] * len(rows),
-        [experiment.uses_gpu] * len(rows),
-        key=[f"bnlab-{experiment.name}-{r.key}-{tag}" for r in rows],
+        execute_task,
+        [experiment.run_cell] * len(tasks),
+        [run_group for _, run_group in tasks],
+        [[r.params for r in members] for members, _ in tasks],
+        [True] * len(tasks),
+        [experiment.uses_gpu] * len(tasks),
+        key=[f"bnlab-{experiment.name}-{members[0].key}{'-group' if len(members) > 1 else ''}-{tag}"
+             for members, _ in tasks],
         pure=False,
         retries=retries,
         resources=resources,
     )
-    futures = {f: r.key for f, r in zip(futs, rows)}
+    futures = {f: members for f, (members, _) in zip(futs, tasks)}
     executed = 0
     try:
         # with_results: results are gathered by the client's event loop as they arrive, not one round trip each.
         for fut, result in as_completed(futs, with_results=True, raise_errors=False):
-            key = futures.pop(fut)
+            members = futures.pop(fut)
             if fut.status == "error":  # the task itself failed: KilledWorker, unpicklable cell, ...
                 exc = result[1]
                 hint = f"\n{_KILLED_HINT}" if type(exc).__name__ == "KilledWorker" else ""
-                outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}{hint}"}
+                outcomes = [{"ok": False, "error": f"{type(exc).__name__}: {exc}{hint}"}] * len(members)
             else:
-                outcome = result
-            _commit(store, key, outcome, progress)
+                outcomes = result
+            _commit_task(store, members, outcomes, progress)
             fut.release()
-            executed += 1
+            executed += len(members)
     finally:
         if futures:  # interrupted: nothing more will be committed for these
             client.cancel(list(futures))
@@ -436,18 +457,19 @@ def run_sweep(
         executed = 0
         try:
             with _sigterm_as_interrupt():
-                if not rows:
+                tasks = _tasks(exp, rows, scale)
+                if not tasks:
                     pass
                 elif serial:
                     with _threads.pinned(threads):
-                        executed = _run_serial(exp, rows, st, bar)
+                        executed = _run_serial(exp, tasks, st, bar)
                 elif client is not None:
                     if threads is not None:
                         set_client_threads(client, threads)
-                    executed = _run_dask(exp, rows, st, bar, client, retries)
+                    executed = _run_dask(exp, tasks, st, bar, client, retries)
                 else:
                     with open_client(scheduler, workers, threads) as own:
-                        executed = _run_dask(exp, rows, st, bar, own, retries)
+                        executed = _run_dask(exp, tasks, st, bar, own, retries)
         except BaseException as exc:
             # Ctrl-C, SIGTERM, a lost scheduler...: what finished is committed; what was in flight runs again later.
             requeued = st.requeue_running()

@@ -11,8 +11,9 @@ small step-size grid (the paper: grid-searched, 75 epochs, 5 runs).
 Budget (``small``): the first 20 000 training images (standardized), 400 steps, lr 0.1 (the
 better of {0.01, 0.1} at every depth where either trained, measured once with both), 1 seed;
 accuracy on 5 000 training images.  ``paper``: 60 000 images, 75 epochs
-(≈ 35 000 steps), lr ∈ {0.001, 0.01, 0.1}, 5 seeds.  Models: :class:`bnlab.nets.MLP`
-(``init="torch_default"``); training: :func:`bnlab.nets.train`.
+(≈ 35 000 steps), lr ∈ {0.001, 0.01, 0.1}, 5 seeds; the 15 cells of one (norm, depth) train together as
+one batched ensemble (:func:`run_group`, :func:`bnlab.nets.train_ensemble`).  Models:
+:class:`bnlab.nets.MLP` (``init="torch_default"``); training: :func:`bnlab.nets.train`.
 """
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from typing import Sequence
 
 import numpy as np
 
-from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.experiments.spec import Comparison, Experiment, Record, TaskCost
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell"]
+__all__ = ["EXPERIMENTS", "run_cell", "group", "run_group"]
 
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 _DEPTHS = [1, 2, 4, 8, 16, 32]
@@ -44,25 +45,26 @@ def _grid(scale: str) -> list[dict]:
             for seed in s["seeds"] for norm in ("bn", "none") for depth in _DEPTHS for lr in s["lrs"]]
 
 
-def run_cell(params: dict) -> dict:
-    """Rank of H_L at initialization, then training accuracy after the budget."""
-    import functools
-
-    import torch
-
+def _data(n: int):
+    """The first ``n`` Fashion-MNIST training images (flat, standardized) and labels, or the skip metrics."""
     from bnlab.data import DatasetNotFoundError, load_dataset
-    from bnlab.nets import MLP
-    from bnlab.nets import train as train_net
-    from bnlab.rank import last_linear_name, rank_measures, record_representations, rescale_to_unit_trace
 
     try:
         data = load_dataset("fashion_mnist", "train")
     except (DatasetNotFoundError, OSError) as exc:
         return {"skipped": True, "skip_reason": f"Fashion-MNIST not available: {exc}"}
-    n = params["n_train"]
     x = data.x[:n].reshape(n, -1).float()
     x = (x - x.mean()) / x.std()
-    y = data.y[:n]
+    return x, data.y[:n]
+
+
+def _model_at_init(params: dict, x):
+    """The cell's MLP and its rank metrics at initialization (BN's running statistics reset after the probe)."""
+    import torch
+
+    from bnlab.nets import MLP
+    from bnlab.rank import last_linear_name, rank_measures, record_representations, rescale_to_unit_trace
+
     model = MLP(784, [params["width"]] * params["depth"], 10, norm=params["norm"], init="torch_default",
                 seed=params["seed"])
     name = last_linear_name(model)
@@ -76,15 +78,82 @@ def run_cell(params: dict) -> dict:
     for mod in model.modules():
         if hasattr(mod, "reset_running_stats"):
             mod.reset_running_stats()
-    length = {"steps": params["steps"]} if "steps" in params else {"epochs": params["epochs"]}
-    res = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=params["lr"]),
-                    batch_size=params["batch_size"], seed=params["seed"], **length)
+    return model, out
+
+
+def _after_training(model, res, params: dict, x, y, out: dict) -> dict:
+    import torch
+
     model.eval()
     with torch.no_grad():
         ne = params["n_eval"]
-        acc = float((model(x[:ne]).argmax(1) == y[:ne]).float().mean()) if not res.diverged else 0.1
+        xe = x[:ne].to(next(model.parameters()).device)
+        acc = float((model(xe).argmax(1).cpu() == y[:ne]).float().mean()) if not res.diverged else 0.1
     out.update(train_accuracy=acc, diverged=bool(res.diverged), final_train_loss=float(res.final_train_loss))
     return out
+
+
+def _length(params: dict) -> dict:
+    return {"steps": params["steps"]} if "steps" in params else {"epochs": params["epochs"]}
+
+
+def run_cell(params: dict) -> dict:
+    """Rank of H_L at initialization, then training accuracy after the budget."""
+    import functools
+
+    import torch
+
+    from bnlab.nets import train as train_net
+
+    data = _data(params["n_train"])
+    if isinstance(data, dict):
+        return data
+    x, y = data
+    model, out = _model_at_init(params, x)
+    res = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=params["lr"]),
+                    batch_size=params["batch_size"], seed=params["seed"], device=params.get("device", "cpu"),
+                    **_length(params))
+    return _after_training(model, res, params, x, y, out)
+
+
+def group(params: dict, scale: str) -> str | None:
+    """At ``paper`` scale the cells of one (norm, depth) — every step size and seed — train as one ensemble."""
+    if scale != "paper":
+        return None
+    return repr(sorted((k, v) for k, v in params.items() if k not in ("lr", "seed", "device")))
+
+
+def run_group(cells: list[dict]) -> list[dict]:
+    """The cells of one (norm, depth) trained together (:func:`bnlab.nets.train_ensemble`, one step size and
+    data order per network): each cell's :func:`run_cell` metrics, to the rounding of batched products."""
+    from bnlab.nets import train_ensemble
+
+    base = {k: v for k, v in cells[0].items() if k not in ("lr", "seed")}
+    if any({k: v for k, v in c.items() if k not in ("lr", "seed")} != base for c in cells):
+        raise ValueError(f"cells={cells!r} are not allowed as one group: they differ in more than lr and seed")
+    data = _data(base["n_train"])
+    if isinstance(data, dict):
+        return [dict(data) for _ in cells]
+    x, y = data
+    models, outs = zip(*(_model_at_init(c, x) for c in cells))
+    results = train_ensemble(list(models), (x, y), lr=[float(c["lr"]) for c in cells], batch_size=base["batch_size"],
+                             seeds=[int(c["seed"]) for c in cells], device=base.get("device", "cpu"),
+                             **_length(base))
+    return [_after_training(m, r, c, x, y, o) for m, r, c, o in zip(models, results, cells, outs)]
+
+
+def cost(cells: list[dict]) -> TaskCost:
+    """A task's steps and multiply-adds per step (forward + backward ≈ 3 × batch × weights) and for the rest
+    (the rank probe and the accuracy pass), for a plan; BN and vanilla networks are separate kinds."""
+    c = cells[0]
+    weights = sum(784 * x["width"] + x["depth"] * x["width"] ** 2 + 10 * x["width"] for x in cells)
+    steps = c["steps"] if "steps" in c else max(1, round(c["epochs"] * (c["n_train"] // c["batch_size"])))
+    return TaskCost(c["norm"], int(steps), 3.0 * c["batch_size"] * weights, float(c["n_eval"] + c["batch_size"]) * weights)
+
+
+def shorten(cells: list[dict], steps: int) -> list[dict]:
+    """The task cut to ``steps`` SGD steps (for a plan's pilot)."""
+    return [{**{k: v for k, v in c.items() if k not in ("steps", "epochs")}, "steps": int(steps)} for c in cells]
 
 
 def _best(records: Sequence[Record]) -> dict:
@@ -156,6 +225,10 @@ EXPERIMENTS = [
         run_cell=run_cell,
         plot=_plot,
         compare=_compare,
-        uses_gpu=False,
+        uses_gpu=True,
+        group=group,
+        run_group=run_group,
+        cost=cost,
+        shorten=shorten,
     )
 ]

@@ -6,7 +6,8 @@ layer (Algorithm 1) and BN nets — Fig. 4 is on CIFAR-10, its Fig. 12 twin on F
 is what runs here.  The claim: the slow-down with depth is much milder for pre-trained nets than
 for vanilla ones.  Each cell is :func:`bnlab.reproductions.daneshmand2020_fig6.run_cell` (the same
 models, pre-training and SGD budget: 500 steps at lr 0.01, batch 64, 20 000 images at ``small``;
-``paper``: 20 000 steps, 60 000 images, 3 seeds).
+``paper``: 20 000 steps, 60 000 images, 3 seeds, the networks of one architecture and depth trained as one
+batched ensemble between the tracked steps).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from bnlab.experiments.spec import Comparison, Experiment, Record
 from bnlab.reproductions.plotting import pyplot, save_figure
-from bnlab.reproductions.daneshmand2020_fig6 import run_cell
+from bnlab.reproductions.daneshmand2020_fig6 import CHUNKED, cost, group, run_cell, run_group, shorten
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
@@ -34,8 +35,11 @@ def _grid(scale: str) -> list[dict]:
     from bnlab._validation import check_choice
 
     s = _SCALES[check_choice("scale", scale, tuple(_SCALES))]
+    # paper scale: chunks between the tracked steps, the kinds of one architecture and every seed of a depth
+    # trained as one batched ensemble (daneshmand2020_fig6.group / run_group); small scale: one network per cell
+    order = {"data_order": CHUNKED} if scale == "paper" else {}
     return [dict(kind=k, depth=depth, width=128, lr=0.01, batch_size=64, steps=s["steps"], n_train=s["n_train"],
-                 n_eval=s["n_eval"], n_test=s["n_test"], seed=seed)
+                 n_eval=s["n_eval"], n_test=s["n_test"], seed=seed, **order)
             for seed in s["seeds"] for depth in s["depths"] for k in _KINDS]
 
 
@@ -102,6 +106,10 @@ EXPERIMENTS = [
         run_cell=run_cell,
         plot=_plot,
         compare=_compare,
-        uses_gpu=False,
+        uses_gpu=True,
+        group=group,
+        run_group=run_group,
+        cost=cost,
+        shorten=shorten,
     )
 ]

@@ -31,7 +31,8 @@ rank raised on the one pre-training minibatch (M = 1) carries over only partly t
 Budget (``small``): the first 20 000 training images (standardized), 500 SGD steps at lr 0.01,
 1 seed (cut from 2 to fit ``bnlab report``'s 10-minute budget on 2 CPU cores); accuracy on 5 000 of the training images and on 2 000 test images.  ``paper``: 60 000
 images, 20 000 steps (≈ 21 epochs; the paper trains longer with a grid-searched step size),
-lr 0.01, 5 seeds.
+lr 0.01, 5 seeds; the kinds of one architecture and all seeds train as one batched ensemble, in chunks
+between the tracked steps (:func:`run_group`, :mod:`bnlab.reproductions.chunked`).
 """
 from __future__ import annotations
 
@@ -41,10 +42,10 @@ from typing import Sequence
 
 import numpy as np
 
-from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
+from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting, TaskCost
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell", "build_mlp"]
+__all__ = ["EXPERIMENTS", "run_cell", "run_group", "group", "cost", "shorten", "build_mlp", "CHUNKED"]
 
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 _KINDS = ("vanilla", "pretrain25", "pretrain75", "bn", "bn_asym", "bn_nomean")
@@ -62,8 +63,11 @@ def _grid(scale: str) -> list[dict]:
     from bnlab._validation import check_choice
 
     s = _SCALES[check_choice("scale", scale, tuple(_SCALES))]
+    # paper scale: trained in chunks between the tracked steps, so that every kind of one architecture and
+    # every seed train as one batched ensemble (group / run_group); small scale: one network per cell
+    order = {"data_order": CHUNKED} if scale == "paper" else {}
     return [dict(kind=k, depth=32, width=128, lr=0.01, batch_size=64, steps=s["steps"], n_train=s["n_train"],
-                 n_eval=s["n_eval"], n_test=s["n_test"], track_steps=s["track_steps"], seed=seed)
+                 n_eval=s["n_eval"], n_test=s["n_test"], track_steps=s["track_steps"], seed=seed, **order)
             for seed in s["seeds"] for k in _KINDS]
 
 
@@ -79,6 +83,9 @@ def _settings() -> list[Setting]:
                 "small: 1 seed to fit bnlab report's 10 minutes on 2 CPU cores"),
         Setting("steps with r(H_L), alignment, accuracy (Figs. 6, 10)", "every iteration (curves)",
                 ", ".join(map(str, s["track_steps"])), ", ".join(map(str, p["track_steps"]))),
+        Setting("data order", "not stated", "reshuffled every epoch (bnlab.nets.train)",
+                "reshuffled at every tracked step (a fresh permutation per chunk)",
+                "paper: the networks of one architecture train as one batched ensemble between the measurements"),
     ]
 
 
@@ -128,15 +135,10 @@ def _last_r(model, x) -> float:
     return float(rank_lower_bound(reps[name]))
 
 
-def run_cell(params: dict) -> dict:
-    """Build, (pre-train), train one network; accuracies, r(H_L) and gradient alignment."""
-    import functools
-
-    import torch
-    import torch.nn.functional as F
-
+def _load(params: dict):
+    """``(x, y, x_test, y_test)``: the cell's Fashion-MNIST images (flat, standardized by the training
+    subset's mean and deviation), or the skip metrics when the data set is not present."""
     from bnlab.data import DatasetNotFoundError, load_dataset
-    from bnlab.rank import gradient_alignment, rank_pretrain
 
     try:
         train = load_dataset("fashion_mnist", "train")
@@ -147,9 +149,18 @@ def run_cell(params: dict) -> dict:
     x = train.x[:n].reshape(n, -1).float()
     mu, sd = x.mean(), x.std()
     x = (x - mu) / sd
-    y = train.y[:n]
     xt = ((test.x[: params["n_test"]].reshape(params["n_test"], -1).float()) - mu) / sd
-    yt = test.y[: params["n_test"]]
+    return x, train.y[:n], xt, test.y[: params["n_test"]]
+
+
+def _prepare(params: dict, x, y):
+    """Build the cell's network, pre-train it where its kind says so; the metrics at the start of training."""
+    import functools
+
+    import torch
+
+    from bnlab.rank import gradient_alignment, rank_pretrain
+
     kind, seed = params["kind"], params["seed"]
     model = build_mlp(kind, params["depth"], params["width"], seed=seed)
     probe = x[:64]
@@ -162,46 +173,176 @@ def run_cell(params: dict) -> dict:
     align = gradient_alignment(model, probe, y[:64])
     out["alignment_start"] = _finite_or_none(align.mean_abs_neuron_cosine)
     out["zero_representation_fraction"] = align.zero_fraction
-    from bnlab.nets import train as train_net
+    return model, out
+
+
+def _track_steps(params: dict) -> list[int]:
+    """The steps of r(H_L), the gradient alignment and the training accuracy (Figs. 6 and 10); without
+    ``track_steps`` (fig4's cells) a quarter, half and the end of training."""
+    steps = params["steps"]
+    return sorted({int(t) for t in params.get("track_steps", (steps // 4, steps // 2, steps)) if 0 < int(t) <= steps})
+
+
+class _Tracker:
+    """The curves of one network through training: r(H_L), gradient alignment, batch-statistics accuracy."""
+
+    def __init__(self, out: dict, model, x, y):
+        self.probe, self.y_probe = x[:64], y[:64]
+        self.x_curve, self.y_curve = x[:_CURVE_IMAGES], y[:_CURVE_IMAGES]
+        self.r = [[0, out["r_start"]]]
+        self.align = [[0, out["alignment_start"]]]
+        self.acc = [[0, _batch_stat_accuracy(model, self.x_curve, self.y_curve)]]
+
+    def measure(self, model, step: int) -> None:
+        from bnlab.rank import gradient_alignment
+
+        dev = next(model.parameters()).device
+        probe, y_probe = self.probe.to(dev), self.y_probe.to(dev)
+        self.r.append([step, _last_r(model, probe)])
+        # train mode, as the steps themselves (BN with the batch's statistics)
+        a = gradient_alignment(model, probe, y_probe).mean_abs_neuron_cosine
+        self.align.append([step, _finite_or_none(a)])
+        self.acc.append([step, _batch_stat_accuracy(model, self.x_curve.to(dev), self.y_curve.to(dev))])
+
+
+def _finish(params: dict, model, out: dict, tracker: _Tracker, losses: list[float], diverged_at: int | None,
+            x, y, xt, yt) -> dict:
+    """The metrics after training: the curves, the final alignment, training and test accuracy, the loss curve."""
+    import torch
+
+    from bnlab.rank import gradient_alignment
 
     steps = params["steps"]
-    # r(H_L), the gradient alignment (Prop. 19) and the training accuracy at these steps (Figs. 6 and 10);
-    # without "track_steps" (fig4's cells) at a quarter, half and the end of training
-    track = sorted({int(t) for t in params.get("track_steps", (steps // 4, steps // 2, steps)) if 0 < int(t) <= steps})
-    x_curve, y_curve = x[:_CURVE_IMAGES], y[:_CURVE_IMAGES]
-    r_curve = [[0, out["r_start"]]]
-    align_curve = [[0, out["alignment_start"]]]
-    acc_curve = [[0, _batch_stat_accuracy(model, x_curve, y_curve)]]
-
-    def track_training(info) -> None:
-        if info.step + 1 in track and bool(torch.isfinite(info.loss)):
-            step = info.step + 1
-            r_curve.append([step, _last_r(info.model, probe)])
-            # train mode, as the steps themselves (BN with the batch's statistics)
-            a = gradient_alignment(info.model, probe, y[:64]).mean_abs_neuron_cosine
-            align_curve.append([step, _finite_or_none(a)])
-            acc_curve.append([step, _batch_stat_accuracy(info.model, x_curve, y_curve)])
-
-    result = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=params["lr"]),
-                       batch_size=params["batch_size"], steps=steps, callbacks=[track_training],
-                       seed=10_000 + seed)
-    losses = [float(v) for v in result.history]
-    if result.diverged:
-        out["diverged_at_step"] = result.diverged_at_step
-    elif align_curve[-1][0] == steps:
-        out["alignment_end"] = align_curve[-1][1]  # Fig. 10 after training
+    dev = next(model.parameters()).device
+    if diverged_at is not None:
+        out["diverged_at_step"] = diverged_at
+    elif tracker.align[-1][0] == steps:
+        out["alignment_end"] = tracker.align[-1][1]  # Fig. 10 after training
     else:
-        out["alignment_end"] = _finite_or_none(gradient_alignment(model, probe, y[:64]).mean_abs_neuron_cosine)
-    out["alignment_through_training"] = align_curve
-    out["accuracy_through_training"] = acc_curve
+        a = gradient_alignment(model, tracker.probe.to(dev), tracker.y_probe.to(dev)).mean_abs_neuron_cosine
+        out["alignment_end"] = _finite_or_none(a)
+    out["alignment_through_training"] = tracker.align
+    out["accuracy_through_training"] = tracker.acc
     model.eval()
     with torch.no_grad():
         ne = params["n_eval"]
-        out["train_accuracy"] = float((model(x[:ne]).argmax(1) == y[:ne]).float().mean())
-        out["test_accuracy"] = float((model(xt).argmax(1) == yt).float().mean())
-    out["r_through_training"] = r_curve
+        out["train_accuracy"] = float((model(x[:ne].to(dev)).argmax(1).cpu() == y[:ne]).float().mean())
+        out["test_accuracy"] = float((model(xt.to(dev)).argmax(1).cpu() == yt).float().mean())
+    out["r_through_training"] = tracker.r
     k = max(1, len(losses) // 50)
     out["loss_curve"] = [[i, float(np.mean(losses[i : i + k]))] for i in range(0, len(losses), k)]
+    return out
+
+
+#: ``data_order`` of the paper-scale cells: the steps between two tracked steps are one chunk with a fresh
+#: data order (bnlab.reproductions.chunked), so the networks of a group train as one ensemble in between
+CHUNKED = "per_chunk"
+
+
+def run_cell(params: dict) -> dict:
+    """Build, (pre-train), train one network; accuracies, r(H_L) and gradient alignment.
+
+    A cell with ``data_order="per_chunk"`` (the ``paper`` grid) trains in chunks between its tracked
+    steps (:func:`bnlab.reproductions.chunked.train_in_chunks`), one network at a time — the procedure
+    :func:`run_group` runs as one ensemble; without it, one :func:`bnlab.nets.train` call with the
+    measurements in a callback.
+    """
+    import functools
+
+    import torch
+
+    if params.get("data_order") == CHUNKED:
+        return _run_chunked([params], ensemble=False)[0]
+    data = _load(params)
+    if isinstance(data, dict):
+        return data
+    x, y, xt, yt = data
+    model, out = _prepare(params, x, y)
+    from bnlab.nets import train as train_net
+
+    steps = params["steps"]
+    track = _track_steps(params)
+    tracker = _Tracker(out, model, x, y)
+
+    def track_training(info) -> None:
+        if info.step + 1 in track and bool(torch.isfinite(info.loss)):
+            tracker.measure(info.model, info.step + 1)
+
+    result = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=params["lr"]),
+                       batch_size=params["batch_size"], steps=steps, callbacks=[track_training],
+                       seed=10_000 + params["seed"], device=params.get("device", "cpu"))
+    losses = [float(v) for v in result.history]
+    return _finish(params, model, out, tracker, losses, result.diverged_at_step if result.diverged else None,
+                   x, y, xt, yt)
+
+
+def _family(kind: str) -> str:
+    """The architecture a kind trains: vanilla (also pre-trained: the same MLP, other weights), BN (also with
+    the asymmetric initialization), BN without mean subtraction."""
+    return {"bn": "bn", "bn_asym": "bn", "bn_nomean": "bn_nomean"}.get(kind, "none")
+
+
+def group(params: dict, scale: str) -> str | None:
+    """The ensemble a chunked cell trains in: every kind of one architecture (:func:`_family`) and every seed,
+    at one depth; cells without ``data_order="per_chunk"`` (the ``small`` grid) train alone."""
+    if params.get("data_order") != CHUNKED:
+        return None
+    rest = sorted((k, v) for k, v in params.items() if k not in ("kind", "seed", "device"))
+    return repr([("family", _family(params["kind"]))] + rest)
+
+
+def run_group(cells: list[dict]) -> list[dict]:
+    """The chunked cells of one :func:`group` trained as one ensemble between the tracked steps: each cell's
+    :func:`run_cell` metrics, to the rounding of batched products."""
+    return _run_chunked(cells, ensemble=True)
+
+
+def _run_chunked(cells: list[dict], ensemble: bool) -> list[dict]:
+    from bnlab.reproductions.chunked import train_in_chunks
+
+    first = cells[0]
+    shared = ("n_train", "n_test", "n_eval", "steps", "batch_size", "lr", "depth", "width", "track_steps")
+    if any(c.get(k) != first.get(k) for c in cells for k in shared) or any(c.get("data_order") != CHUNKED
+                                                                             for c in cells):
+        raise ValueError(f"cells={cells!r} are not allowed as one group: they differ in {', '.join(shared)} "
+                         "or are not chunked")
+    data = _load(first)
+    if isinstance(data, dict):
+        return [dict(data) for _ in cells]
+    x, y, xt, yt = data
+    models, outs = zip(*(_prepare(c, x, y) for c in cells))
+    trackers = [_Tracker(o, m, x, y) for o, m in zip(outs, models)]
+    track = _track_steps(first)
+    bounds = sorted(set(track) | {int(first["steps"])})
+    results = train_in_chunks(list(models), (x, y), bounds, lrs=[c["lr"] for c in cells],
+                              seeds=[10_000 + c["seed"] for c in cells], batch_size=first["batch_size"],
+                              device=first.get("device", "cpu"), ensemble=ensemble,
+                              after_chunk=lambda k, step: trackers[k].measure(models[k], step) if step in track else None)
+    return [_finish(c, m, o, t, r.history, r.diverged_at_step, x, y, xt, yt)
+            for c, m, o, t, r in zip(cells, models, outs, trackers, results)]
+
+
+def cost(cells: list[dict]) -> TaskCost:
+    """A task's SGD steps and multiply-adds per step (forward + backward ≈ 3 × batch × weights) and for the
+    rest (pre-training, the tracked measurements, the accuracy passes), for a plan; one kind per family."""
+    c = cells[0]
+    weights = 784 * c["width"] + c["depth"] * c["width"] ** 2 + 10 * c["width"]
+    pretrain = sum(int(x["kind"][len("pretrain"):]) * c["depth"] * 64 for x in cells if x["kind"].startswith("pretrain"))
+    tracked = len(_track_steps(c)) * (64 * 3 + _CURVE_IMAGES)
+    rest = (len(cells) * (c["n_eval"] + c["n_test"] + tracked) + 3 * pretrain) * weights
+    return TaskCost(_family(c["kind"]), int(c["steps"]), 3.0 * c["batch_size"] * weights * len(cells), float(rest))
+
+
+def shorten(cells: list[dict], steps: int) -> list[dict]:
+    """The task cut to ``steps`` SGD steps, its tracked steps scaled with it (for a plan's pilot)."""
+    out = []
+    for c in cells:
+        c = dict(c)
+        full = int(c["steps"])
+        if "track_steps" in c:
+            c["track_steps"] = sorted({max(1, round(t * steps / full)) for t in c["track_steps"] if 0 < t <= full})
+        c["steps"] = int(steps)
+        out.append(c)
     return out
 
 
@@ -349,7 +490,11 @@ EXPERIMENTS = [
         run_cell=run_cell,
         plot=_plot,
         compare=_compare,
-        uses_gpu=False,
+        uses_gpu=True,
+        group=group,
+        run_group=run_group,
+        cost=cost,
+        shorten=shorten,
         settings=_settings(),
         checks=[
             Check("pretrain", "agrees when pre-training at least doubles r(H_L) on the probe and the pre-trained "

@@ -43,9 +43,10 @@ from typing import Sequence
 
 import numpy as np
 
-from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
+from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting, TaskCost
 
-__all__ = ["EXPERIMENTS", "run_phase_cell", "train_phase_cell", "train_phase_row", "divergence_boundary", "DIVERGE_ABOVE", "quarter_decades"]
+__all__ = ["EXPERIMENTS", "run_phase_cell", "train_phase_cell", "train_phase_row", "divergence_boundary", "DIVERGE_ABOVE",
+           "quarter_decades", "phase_cost", "phase_shorten"]
 
 _PAPER = "Mean-field analysis of batch normalization (the Fisher paper), Fig. 2"
 #: a training loss above this counts as an explosion (besides a non-finite one)
@@ -114,7 +115,7 @@ def divergence_boundary(etas: Sequence[float], exploded_any: Sequence[bool]) -> 
 
 def train_phase_row(arch: str, etas: Sequence[float], seeds: Sequence[int], train, test, *, norm: str,
                     gamma: float, sigma_w2: float, sigma_b2: float, loss: str, steps: int, batch: int,
-                    data_seed: int) -> dict:
+                    data_seed: int, device: str = "cpu") -> dict:
     """Train every (η, seed) network of one phase-diagram row as one ensemble; per η: the mean test
     loss (None where a seed exploded), explosions, the untrained loss, the largest parameter growth
     ‖θ_T‖/‖θ_0‖ (inf where a seed exploded), and the three boundaries of the module docstring."""
@@ -133,7 +134,7 @@ def train_phase_row(arch: str, etas: Sequence[float], seeds: Sequence[int], trai
     init = [norm_of(m) for m in models]
     res = train_ensemble(models, train, test_data=test, lr=[e for e, _ in configs], batch_size=batch, steps=steps,
                          momentum=_MOMENTUM, loss=loss, seeds=data_seed, diverge_above=DIVERGE_ABOVE,
-                         test_bn_mode="train")
+                         test_bn_mode="train", device=device)
     growth = [math.inf if r.diverged else norm_of(m) / n0 for r, m, n0 in zip(res, models, init)]
     out = dict(etas=list(etas), test_loss=[], exploded_any=[], untrained_loss=[], param_growth=[])
     for e in etas:
@@ -149,6 +150,27 @@ def train_phase_row(arch: str, etas: Sequence[float], seeds: Sequence[int], trai
                boundary_no_learning=divergence_boundary(etas, no_learning),
                boundary_param_growth=divergence_boundary(etas, grown))
     return out
+
+
+def _dense_weights(arch: str) -> int:
+    """Multiply-adds of one sample through an ``fc:a-b-…`` architecture (its weight count)."""
+    sizes = [int(v) for v in arch.split(":", 1)[1].split("-")]
+    return sum(a * b for a, b in zip(sizes, sizes[1:]))
+
+
+def phase_cost(cells: list[dict]) -> TaskCost:
+    """A phase-diagram row's steps and multiply-adds (forward + backward ≈ 3 × batch per step; the test pass
+    and the λmax estimate — ≈ 100 Hessian-vector products on 256 images — for the rest), for a plan."""
+    c = cells[0]
+    nets = len(c["etas"]) * len(c["seeds"])
+    w = _dense_weights(c["arch"])
+    return TaskCost("row", int(c["steps"]), 3.0 * int(c["batch"]) * w * nets,
+                    float(int(c["n_test"]) * nets + 256 * 100 * 3) * w)
+
+
+def phase_shorten(cells: list[dict], steps: int) -> list[dict]:
+    """The row cut to ``steps`` SGD steps (for a plan's pilot)."""
+    return [{**c, "steps": int(steps)} for c in cells]
 
 
 def eta_init(arch: str, train, *, norm: str, gamma: float, sigma_w2: float, sigma_b2: float, loss: str) -> float:
@@ -178,7 +200,8 @@ def train_phase_cell(params: dict, **model_kw) -> dict:
     test = (te.x.reshape(len(te), -1), te.y)
     out = dict(skipped=False, **train_phase_row(params["arch"], params["etas"], params["seeds"], train, test,
                                                  steps=int(params["steps"]), batch=int(params["batch"]),
-                                                 data_seed=int(params["seed"]), **model_kw))
+                                                 data_seed=int(params["seed"]),
+                                                 device=params.get("device", "cpu"), **model_kw))
     out["eta_init"] = eta_init(params["arch"], train, **model_kw)
     return out
 
@@ -279,7 +302,9 @@ EXPERIMENTS = [
         run_cell=run_phase_cell,
         plot=_plot,
         compare=_compare,
-        uses_gpu=False,
+        uses_gpu=True,
+        cost=phase_cost,
+        shorten=phase_shorten,
         settings=_settings(),
         checks=[
             Check("η* (…) / measured explosion boundary",

@@ -21,7 +21,7 @@ import numpy as np
 
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 
-from .fisher_fig2 import quarter_decades, train_phase_cell
+from .fisher_fig2 import phase_cost, phase_shorten, quarter_decades, train_phase_cell
 
 __all__ = ["EXPERIMENTS", "run_sigma_cell"]
 
@@ -155,7 +155,9 @@ EXPERIMENTS = [
         run_cell=run_sigma_cell,
         plot=_plot,
         compare=_compare,
-        uses_gpu=False,
+        uses_gpu=True,
+        cost=phase_cost,
+        shorten=phase_shorten,
         settings=_setting_rows(),
         checks=[
             Check("explosion boundary against σ_w",

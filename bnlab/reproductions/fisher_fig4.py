@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from bnlab.reproductions.fisher_data import mnist_subsets
-from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
+from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting, TaskCost
 
 __all__ = ["EXPERIMENTS", "run_curve_cell", "steps_to_threshold"]
 
@@ -85,8 +85,9 @@ def run_curve_cell(params: dict) -> dict:
     nets = [(float(g), int(seed)) for g in params["gammas"] for seed in params["seeds"]]
     models = [build_model(params["arch"], norm="bn", gamma=g, sigma_w2=2.0, sigma_b2=0.5, seed=seed)
               for g, seed in nets]
-    kw = dict(batch_size=int(params["batch"]), steps=int(params["steps"]), test_data=(xt, te.y))
-    if flat:
+    device = params.get("device", "cpu")
+    kw = dict(batch_size=int(params["batch"]), steps=int(params["steps"]), test_data=(xt, te.y), device=device)
+    if flat or str(device).startswith("cuda"):  # on a GPU the conv nets too (one batched call, not 25 launch-bound ones)
         results = train_ensemble(models, (x, tr.y), lr=_LR, momentum=_MOMENTUM, weight_decay=_WEIGHT_DECAY,
                                  seeds=[seed for _, seed in nets], **kw)
     else:
@@ -103,6 +104,18 @@ def run_curve_cell(params: dict) -> dict:
                          mean_train_loss=float(np.mean(losses)) if finite else None,
                          steps_to_threshold=steps_to_threshold(losses, float(params["loss_threshold"]))))
     return {"skipped": False, "networks": rows}
+
+
+def curve_cost(cells: list[dict]) -> TaskCost:
+    """One kind per network (each has one task): its steps; the work is relative (batch × networks)."""
+    c = cells[0]
+    nets = len(c["gammas"]) * len(c["seeds"])
+    return TaskCost(str(c["net"]), int(c["steps"]), float(int(c["batch"]) * nets), float(int(c["n_test"]) * nets))
+
+
+def curve_shorten(cells: list[dict], steps: int) -> list[dict]:
+    """The task cut to ``steps`` SGD steps (for a plan's pilot)."""
+    return [{**c, "steps": int(steps)} for c in cells]
 
 
 def _by_net_gamma(records: Sequence[Record]) -> dict:
@@ -199,7 +212,9 @@ EXPERIMENTS = [
         run_cell=run_curve_cell,
         plot=_plot,
         compare=_compare,
-        uses_gpu=False,
+        uses_gpu=True,
+        cost=curve_cost,
+        shorten=curve_shorten,
         settings=_setting_rows(),
         checks=[
             Check("mean training loss over the run against γ",

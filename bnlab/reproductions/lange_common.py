@@ -8,31 +8,44 @@ scales, cell runner and paper comparisons.  This module declares no experiment.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from bnlab.experiments.spec import Record
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["LABEL", "training_grid", "train_cell", "final_accuracies", "plot_training_curves", "mean"]
+__all__ = ["LABEL", "CHUNKED", "training_grid", "train_cell", "chunked_group", "run_chunked_cells", "cell_cost",
+           "shorten_cells", "final_accuracies", "plot_training_curves", "mean"]
+
+#: ``data_order`` of the paper-scale cells that train in chunks of one epoch (bnlab.reproductions.chunked), so
+#: that the seeds of one (batch size, method) train as one batched ensemble
+CHUNKED = "per_chunk"
 
 #: The legend name of every method a Lange figure trains.
 LABEL = {"none": "vanilla", "bn": "BN", "brn": "Batch Renorm", "ln": "LN", "bnp": "BNP"}
 _COLORS = {"none": "tab:gray", "bn": "tab:blue", "brn": "tab:purple", "ln": "tab:green", "bnp": "tab:red"}
 
 
-def training_grid(scales: Mapping[str, dict], methods: Mapping[int, Sequence[str]], scale: str) -> list[dict]:
+def training_grid(scales: Mapping[str, dict], methods: Mapping[int, Sequence[str]], scale: str,
+                  chunked: Sequence[str] = ()) -> list[dict]:
     """One MNIST cell per (batch size, method, seed) of ``methods`` at ``scales[scale]``.
 
     ``scales[scale]`` holds ``train_size`` and ``epochs`` per batch size, ``test_size`` and ``seeds``.
-    A ``scale`` not in ``scales`` raises ``ValueError`` naming it.
+    At ``paper`` scale the cells of the methods in ``chunked`` train one epoch per chunk
+    (``data_order="per_chunk"``), the seeds of one (batch size, method) as one ensemble
+    (:func:`chunked_group`, :func:`run_chunked_cells`).  A ``scale`` not in ``scales`` raises
+    ``ValueError`` naming it.
     """
     from bnlab._validation import check_choice
 
     s = scales[check_choice("scale", scale, tuple(scales))]
     return [
         dict(dataset="mnist", batch_size=b, norm=norm, epochs=s["epochs"][b], train_size=s["train_size"][b],
-             test_size=s["test_size"], seed=seed)
+             test_size=s["test_size"], seed=seed,
+             # (BN and Batch Renorm at batch 1 record the first step's error: nothing to train in chunks)
+             **({"data_order": CHUNKED} if scale == "paper" and norm in chunked
+                and not (b == 1 and norm in ("bn", "brn")) else {}))
         for b, norms in methods.items() for norm in norms for seed in s["seeds"]
     ]
 
@@ -43,6 +56,8 @@ def train_cell(model: str, params: dict) -> dict:
     from bnlab.data import DatasetNotFoundError
     from bnlab.optim.training import train_network
 
+    if params.get("data_order") == CHUNKED:
+        return run_chunked_cells(model, [params], ensemble=False)[0]
     try:
         res = train_network(model=model, norm=params["norm"], dataset=params["dataset"],
                             batch_size=params["batch_size"], epochs=params["epochs"],
@@ -53,6 +68,95 @@ def train_cell(model: str, params: dict) -> dict:
     return {"trainable": True, "epochs": res.epochs, "test_accuracy": res.test_accuracy,
             "final_train_loss": res.final_train_loss, "diverged": res.diverged, "learning_rate": res.learning_rate,
             "steps": res.steps, "seconds": res.seconds}
+
+
+def chunked_group(params: dict, scale: str) -> str | None:
+    """The ensemble a chunked cell trains in: the seeds of one (batch size, method) — and of one seed only
+    where the cells draw seeded subsets (``train_size``/``test_size`` set), whose data differ by seed."""
+    if params.get("data_order") != CHUNKED:
+        return None
+    drop = ("device",) if params.get("train_size") is not None or params.get("test_size") is not None \
+        else ("seed", "device")
+    return repr(sorted((k, v) for k, v in params.items() if k not in drop))
+
+
+def run_chunked_cells(model: str, cells: Sequence[dict], ensemble: bool = True) -> list[dict]:
+    """Train the chunked cells of one :func:`chunked_group` — the network of
+    :func:`bnlab.optim.training.train_network` with its learning rate, one epoch per chunk
+    (:func:`bnlab.reproductions.chunked.train_in_chunks`), a test pass after each — and return each cell's
+    :func:`train_cell` metrics.  ``ensemble=False`` trains one network at a time; so do conv nets on a CPU
+    (a loop is faster there than vmap's grouped convolutions): the same numbers to rounding either way.
+    """
+    import math
+    import time
+
+    from bnlab.data import DatasetNotFoundError, load_dataset
+    from bnlab.optim.training import build_network, default_learning_rate
+    from bnlab.reproductions.chunked import train_in_chunks
+
+    first = dict(cells[0])
+    if any({k: v for k, v in c.items() if k != "seed"} != {k: v for k, v in first.items() if k != "seed"}
+           for c in cells) or first.get("data_order") != CHUNKED:
+        raise ValueError(f"cells={list(cells)!r} are not allowed as one group: they differ in more than the seed "
+                         "or are not chunked")
+    try:
+        train = load_dataset(first["dataset"], "train")
+        test = load_dataset(first["dataset"], "test")
+    except DatasetNotFoundError as exc:
+        return [{"skipped": True, "skip_reason": str(exc)} for _ in cells]
+    if first.get("train_size") is not None:  # seeded draws, as train_network's (one seed per group then)
+        train = train.subset(int(first["train_size"]), seed=int(first["seed"]))
+    if first.get("test_size") is not None:
+        test = test.subset(int(first["test_size"]), seed=int(first["seed"]))
+    b, norm = int(first["batch_size"]), first["norm"]
+    lr = default_learning_rate(model, norm, b)
+    nets = [build_network(model, norm, tuple(train.x.shape[1:]), train.num_classes, seed=int(c["seed"])) for c in cells]
+    per_epoch = len(train.y) // b
+    total = max(1, int(round(float(first["epochs"]) * per_epoch)))
+    bounds = sorted({per_epoch * e for e in range(1, total // per_epoch + 1)} | {total})
+    device = first.get("device", "cpu")
+    together = ensemble and (model == "fc" or str(device).startswith("cuda"))
+    t0 = time.perf_counter()
+    results = train_in_chunks(nets, train, bounds, lrs=[lr] * len(cells), seeds=[int(c["seed"]) for c in cells],
+                              batch_size=b, device=device, ensemble=together, test_data=test)
+    seconds = time.perf_counter() - t0
+    out = []
+    for r in results:
+        rows = [{"epoch": ch["step"] // per_epoch if ch["step"] % per_epoch == 0 else round(ch["step"] / per_epoch, 6),
+                 "train_loss": ch["train_loss"], "test_accuracy": ch["test_accuracy"]} for ch in r.chunks]
+        final_loss = r.final_train_loss
+        acc = rows[-1]["test_accuracy"] if rows and not r.diverged else 1.0 / train.num_classes
+        if r.diverged:  # as train_network: a last row at the step it stopped
+            rows.append({"epoch": round(r.steps / per_epoch, 6), "train_loss": final_loss, "test_accuracy": acc})
+        out.append({"trainable": True, "epochs": rows, "test_accuracy": acc,
+                    "final_train_loss": final_loss if math.isfinite(final_loss) else None, "diverged": r.diverged,
+                    "learning_rate": lr, "steps": r.steps, "seconds": seconds})
+    return out
+
+
+def cell_cost(model: str, cells: Sequence[dict]) -> "TaskCost":
+    """A Lange task's SGD steps and relative work (batch × networks per step; the test passes for the rest),
+    for a plan; one kind per (model, method, batch size) — BNP's step and a batch of 1 cost differently."""
+    from bnlab.experiments.spec import TaskCost
+
+    c = cells[0]
+    n_train = c.get("train_size") or (60_000 if c["dataset"] == "mnist" else 50_000)
+    n_test = c.get("test_size") or 10_000
+    steps = max(1, int(round(float(c["epochs"]) * (n_train // int(c["batch_size"])))))
+    epochs = max(1, math.ceil(float(c["epochs"])))
+    return TaskCost(f"{model}-{c['norm']}-b{c['batch_size']}", steps, float(int(c["batch_size"]) * len(cells)),
+                    float(n_test * epochs * len(cells)))
+
+
+def shorten_cells(cells: Sequence[dict], steps: int) -> list[dict]:
+    """The task cut to about ``steps`` SGD steps (``epochs`` scaled down, one chunk), for a plan's pilot."""
+    out = []
+    for c in cells:
+        c = dict(c)
+        n_train = c.get("train_size") or (60_000 if c["dataset"] == "mnist" else 50_000)
+        c["epochs"] = min(float(c["epochs"]), float(steps) / (n_train // int(c["batch_size"])))
+        out.append(c)
+    return out
 
 
 def final_accuracies(records: Sequence[Record]) -> dict[tuple[int, str], list[float]]:

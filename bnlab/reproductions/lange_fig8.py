@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.experiments.spec import Comparison, Experiment, Record, TaskCost
 from bnlab.reproductions.plotting import pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_cell"]
@@ -178,6 +178,22 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
     return rows
 
 
+def _per_epoch(c: dict) -> int:
+    n = c.get("train_size") or (60_000 if c["dataset"] == "mnist" else 50_000)
+    return max(1, n // int(c["batch_size"]))
+
+
+def cost(cells: list[dict]) -> TaskCost:
+    """A cell's SGD steps (one kind per method: BNP's step costs more), for a plan."""
+    c = cells[0]
+    return TaskCost(str(c["method"]), max(1, round(float(c["epochs"]) * _per_epoch(c))))
+
+
+def shorten(cells: list[dict], steps: int) -> list[dict]:
+    """The cell cut to about ``steps`` SGD steps (``epochs`` scaled down), for a plan's pilot."""
+    return [{**c, "epochs": min(float(c["epochs"]), float(steps) / _per_epoch(c))} for c in cells]
+
+
 EXPERIMENTS = [
     Experiment(
         name="lange-fig8",
@@ -191,5 +207,7 @@ EXPERIMENTS = [
         plot=_plot,
         compare=_compare,
         uses_gpu=False,
+        cost=cost,
+        shorten=shorten,
     )
 ]

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bnlab.experiments.spec import Check, Comparison, Record
+from bnlab.experiments.spec import Check, Comparison, Record, TaskCost
 from bnlab.reproductions.plotting import grid_ticks, pyplot, save_figure
 
 __all__ = [
@@ -34,6 +34,10 @@ __all__ = [
     "optimizer_factory",
     "run_trainability_cell",
     "run_trainability_ensemble",
+    "column_group",
+    "run_trainability_group",
+    "trainability_cost",
+    "trainability_shorten",
     "expand_records",
     "expand_cells",
     "as_columns",
@@ -195,20 +199,31 @@ def run_trainability_ensemble(params: dict) -> dict:
     Returns ``{"networks": [metrics of run_trainability_cell + "depth", "seed"], "skipped": False}``,
     or the skipped metrics; :func:`expand_records` turns its record into one record per network.
     """
-    from bnlab.nets import train_ensemble
-
     require_params(params, ("dataset", "depths", "seeds", "width", "bn_batch", "batch_size", "lr", "n_train",
                             "n_test"))
-    length = _training_length(params)
     depths, seeds = list(params["depths"]), list(params["seeds"])
     if not depths or not seeds:
         raise ValueError(f"depths={depths!r}, seeds={seeds!r} is not allowed: give at least one of each")
+    nets = [(int(d), int(s)) for s in seeds for d in depths]
+    rows = _train_networks(params, nets)
+    if isinstance(rows, dict):
+        return rows
+    for (d, s), row in zip(nets, rows):
+        row.update(depth=d, seed=s)
+    return {"networks": rows, "skipped": False}
+
+
+def _train_networks(params: dict, nets: Sequence[tuple[int, int]]) -> list[dict] | dict:
+    """Train the BN-MLPs ``nets`` = [(depth, seed), …] of one column (the other settings from ``params``) as
+    one ensemble; each network's metrics as :func:`run_trainability_cell` returns them, or the skipped metrics."""
+    from bnlab.nets import train_ensemble
+
+    length = _training_length(params)
     data = _cell_data(params)
     if isinstance(data, dict):
         return data
     train, test, num_classes = data
     batch_size = int(params["batch_size"])
-    nets = [(int(d), int(s)) for s in seeds for d in depths]
     models = [_bn_mlp(params, train[0].shape[1], num_classes, depth=d, seed=s) for d, s in nets]
     opt = params.get("optimizer", "sgd")
     # the optimizer names of optimizer_factory: RMSProp with TensorFlow's decay 0.9 and ε 1e-10
@@ -216,11 +231,77 @@ def run_trainability_ensemble(params: dict) -> dict:
                              optimizer=opt, rmsprop_alpha=0.9, rmsprop_eps=1e-10, seeds=[s for _, s in nets],
                              device=params.get("device", "cpu"), **length)
     rows = []
-    for (d, s), r in zip(nets, results):
+    for r in results:
         row = r.to_dict()
-        row.update(depth=d, seed=s, skipped=False)
+        row["skipped"] = False
         rows.append(row)
-    return {"networks": rows, "skipped": False}
+    return rows
+
+
+def column_group(params: dict, scale: str) -> str | None:
+    """The column a single-network trainability cell trains in at ``paper`` scale (:attr:`Experiment.group`).
+
+    Cells that differ only in ``depth`` and ``seed`` — one x of the heatmap — are one batched ensemble
+    (:func:`run_trainability_group`); they stay separate cells in the results store.  ``None`` (train
+    alone) at ``small`` scale, whose grids already hold whole columns as one cell (``depths``, ``seeds``).
+    """
+    if scale != "paper" or "depths" in params:
+        return None
+    return repr(sorted((k, v) for k, v in params.items() if k not in ("depth", "seed", "device")))
+
+
+def run_trainability_group(cells: Sequence[dict]) -> list[dict]:
+    """Train the single-network cells of one column (:func:`column_group`) as one ensemble.
+
+    Returns one metrics dict per cell, in order: what :func:`run_trainability_cell` returns for that
+    cell, to the rounding of the batched products (``tests/reproductions/test_paper_scale.py``).
+    """
+    cells = [dict(c) for c in cells]
+    if not cells:
+        raise ValueError("cells=[] is not allowed: a group holds at least one cell")
+    for c in cells:
+        require_params(c, ("dataset", "depth", "width", "bn_batch", "batch_size", "lr", "n_train", "n_test", "seed"))
+    base = {k: v for k, v in cells[0].items() if k not in ("depth", "seed")}
+    for c in cells[1:]:
+        other = {k: v for k, v in c.items() if k not in ("depth", "seed")}
+        if other != base:
+            raise ValueError(f"cells={cells!r} are not allowed as one group: they differ in more than depth and seed")
+    rows = _train_networks(base, [(int(c["depth"]), int(c["seed"])) for c in cells])
+    if isinstance(rows, dict):
+        return [dict(rows) for _ in cells]
+    return rows
+
+
+def _full_steps(params: dict) -> int:
+    """The steps a cell trains: ``steps``, or ``round(epochs · ⌊n_train/batch⌋)`` as :func:`bnlab.nets.train`."""
+    if "steps" in params:
+        return int(params["steps"])
+    return max(1, int(round(float(params["epochs"]) * (int(params["n_train"]) // int(params["batch_size"])))))
+
+
+def trainability_cost(cells: Sequence[dict]) -> TaskCost:
+    """What a trainability task costs (:attr:`Experiment.cost`): its steps and, in multiply-adds, the work
+    of one step (forward + backward ≈ 3 × batch × the networks' weights) and of the rest (the test pass)."""
+    nets = [n for n in expand_cells(cells)]
+    first = nets[0]
+    width, features = int(first["width"]), _FEATURES.get(str(first["dataset"]), 784)
+    weights = sum(features * width + int(n["depth"]) * width * width + 10 * width for n in nets)
+    return TaskCost("column", _full_steps(first), 3.0 * int(first["batch_size"]) * weights,
+                    float(int(first["n_test"]) + 1) * weights)
+
+
+def trainability_shorten(cells: Sequence[dict], steps: int) -> list[dict]:
+    """The task cut to ``steps`` training steps (:attr:`Experiment.shorten`): the same networks, data and test."""
+    out = []
+    for c in cells:
+        c = {k: v for k, v in c.items() if k not in ("steps", "epochs")}
+        c["steps"] = int(steps)
+        out.append(c)
+    return out
+
+
+#: input features of the data sets the trainability cells train on (flattened images)
+_FEATURES = {"mnist": 784, "fashion_mnist": 784, "cifar10": 3072, "digits": 64}
 
 
 def expand_records(records: Sequence[Record]) -> list[Record]:

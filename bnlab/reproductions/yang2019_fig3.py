@@ -24,7 +24,8 @@ B = 32 and 25 600 samples beyond (Fig. 3a, 3d); Fig. 3b takes 300 steps of a tra
 scale).  η·steps is what matters for plain SGD on BN networks, whose output is invariant to the weight
 scale.  These budgets were chosen by measurement (see ``_LIMITS``): they put the measured boundary inside
 [16ξ/1.6, 1.6·16ξ] at every B of Figs. 3a–c, at 0.6–0.9 × 16ξ (the short budget still biases it low).
-``paper`` scale uses the paper's sizes, one network per cell.
+``paper`` scale uses the paper's sizes, one network per cell in the results store; the cells of a column
+train together as one batched ensemble (:func:`bnlab.reproductions.trainability.column_group`).
 
 "Trainable" in :func:`compare` means a test accuracy above
 chance + ½·(best accuracy of the sweep − chance); the measured maximum
@@ -41,11 +42,15 @@ from bnlab.experiments.spec import Experiment, Setting
 from bnlab.reproductions.trainability import (
     DEPTH_CHECKS,
     as_columns,
+    column_group,
     compare_depths,
     describe_grid,
     heatmap,
     run_trainability_cell,
+    run_trainability_group,
     theory_max_depth,
+    trainability_cost,
+    trainability_shorten,
 )
 
 __all__ = ["EXPERIMENTS"]
@@ -122,7 +127,8 @@ def _grid(scale: str, *, dataset: str, optimizer: str, ghost: bool) -> list[dict
         else:
             p["epochs"] = 50 if dataset == "cifar10" else 10
         cells.append(p)
-    # small scale: one cell per column (all depths of a B), trained as one batched ensemble
+    # small scale: one cell per column (all depths of a B), trained as one batched ensemble; paper scale:
+    # one cell per network, the cells of a column trained together (column_group / run_trainability_group)
     return as_columns(cells) if small else cells
 
 
@@ -205,6 +211,12 @@ def _make(letter: str, *, dataset: str, optimizer: str, ghost: bool, title: str,
             compare_depths, xkey="bn_batch", xname="B", theory_at=_relu_theory_at
         ),
         uses_gpu=True,
+        # paper scale: one cell per network in the store, each column (every depth of an x) trained as one
+        # batched ensemble (bnlab.nets.train_ensemble)
+        group=column_group,
+        run_group=run_trainability_group,
+        cost=trainability_cost,
+        shorten=trainability_shorten,
         settings=_settings(dataset, optimizer, ghost),
         checks=DEPTH_CHECKS,
         limitations=(_LIMITS_RMSPROP if optimizer == "rmsprop" else _LIMITS_GHOST if ghost

@@ -35,11 +35,15 @@ from bnlab.experiments.spec import Experiment, Record, Setting
 from bnlab.reproductions.trainability import (
     DEPTH_CHECKS,
     as_columns,
+    column_group,
     compare_depths,
     describe_grid,
     heatmap,
     run_trainability_cell,
+    run_trainability_group,
     theory_max_depth,
+    trainability_cost,
+    trainability_shorten,
 )
 
 __all__ = ["EXPERIMENTS"]
@@ -160,7 +164,8 @@ def _grid(scale: str, *, letter: str) -> list[dict]:
             else:
                 c["epochs"] = 10
             cells.append(c)
-    # small scale: one cell per column (all depths of an x value), trained as one batched ensemble
+    # small scale: one cell per column (all depths of an x value), trained as one batched ensemble; paper
+    # scale: one cell per network, the cells of a column trained together (column_group)
     return as_columns(cells) if small else cells
 
 
@@ -248,6 +253,12 @@ def _make(letter: str) -> Experiment:
         plot=functools.partial(_plot, letter=letter),
         compare=functools.partial(_compare, letter=letter),
         uses_gpu=True,
+        # paper scale: one cell per network in the store, each column (every depth of an x) trained as one
+        # batched ensemble (bnlab.nets.train_ensemble)
+        group=column_group,
+        run_group=run_trainability_group,
+        cost=trainability_cost,
+        shorten=trainability_shorten,
         settings=_scale_table(letter),
         checks=DEPTH_CHECKS,
         limitations=_LIMITS.get(letter, ""),

@@ -120,9 +120,23 @@ def _experiment(name: str, **kw) -> Experiment:
     return Experiment(**base)
 
 
+def group_of(params: dict, scale: str) -> str | None:
+    """At ``paper`` scale cells i ≡ r (mod 3) train together; at ``small`` every cell runs alone."""
+    return f"r{params['i'] % 3}" if scale == "paper" else None
+
+
+def run_group(cells: list[dict]) -> list[dict]:
+    """Every member through ``run_cell`` (so a group's metrics are its cells'), with a ``group-<first i>``
+    marker per execution of the group and the group's size in each cell's metrics."""
+    _mark("group", min(c["i"] for c in cells))
+    return [{**run_cell(c), "group_size": len(cells), "device": c.get("device")} for c in cells]
+
+
 SWEEP = _experiment("bnlab-test-sweep")
 PLOT_FAILS = _experiment("bnlab-test-plotfail", figure="Fig. 2", plot=plot_raises)
-EXPERIMENTS = [SWEEP, PLOT_FAILS]
+GROUPED = _experiment("bnlab-test-grouped", group=group_of, run_group=run_group)
+GROUPED_GPU = _experiment("bnlab-test-grouped-gpu", group=group_of, run_group=run_group, uses_gpu=True)
+EXPERIMENTS = [SWEEP, PLOT_FAILS]  # GROUPED is used by name only (tests/experiments/test_groups.py)
 
 
 def markers(directory: Path, kind: str) -> dict[int, list[str]]:

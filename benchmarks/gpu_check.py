@@ -1,0 +1,304 @@
+"""One command for a GPU machine: the CUDA tests, the GPU benchmarks and the paper-scale plan, in one table.
+
+    PYTHONPATH=. python benchmarks/gpu_check.py                 # on a GPU: --device cuda, about 8 minutes
+    PYTHONPATH=. python benchmarks/gpu_check.py --json          # the same, machine-readable
+    PYTHONPATH=. python benchmarks/gpu_check.py --device cpu --quick   # the smoke test of the default suite
+
+Runs from a plain checkout with the package on ``PYTHONPATH`` (no installation; nothing is downloaded),
+each part under its own time budget so that the whole stays within ``--budget`` seconds (default 480):
+
+1. **CUDA tests**: the test files that mention CUDA, filtered with ``-k cuda`` (the tests that skip
+   without a GPU), run by pytest in a subprocess;
+2. **benchmarks**: ``bench_sim.py``, ``bench_ensemble.py`` and ``bench_bnp.py``, each a subprocess with
+   ``--device <d> --quick --json``; their JSON is read defensively (a key a benchmark does not provide,
+   or a benchmark that fails, shows as ``n/a`` with the reason);
+3. **plan**: the ``--plan`` pilot of every reproduction at ``paper`` scale on the device
+   (:func:`bnlab.experiments.plan.plan_experiments`), the estimated hours per reproduction.
+
+Then ONE table of ratios against the goals of issue 27: the simulator against bare ``bmm``, the ensemble
+trainer's step time, launches and GPU busy fraction, BNP/SGD and BNP/BN, and the paper-scale hours.
+Exit status 0 when every part ran (goals missed are results, not errors), 1 when a part failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+#: seconds of each part, as fractions of the whole budget (the plan gets what the others leave)
+SHARES = {"tests": 0.15, "bench_sim": 0.1, "bench_ensemble": 0.1, "bench_bnp": 0.1}
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.setdefault("MPLBACKEND", "Agg")
+    return env
+
+
+def _run(cmd: list[str], timeout: float) -> dict:
+    """Run ``cmd``; its return code, output and seconds, or ``timed_out``."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=max(timeout, 1.0))
+        return {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr, "seconds": time.perf_counter() - t0,
+                "timed_out": False}
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        return {"rc": None, "stdout": out, "stderr": err, "seconds": time.perf_counter() - t0, "timed_out": True}
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+# --------------------------------------------------------------------------- 1. the CUDA tests
+def cuda_test_files() -> list[str]:
+    """The test files that mention CUDA (where the tests that skip without a GPU live)."""
+    files = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        if re.search(r"cuda", text, re.IGNORECASE):
+            files.append(str(path.relative_to(ROOT)))
+    return files
+
+
+def run_cuda_tests(timeout: float) -> dict:
+    files = cuda_test_files()
+    if not files:
+        return {"ok": True, "summary": "no CUDA tests found", "passed": 0, "failed": 0, "skipped": 0}
+    cmd = [sys.executable, "-m", "pytest", *files, "-k", "cuda", "-m", "not slow", "-q", "-p", "no:cacheprovider",
+           "-o", "addopts=", "-rfs"]
+    r = _run(cmd, timeout)
+    text = r["stdout"] + r["stderr"]
+    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", text)}
+    # pytest exits 5 when every collected test was deselected: no CUDA test in these files, not a failure
+    ok = not r["timed_out"] and r["rc"] in (0, 5)
+    failures = [ln for ln in text.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+    summary = ("timed out" if r["timed_out"] else _last_line(r["stdout"])) or f"exit {r['rc']}"
+    return {"ok": ok, "summary": summary, "passed": counts.get("passed", 0), "failed": counts.get("failed", 0)
+            + counts.get("error", 0) + counts.get("errors", 0), "skipped": counts.get("skipped", 0),
+            "failures": failures[:20], "files": files, "seconds": r["seconds"]}
+
+
+# --------------------------------------------------------------------------- 2. the benchmarks
+def _parse_json(stdout: str):
+    """The benchmark's JSON: the whole output, else its last line or block that parses."""
+    text = (stdout or "").strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    starts = [m.start() for m in re.finditer(r"^[\[{]", text, re.MULTILINE)]
+    for s in reversed(starts):
+        try:
+            return json.loads(text[s:])
+        except ValueError:
+            continue
+    return None
+
+
+def run_benchmark(script: str, device: str, quick: bool, timeout: float) -> dict:
+    cmd = [sys.executable, str(HERE / script), "--device", device, "--json"] + (["--quick"] if quick else [])
+    r = _run(cmd, timeout)
+    data = _parse_json(r["stdout"])
+    if r["timed_out"]:
+        return {"ok": False, "error": f"timed out after {timeout:.0f} s", "data": data, "seconds": r["seconds"]}
+    if r["rc"] != 0 or data is None:
+        why = _last_line(r["stderr"]) or _last_line(r["stdout"]) or f"exit {r['rc']}"
+        if "unrecognized arguments" in why or "invalid choice" in why:
+            # a benchmark of this checkout that does not take the flags yet: not available, not a failure
+            return {"ok": None, "error": f"{script} does not take these flags: {why}", "data": None,
+                    "seconds": r["seconds"]}
+        return {"ok": False, "error": why, "data": data, "seconds": r["seconds"]}
+    return {"ok": True, "error": None, "data": data, "seconds": r["seconds"]}
+
+
+def find_key(data, key: str):
+    """The value of the first ``key`` anywhere in nested dicts/lists (benchmarks nest their results)."""
+    if isinstance(data, dict):
+        if key in data:
+            return data[key]
+        for v in data.values():
+            found = find_key(v, key)
+            if found is not None:
+                return found
+    elif isinstance(data, list):
+        for v in data:
+            found = find_key(v, key)
+            if found is not None:
+                return found
+    return None
+
+
+def find_keys_containing(data, fragment: str, prefix: str = "") -> dict:
+    """Every ``{path: value}`` whose key contains ``fragment`` (for a key whose exact name is not fixed)."""
+    out = {}
+    if isinstance(data, dict):
+        for k, v in data.items():
+            path = f"{prefix}.{k}" if prefix else str(k)
+            if fragment in str(k).lower() and isinstance(v, (int, float, dict)) and not isinstance(v, bool):
+                out[path] = v
+            elif isinstance(v, (dict, list)):
+                out.update(find_keys_containing(v, fragment, path))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            out.update(find_keys_containing(v, fragment, f"{prefix}[{i}]"))
+    return out
+
+
+# --------------------------------------------------------------------------- 3. the plan
+def run_plan(device: str, budget: float, quick: bool, only=None) -> dict:
+    from bnlab.experiments.plan import plan_experiments
+    from bnlab.experiments.registry import list_experiments
+
+    names = list(only) if only else list(list_experiments())
+    scale = "paper"
+    t0 = time.perf_counter()
+    # per reproduction: its share of what is left (a soft budget), stopped at 2x that + 20 s
+    per = max(budget / max(len(names), 1), 1.0)
+    try:
+        plan = plan_experiments(names, scale, device=device if device != "cpu" else None, budget=per,
+                                hard_limit=2 * per + 20, total_budget=budget, pilot_steps=(1, 3) if quick else (2, 12))
+    except Exception as exc:  # the plan part failed: the table says so
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "seconds": time.perf_counter() - t0}
+    return {"ok": True, "error": None, "plan": plan.to_dict(), "seconds": time.perf_counter() - t0}
+
+
+# --------------------------------------------------------------------------- the table
+def _fmt(v) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_fmt(x)}" for k, x in v.items()) or "n/a"
+    return str(v)
+
+
+def _hours(s) -> str:
+    return "n/a" if s is None else f"{s / 3600:.2f} h"
+
+
+def table_rows(results: dict) -> list[tuple[str, str, str]]:
+    """(quantity, value, goal) rows of the one table."""
+    rows = []
+    t = results.get("tests", {})
+    rows.append(("CUDA tests (passed / failed / skipped)",
+                 f"{t.get('passed', 0)} / {t.get('failed', 0)} / {t.get('skipped', 0)}" if t.get("ok") is not None
+                 else "n/a", "0 failed"))
+    sim = results.get("bench_sim", {})
+    ratios = find_keys_containing(sim.get("data"), "bmm") if sim.get("ok") else {}
+    if ratios:
+        for path, v in ratios.items():
+            rows.append((f"simulator vs bmm ({path})", _fmt(v), "≥ 0.5 at width ≥ 1000, ≥ 64 networks"))
+    else:
+        rows.append(("simulator vs bmm", "n/a" + ("" if sim.get("ok") else f" ({sim.get('error')})"), "≥ 0.5"))
+    ens = results.get("bench_ensemble", {})
+    why = "" if ens.get("ok") else f" ({ens.get('error')})"
+    for key, label, goal in (("step_ms", "ensemble step, ms (route)", "≤ 17.6 ms (5x faster than 88 ms, H200)"),
+                             ("ops_per_step", "ensemble launches per step (route)", "fewer than eager"),
+                             ("gpu_busy_fraction", "ensemble GPU busy fraction", "≥ 0.6")):
+        v = find_key(ens.get("data"), key)
+        rows.append((label, _fmt(v) if v is not None else "n/a" + why, goal))
+    bnp = results.get("bench_bnp", {})
+    why = "" if bnp.get("ok") else f" ({bnp.get('error')})"
+    for key, label, goal in (("bnp_over_sgd", "BNP / SGD step time (B)", "≤ 1.10 at B ≥ 256"),
+                             ("bnp_over_bn", "BNP / BN step time (B)", "≤ 1 at every B"),
+                             ("ops_per_step", "BNP launches per step (optimizer)", "")):
+        v = find_key(bnp.get("data"), key)
+        rows.append((label, _fmt(v) if v is not None else "n/a" + why, goal))
+    plan = results.get("plan", {})
+    if plan.get("ok"):
+        p = plan["plan"]
+        for e in p["experiments"]:
+            note = (f" (skipped: {e['skipped'][:60]})" if e.get("skipped") else f" ({e['error'][:60]})" if e.get("error")
+                    else "")
+            val = ("≥ " if e.get("lower_bound") else "") + _hours(e.get("wall_seconds")) + note
+            goal = "≤ 1 h on one H100/H200" if e["experiment"] == "yang2019-fig3a" else ""
+            rows.append((f"paper-scale {e['experiment']} ({e['cells']} cells, {e['device']})", val, goal))
+        rows.append(("paper-scale total (every reproduction)", ("≥ " if p.get("lower_bound") else "") + _hours(p.get("seconds")),
+                     ""))
+    else:
+        rows.append(("paper-scale plan", f"n/a ({plan.get('error')})", ""))
+    return rows
+
+
+def print_table(rows, file=sys.stdout) -> None:
+    widths = [max(len(r[i]) for r in rows + [("quantity", "value", "goal")]) for i in range(3)]
+    head = ("quantity", "value", "goal")
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths)), file=file)
+    print("  ".join("-" * w for w in widths), file=file)
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=file)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default=None, help="cuda (default when CUDA is present) or cpu")
+    ap.add_argument("--quick", action="store_true", help="small benchmarks and pilots (a smoke test, ~minutes)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds for everything (default 480; --quick 240)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["tests", "bench_sim", "bench_ensemble", "bench_bnp", "plan"],
+                    help="parts to leave out")
+    ap.add_argument("--plan-only", nargs="+", default=None, metavar="NAME",
+                    help="plan only these reproductions (default: every one)")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {device} is not allowed: CUDA is not available here")
+    budget = args.budget if args.budget is not None else (240.0 if args.quick else 480.0)
+    t0 = time.perf_counter()
+    results: dict = {"device": device, "torch": torch.__version__,
+                     "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None, "quick": args.quick}
+
+    def left() -> float:
+        return budget - (time.perf_counter() - t0)
+
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True))
+    if "tests" not in args.skip:
+        say("gpu_check: CUDA tests …")
+        results["tests"] = run_cuda_tests(min(SHARES["tests"] * budget, left()))
+    for name in ("bench_sim", "bench_ensemble", "bench_bnp"):
+        if name not in args.skip:
+            say(f"gpu_check: {name} …")
+            results[name] = run_benchmark(f"{name}.py", device, args.quick, min(SHARES[name] * budget, left()))
+    if "plan" not in args.skip:
+        say("gpu_check: paper-scale plan of every reproduction …")
+        results["plan"] = run_plan(device, max(left() - 5.0, 5.0), args.quick, args.plan_only)
+    results["seconds"] = time.perf_counter() - t0
+    rows = table_rows(results)
+    results["table"] = [list(r) for r in rows]
+    if args.json:
+        print(json.dumps(results, indent=1, default=str))
+    else:
+        print(f"device: {device}" + (f" ({results['gpu']})" if results["gpu"] else "") + f", torch {results['torch']}, "
+              f"{results['seconds']:.0f} s")
+        print_table(rows)
+    parts = [results[k] for k in ("tests", "bench_sim", "bench_ensemble", "bench_bnp", "plan") if k in results]
+    # ok None: a benchmark that does not take the flags yet (shown as n/a), not a failure
+    return 0 if all(p.get("ok") is not False for p in parts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""A small trainability sweep for the plan tests: BN-MLP columns on sklearn's digits, grouped at ``paper``.
+
+Importable by Dask workers and by the plan's child process.  ``BNLAB_TEST_PLAN_STEPS`` sets the training
+steps of every cell (default 300) and ``BNLAB_TEST_PLAN_BATCHES`` the BN batch of each column (default
+"8,32"), so a test can make the grid longer or more varied without another experiment.
+
+``COSTED`` is the engine's test sweep (``tests/experiments/_helpers.py``) with cost and shorten hooks:
+100 steps per cell that each sleep ``BNLAB_TEST_STEP_SLEEP`` seconds (default 0), cells 0–2 twice the
+work per step of cells 3–5 — for a pilot stopped while it runs a task cut to a few steps.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from bnlab.experiments.spec import Experiment, TaskCost
+from bnlab.reproductions.trainability import (column_group, run_trainability_cell, run_trainability_group,
+                                              trainability_cost, trainability_shorten)
+
+
+def grid(scale: str) -> list[dict]:
+    steps = int(os.environ.get("BNLAB_TEST_PLAN_STEPS", "300"))
+    batches = [int(b) for b in os.environ.get("BNLAB_TEST_PLAN_BATCHES", "8,32").split(",")]
+    return [dict(dataset="digits", phi="relu", gamma=1.0, beta=0.0, eps=1e-3, depth=d, width=32, bn_batch=b,
+                 batch_size=b, optimizer="sgd", lr=1e-2 * b, n_train=1400, n_test=397, seed=0, steps=steps)
+            for b in batches for d in (2, 4, 8)]
+
+
+COLUMNS = Experiment(name="bnlab-test-plan-columns", paper="p", figure="f", title="digits columns", claim="c",
+                     grid=grid, run_cell=run_trainability_cell, plot=lambda records, outdir: [],
+                     group=column_group, run_group=run_trainability_group, cost=trainability_cost,
+                     shorten=trainability_shorten)
+
+
+def _costed_grid(scale: str) -> list[dict]:
+    from ._helpers import grid as sweep_grid
+
+    step_sleep = float(os.environ.get("BNLAB_TEST_STEP_SLEEP", "0"))
+    return [dict(c, steps=100, step_sleep=step_sleep) for c in sweep_grid(scale)]
+
+
+def _costed_cell(params: dict) -> dict:
+    from ._helpers import run_cell
+
+    time.sleep(params["steps"] * params["step_sleep"])
+    return run_cell(params)
+
+
+def _costed_cost(cells: list[dict]) -> TaskCost:
+    return TaskCost("sleep", steps=cells[0]["steps"], step_work=2.0 if cells[0]["i"] < 3 else 1.0)
+
+
+COSTED = Experiment(name="bnlab-test-plan-costed", paper="p", figure="f", title="sleeps", claim="c",
+                    grid=_costed_grid, run_cell=_costed_cell, plot=lambda records, outdir: [], cost=_costed_cost,
+                    shorten=lambda cells, k: [dict(c, steps=k) for c in cells])
+EXPERIMENTS = [COLUMNS, COSTED]

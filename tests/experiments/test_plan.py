@@ -1,0 +1,179 @@
+"""The plan before a run (bnlab.experiments.plan): pilots, extrapolation, and the estimate against a real run.
+
+The estimate is checked against the run it predicts, side by side in one process: the plan pilots the
+grid, then the same grid runs serially, both timed with the process's CPU time (``clock="process"``) —
+on this shared 2-core machine wall time carries the other jobs' load (measured: 20–30 s wall for 6 s
+of CPU in the same run), which would make the comparison a measurement of the load.  Both run with
+one torch thread (as a Dask worker and the plan's child do): with two, the CPU time also counts the
+intra-op threads spinning while they wait for a core the other jobs hold, which grows with the load
+and differs between the two halves of the comparison; with one it is the work itself (the plan's
+memory-sampling thread adds a few per cent to the pilots' side).  The criterion is the issue's: within a
+factor 2.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bnlab.experiments import run_sweep
+from bnlab.experiments.plan import Plan, format_plan, lpt_makespan, plan_experiment, plan_experiments
+from bnlab.experiments.spec import Experiment
+
+from . import _plan_helpers
+from .conftest import helper_pythonpath
+
+
+@pytest.fixture
+def one_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _plan_then_run(tmp_path, monkeypatch, steps: str, batches: str) -> tuple[float, float]:
+    monkeypatch.setenv("BNLAB_TEST_PLAN_STEPS", steps)
+    monkeypatch.setenv("BNLAB_TEST_PLAN_BATCHES", batches)
+    plan = plan_experiment(_plan_helpers.COLUMNS, "paper", workers=1, clock="process", budget=600)
+    assert plan.error is None and plan.skipped is None and plan.seconds is not None
+    assert plan.cells == 3 * len(batches.split(",")) and plan.tasks == len(batches.split(",")) and plan.largest_task == 3
+    assert plan.peak_bytes is not None and plan.peak_bytes >= 0
+    t0 = time.process_time()
+    s = run_sweep(_plan_helpers.COLUMNS, "paper", results_dir=tmp_path, serial=True, progress=False)
+    measured = time.process_time() - t0
+    assert s.done == s.total
+    return plan.seconds, measured
+
+
+def test_the_plan_is_within_2x_of_the_run_it_plans(tmp_path, monkeypatch, one_thread):
+    # two columns (B = 8, 32) of three BN-MLPs each, 300 SGD steps: two pilots (the work per step spans 4x)
+    planned, measured = _plan_then_run(tmp_path, monkeypatch, "300", "8,32")
+    print(f"plan / run: {planned:.2f} s / {measured:.2f} s = {planned / measured:.2f}")
+    assert 0.5 <= planned / measured <= 2.0, (planned, measured)
+
+
+@pytest.mark.slow
+def test_the_plan_is_within_2x_of_a_longer_more_varied_run(tmp_path, monkeypatch, one_thread):
+    # four columns (B = 8 … 128: 16x the work per step from one end to the other), 600 steps each
+    planned, measured = _plan_then_run(tmp_path, monkeypatch, "600", "8,16,64,128")
+    print(f"plan / run: {planned:.2f} s / {measured:.2f} s = {planned / measured:.2f}")
+    assert 0.5 <= planned / measured <= 2.0, (planned, measured)
+
+
+def test_a_plan_without_cost_hooks_runs_the_first_and_last_task_whole(test_env, helpers, monkeypatch):
+    monkeypatch.setenv("BNLAB_TEST_SLEEP", "0.2")
+    plan = plan_experiment(helpers.SWEEP, "small", workers=2)
+    assert [p.task for p in plan.pilots] == [0, 5] and all(p.step_seconds is None for p in plan.pilots)
+    # each cell sleeps 0.2 s: 6 of them, 3 on each of 2 workers
+    assert 6 * 0.2 <= plan.seconds < 6 * 0.2 + 6.0
+    assert 3 * 0.2 <= plan.wall_seconds <= plan.seconds
+    assert len(helpers.markers(test_env, "start")) == 2  # only the pilots ran
+
+
+def test_skipped_and_failing_pilots_are_reported_not_raised(helpers, test_env, monkeypatch):
+    skipping = Experiment(name="bnlab-test-skips", paper="p", figure="f", title="t", claim="c", grid=helpers.grid,
+                          run_cell=_skip, plot=helpers.plot)
+    p = plan_experiment(skipping, "small")
+    assert p.skipped == "no data here" and p.seconds == 0.0 and p.error is None
+    monkeypatch.setenv("BNLAB_TEST_FAIL", "0")
+    p = plan_experiment(helpers.SWEEP, "small")
+    assert p.seconds is None and "cell 0 fails on purpose" in p.error
+
+
+def _skip(params):
+    return {"skipped": True, "skip_reason": "no data here"}
+
+
+def test_lpt_makespan():
+    assert lpt_makespan([], 3) == 0.0
+    assert lpt_makespan([5, 1, 1, 1], 1) == 8
+    assert lpt_makespan([5, 4, 3, 3, 1], 2) == 8  # {5, 3} {4, 3, 1}
+    assert lpt_makespan([2, 2, 2], 8) == 2
+
+
+def test_isolated_pilots_run_in_a_child_and_a_pilot_past_its_limit_gives_a_lower_bound(test_env, helpers,
+                                                                                        monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", helper_pythonpath())
+    monkeypatch.setenv("BNLAB_TEST_SLEEP", "0.05")
+    plan = plan_experiments([helpers.SWEEP], "small", workers=1, budget=30)
+    (e,) = plan.experiments
+    assert e.error is None and not e.lower_bound and 6 * 0.05 <= e.seconds < 20
+    # the child really ran the pilots (its pid differs from ours)
+    pids = {pid for pids in helpers.markers(test_env, "start").values() for pid in pids}
+    assert pids and str(__import__("os").getpid()) not in pids
+    monkeypatch.setenv("BNLAB_TEST_SLOW", "0:120")  # the first task would take two minutes
+    t0 = time.monotonic()
+    plan = plan_experiments([helpers.SWEEP], "small", workers=1, budget=0.5, hard_limit=8)
+    assert time.monotonic() - t0 < 60
+    (e,) = plan.experiments
+    # stopped while its first (whole) task ran: that task takes longer than it ran (under 8 s: the child's
+    # start-up counts against the limit), and every task is taken to cost the same (no cost model)
+    assert e.lower_bound and e.error is None and "≥" in format_plan(plan)
+    assert len(set(e.task_seconds)) == 1 and 0 < e.task_seconds[0] < 8 and e.seconds == pytest.approx(6 * e.task_seconds[0])
+
+
+@pytest.mark.parametrize("slow_in", ["warm_up", "timed_run"])
+def test_a_pilot_stopped_in_a_cut_task_gives_a_lower_bound_for_the_tasks_that_do_more(test_env, monkeypatch,
+                                                                                       slow_in):
+    monkeypatch.setenv("PYTHONPATH", helper_pythonpath())
+    # a hard limit of 30 s leaves the child's start-up (imports, under load) time to reach the slow run
+    if slow_in == "warm_up":  # task 0 (piloted first: the most work) sleeps 5 minutes from its first run on
+        monkeypatch.setenv("BNLAB_TEST_SLOW", "0:300")
+    else:  # the warm-up's 1 step takes 1 s (past the budget: it stands in for the timed run), the next 60 steps 60 s
+        monkeypatch.setenv("BNLAB_TEST_STEP_SLEEP", "1.0")
+    t0 = time.monotonic()
+    plan = plan_experiments([_plan_helpers.COSTED], "small", workers=1, budget=0.5, hard_limit=30,
+                            pilot_steps=(1, 60))
+    assert time.monotonic() - t0 < 120
+    (e,) = plan.experiments
+    assert e.lower_bound and e.error is None and "≥" in format_plan(plan)
+    ran = e.task_seconds[0]
+    assert 0 < ran < 30  # the run, stopped at the hard limit (the child's start-up counts against it)
+    if slow_in == "warm_up":
+        # the warm-up's one-time costs are a worker's, not every task's: task 0 alone
+        assert e.task_seconds == [ran, 0, 0, 0, 0, 0]
+    else:
+        # cells 0-2 do the stopped run's work and more (twice the work per step of 3-5, 100 >= 60 steps)
+        assert e.task_seconds == [ran, ran, ran, 0, 0, 0]
+    assert e.seconds == pytest.approx(sum(e.task_seconds)) and e.wall_seconds == pytest.approx(e.seconds)
+
+
+def test_plan_to_dict_and_table():
+    from bnlab.experiments.plan import ExperimentPlan
+
+    e = ExperimentPlan("x", "paper", "cpu", 10, 2, 5, seconds=7200.0, wall_seconds=3600.0, workers=2,
+                       peak_bytes=3 * 2 ** 20)
+    plan = Plan("paper", "cpu", [e], 12.0)
+    assert plan.seconds == 3600.0 and not plan.lower_bound
+    d = plan.to_dict()
+    assert json.loads(json.dumps(d))["experiments"][0]["wall_seconds"] == 3600.0
+    table = format_plan(plan)
+    assert "120.0 min" in table and "60.0 min" in table and "3 MiB" in table
+
+
+def test_cli_plan_json(subprocess_env, helper_ref):
+    out = subprocess.run([sys.executable, "-m", "bnlab", "reproduce", helper_ref, "--plan", "--json", "--plan-budget",
+                          "20"], env=subprocess_env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    (e,) = d["experiments"]
+    assert e["experiment"] == "bnlab-test-sweep" and e["cells"] == 6 and e["seconds"] > 0 and d["seconds"] > 0
+    out = subprocess.run([sys.executable, "-m", "bnlab", "report", "--plan", "--only", helper_ref, "--no-progress"],
+                         env=subprocess_env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "bnlab-test-sweep" in out.stdout and "total (small scale" in out.stdout
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(device="gpu"), "device"), (dict(device="cuda:99"), "device"),
+                                          (dict(budget=0), "budget"), (dict(budget=float("nan")), "budget"),
+                                          (dict(workers=0), "workers"), (dict(scale="huge"), "scale"),
+                                          (dict(pilot_steps=(5, 5)), "pilot_steps"), (dict(clock="sun"), "clock")])
+def test_bad_plan_arguments_name_themselves(kwargs, match, helpers):
+    with pytest.raises(ValueError, match=match):
+        plan_experiment(helpers.SWEEP, **{"scale": "small", **kwargs})

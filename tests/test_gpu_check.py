@@ -1,0 +1,98 @@
+"""benchmarks/gpu_check.py: the smoke test on CPU (--device cpu --quick), and its table from the benchmarks' JSON."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmark_loader import load_benchmark
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    # a plain checkout on PYTHONPATH, as on a GPU machine without pip (the test experiments importable too)
+    env["PYTHONPATH"] = str(ROOT)
+    env["OMP_NUM_THREADS"] = "1"
+    env.setdefault("MPLBACKEND", "Agg")
+    return env
+
+
+def _run(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _check_parts(d: dict) -> None:
+    assert d["device"] == "cpu" and d["quick"] is True
+    assert d["tests"]["ok"] and d["tests"]["failed"] == 0 and d["tests"]["files"]  # the CUDA tests, skipped here
+    for name in ("bench_sim", "bench_ensemble", "bench_bnp"):
+        part = d[name]
+        # ran, or — in a checkout whose benchmark does not take --device/--quick/--json yet — said so
+        assert part["ok"] is True or (part["ok"] is None and "does not take these flags" in part["error"]), part
+    assert d["plan"]["ok"], d["plan"]
+    quantities = [row[0] for row in d["table"]]
+    assert quantities[0].startswith("CUDA tests")
+    assert any("BNP / SGD" in q for q in quantities) and any("ensemble step" in q for q in quantities)
+    assert quantities[-1] == "paper-scale total (every reproduction)"
+
+
+def test_gpu_check_cpu_quick_smoke():
+    # every part, with the plan of one small test sweep (the plan of every reproduction: the slow test below);
+    # a generous budget, so that a loaded machine slows it down without timing a part out
+    out = _run("--device", "cpu", "--quick", "--json", "--budget", "1200", "--plan-only",
+               "tests.experiments._helpers:bnlab-test-sweep")
+    assert out.returncode == 0, out.stderr[-3000:]
+    d = json.loads(out.stdout)
+    _check_parts(d)
+    (e,) = d["plan"]["plan"]["experiments"]
+    assert e["experiment"] == "bnlab-test-sweep" and e["cells"] == 12 and e["seconds"] > 0
+
+
+@pytest.mark.slow
+def test_gpu_check_cpu_quick_plans_every_reproduction():
+    out = _run("--device", "cpu", "--quick", "--json", "--budget", "1800", timeout=2400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    d = json.loads(out.stdout)
+    _check_parts(d)
+    from bnlab.experiments import list_experiments
+
+    assert [e["experiment"] for e in d["plan"]["plan"]["experiments"]] == list(list_experiments())
+
+
+def test_table_reads_the_benchmarks_keys_and_says_na_for_missing_ones():
+    gc = load_benchmark("gpu_check")
+    results = {
+        "tests": {"ok": True, "passed": 5, "failed": 0, "skipped": 1},
+        "bench_sim": {"ok": True, "data": {"rows": [{"route": "explicit", "sim_over_bmm": 0.62}]}},
+        "bench_ensemble": {"ok": True, "data": {"step_ms": {"eager": 88.0, "captured": 12.5},
+                                                "ops_per_step": {"eager": 3326, "captured": 1}}},  # no busy fraction
+        "bench_bnp": {"ok": False, "error": "Traceback: boom", "data": None},
+        "plan": {"ok": True, "plan": {"seconds": 7200.0, "lower_bound": False, "experiments": [
+            {"experiment": "yang2019-fig3a", "cells": 136, "device": "cuda:0", "wall_seconds": 3000.0,
+             "lower_bound": False, "skipped": None, "error": None},
+            {"experiment": "yang2019-fig3d", "cells": 136, "device": "cuda:0", "wall_seconds": 0.0,
+             "lower_bound": False, "skipped": "CIFAR-10 not present", "error": None}]}},
+    }
+    rows = {q: (v, g) for q, v, g in gc.table_rows(results)}
+    assert rows["CUDA tests (passed / failed / skipped)"][0] == "5 / 0 / 1"
+    assert rows["simulator vs bmm (rows[0].sim_over_bmm)"][0] == "0.62"
+    assert rows["ensemble step, ms (route)"][0] == "eager: 88, captured: 12.5"
+    assert rows["ensemble launches per step (route)"][0] == "eager: 3326, captured: 1"
+    assert rows["ensemble GPU busy fraction"][0] == "n/a"
+    assert rows["BNP / SGD step time (B)"][0] == "n/a (Traceback: boom)"
+    assert rows["paper-scale yang2019-fig3a (136 cells, cuda:0)"] == ("0.83 h", "≤ 1 h on one H100/H200")
+    assert "skipped: CIFAR-10" in rows["paper-scale yang2019-fig3d (136 cells, cuda:0)"][0]
+    assert rows["paper-scale total (every reproduction)"][0] == "2.00 h"
+
+
+def test_cuda_test_files_are_found():
+    gc = load_benchmark("gpu_check")
+    files = gc.cuda_test_files()
+    assert "tests/nets/test_train.py" in files and "tests/sim/test_networks.py" in files
+    assert all(f.startswith("tests/") and f.endswith(".py") for f in files)
