@@ -396,6 +396,8 @@ def build_report(
         ``report.json`` beside the page holds the same, with the top-level ``verdicts`` counts.
     """
     check_choice("scale", scale, SCALES)
+    if threads is not None:  # before anything is created
+        threads = check_int("threads", threads, minimum=1, maximum=4096)
     os.environ.setdefault("MPLBACKEND", "Agg")  # figures are files; never open a window
     t0 = time.perf_counter()
     outdir = Path(out)
@@ -409,8 +411,6 @@ def build_report(
         else:
             exps = list(list_experiments().values())
         broken = {} if only else discovery_errors()
-    if threads is not None:
-        threads = check_int("threads", threads, minimum=1, maximum=4096)
     with contextlib.ExitStack() as stack:
         get_client = _LazyClient(stack, client, scheduler, workers, threads)
         if serial:

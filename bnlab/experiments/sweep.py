@@ -192,6 +192,8 @@ def open_client(scheduler: str | None = None, workers: int | None = None, thread
     """
     from distributed import Client, LocalCluster
 
+    if threads is not None:
+        threads = _threads.check_threads(threads)
     if scheduler is not None:
         if not isinstance(scheduler, str) or not scheduler:
             raise ValueError(f"scheduler must be an address like 'tcp://host:8786', got {scheduler!r}")
@@ -209,7 +211,7 @@ def open_client(scheduler: str | None = None, workers: int | None = None, thread
             client.close()
         return
     n = _available_cores() if workers is None else check_int("workers", workers, minimum=1)
-    share = str(threads if threads is not None else max(1, _available_cores() // n))
+    share = str(threads if threads is not None else _worker_share(_available_cores(), n))
     import dask
 
     with dask.config.set(_LOCAL_CLUSTER_CONFIG):
@@ -231,6 +233,12 @@ def open_client(scheduler: str | None = None, workers: int | None = None, thread
     finally:
         client.close()
         cluster.close()
+
+
+def _worker_share(cores: int, workers: int) -> int:
+    """Intra-op threads of each of ``workers`` local workers on ``cores`` cores: cores // workers,
+    at least one (more workers than cores share them; n workers never run n² threads)."""
+    return max(1, cores // workers)
 
 
 def set_client_threads(client: Any, threads: int) -> None:
