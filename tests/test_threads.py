@@ -220,9 +220,10 @@ def test_good_thread_counts_are_accepted_as_ints(two_threads):
 
 @pytest.mark.parametrize("value,message", BAD_THREADS, ids=repr)
 def test_bad_thread_counts_of_the_sweep_engine_fail_before_any_work(value, message, tmp_path, two_threads):
-    # the engine's threads= (run_sweep, build_report, open_client): refused up front — no store, no
-    # report folder, no cluster
+    # the engine's threads= (run_sweep, build_report, reproduce, open_client): refused up front — no
+    # store, no report folder, no cluster
     from bnlab.experiments import build_report, run_sweep
+    from bnlab.experiments.report import reproduce
     from bnlab.experiments.sweep import open_client
 
     with pytest.raises(ValueError, match=message):
@@ -230,6 +231,9 @@ def test_bad_thread_counts_of_the_sweep_engine_fail_before_any_work(value, messa
     with pytest.raises(ValueError, match=message):
         build_report(tmp_path / "report", results_dir=tmp_path, experiments=[], serial=True, progress=False,
                      threads=value)
+    with pytest.raises(ValueError, match=message):
+        reproduce("yang2019-theory", out=tmp_path / "figures", results_dir=tmp_path, serial=True, progress=False,
+                  threads=value)
     with pytest.raises(ValueError, match=message):
         with open_client(workers=1, threads=value):
             pytest.fail("no cluster may start")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Sequence
 
 from bnlab import _threads
-from bnlab._validation import check_choice, check_int
+from bnlab._validation import check_choice
 from bnlab.experiments.registry import discovery_errors, get_experiment, list_experiments
 from bnlab.experiments.spec import SCALES, VERDICTS, Comparison, Experiment, library_versions
 from bnlab.experiments.store import ResultsStore, cell_key
@@ -397,7 +397,7 @@ def build_report(
     """
     check_choice("scale", scale, SCALES)
     if threads is not None:  # before anything is created
-        threads = check_int("threads", threads, minimum=1, maximum=4096)
+        threads = _threads.check_threads(threads)
     os.environ.setdefault("MPLBACKEND", "Agg")  # figures are files; never open a window
     t0 = time.perf_counter()
     outdir = Path(out)
@@ -467,7 +467,7 @@ def reproduce(
     exp = get_experiment(experiment)
     outdir = Path(out)
     if threads is not None:
-        threads = check_int("threads", threads, minimum=1, maximum=4096)
+        threads = _threads.check_threads(threads)
     with contextlib.ExitStack() as stack:
         if serial:
             stack.enter_context(_threads.pinned(threads))

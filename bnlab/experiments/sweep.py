@@ -244,7 +244,7 @@ def _worker_share(cores: int, workers: int) -> int:
 def set_client_threads(client: Any, threads: int) -> None:
     """Fix the intra-op thread count (torch, OpenMP, BLAS) of every worker of ``client`` connected
     now to ``threads`` (the chooser of small work leaves it; see :func:`open_client`)."""
-    client.run(set_worker_threads, check_int("threads", threads, minimum=1, maximum=4096), True)
+    client.run(set_worker_threads, _threads.check_threads(threads), True)
 
 
 def _gpu_resources(client, experiment: Experiment) -> dict | None:
@@ -417,7 +417,7 @@ def run_sweep(
     if workers is not None:
         workers = check_int("workers", workers, minimum=1, maximum=4096)
     if threads is not None:
-        threads = check_int("threads", threads, minimum=1, maximum=4096)
+        threads = _threads.check_threads(threads)
     if scheduler is not None:
         scheduler = check_scheduler_address(scheduler)
     if serial and (client is not None or scheduler is not None):
