@@ -36,7 +36,18 @@ from typing import Any, Callable, Iterator
 #: width 32 (1.6e6) and the rank chain at d = 32 (6.6e4) are far below it.
 SMALL_WORK_FLOPS = 1.0e7
 
+#: The largest thread count accepted anywhere (``--threads``, ``threads=``): beyond any machine's
+#: cores, so that a typo (``--threads 1000000``) is an error, not a million idle threads.
+MAX_THREADS = 4096
+
 _pinned: int | None = None
+
+
+def check_threads(threads: Any) -> int:
+    """``threads`` as an int from 1 to :data:`MAX_THREADS`, or a ValueError naming the argument."""
+    from bnlab._validation import check_int
+
+    return check_int("threads", threads, minimum=1, maximum=MAX_THREADS)
 
 
 def available_cores() -> int:
@@ -51,8 +62,12 @@ def pin_threads(threads: int | None, *, apply: bool = True) -> None:
     """Fix torch's intra-op thread count of this process to ``threads`` (the user's ``--threads``):
     the chooser leaves it alone from now on.  ``None`` unpins (the chooser decides again) and leaves
     the count as it is.  ``apply=False`` records the pin only (a Dask worker whose environment
-    already gives torch that count when it is imported: no torch import for NumPy-only cells)."""
+    already gives torch that count when it is imported: no torch import for NumPy-only cells).
+
+    ``threads`` is an integer from 1 to :data:`MAX_THREADS` (ValueError naming it otherwise)."""
     global _pinned
+    if threads is not None:
+        threads = check_threads(threads)
     if threads is not None and apply:
         import torch
 
@@ -68,6 +83,7 @@ def pinned(threads: int | None) -> Iterator[None]:
     if threads is None:
         yield
         return
+    threads = check_threads(threads)
     import torch
 
     before, before_pin = torch.get_num_threads(), _pinned

@@ -187,3 +187,62 @@ def test_bench_threads_quick_runs():
     for r in rows.values():  # all three are small work: the chooser takes one thread
         assert r["chooser_threads"] == 1 and set(r["wall_s"]) == {"1", "chooser"}
         assert all(t > 0 for t in r["wall_s"].values())
+
+
+BAD_THREADS = [(0, "threads=0 is not allowed"), (-1, "threads=-1 is not allowed"),
+               ("abc", "threads='abc' is not allowed"), (1e9, "threads=1000000000 is not allowed"),
+               (True, "threads=True is not allowed"), (2.5, "threads=2.5 is not allowed")]
+
+
+@pytest.mark.parametrize("value,message", BAD_THREADS, ids=repr)
+def test_bad_thread_counts_are_value_errors_naming_the_argument(value, message, two_threads):
+    # every place a thread count enters the library: the check, the pin, the scoped pin
+    with pytest.raises(ValueError, match=message):
+        _threads.check_threads(value)
+    with pytest.raises(ValueError, match=message):
+        _threads.pin_threads(value)
+    with pytest.raises(ValueError, match=message):
+        with _threads.pinned(value):
+            pytest.fail("the body must not run")
+    # nothing changed on the way: torch's count and the (absent) pin
+    assert torch.get_num_threads() == 2 and _threads.pinned_threads() is None
+
+
+def test_good_thread_counts_are_accepted_as_ints(two_threads):
+    assert _threads.check_threads(1) == 1 and _threads.check_threads(2.0) == 2
+    assert _threads.check_threads(_threads.MAX_THREADS) == _threads.MAX_THREADS
+    import numpy as np
+
+    with _threads.pinned(np.int64(1)):
+        assert torch.get_num_threads() == 1 and _threads.pinned_threads() == 1
+    assert torch.get_num_threads() == 2 and _threads.pinned_threads() is None
+
+
+@pytest.mark.parametrize("value,message", BAD_THREADS, ids=repr)
+def test_bad_thread_counts_of_the_sweep_engine_fail_before_any_work(value, message, tmp_path, two_threads):
+    # the engine's threads= (run_sweep, build_report, reproduce, open_client): refused up front — no
+    # store, no report folder, no cluster
+    from bnlab.experiments import build_report, run_sweep
+    from bnlab.experiments.report import reproduce
+    from bnlab.experiments.sweep import open_client
+
+    with pytest.raises(ValueError, match=message):
+        run_sweep("yang2019-theory", results_dir=tmp_path, serial=True, progress=False, threads=value)
+    with pytest.raises(ValueError, match=message):
+        build_report(tmp_path / "report", results_dir=tmp_path, experiments=[], serial=True, progress=False,
+                     threads=value)
+    with pytest.raises(ValueError, match=message):
+        reproduce("yang2019-theory", out=tmp_path / "figures", results_dir=tmp_path, serial=True, progress=False,
+                  threads=value)
+    with pytest.raises(ValueError, match=message):
+        with open_client(workers=1, threads=value):
+            pytest.fail("no cluster may start")
+    assert list(tmp_path.iterdir()) == []
+    assert torch.get_num_threads() == 2 and _threads.pinned_threads() is None
+
+
+def test_worker_share_is_cores_over_workers_at_least_one():
+    from bnlab.experiments.sweep import _worker_share
+
+    table = {(2, 1): 2, (2, 2): 1, (5, 2): 2, (16, 3): 5, (2, 3): 1, (1, 8): 1}
+    assert {k: _worker_share(*k) for k in table} == table

@@ -98,19 +98,19 @@ def add_threads_argument(parser, *, cells: bool = False) -> None:
 
 def apply_threads(args: argparse.Namespace) -> None:
     """Check ``--threads`` (1 … the cores this process may use; 1 … 4096 for an existing cluster, whose
-    machines are not this one) and fix this process's count to it; nothing without the option."""
+    machines are not this one: bnlab._threads.check_threads) and fix this process's count to it;
+    nothing without the option."""
     threads = getattr(args, "threads", None)
     if threads is None:
         return
     from bnlab import _threads
-    from bnlab._validation import check_int
 
     remote = getattr(args, "scheduler", None) is not None
     cores = _threads.available_cores()
     if not remote and isinstance(threads, int) and threads > cores:
         raise ValueError(f"threads={threads} is not allowed: this process may use {cores} cores; expected "
                          f"an integer from 1 to {cores}")
-    args.threads = check_int("threads", threads, minimum=1, maximum=4096)
+    args.threads = _threads.check_threads(threads)
     _threads.pin_threads(args.threads)
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Sequence
 
 from bnlab import _threads
-from bnlab._validation import check_choice, check_int
+from bnlab._validation import check_choice
 from bnlab.experiments.registry import discovery_errors, get_experiment, list_experiments
 from bnlab.experiments.spec import SCALES, VERDICTS, Comparison, Experiment, library_versions
 from bnlab.experiments.store import ResultsStore, cell_key
@@ -402,6 +402,8 @@ def build_report(
         ``report.json`` beside the page holds the same, with the top-level ``verdicts`` counts.
     """
     check_choice("scale", scale, SCALES)
+    if threads is not None:  # before anything is created
+        threads = _threads.check_threads(threads)
     os.environ.setdefault("MPLBACKEND", "Agg")  # figures are files; never open a window
     t0 = time.perf_counter()
     outdir = Path(out)
@@ -415,8 +417,6 @@ def build_report(
         else:
             exps = list(list_experiments().values())
         broken = {} if only else discovery_errors()
-    if threads is not None:
-        threads = check_int("threads", threads, minimum=1, maximum=4096)
     with contextlib.ExitStack() as stack:
         get_client = _LazyClient(stack, client, scheduler, workers, threads)
         if serial:
@@ -482,7 +482,7 @@ def reproduce(
     exp = get_experiment(experiment)
     outdir = Path(out)
     if threads is not None:
-        threads = check_int("threads", threads, minimum=1, maximum=4096)
+        threads = _threads.check_threads(threads)
     with contextlib.ExitStack() as stack:
         if serial:
             stack.enter_context(_threads.pinned(threads))

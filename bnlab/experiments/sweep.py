@@ -194,6 +194,8 @@ def open_client(scheduler: str | None = None, workers: int | None = None, thread
     """
     from distributed import Client, LocalCluster
 
+    if threads is not None:
+        threads = _threads.check_threads(threads)
     if scheduler is not None:
         if not isinstance(scheduler, str) or not scheduler:
             raise ValueError(f"scheduler must be an address like 'tcp://host:8786', got {scheduler!r}")
@@ -211,7 +213,7 @@ def open_client(scheduler: str | None = None, workers: int | None = None, thread
             client.close()
         return
     n = _available_cores() if workers is None else check_int("workers", workers, minimum=1)
-    share = str(threads if threads is not None else max(1, _available_cores() // n))
+    share = str(threads if threads is not None else _worker_share(_available_cores(), n))
     import dask
 
     with dask.config.set(_LOCAL_CLUSTER_CONFIG):
@@ -235,10 +237,16 @@ def open_client(scheduler: str | None = None, workers: int | None = None, thread
         cluster.close()
 
 
+def _worker_share(cores: int, workers: int) -> int:
+    """Intra-op threads of each of ``workers`` local workers on ``cores`` cores: cores // workers,
+    at least one (more workers than cores share them; n workers never run n² threads)."""
+    return max(1, cores // workers)
+
+
 def set_client_threads(client: Any, threads: int) -> None:
     """Fix the intra-op thread count (torch, OpenMP, BLAS) of every worker of ``client`` connected
     now to ``threads`` (the chooser of small work leaves it; see :func:`open_client`)."""
-    client.run(set_worker_threads, check_int("threads", threads, minimum=1, maximum=4096), True)
+    client.run(set_worker_threads, _threads.check_threads(threads), True)
 
 
 def _gpu_resources(client, experiment: Experiment) -> dict | None:
@@ -430,7 +438,7 @@ def run_sweep(
     if workers is not None:
         workers = check_int("workers", workers, minimum=1, maximum=4096)
     if threads is not None:
-        threads = check_int("threads", threads, minimum=1, maximum=4096)
+        threads = _threads.check_threads(threads)
     if scheduler is not None:
         scheduler = check_scheduler_address(scheduler)
     if serial and (client is not None or scheduler is not None):

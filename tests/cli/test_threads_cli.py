@@ -25,11 +25,44 @@ def test_every_long_running_command_takes_threads(argv):
 
 @pytest.mark.parametrize("value,needle", [("0", "threads=0 is not allowed"), ("-3", "threads=-3 is not allowed"),
                                           ("100000", "threads=100000 is not allowed"),
-                                          ("two", "argument --threads: invalid int value")])
+                                          ("two", "argument --threads: invalid int value"),
+                                          ("1e9", "argument --threads: invalid int value: '1e9'"),
+                                          ("True", "argument --threads: invalid int value: 'True'"),
+                                          ("2.5", "argument --threads: invalid int value: '2.5'"),
+                                          ("", "argument --threads: invalid int value: ''")])
 def test_bad_thread_counts_are_usage_errors(capsys, value, needle, restore_threads):
+    before = torch.get_num_threads()
     with pytest.raises(SystemExit) as exc:
         main(["rank", "--depth", "3", "--threads", value])
-    assert exc.value.code == 2 and needle in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and needle in err and "Traceback" not in err
+    assert torch.get_num_threads() == before and _threads.pinned_threads() is None  # nothing applied
+
+
+@pytest.mark.parametrize("argv", LONG_RUNNING, ids=lambda a: " ".join(a[:2]))
+def test_every_long_running_command_refuses_a_bad_count_before_its_work(capsys, argv, restore_threads):
+    # the check runs before the command (no experiment looked up, no data read): a usage error
+    for value, needle in (("0", "threads=0 is not allowed"), ("abc", "argument --threads: invalid int value")):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--threads", value])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and needle in err and "Traceback" not in err, err
+
+
+def test_a_bad_count_exits_2_from_the_shell(tmp_path):
+    # the real entry point (python -m bnlab), not main() in this process: exit status 2, one line
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "bnlab", "rank", "--threads", "0"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == ("bnlab rank: error: threads=0 is not allowed: expected an "
+                                                    "integer >= 1")
 
 
 def test_more_threads_than_cores_is_refused_for_local_work(capsys, restore_threads):

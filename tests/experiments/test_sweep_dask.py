@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from bnlab.experiments import ResultsStore, run_sweep
 from bnlab.experiments._worker import execute_cell
 from bnlab.experiments.sweep import open_client
@@ -246,3 +248,32 @@ def test_local_cluster_workers_get_their_share_of_the_cores():
         set_client_threads(client, 1)  # --threads 1: fixed
         fixed = client.submit(execute_cell, _cell_threads, {}, True, False, pure=False).result()
         assert fixed["metrics"] == {"threads": 1, "pinned": 1}
+
+
+@pytest.mark.slow
+def test_each_local_worker_runs_torch_with_its_share_of_the_cores(monkeypatch):
+    # Two workers on a machine the driver sees with 5 cores: each worker's torch gets 5 // 2 = 2
+    # threads (not the 5 cores, not Dask's one thread per worker), unpinned so the chooser of small
+    # work may lower it; with --threads the count is fixed on the running workers.  A cell is sent to
+    # each worker by address, so every worker is observed.  Slow: 28 s on the loaded 2-core machine
+    # (two workers importing torch); the default run has the one-worker test above and the share's
+    # table (tests/test_threads.py).
+    import bnlab.experiments.sweep as sweep
+
+    monkeypatch.setattr(sweep, "_available_cores", lambda: 5)
+    with open_client(workers=2) as client:
+        addresses = sorted(client.scheduler_info()["workers"])
+        assert len(addresses) == 2
+
+        def on_each_worker():
+            futures = [client.submit(execute_cell, _cell_threads, {}, True, False, pure=False, workers=[a],
+                                     allow_other_workers=False) for a in addresses]
+            out = client.gather(futures)
+            assert all(s["ok"] for s in out), [s["error"] for s in out]
+            return [s["metrics"] for s in out]
+
+        assert on_each_worker() == [{"threads": 2, "pinned": None}] * 2
+        env = client.run(lambda: os.environ.get("OMP_NUM_THREADS"))
+        assert sorted(env) == addresses and set(env.values()) == {"2"}  # OpenMP/BLAS get the same share
+        sweep.set_client_threads(client, 1)  # --threads 1: fixed on every worker
+        assert on_each_worker() == [{"threads": 1, "pinned": 1}] * 2

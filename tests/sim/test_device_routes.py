@@ -47,6 +47,43 @@ def test_auto_route_takes_the_other_one_where_the_preferred_one_does_not_fit(dev
     assert _choose_weight_sampling("auto", "orthogonal", 512, 1000, device_type, fits=fits) == "explicit"
 
 
+def test_auto_route_on_the_cpu_takes_explicit_weights_where_conditional_sampling_does_not_fit():
+    # the preferred CPU route at k·B ≤ N/4 is conditional; bounded out, the explicit weights are taken
+    assert _choose_weight_sampling("auto", "gaussian", 4, 1000, "cpu") == "conditional"
+    assert _choose_weight_sampling("auto", "gaussian", 4, 1000, "cpu",
+                                   fits={"explicit": True, "conditional": False}) == "explicit"
+    # where both fit, the device decides
+    both = {"explicit": True, "conditional": True}
+    assert _choose_weight_sampling("auto", "gaussian", 4, 1000, "cpu", fits=both) == "conditional"
+    assert _choose_weight_sampling("auto", "gaussian", 4, 1000, "cuda", fits=both) == "explicit"
+
+
+def test_simulate_gives_the_chooser_its_device_and_each_routes_fit_at_the_bound(monkeypatch):
+    # What simulate() asks the chooser: its tensors' device type, and per route whether one network's
+    # working memory (_network_bytes, with the accelerator's up-front draws where they apply) is within
+    # max_memory_bytes.  The up-front draws (an accelerator's route, forced here on the CPU) are
+    # counted in the explicit route's size.
+    import bnlab.sim.networks as networks
+
+    seen = []
+
+    def spy(requested, init, rows, width, device_type, **kw):
+        seen.append((device_type, kw["fits"]))
+        return _choose_weight_sampling(requested, init, rows, width, device_type, **kw)
+
+    monkeypatch.setattr(networks, "_choose_weight_sampling", spy)
+    kw = dict(b=10, k=1, width=32, depth=12, d0=32, grads=True, itemsize=8)
+    explicit, conditional = _network_bytes(False, True, **kw), _network_bytes(True, False, **kw)
+    assert conditional < explicit
+    res = simulate("relu", 10, 32, 12, 2, max_memory_bytes=conditional, _predraw_weights=True)
+    assert seen == [("cpu", {"explicit": False, "conditional": True})]
+    assert res.config["weight_sampling"] == "conditional"
+    seen.clear()
+    res = simulate("relu", 10, 32, 12, 2, max_memory_bytes=explicit, _predraw_weights=True)
+    assert seen == [("cpu", {"explicit": True, "conditional": True})]
+    assert res.config["weight_sampling"] == "explicit"  # k·B = 10 > N/4 = 8: explicit by shape
+
+
 def test_simulate_auto_falls_back_to_conditional_sampling_when_explicit_weights_do_not_fit():
     # rows 10 > 32/4: explicit by shape; its weights (depth·N² per network) exceed the bound, the
     # conditional route's factors (depth·2N·rows) do not
