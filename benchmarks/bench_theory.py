@@ -29,10 +29,17 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+# Both sides single-threaded, before NumPy loads its BLAS: a multi-threaded BLAS on a shared machine spins its
+# idle threads, and process CPU time charges that spinning to whichever side happened to call it (it made
+# analyze(tanh) read 14 ms of CPU instead of 4 on a loaded 2-core machine).  torch gets set_num_threads(1) below.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import cpu_time, median_time  # noqa: E402
@@ -51,13 +58,12 @@ TARGET = 1e-3
 
 def _clear_caches():
     # no credit for cached quadrature nodes or moments: every call pays for its rules (what stays cached is
-    # only the tanh-sinh rule on (0, 1) itself, _kinks._unit_nodes: a table of constants, no φ and no B in it)
-    from bnlab.theory._dynamics_common import _sphere_grid
-    from bnlab.theory._kinks import kink_sphere_grid
+    # only the rules on (0, 1) themselves, tanh-sinh and Gauss–Legendre: tables of constants, no φ and no B in them)
+    from bnlab.theory._quadrature.sphere import cartesian_sphere_grid, sphere_grid
     from bnlab.theory.forward import _forward_moments_sphere
 
-    _sphere_grid.cache_clear()
-    kink_sphere_grid.cache_clear()
+    sphere_grid.cache_clear()
+    cartesian_sphere_grid.cache_clear()
     _forward_moments_sphere.cache_clear()
 
 

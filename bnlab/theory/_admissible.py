@@ -139,6 +139,26 @@ def admissible(act, b: int, eps: float):
             f"phi={spec!r} is positive-homogeneous: with eps = 0 batchnorm makes |gamma| irrelevant "
             f"(φ(γx) = |γ|^α φ(sign(γ)x)), so gamma={math.copysign(1.0, act.gamma):g} was used"
         )
+    x, fx, spread = _values_on_sphere(act, b, spec)
+    act, fx, spread = _moderate_scale(act, fx, spread, eps, spec, notes)
+    backward_reason, cross_reason = _singular_kinks(act, b, spec)
+    jumps = _find_jumps(act, x, fx, spread)
+    # a jump found within 1e-9 of a traced or declared kink is that kink
+    jumps = sorted({next((k for k in act.kinks if abs(j - k) <= 1e-9 * max(1.0, abs(k))), j) for j in jumps})
+    if jumps:
+        where = ", ".join(f"{j:.6g}" for j in jumps[:5])
+        backward_reason = cross_reason = (
+            f"phi={spec!r} jumps at x = {where}: its derivative has a Dirac mass there, which the gradient theory "
+            "(E φ'², Yang et al. 2019, Thms 3.9, 3.11, needs φ' square-integrable) does not cover; the forward "
+            "quantities (fixed point, λ_L↑, λ_M↑, c_CB*) are returned, the gradient quantities are not"
+        )
+        new = [act.gamma * j + act.beta for j in jumps]  # in the base variable u = γx + β
+        act = dataclasses.replace(act, base_kinks=tuple(sorted(set(act.base_kinks) | set(new))))
+    return act, notes, {"backward": backward_reason, "cross_batch": cross_reason}
+
+
+def _values_on_sphere(act, b: int, spec: str):
+    """(probe points, φ there, φ's spread): ``ValueError`` if φ is not finite on the sphere or constant there."""
     x = _support_probe(act, b)
     with np.errstate(all="ignore"):
         fx = np.asarray(act(x), dtype=np.float64)
@@ -160,21 +180,30 @@ def admissible(act, b: int, eps: float):
             "theory does not apply (a shift beta that swamps x, as in relu(x + 1e308), rounds φ(γx + β) to a constant: "
             "use a moderate beta)"
         )
+    return x, fx, spread
+
+
+def _moderate_scale(act, fx: np.ndarray, spread: float, eps: float, spec: str, notes: list):
+    """φ divided by its largest value on the sphere when that is huge or tiny (exact with ε = 0, where batchnorm
+    makes φ and cφ equivalent; a ``ValueError`` with ε > 0)."""
     big = float(np.max(np.abs(fx)))
-    if big > _RESCALE_ABOVE or big < 1.0 / _RESCALE_ABOVE:
-        if eps > 0.0:
-            raise ValueError(
-                f"phi={spec!r} reaches |φ| = {big:.3g} on the sphere: with eps > 0 the scale of φ matters and its "
-                "squares leave float64's range; rescale φ or use eps = 0 (where batchnorm makes φ and cφ equivalent)"
-            )
-        act = _scaled(act, big)
-        notes.append(
-            f"phi={spec!r} reaches |φ| = {big:.3g} on the sphere; batchnorm makes φ and cφ equivalent, so φ/{big:.6g} "
-            "was used (exact with eps = 0)"
+    if _RESCALE_ABOVE >= big >= 1.0 / _RESCALE_ABOVE:
+        return act, fx, spread
+    if eps > 0.0:
+        raise ValueError(
+            f"phi={spec!r} reaches |φ| = {big:.3g} on the sphere: with eps > 0 the scale of φ matters and its "
+            "squares leave float64's range; rescale φ or use eps = 0 (where batchnorm makes φ and cφ equivalent)"
         )
-        fx = fx / big
-        spread = spread / big
-    # singular points: a traced or declared kink where |φ| or |φ'| blows up
+    notes.append(
+        f"phi={spec!r} reaches |φ| = {big:.3g} on the sphere; batchnorm makes φ and cφ equivalent, so φ/{big:.6g} "
+        "was used (exact with eps = 0)"
+    )
+    return _scaled(act, big), fx / big, spread / big
+
+
+def _singular_kinks(act, b: int, spec: str) -> tuple[str | None, str | None]:
+    """At every traced or declared kink on the sphere: ``ValueError`` where |φ| blows up (not L²); the reasons the
+    backward quantities (φ' not L²) and the cross-batch rate (φ' not L¹) are undefined, or None."""
     backward_reason = cross_reason = None
     for k in act.kinks:
         if abs(k) > math.sqrt(b - 1.0):
@@ -197,17 +226,4 @@ def admissible(act, b: int, eps: float):
                 f"phi={spec!r} has a derivative that is not integrable near x={k:.6g}: E φ' diverges, so the cross-batch "
                 "rate (Yang et al. 2019, Thm 3.11) is not defined and not returned"
             )
-    jumps = _find_jumps(act, x, fx, spread)
-    # a jump found within 1e-9 of a traced or declared kink is that kink
-    jumps = sorted({next((k for k in act.kinks if abs(j - k) <= 1e-9 * max(1.0, abs(k))), j) for j in jumps})
-    if jumps:
-        where = ", ".join(f"{j:.6g}" for j in jumps[:5])
-        backward_reason = (
-            f"phi={spec!r} jumps at x = {where}: its derivative has a Dirac mass there, which the gradient theory "
-            "(E φ'², Yang et al. 2019, Thms 3.9, 3.11, needs φ' square-integrable) does not cover; the forward "
-            "quantities (fixed point, λ_L↑, λ_M↑, c_CB*) are returned, the gradient quantities are not"
-        )
-        cross_reason = backward_reason
-        new = [act.gamma * j + act.beta for j in jumps]  # in the base variable u = γx + β
-        act = dataclasses.replace(act, base_kinks=tuple(sorted(set(act.base_kinks) | set(new))))
-    return act, notes, {"backward": backward_reason, "cross_batch": cross_reason}
+    return backward_reason, cross_reason

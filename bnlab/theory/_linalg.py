@@ -1,14 +1,11 @@
-"""Linear algebra and quadrature helpers shared by the theory core (private).
+"""Linear algebra shared by the theory core (private).
 
 * the mean-centering projection G = I − 11ᵀ/B (Yang et al. 2019, §3, Eq. 8);
 * the orthonormal basis 𝔢 of im G realised as in App. E.3, Eq. (33);
 * BSB1 matrices (App. E.5, Defn E.50) and their (q, c) / (μ, ν) parameters;
-* a square root of a PSD matrix that tolerates singular matrices;
-* the tanh-sinh (double-exponential) quadrature rule used by every numerical
-  route: on a panel whose integrand is analytic inside (kinks and algebraic
-  endpoint singularities allowed at the panel ends) its error decays like
-  exp(−c/h), so halving h roughly squares the error; the difference between
-  two successive levels is therefore a (conservative) error estimate.
+* a square root of a PSD matrix that tolerates singular matrices.
+
+The quadrature rules live in :mod:`bnlab.theory._quadrature`.
 """
 from __future__ import annotations
 
@@ -90,46 +87,3 @@ def psd_sqrt_factor(sigma: np.ndarray) -> np.ndarray:
     w, u = np.linalg.eigh(sigma)
     w = np.clip(w, 0.0, None)
     return u * np.sqrt(w)
-
-
-# ---------------------------------------------------------------------------
-# tanh-sinh quadrature
-# ---------------------------------------------------------------------------
-@lru_cache(maxsize=32)
-def _tanh_sinh_unit(level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Nodes on (0, 1) as (t, 1 − t) pairs and weights, step h = 2^{-level}.
-
-    Node t_k = 1/(1 + exp(−π sinh(kh))) is x_k = tanh(π/2 sinh(kh)) mapped to (0, 1);
-    1 − t_k is computed separately so that distances to both ends are exact.
-    The range |kh| ≤ 3.2 makes the omitted weights < 1e-20.
-    """
-    return _tanh_sinh_step(2.0**-level, 3.2)
-
-
-def _tanh_sinh_step(h: float, half_width: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Tanh–sinh rule on (0, 1) with step ``h`` over |kh| ≤ ``half_width``: (t, 1 − t, weights), read-only."""
-    n = int(math.ceil(half_width / h))
-    k = np.arange(-n, n + 1) * h
-    u = 0.5 * math.pi * np.sinh(k)
-    t = 1.0 / (1.0 + np.exp(-2.0 * u))
-    one_minus_t = 1.0 / (1.0 + np.exp(2.0 * u))
-    w = h * 0.5 * math.pi * np.cosh(k) / np.cosh(u) ** 2 * 0.5
-    keep = (w > 1e-300) & (t > 0) & (one_minus_t > 0)
-    out = (t[keep], one_minus_t[keep], w[keep])
-    for a in out:
-        a.setflags(write=False)
-    return out
-
-
-def tanh_sinh_panel(a, b, level: int):
-    """Nodes and weights of the tanh-sinh rule on [a, b] (a, b broadcastable arrays).
-
-    Returns (x, w) with a trailing node axis: x = a + (b − a) t.
-    """
-    t, s, w = _tanh_sinh_unit(level)
-    a = np.asarray(a, dtype=np.float64)[..., None]
-    b = np.asarray(b, dtype=np.float64)[..., None]
-    length = b - a
-    # near the right end use b − (b−a)(1−t) to keep precision there
-    x = np.where(t < 0.5, a + length * t, b - length * s)
-    return x, length * w

@@ -43,7 +43,16 @@ import warnings as _warnings
 from dataclasses import asdict, dataclass, field, replace
 
 from bnlab._validation import check_choice, check_real
+from bnlab.activations import get_activation
+from bnlab.theory._admissible import admissible
 from bnlab.theory._checks import SmallBatchWarning, check_batch_size
+from bnlab.theory._routes import MAX_MONTECARLO_SECONDS, montecarlo_seconds, relu_or_identity
+from bnlab.theory.backward import _backward_eigenvalues
+from bnlab.theory.cross_batch import _cross_batch_analysis
+from bnlab.theory.epsilon import _epsilon_analysis
+from bnlab.theory.fixed_point import BSB1FixedPoint, _bsb1_fixed_point
+from bnlab.theory.forward import _forward_eigenvalues, _forward_moments_sphere
+from bnlab.theory.symmetry import _stability
 
 __all__ = ["METHODS", "TheoryResult", "analyze", "depth_scale", "max_trainable_depth", "TRAINABLE_DEPTH_FACTOR"]
 
@@ -119,16 +128,14 @@ class TheoryResult:
         return d
 
 
-def _route(method: str, act, b: int):
+def _route(method: str, act) -> tuple[dict, list[str]]:
     """Method per group of quantities (fixed point, forward, backward, cross-batch) and notes."""
-    from bnlab.theory._dynamics_common import _relu_or_identity
-
     notes = []
     if method == "auto":
-        # each dynamics chooses its own route (bnlab.theory._dynamics_common._choose_route)
+        # each dynamics chooses its own route (bnlab.theory._routes.plan_route)
         return {"fixed_point": "auto", "forward": "auto", "backward": "auto", "cross_batch": "auto"}, notes
     if method == "closed":
-        if _relu_or_identity(act) is None:
+        if relu_or_identity(act) is None:
             raise ValueError(
                 f"method='closed' does not apply to phi={act.spec!r}: closed forms of the dynamics exist for relu and "
                 "identity (Thms 3.7, 3.10, G.12, H.6); use method='laplace' (positive-homogeneous φ), 'sphere', "
@@ -156,8 +163,6 @@ def _route(method: str, act, b: int):
 
 def _check_analyze_montecarlo_cost(b: int, n_samples: int = 200_000) -> None:
     """Refuse ``method="montecarlo"`` up front when its four routes together would take minutes."""
-    from bnlab.theory._dynamics_common import MAX_MONTECARLO_SECONDS, montecarlo_seconds
-
     secs = 3 * montecarlo_seconds(n_samples, b, 1) + montecarlo_seconds(n_samples, b, 2)
     if secs > MAX_MONTECARLO_SECONDS:
         raise ValueError(
@@ -210,14 +215,12 @@ def analyze(
     φ, ≤ 1.2e-12 on the kink-split rule for kinked φ (B = 4: ≈3e-9; docs/theory-methods.md),
     Monte Carlo standard errors for ``"montecarlo"``.
     """
-    from bnlab.activations import get_activation
-
     method = check_choice("method", method, METHODS)
     eps = check_real("eps", eps, minimum=0.0)
     sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
     gamma = check_real("gamma", gamma)
     beta = check_real("beta", beta)
-    act = get_activation(phi, gamma=gamma, beta=beta, **phi_params)
+    act = get_activation(phi, gamma=gamma, beta=beta, **phi_params)  # φ resolved once, here
     notes: list[str] = []
     with _warnings.catch_warnings(record=True) as caught:
         _warnings.simplefilter("always", SmallBatchWarning)
@@ -225,155 +228,26 @@ def analyze(
     for w in caught:
         notes.append(str(w.message))
         _warnings.warn(w.message, w.category, stacklevel=2)
-    from bnlab.theory._admissible import admissible
-
     # overflow, poles, constant φ, jumps, non-L² φ': an error or an exact reformulation, never a number
     # that cannot be right (issue 13); |γ| of homogeneous φ and huge/tiny output scales drop out (ε = 0)
     act, adm_notes, undefined = admissible(act, b, eps)
-    notes += adm_notes
-    routes, route_notes = _route(method, act, b)
-    notes += route_notes
+    routes, route_notes = _route(method, act)
     if method == "montecarlo":
         # every route's time at once, before any runs (fixed point, forward and cross-batch are O(B) per
         # sample, backward O(B²)): a run refused only at its last route would have cost minutes first
         _check_analyze_montecarlo_cost(b)
+    case = _Case(eps, sigma_w2, method, routes, notes + adm_notes + route_notes,
+                 undefined.get("backward"), undefined.get("cross_batch"))
     with _warnings.catch_warnings(record=True) as inner:
         # the building blocks' warnings (e.g. slow series convergence) go into the result;
         # B = 3 was reported once above and is not repeated
         _warnings.simplefilter("always")
-        res = _analyze(act, b, eps, sigma_w2, method, routes, notes, undefined)
+        res = _analyze(act, b, case)
     extra = [str(w.message) for w in inner if not issubclass(w.category, (SmallBatchWarning, DeprecationWarning))]
     extra = [m for m in dict.fromkeys(extra) if m not in res.warnings]
     if extra:
         res = replace(res, warnings=res.warnings + tuple(extra))
     return res
-
-
-def _analyze(act, b, eps, sigma_w2, method, routes, notes, undefined=None) -> TheoryResult:
-    from bnlab.theory.backward import backward_eigenvalues
-    from bnlab.theory.cross_batch import cross_batch_analysis
-    from bnlab.theory.fixed_point import bsb1_fixed_point
-    from bnlab.theory.forward import forward_eigenvalues
-
-    undefined = undefined or {}
-    gradient_reason, cross_reason = undefined.get("backward"), undefined.get("cross_batch")
-    used: dict[str, str] = {}
-    base = dict(phi=act.spec, batch_size=b, eps=eps, sigma_w2=sigma_w2, method=method)
-
-    # -- is BSB1 the attractor?  (App. J, K)
-    # The criterion is max(λ_L↑, λ_M↑) < 1 (fixed_point_kind).  With ε = 0 and the auto routes the forward
-    # eigenvalues are needed anyway, so they decide it when they are clearly away from 1: their routes are
-    # accurate to ≤ 1e-9 for 4 ≤ B ≤ 2048 (closed/Laplace: rounding), far inside the 1e-6 margin.  Near 1,
-    # at larger B (where 1 − λ_L↑ ~ 2/B meets the cancellation of the quadrature) or when they cannot be
-    # computed, the stability route of bnlab.theory.symmetry (1 − λ without cancellation) decides.
-    fw = None
-    kind = None
-    if eps == 0.0 and routes["forward"] == "auto" and 4 <= b <= _MAX_SHARED_FORWARD_BATCH:
-        from bnlab.theory.forward import forward_eigenvalues
-
-        try:
-            fw = forward_eigenvalues(act, b, method="auto")
-        except ValueError:
-            fw = None
-        if fw is not None and fw.lambda_M is not None:
-            lam = max(fw.lambda_L, fw.lambda_M)
-            if math.isfinite(lam) and abs(lam - 1.0) > _KIND_MARGIN:
-                kind = "BSB1" if lam < 1.0 else "BSB2"
-    if kind is None:
-        kind = _fixed_point_kind(act, b, notes)
-    used["fixed_point_kind"] = "bsb1_stability (max(λ_L↑, λ_M↑) < 1)"
-    if kind == "BSB2":
-        notes.append(
-            f"the BSB1 fixed point of phi={act.spec!r} at batch_size={b} is not attracting (symmetry breaking, "
-            "Yang et al. 2019 App. J, K): the covariance converges to a BSB2 fixed point, so the BSB1 quantities "
-            "(fixed point, eigenvalues, rates, depth scale) do not describe the network and are not returned"
-        )
-        return TheoryResult(**base, methods_used=used, fixed_point_kind=kind, warnings=tuple(notes))
-
-    out: dict = {}
-    # -- fixed point
-    if eps > 0.0:
-        from bnlab.theory.epsilon import epsilon_analysis
-
-        er = epsilon_analysis(act, b, eps, sigma_w2=sigma_w2)
-        out.update(q_star=er.q_star, c_star=er.c_star)
-        if gradient_reason is None:
-            out["grad_explosion_rate"] = er.grad_explosion_rate
-        else:
-            notes.append(gradient_reason)
-        used["fixed_point"] = used["backward"] = f"epsilon_analysis ({er.method})"
-        notes.append(
-            f"eps={eps:g} > 0: the fixed point and the gradient explosion rate include ε (bnlab.theory.epsilon); "
-            "the other eigenvalues and the cross-batch quantities are developed for ε = 0 only and are not returned"
-        )
-    else:
-        fp_method = {"montecarlo": "montecarlo", "closed": "closed"}.get(routes["fixed_point"], routes["fixed_point"])
-        if fp_method == "gegenbauer" and b < 4:
-            fp_method = "sphere"
-        if fp_method == "auto" and fw is not None and fw.method == "sphere" and _kinked_non_homogeneous(act):
-            # q* = E f_1², q*c* = E f_1 f_2 (Thm 3.3) are the first two moments the forward route already
-            # integrated on the kink-split 2-D rule (≤ 1.2e-12 for B ≥ 5, ≈ 3e-9 at B = 4; the Gegenbauer
-            # fixed point that auto takes otherwise: ≤ 7e-7 at B = 4, ≤ 1e-9 for B ≥ 5, tests/theory/test_kinks.py)
-            from bnlab.theory.fixed_point import BSB1FixedPoint
-            from bnlab.theory.forward import _forward_moments_sphere
-
-            mom = _forward_moments_sphere(act, b)
-            fp = BSB1FixedPoint.from_entries(b, mom[0], mom[1], _SHARED_FIXED_POINT, 1e-12 * abs(float(mom[0])))
-        else:
-            fp = bsb1_fixed_point(act, b, method=fp_method)
-        out.update(q_star=fp.q_star, c_star=fp.c_star)
-        used["fixed_point"] = fp.method
-        # -- forward
-        if fw is None:
-            fw = forward_eigenvalues(act, b, method=routes["forward"])
-        out.update(forward_lambda_G=fw.lambda_G, forward_lambda_L=fw.lambda_L, forward_lambda_M=fw.lambda_M)
-        used["forward"] = fw.method
-        # -- backward
-        if gradient_reason is not None:
-            notes.append(gradient_reason)
-        elif b < 4:
-            notes.append("batch_size=3: E|Gh|⁻² diverges, so the mean field backward quantities are infinite (App. J); not returned")
-        else:
-            try:
-                bw = backward_eigenvalues(act, b, method=routes["backward"])
-            except ValueError as exc:
-                if "not square integrable" not in str(exc):
-                    raise
-                notes.append(str(exc))
-                bw = None
-            if bw is not None:
-                lam_l, lam_m = bw.lambda_L, bw.lambda_M
-                used["backward"] = bw.method
-                if lam_l is None and b >= 4:
-                    sb = backward_eigenvalues(act, b, method="sphere")
-                    lam_l, lam_m = sb.lambda_L, sb.lambda_M
-                    used["backward_L_M"] = "sphere"
-                out.update(grad_explosion_rate=bw.lambda_G, backward_lambda_L=lam_l, backward_lambda_M=lam_m)
-        # -- cross batch
-        cb = cross_batch_analysis(act, b, method=routes["cross_batch"])
-        out.update(cross_batch_c_star=cb.c_star, cross_batch_rate=None if cross_reason is not None else cb.rate)
-        if cross_reason is not None and cross_reason != gradient_reason:
-            notes.append(cross_reason)
-        used["cross_batch"] = cb.method
-    rate = out.get("grad_explosion_rate")
-    for key, val in out.items():
-        # every route checks its own result; this is the last guard that no overflow reaches the user
-        if isinstance(val, float) and not math.isfinite(val):
-            raise ValueError(
-                f"{key}={val!r} for phi={act.spec!r}, batch_size={b}, eps={eps!r}: a non-finite result (overflow in "
-                "the theory's integrals); the theory cannot be evaluated for this input"
-            )
-    if rate is not None:
-        if rate < 0:
-            raise ValueError(f"grad_explosion_rate={rate!r} < 0 for phi={act.spec!r}, batch_size={b}: not a rate (numerical failure)")
-        if rate > 0:
-            out["depth_scale"] = depth_scale(rate)
-            out["max_trainable_depth"] = max_trainable_depth(rate)
-        else:
-            out["depth_scale"] = out["max_trainable_depth"] = math.inf
-        if rate <= 1.0:
-            notes.append(f"grad_explosion_rate={rate:.6g} ≤ 1: gradients do not explode (they vanish); depth_scale is infinite")
-    return TheoryResult(**base, methods_used=used, fixed_point_kind=kind, warnings=tuple(notes), **out)
 
 
 #: B up to which the auto forward route's eigenvalues decide BSB1/BSB2 (the quadrature routes' range)
@@ -384,17 +258,160 @@ _KIND_MARGIN = 1e-6
 _SHARED_FIXED_POINT = "sphere (kink-split 2-D rule, moments shared with the forward route)"
 
 
-def _kinked_non_homogeneous(act) -> bool:
-    from bnlab.theory._kinks import kinks_of
+@dataclass
+class _Case:
+    """One call of :func:`analyze` besides (φ, B): the checked ε and σ_w², the method and its routes, and what the
+    answer will carry (``notes``: its warnings; ``used``: ``methods_used``; ``out``: the quantities).
+    ``gradient_reason``/``cross_reason``: why the backward / cross-batch rates are undefined, if they are."""
 
-    return act.homogeneity is None and bool(kinks_of(act))
+    eps: float
+    sigma_w2: float
+    method: str
+    routes: dict
+    notes: list
+    gradient_reason: str | None = None
+    cross_reason: str | None = None
+    used: dict = field(default_factory=dict)
+    out: dict = field(default_factory=dict)
+
+    def result(self, spec: str, b: int, kind: str) -> TheoryResult:
+        base = dict(phi=spec, batch_size=b, eps=self.eps, sigma_w2=self.sigma_w2, method=self.method)
+        return TheoryResult(**base, methods_used=self.used, fixed_point_kind=kind, warnings=tuple(self.notes), **self.out)
 
 
-def _fixed_point_kind(act, b: int, notes: list) -> str:
-    """BSB1 iff the BSB1 fixed point is locally attracting: max(λ_L↑, λ_M↑) < 1 (Thm 3.8 discussion)."""
-    from bnlab.theory.symmetry import fixed_point_kind
+def _analyze(act, b: int, case: _Case) -> TheoryResult:
+    kind, fw = _bsb1_or_bsb2(act, b, case)
+    case.used["fixed_point_kind"] = "bsb1_stability (max(λ_L↑, λ_M↑) < 1)"
+    if kind == "BSB2":
+        case.notes.append(
+            f"the BSB1 fixed point of phi={act.spec!r} at batch_size={b} is not attracting (symmetry "
+            "breaking, Yang et al. 2019 App. J, K): the covariance converges to a BSB2 fixed point, so the BSB1 "
+            "quantities (fixed point, eigenvalues, rates, depth scale) do not describe the network and are not returned"
+        )
+        return case.result(act.spec, b, kind)
+    if case.eps > 0.0:
+        _with_epsilon(act, b, case)
+    else:
+        _fixed_point(act, b, case, fw)
+        _forward(act, b, case, fw)
+        _backward(act, b, case)
+        _cross_batch(act, b, case)
+    _depth(act, b, case)
+    return case.result(act.spec, b, kind)
 
+
+def _bsb1_or_bsb2(act, b: int, case: _Case):
+    """("BSB1" or "BSB2", the forward eigenvalues when they were computed for the verdict, else None).
+
+    Is BSB1 the attractor (App. J, K)?  The criterion is max(λ_L↑, λ_M↑) < 1.  With ε = 0 and the auto routes
+    the forward eigenvalues are needed anyway, so they decide it when they are clearly away from 1: their routes
+    are accurate to ≤ 1e-9 for 4 ≤ B ≤ 2048 (closed/Laplace: rounding), far inside the 1e-6 margin.  Near 1,
+    at larger B (where 1 − λ_L↑ ~ 2/B meets the cancellation of the quadrature) or when they cannot be
+    computed, the stability route of :mod:`bnlab.theory.symmetry` (1 − λ without cancellation) decides.
+    """
+    fw = None
+    if case.eps == 0.0 and case.routes["forward"] == "auto" and 4 <= b <= _MAX_SHARED_FORWARD_BATCH:
+        try:
+            fw = _forward_eigenvalues(act, b, "auto")
+        except ValueError:
+            fw = None
+        if fw is not None and fw.lambda_M is not None:
+            lam = max(fw.lambda_L, fw.lambda_M)
+            if math.isfinite(lam) and abs(lam - 1.0) > _KIND_MARGIN:
+                return ("BSB1" if lam < 1.0 else "BSB2"), fw
+    # BSB1 iff the BSB1 fixed point is locally attracting: max(λ_L↑, λ_M↑) < 1 (Thm 3.8 discussion),
+    # as bnlab.theory.fixed_point_kind(φ, B, depth=None) says
+    return ("BSB1" if _stability(act, b).attracting else "BSB2"), fw
+
+
+def _with_epsilon(act, b: int, case: _Case) -> None:
+    """ε > 0: the fixed point and λ_G↓ from :func:`bnlab.theory.epsilon_analysis` (which depends on σ_w²)."""
+    er = _epsilon_analysis(act, b, case.eps, case.sigma_w2)
+    case.out.update(q_star=er.q_star, c_star=er.c_star)
+    if case.gradient_reason is None:
+        case.out["grad_explosion_rate"] = er.grad_explosion_rate
+    else:
+        case.notes.append(case.gradient_reason)
+    case.used["fixed_point"] = case.used["backward"] = f"epsilon_analysis ({er.method})"
+    case.notes.append(
+        f"eps={case.eps:g} > 0: the fixed point and the gradient explosion rate include ε (bnlab.theory.epsilon); "
+        "the other eigenvalues and the cross-batch quantities are developed for ε = 0 only and are not returned"
+    )
+
+
+def _fixed_point(act, b: int, case: _Case, fw) -> None:
+    fp_method = case.routes["fixed_point"]
+    if fp_method == "gegenbauer" and b < 4:
+        fp_method = "sphere"
+    if fp_method == "auto" and fw is not None and fw.method == "sphere" and act.homogeneity is None and act.kinks:
+        # kinked non-homogeneous φ: q* = E f_1², q*c* = E f_1 f_2 (Thm 3.3) are the first two moments the forward
+        # route already integrated on the kink-split 2-D rule (≤ 1.2e-12 for B ≥ 5, ≈ 3e-9 at B = 4; the
+        # Gegenbauer fixed point that auto takes otherwise: ≤ 7e-7 at B = 4, ≤ 1e-9 for B ≥ 5, tests/theory/test_kinks.py)
+        mom = _forward_moments_sphere(act, b)
+        fp = BSB1FixedPoint.from_entries(b, mom[0], mom[1], _SHARED_FIXED_POINT, 1e-12 * abs(float(mom[0])))
+    else:
+        fp = _bsb1_fixed_point(act, b, fp_method)
+    case.out.update(q_star=fp.q_star, c_star=fp.c_star)
+    case.used["fixed_point"] = fp.method
+
+
+def _forward(act, b: int, case: _Case, fw) -> None:
+    if fw is None:
+        fw = _forward_eigenvalues(act, b, case.routes["forward"])
+    case.out.update(forward_lambda_G=fw.lambda_G, forward_lambda_L=fw.lambda_L, forward_lambda_M=fw.lambda_M)
+    case.used["forward"] = fw.method
+
+
+def _backward(act, b: int, case: _Case) -> None:
+    if case.gradient_reason is not None:
+        case.notes.append(case.gradient_reason)
+        return
+    if b < 4:
+        case.notes.append("batch_size=3: E|Gh|⁻² diverges, so the mean field backward quantities are infinite (App. J); not returned")
+        return
     try:
-        return fixed_point_kind(act, b, depth=None)
-    except TypeError:  # pragma: no cover - older signature
-        return fixed_point_kind(act, b)
+        bw = _backward_eigenvalues(act, b, case.routes["backward"])
+    except ValueError as exc:
+        if "not square integrable" not in str(exc):
+            raise
+        case.notes.append(str(exc))
+        return
+    lam_l, lam_m = bw.lambda_L, bw.lambda_M
+    case.used["backward"] = bw.method
+    if lam_l is None:  # the Gegenbauer route has no λ_L↓, λ_M↓: from the sphere
+        sb = _backward_eigenvalues(act, b, "sphere")
+        lam_l, lam_m = sb.lambda_L, sb.lambda_M
+        case.used["backward_L_M"] = "sphere"
+    case.out.update(grad_explosion_rate=bw.lambda_G, backward_lambda_L=lam_l, backward_lambda_M=lam_m)
+
+
+def _cross_batch(act, b: int, case: _Case) -> None:
+    cb = _cross_batch_analysis(act, b, case.routes["cross_batch"])
+    case.out.update(cross_batch_c_star=cb.c_star, cross_batch_rate=None if case.cross_reason is not None else cb.rate)
+    if case.cross_reason is not None and case.cross_reason != case.gradient_reason:
+        case.notes.append(case.cross_reason)
+    case.used["cross_batch"] = cb.method
+
+
+def _depth(act, b: int, case: _Case) -> None:
+    """The depth scale and the maximum trainable depth from λ_G↓, after the last guard on every quantity."""
+    out = case.out
+    for key, val in out.items():
+        # every route checks its own result; this is the last guard that no overflow reaches the user
+        if isinstance(val, float) and not math.isfinite(val):
+            raise ValueError(
+                f"{key}={val!r} for phi={act.spec!r}, batch_size={b}, eps={case.eps!r}: a non-finite result (overflow "
+                "in the theory's integrals); the theory cannot be evaluated for this input"
+            )
+    rate = out.get("grad_explosion_rate")
+    if rate is None:
+        return
+    if rate < 0:
+        raise ValueError(f"grad_explosion_rate={rate!r} < 0 for phi={act.spec!r}, batch_size={b}: not a rate (numerical failure)")
+    if rate > 0:
+        out["depth_scale"] = depth_scale(rate)
+        out["max_trainable_depth"] = max_trainable_depth(rate)
+    else:
+        out["depth_scale"] = out["max_trainable_depth"] = math.inf
+    if rate <= 1.0:
+        case.notes.append(f"grad_explosion_rate={rate:.6g} ≤ 1: gradients do not explode (they vanish); depth_scale is infinite")

@@ -53,12 +53,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnlab._validation import check_int, check_real
-from bnlab.theory._dynamics_common import (
-    _check_finite, _choose_route, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy, sphere_brackets_backward,
-    _laplace_kernel_values, _ratio_stats, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere,
-)
-from bnlab.theory._kinks import sphere_grid_for
+from bnlab.activations import get_activation
+from bnlab.theory._checks import check_batch_size
+from bnlab.theory._quadrature.sphere import SphereGrid, conditional_coefficients, ratio_stats, sample_sphere, sphere_grid_for
+from bnlab.theory._routes import DYNAMICS_METHODS, Dynamics, check_finite_result, plan_route
+from bnlab.theory.epsilon import _epsilon_analysis
+from bnlab.theory.forward import _forward_moments_sphere
+from bnlab.theory.gegenbauer import RULE_RTOL, _dynamics_series
 from bnlab.theory.ultrasymmetric import projected_eigenvalues
+from bnlab.theory.vphi import _homogeneous_kernel_values, _relu_arccos_kernel
 
 __all__ = [
     "BackwardEigenvalues",
@@ -113,26 +116,49 @@ def _check_backward_preconditions(act, b: int):
     _check_derivative_integrable(act)
 
 
-_BACKWARD = _Dynamics("the backward eigenvalues", "Thms 3.10, G.12", check=_check_backward_preconditions,
+_BACKWARD = Dynamics("the backward eigenvalues", "Thms 3.10, G.12", check=_check_backward_preconditions,
                       montecarlo_batch_power=2)  # a B×B matrix per sample
 
 
 # -- sphere -------------------------------------------------------------------
+def _sphere_brackets(grid: SphereGrid, g1: np.ndarray, g2: np.ndarray) -> np.ndarray:
+    """The eleven brackets of the backward map (App. G; order [11|11], [11|22], [11|12], [11|23], [12|11],
+    [12|33], [12|12], [12|21], [12|13], [12|34], [12|31]) from g_1 = φ'(√B u_1) per run and
+    g_2 = φ'(√B u_2) per node, with the projections P_ij = δ_ij − u_i u_j of Ã = P_u D G."""
+    x = grid.x_distinct
+    c1, c2 = conditional_coefficients(grid.batch_size)
+    a0, a1, a2 = grid.power_sums(None, 2)
+    s0, s1, s2, s3 = grid.power_sums(g2, 3)
+    gg = g1 * g1
+    ox = 1.0 - x * x
+    return np.array([
+        (gg * ox * ox) @ a0,  # g1² (1−x²)²
+        (gg * x * x) @ a2,  # g1² x² y²
+        -((g1 * ox * x) @ s1),  # −g1 g2 (1−x²) x y
+        c1 * ((g1 * x) @ (ox * s1 - s3)),  # g1 g2 x y e33
+        -((gg * ox * x) @ a1),  # −g1² (1−x²) x y
+        -c1 * ((gg * x * x) @ (x * a1 + a2)),  # g1² x² y e3
+        (g1 * ox) @ (s0 - s2),  # g1 g2 (1−x²)(1−y²)
+        (g1 * x * x) @ s2,  # g1 g2 x² y²
+        c1 * ((g1 * ox) @ (x * s1 + s2)),  # −g1 g2 (1−x²) y e3
+        c2 * ((g1 * x) @ ((2.0 * x * x - 1.0) * s1 + 2.0 * x * s2 + 2.0 * s3)),  # g1 g2 x y e34
+        -c1 * ((g1 * x * x) @ (x * s1 + s2)),  # g1 g2 x² y e3
+    ])
+
+
 def _backward_moments_sphere(act, b: int):
     """The eleven brackets of the backward map (App. G; [12|31] ≠ [12|13], see the ultrasymmetric errata)
-    by :func:`bnlab.theory._dynamics_common.sphere_brackets_backward`."""
+    by :func:`_sphere_brackets`."""
     hom = act.homogeneity
-    grid = sphere_grid_for(act, b, float(hom) - 1.0 if hom is not None else 0.0)  # split at kinks (._kinks)
+    grid = sphere_grid_for(act, b, float(hom) - 1.0 if hom is not None else 0.0)  # split at kinks
     sb = math.sqrt(b)
     with np.errstate(invalid="ignore", divide="ignore"):
         g1 = act.derivative(sb * grid.x_distinct)  # once per distinct u_1 (a run of the kink rule)
         g2 = act.derivative(sb * grid.y)
-    return sphere_brackets_backward(grid, g1, g2)
+    return _sphere_brackets(grid, g1, g2)
 
 
 def _mu_star_sphere(act, b: int) -> float:
-    from bnlab.theory.forward import _forward_moments_sphere
-
     m = _forward_moments_sphere(act, b)
     return float(m[0] - m[1])
 
@@ -152,7 +178,7 @@ def _backward_montecarlo(act, b: int, n_samples: int, rng, chunk: int | None = N
     done = 0
     while done < n_samples:
         n = min(chunk, n_samples - done)
-        u = _sample_sphere(b, n, rng)
+        u = sample_sphere(b, n, rng)
         d = act.derivative(math.sqrt(b) * u)
         f = act(math.sqrt(b) * u)
         gf = f - f.mean(axis=1, keepdims=True)
@@ -176,7 +202,7 @@ def _backward_montecarlo(act, b: int, n_samples: int, rng, chunk: int | None = N
     dims = {"G": 1.0, "L": b - 1.0, "M": b * (b - 3) / 2.0}
     out, err = [], []
     for s in ("G", "L", "M"):
-        r, e = _ratio_stats(k * arr[s] / dims[s], arr["den"])
+        r, e = ratio_stats(k * arr[s] / dims[s], arr["den"])
         out.append(r)
         err.append(e)
     return out, tuple(err)
@@ -210,7 +236,7 @@ def _backward_closed(kind: str, b: int):
 
 def _backward_laplace(act, b: int):
     """Thm G.12 for φ positive-homogeneous of degree α > 1/2 (verified against the sphere to 1e-13)."""
-    v = _laplace_kernel_values(act, b)
+    v = _homogeneous_kernel_values(act, b)
     al, j1, d = v["alpha"], v["J1"], v["J1"] - v["Jxi"]
     dj = v["dJxi"]
     lam_g = ((b - 3 + 2 * al) * ((2 * al - 1) * dj + al**2 * (b - 1) * j1)) / (
@@ -232,12 +258,12 @@ def _gradient_rate_gegenbauer(act, b: int, n_terms: int) -> tuple[float, float]:
     ε_l = l(l+B−3), ξ = −1/(B−1) (a_l² N_l = b_l², N_l(1 − P_l(ξ)) in the paper's normalization).
 
     Returns (λ_G↓, bound on its truncation error).  The single-point parts are summed exactly
-    (:class:`bnlab.theory._dynamics_common._GegenbauerSeries`): Σ_l b_l² = E f² (Parseval) and
+    (:class:`bnlab.theory.gegenbauer._GegenbauerSeries`): Σ_l b_l² = E f² (Parseval) and
     Σ_l ε_l b_l² = E(1−x²)f'² (ε_l are the eigenvalues of −Δ on S^{B−2} and f(u_1) is zonal, so
     this is the Dirichlet energy E|∇_S f|²), which leaves only the two-point sums with R_l(ξ).
     Without this, φ' with a jump (relu) gives ε_l b_l² ~ l^{−2} and a truncation error ~ 1/n.
     """
-    s = _gegenbauer_energy(act, b, n_terms, dirichlet=True)
+    s = _dynamics_series(act, b, n_terms, dirichlet=True)
     l = np.arange(n_terms, dtype=np.float64)
     e2 = s.coef * s.coef
     eps2 = l * (l + b - 3.0) * e2
@@ -248,7 +274,7 @@ def _gradient_rate_gegenbauer(act, b: int, n_terms: int) -> tuple[float, float]:
     d_den = s.two_point_bound(s.parseval_tail)
     d_num = s.two_point_bound(max(s.moments.dirichlet - float(np.sum(eps2)), 0.0))
     err = (d_num / ((b - 3.0) * den) + abs(lam) * d_den / den) if s.summed else 0.0
-    return float(lam), float(err + _RULE_RTOL * abs(lam))
+    return float(lam), float(err + RULE_RTOL * abs(lam))
 
 
 # -- public ---------------------------------------------------------------------------
@@ -284,8 +310,16 @@ def backward_eigenvalues(
     ----------
     Yang et al. 2019, Thms 3.9, 3.10, G.5, G.12, App. G.1.1.
     """
-    r = _choose_route(phi, batch_size, method, _BACKWARD, n_terms=n_terms, n_samples=n_samples, seed=seed)
-    act, b, method = r.act, r.batch_size, r.method
+    act, b = get_activation(phi), check_batch_size(batch_size)
+    return _backward_eigenvalues(act, b, method, n_terms=n_terms, n_samples=n_samples, seed=seed)
+
+
+def _backward_eigenvalues(
+    act, b: int, method: str = "auto", *, n_terms: int | None = None, n_samples: int = 200_000, seed=0
+) -> BackwardEigenvalues:
+    """The kernel of :func:`backward_eigenvalues`: φ resolved and B checked; the route chosen and run."""
+    r = plan_route(act, b, method, _BACKWARD, n_terms=n_terms, n_samples=n_samples, seed=seed)
+    method = r.method
     stderr = trunc = None
     if method == "closed":
         lam_g, lam_l, lam_m = _backward_closed(r.relu_or_identity, b)
@@ -299,7 +333,7 @@ def backward_eigenvalues(
         lam_l, lam_m = None, None
     else:
         (lam_g, lam_l, lam_m), stderr = _backward_montecarlo(act, b, r.n_samples, r.rng)
-    _check_finite(act, b, method, lam_g, lam_l, lam_m)
+    check_finite_result(act, b, method, lam_g, lam_l, lam_m)
     f = lambda v: None if v is None else float(v)  # noqa: E731
     return BackwardEigenvalues(float(lam_g), f(lam_l), f(lam_m), method, stderr, trunc)
 
@@ -328,12 +362,10 @@ def gradient_explosion_rate(
     """
     eps = check_real("eps", eps, minimum=0.0)
     sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
+    act, b = get_activation(phi), check_batch_size(batch_size)
     if eps > 0.0:
-        from bnlab.theory.epsilon import epsilon_analysis
-
-        res = epsilon_analysis(phi, batch_size, eps, sigma_w2=sigma_w2)
-        return float(res.grad_explosion_rate)
-    return backward_eigenvalues(phi, batch_size, method=method).lambda_G
+        return float(_epsilon_analysis(act, b, eps, sigma_w2).grad_explosion_rate)
+    return _backward_eigenvalues(act, b, method).lambda_G
 
 
 def weight_gradient_norms(phi, batch_size: int, depth: int, *, method: str = "auto") -> np.ndarray:

@@ -33,9 +33,12 @@ from __future__ import annotations
 import numpy as np
 
 from bnlab._validation import check_choice, check_int, check_psd_matrix, check_real
-from bnlab.activations import Activation, get_activation
+from bnlab.activations import get_activation
 from bnlab.theory._checks import check_batch_size
 from bnlab.theory._linalg import bsb1, centering_matrix, isotropic_g_scale, psd_sqrt_factor
+from bnlab.theory.fourier import fourier_transform
+from bnlab.theory.laplace import laplace_transform, require_homogeneous
+from bnlab.theory.spherical import isotropic_transform_entries, qmc_transform
 
 __all__ = ["TRANSFORM_METHODS", "batchnorm_transform", "batchnorm_transform_montecarlo"]
 
@@ -45,8 +48,8 @@ _DEFAULT_MC_SAMPLES = 200_000
 _DEFAULT_QMC_POINTS = 2**16
 
 
-def _validate(phi, Sigma, eps) -> tuple[Activation, np.ndarray, int, float]:
-    act = get_activation(phi)
+def _checked_sigma(Sigma, eps) -> tuple[np.ndarray, int, float]:
+    """Σ as a symmetric PSD float64 matrix, its batch size B and ε, or a ``ValueError`` naming what is wrong."""
     sigma = check_psd_matrix("Sigma", Sigma)
     b = check_batch_size(sigma.shape[0], name="Sigma.shape[0] (the batch size B)")
     eps = check_real("eps", eps, minimum=0.0)
@@ -57,7 +60,7 @@ def _validate(phi, Sigma, eps) -> tuple[Activation, np.ndarray, int, float]:
                 "Sigma is not allowed with eps=0: G Sigma G = 0 (every batch is constant almost surely), "
                 "so batchnorm divides by a zero batch variance; use eps > 0"
             )
-    return act, sigma, b, eps
+    return sigma, b, eps
 
 
 def batchnorm_transform_montecarlo(phi, Sigma, *, n_samples, seed, eps: float = 0.0):
@@ -71,7 +74,8 @@ def batchnorm_transform_montecarlo(phi, Sigma, *, n_samples, seed, eps: float = 
     -------
     (mean, standard_error) : two (B, B) arrays
     """
-    act, sigma, b, eps = _validate(phi, Sigma, eps)
+    act = get_activation(phi)
+    sigma, b, eps = _checked_sigma(Sigma, eps)
     n = check_int("n_samples", n_samples, minimum=2)
     return _montecarlo(act, sigma, b, eps, n, seed)
 
@@ -131,9 +135,15 @@ def batchnorm_transform(phi, Sigma, *, method: str = "auto", eps: float = 0.0, n
     Yang et al. 2019, Eq. 8, Thm 3.2, Thm 3.3, Thm E.25, Thm F.5.
     """
     method = check_choice("method", method, ("auto",) + TRANSFORM_METHODS)
-    act, sigma, b, eps = _validate(phi, Sigma, eps)
+    act = get_activation(phi)
+    sigma, b, eps = _checked_sigma(Sigma, eps)
     if n_samples is not None:
         n_samples = check_int("n_samples", n_samples, minimum=2)
+    return _transform(act, sigma, b, eps, method, n_samples, seed)
+
+
+def _transform(act, sigma: np.ndarray, b: int, eps: float, method: str, n_samples, seed) -> np.ndarray:
+    """The kernel of :func:`batchnorm_transform`: φ resolved, Σ, B, ε, the method and n_samples checked."""
     mu = isotropic_g_scale(sigma)
     if method == "auto":
         if mu is not None and mu > 0:
@@ -145,19 +155,12 @@ def batchnorm_transform(phi, Sigma, *, method: str = "auto", eps: float = 0.0, n
     if method == "montecarlo":
         return _montecarlo(act, sigma, b, eps, n_samples or _DEFAULT_MC_SAMPLES, seed)[0]
     if method == "laplace":
-        from bnlab.theory.laplace import laplace_transform, require_homogeneous
-
         require_homogeneous(act)
         return laplace_transform(act, sigma, eps=eps)[0]
     if method == "fourier":
-        from bnlab.theory.fourier import fourier_transform
-
         return fourier_transform(act, sigma, eps=eps)[0]
     # sphere
-    from bnlab.theory.spherical import isotropic_transform_entries, qmc_transform
-
     if mu is not None and mu > 0:
         d, o, _err = isotropic_transform_entries(act, b, mu=mu, eps=eps)
         return bsb1(b, d, o)
     return qmc_transform(act, sigma, eps=eps, n_points=n_samples or _DEFAULT_QMC_POINTS, seed=seed)[0]
-

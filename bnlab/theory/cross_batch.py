@@ -54,18 +54,18 @@ from scipy import special
 
 from bnlab.activations import get_activation
 from bnlab.theory._checks import check_batch_size
-from bnlab.theory._dynamics_common import (
-    _check_finite, _choose_route, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy, _laplace_kernel_values,
-    _radial_inverse_moment, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere, sphere_marginals,
-)
-from bnlab.theory._kinks import sphere_grid_for
+from bnlab.theory._quadrature.rules import chi_inverse_moment
+from bnlab.theory._quadrature.sphere import SphereGrid, sample_sphere, sphere_grid_for
+from bnlab.theory._routes import DYNAMICS_METHODS, Dynamics, check_finite_result, plan_route
 from bnlab.theory.forward import _forward_moments_sphere
+from bnlab.theory.gegenbauer import RULE_RTOL, _dynamics_series
+from bnlab.theory.vphi import _homogeneous_kernel_values, _relu_arccos_kernel
 
 __all__ = ["CrossBatchResult", "cross_batch_analysis", "cross_batch_fixed_point", "cross_batch_rate", "CROSS_BATCH_METHODS"]
 
 CROSS_BATCH_METHODS = DYNAMICS_METHODS
 
-_CROSS_BATCH = _Dynamics("the cross-batch dynamics", "Thms 3.11, H.6")
+_CROSS_BATCH = Dynamics("the cross-batch dynamics", "Thms 3.11, H.6")
 
 
 @dataclass(frozen=True)
@@ -102,24 +102,38 @@ def _rate_closed(kind: str, b: int) -> float:
     kappa = (b - 1.0) / b
     # E[1{t>0} κ(1−t²)] with t ~ (1−t²)^{(B−4)/2}: κ/2 · B(1/2, B/2)/B(1/2, (B−2)/2)
     e = 0.5 * kappa * special.poch((b - 2) / 2.0, 0.5) / special.poch(b / 2.0, 0.5)
-    p = math.sqrt(b) * _radial_inverse_moment(b, 1) * b * e / (math.sqrt(mu) * (b - 1.0))
+    p = math.sqrt(b) * chi_inverse_moment(b, 1) * b * e / (math.sqrt(mu) * (b - 1.0))
     return p * p
+
+
+def _rate_laplace(act, b: int) -> float:
+    """Thm H.14: λ = B/2 ((B−1)/2)^{α−1} P(B/2, α/2)⁻² μ*⁻¹ c_α J'_φ(0) (positive-homogeneous φ, ≈1e-13)."""
+    v = _homogeneous_kernel_values(act, b)
+    al = v["alpha"]
+    return b / 2.0 * ((b - 1) / 2.0) ** (al - 1.0) / special.poch(b / 2.0, al / 2.0) ** 2 / v["mu"] * v["c_alpha"] * v["dJ0"]
+
+
+def _sphere_marginals(grid: SphereGrid, values: np.ndarray) -> tuple[float, float]:
+    """(E v(u_1), E v(u_1) u_1²) from v per run."""
+    x = grid.x_distinct
+    a0 = grid.power_sums(None, 0)[0]
+    return float(values @ a0), float((values * x * x) @ a0)
 
 
 def _sphere(act, b: int):
     hom = act.homogeneity
     sb = math.sqrt(b)
     # c*: E f(√B u_1), radial power α/2 for homogeneous φ
-    g0 = sphere_grid_for(act, b, hom / 2.0 if hom is not None else 0.0)  # split at kinks (._kinks)
-    m = sphere_marginals(g0, act(sb * g0.x_distinct))[0]
+    g0 = sphere_grid_for(act, b, hom / 2.0 if hom is not None else 0.0)  # split at kinks
+    m = _sphere_marginals(g0, act(sb * g0.x_distinct))[0]
     # rate: E φ'(√B u_1)((B−1)/B − u_1²), radial power (α−1)/2
     g1 = sphere_grid_for(act, b, (hom - 1.0) / 2.0 if hom is not None else 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        e0, e2 = sphere_marginals(g1, act.derivative(sb * g1.x_distinct))
+        e0, e2 = _sphere_marginals(g1, act.derivative(sb * g1.x_distinct))
     e = (b - 1.0) / b * e0 - e2
     mom = _forward_moments_sphere(act, b)
     mu = float(mom[0] - mom[1])
-    p = sb * _radial_inverse_moment(b, 1) * b * e / (math.sqrt(mu) * (b - 1.0))
+    p = sb * chi_inverse_moment(b, 1) * b * e / (math.sqrt(mu) * (b - 1.0))
     return m * m, p * p
 
 
@@ -127,17 +141,17 @@ def _gegenbauer(act, b: int, n_terms: int):
     """(c_CB* = a_0², λ_M̃ by Thm 3.11, bound on the truncation error of λ_M̃).
 
     Only the denominator μ* = Σ_l b_l² (1 − R_l(ξ)) is a series; its Parseval part Σ b_l² = E f²
-    is summed exactly (:class:`bnlab.theory._dynamics_common._GegenbauerSeries`), leaving the
+    is summed exactly (:class:`bnlab.theory.gegenbauer._GegenbauerSeries`), leaving the
     two-point tail Σ_{l≥n} b_l² R_l(ξ).
     """
-    s = _gegenbauer_energy(act, b, n_terms)
+    s = _dynamics_series(act, b, n_terms)
     a, bc, pxi = s.a, s.coef, s.pxi
     e2 = bc * bc
     mu = s.single_point(np.sum(e2), s.moments.second) - float(np.sum(e2 * pxi))
     # Thm 3.11: λ = (1/2π) B (B−1) a_1² Beta(B/2, 1/2)² / Σ a_l² c⁻¹(C_l(1) − C_l(ξ))
     lam = b * (b - 1.0) * a[1] ** 2 * math.exp(2 * special.betaln(b / 2.0, 0.5)) / (2 * math.pi * mu)
     err = abs(lam) * s.two_point_bound(s.parseval_tail) / abs(mu) if s.summed else 0.0
-    return float(a[0] ** 2), float(lam), float(err + _RULE_RTOL * abs(lam))
+    return float(a[0] ** 2), float(lam), float(err + RULE_RTOL * abs(lam))
 
 
 def _montecarlo(act, b: int, n: int, rng, chunk: int = 50000):
@@ -147,7 +161,7 @@ def _montecarlo(act, b: int, n: int, rng, chunk: int = 50000):
     sb = math.sqrt(b)
     while done < n:
         k = min(chunk, n - done)
-        u = _sample_sphere(b, k, rng)
+        u = sample_sphere(b, k, rng)
         f = act(sb * u)
         g = act.derivative(sb * u)
         ms.append(f.mean(axis=1))
@@ -156,7 +170,7 @@ def _montecarlo(act, b: int, n: int, rng, chunk: int = 50000):
         xs.append((g * (kappa - u * u)).sum(axis=1) / (b - 1))
         done += k
     x, y, m = map(np.concatenate, (xs, ys, ms))
-    c = sb * _radial_inverse_moment(b, 1)
+    c = sb * chi_inverse_moment(b, 1)
     xm, ym = x.mean(), y.mean()
     lam = c * c * xm * xm / ym
     cov = np.cov(np.stack([x, y])) / x.size
@@ -185,24 +199,28 @@ def cross_batch_analysis(phi, batch_size: int, *, method: str = "auto", n_terms=
     ≤ 2e-12 (B = 4), ≤ 2e-13 (B ≥ 8) with μ*'s Parseval part summed exactly
     (``truncation_error`` bounds the rest); montecarlo: the returned standard errors.
     """
-    r = _choose_route(phi, batch_size, method, _CROSS_BATCH, n_terms=n_terms, n_samples=n_samples, seed=seed)
-    act, b, method = r.act, r.batch_size, r.method
+    act, b = get_activation(phi), check_batch_size(batch_size)
+    return _cross_batch_analysis(act, b, method, n_terms=n_terms, n_samples=n_samples, seed=seed)
+
+
+def _cross_batch_analysis(
+    act, b: int, method: str = "auto", *, n_terms: int | None = None, n_samples: int = 200_000, seed=0
+) -> CrossBatchResult:
+    """The kernel of :func:`cross_batch_analysis`: φ resolved and B checked; the route chosen and run."""
+    r = plan_route(act, b, method, _CROSS_BATCH, n_terms=n_terms, n_samples=n_samples, seed=seed)
+    method = r.method
     stderr = trunc = None
     if method == "closed":
         c, lam = _c_star_closed(act, b), _rate_closed(r.relu_or_identity, b)
     elif method == "laplace":
-        v = _laplace_kernel_values(act, b)
-        al = v["alpha"]
-        # Thm H.14: λ = B/2 ((B−1)/2)^{α−1} P(B/2, α/2)⁻² μ*⁻¹ c_α J'_φ(0)
-        lam = b / 2.0 * ((b - 1) / 2.0) ** (al - 1.0) / special.poch(b / 2.0, al / 2.0) ** 2 / v["mu"] * v["c_alpha"] * v["dJ0"]
-        c = _c_star_closed(act, b)
+        c, lam = _c_star_closed(act, b), _rate_laplace(act, b)
     elif method == "sphere":
         c, lam = _sphere(act, b)
     elif method == "gegenbauer":
         c, lam, trunc = _gegenbauer(act, b, r.n_terms)
     else:
         c, lam, stderr = _montecarlo(act, b, r.n_samples, r.rng)
-    _check_finite(act, b, method, c, lam)
+    check_finite_result(act, b, method, c, lam)
     return CrossBatchResult(b, float(c), float(lam), method, stderr, trunc)
 
 
@@ -213,10 +231,10 @@ def cross_batch_fixed_point(phi, batch_size: int, *, method: str = "auto") -> fl
     applies to every positive-homogeneous φ (Thm H.6); see
     :func:`cross_batch_analysis` for the other methods and their accuracy.
     """
-    act = get_activation(phi)
+    act, b = get_activation(phi), check_batch_size(batch_size)
     if method == "closed" and act.homogeneity is not None:
-        return _c_star_closed(act, check_batch_size(batch_size))
-    return cross_batch_analysis(act, batch_size, method=method).c_star
+        return _c_star_closed(act, b)
+    return _cross_batch_analysis(act, b, method).c_star
 
 
 def cross_batch_rate(phi, batch_size: int, *, method: str = "auto") -> float:
@@ -226,4 +244,5 @@ def cross_batch_rate(phi, batch_size: int, *, method: str = "auto") -> float:
     Maximized over φ by the identity, for which it increases to 1 as B → ∞.
     See :func:`cross_batch_analysis` for methods and accuracy.
     """
-    return cross_batch_analysis(phi, batch_size, method=method).rate
+    act, b = get_activation(phi), check_batch_size(batch_size)
+    return _cross_batch_analysis(act, b, method).rate

@@ -79,7 +79,7 @@ Numerical method and accuracy
 * μ*: bracketing on a log grid, then Brent's method to rtol 1e−12.
 * Kinks off 0 (relu(x + β), leaky_relu, abs, elu, selu of the registry with β ≠ 0): the
   lines x_i = −β/(γA) cut the disk; the rule is then aligned with them per amplitude A
-  (radial split at T = k², crossing angles as arc ends; :func:`_kinked_pair_nodes`).
+  (radial split at T = k², crossing angles as arc ends; :func:`bnlab.theory._quadrature.sphere.kinked_pair_nodes`).
 Overall relative accuracy ≈ 1e−12 for smooth φ and for positive-homogeneous φ
 (measured against Thms 3.5/3.10: ≤ 1e−13 for B up to 5000).  For relu(x + 2) (Fig. 5d)
 measured against a 2.4× finer aligned rule: ≤ 1e−11 at B = 8, ≤ 2e−6 (λ_G↓) and ≤ 1e−8
@@ -107,11 +107,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import optimize, special, stats
 
 from bnlab._validation import check_choice, check_real
 from bnlab.activations import Activation, get_activation
 from bnlab.theory._checks import check_batch_size
+from bnlab.theory._quadrature.rules import beta_moment, chi2_log_rule
+from bnlab.theory._quadrature.sphere import angle_rule, pair_nodes
 
 __all__ = ["EpsilonResult", "epsilon_analysis", "EPSILON_METHODS"]
 
@@ -167,199 +168,12 @@ class EpsilonResult:
 
 
 # ---------------------------------------------------------------------------
-# quadrature rules
-# ---------------------------------------------------------------------------
-#: above this B the radial rule of :func:`_pair_rule` switches from Gauss–Jacobi to Gauss–Laguerre
-_JACOBI_MAX_B = 400
-
-
-@lru_cache(maxsize=64)
-def _pair_rule(batch_size: int, n_radial: int = 32, n_angular: int = 32):
-    """Nodes (x1, x2) and weights for E g(x_1, x_2), x_i = ⟨v, w_i⟩, v ~ Unif(S^{B−2}).
-
-    ⟨w_1, w_2⟩ = −1/(B−1).  (x_1, x_2) = √T (cos θ, cos(θ − θ_0)) with
-    T ~ Beta(1, (B−3)/2) (Gauss–Jacobi with the exact weight (1 − T)^{(B−5)/2};
-    T ≡ 1 for B = 3) and θ uniform (Gauss–Legendre on each arc between zeros of
-    x_1 and x_2).  Weights sum to 1.  Spectral accuracy for smooth φ (< 1e−12 for
-    tanh, sin at B ≤ 32); algebraic for kinks off the arc ends (≈ 1e−4 for relu(x+2)).
-    """
-    b = batch_size
-    if b == 3:
-        t_nodes = np.array([1.0])
-        t_w = np.array([1.0])
-    elif b <= _JACOBI_MAX_B:
-        y, wy = special.roots_jacobi(n_radial, (b - 5) / 2.0, 0.0)
-        t_nodes = (1.0 + y) / 2.0
-        t_w = wy / wy.sum()
-    else:
-        # Gauss–Jacobi's normalization overflows for huge exponents: use −((B−3)/2) log(1 − T)
-        # ~ Exp(1) and Gauss–Laguerre in that variable (analytic integrand, geometric convergence)
-        y, wy = special.roots_laguerre(n_radial)
-        t_nodes = -np.expm1(-y / ((b - 3) / 2.0))
-        t_w = wy / wy.sum()
-    c1, c2, thw = _angle_rule(b, n_angular)
-    r = np.sqrt(t_nodes)[:, None]
-    x1 = (r * c1[None, :]).ravel()
-    x2 = (r * c2[None, :]).ravel()
-    wts = (t_w[:, None] * thw[None, :]).ravel()
-    for arr in (x1, x2, wts):
-        arr.setflags(write=False)
-    return x1, x2, wts
-
-
-#: registry families whose base function has a kink (or a jump of a derivative) at 0
-_KINKED_FAMILIES = frozenset({"relu", "alpha_relu", "leaky_relu", "abs", "elu", "selu"})
-
-
-def _kink_location(phi: Activation):
-    """Argument x where φ(γx + β) has its kink, if known and not at 0 (at 0 the arc cuts handle it).
-
-    From :attr:`bnlab.activations.Activation.kinks` (registry families, traced expressions, declared
-    callables) when φ has exactly one kink off 0; the aligned rule handles one kink only."""
-    off = [k for k in getattr(phi, "kinks", ()) if k != 0.0]
-    if len(off) == 1:
-        return off[0]
-    if phi.name not in _KINKED_FAMILIES or phi.beta == 0.0:
-        return None
-    return -phi.beta / phi.gamma
-
-
-@lru_cache(maxsize=32)
-def _kink_base_rules(batch_size: int, n_radial: int, n_angular: int):
-    a = (batch_size - 5) / 2.0
-    gx, gw = special.roots_legendre(n_radial)
-    y, wy = special.roots_jacobi(n_radial, a, 0.0)
-    ax, aw = special.roots_legendre(n_angular)
-    return a, gx, gw, y, wy, ax, aw
-
-
-def _kinked_pair_nodes(batch_size: int, k: np.ndarray, n_radial: int = 20, n_angular: int = 16):
-    """Pair rule aligned with a kink of φ(A x) at x_1 = k and x_2 = k, one rule per entry of k.
-
-    T = r² is split at k² (the lines x_i = k enter the disk there): Gauss–Legendre with the
-    weight (1 − T)^a on [0, k²] and, on [k², 1], T = k² + (1 − k²)τ² with Gauss–Jacobi in τ
-    (the crossing angles arccos(k/r) are analytic in τ).  The θ-arcs are cut at the crossing
-    angles ±arccos(k/r), θ_0 ± arccos(k/r) and at the zeros of x_1, x_2.  For |k| ≥ 1 the
-    split is at T = 1/2 and no crossing cuts are added (duplicated cuts give empty arcs).
-    Returns x1, x2, w of shape (len(k), N).
-    """
-    b = batch_size
-    a, gx, gw, y, wy, ax, aw = _kink_base_rules(b, n_radial, n_angular)
-    k = np.asarray(k, dtype=np.float64)[:, None]
-    inside = np.abs(k) < 1.0
-    k2 = np.where(inside, k * k, 0.5)
-    t_in = k2 * (gx + 1.0) / 2.0
-    w_in = (k2 / 2.0) * gw * (1.0 - t_in) ** a
-    tau = (1.0 + y) / 2.0
-    t_out = k2 + (1.0 - k2) * tau**2
-    w_out = wy * 0.5 ** (a + 1) * 2.0 * tau * (1.0 + tau) ** a * (1.0 - k2) ** (a + 1)
-    t = np.concatenate([t_in, t_out], axis=1)  # (n_k, 2 n_r)
-    wt = np.concatenate([w_in, w_out], axis=1) * (a + 1.0)  # ∫_0^1 (1 − T)^a dT = 1/(a + 1)
-    r = np.sqrt(t)
-    theta0 = math.acos(-1.0 / (b - 1))
-    cross = np.abs(k) < r  # (n_k, 2 n_r)
-    c = np.where(cross, np.arccos(np.clip(k / np.where(cross, r, 1.0), -1.0, 1.0)), math.pi / 2)
-    half = np.full_like(c, math.pi / 2)
-    cuts = np.stack([half, 3 * half, theta0 + half, theta0 - half, c, -c, theta0 + c, theta0 - c], axis=-1)
-    cuts = np.sort(np.mod(cuts, 2 * math.pi), axis=-1)
-    edges = np.concatenate([cuts, cuts[..., :1] + 2 * math.pi], axis=-1)
-    lo, length = edges[..., :-1], np.diff(edges, axis=-1)  # (n_k, 2 n_r, 8)
-    th = lo[..., None] + length[..., None] * (ax + 1.0) / 2.0  # (n_k, 2 n_r, 8, n_a)
-    wth = length[..., None] * aw / 2.0 / (2 * math.pi)
-    x1 = r[..., None, None] * np.cos(th)
-    x2 = r[..., None, None] * np.cos(th - theta0)
-    w = wt[..., None, None] * wth
-    n = x1.shape[0]
-    return x1.reshape(n, -1), x2.reshape(n, -1), w.reshape(n, -1)
-
-
-def _pair_nodes(phi: Activation, batch_size: int, amp: np.ndarray):
-    """Pair-rule nodes for E g(A x_1, A x_2) at each amplitude A: arrays broadcastable to (len(A), N).
-
-    Uses the kink-aligned rule when φ's kink (known for the registry's kinked families) is
-    off 0 and B ≤ 400, else the fixed rule :func:`_pair_rule`.
-    """
-    k0 = _kink_location(phi)
-    if k0 is None or batch_size == 3 or batch_size > _JACOBI_MAX_B:
-        x1, x2, w = _pair_rule(batch_size)
-        return x1[None, :], x2[None, :], w[None, :]
-    amp = np.atleast_1d(np.asarray(amp, dtype=np.float64)).ravel()
-    with np.errstate(divide="ignore"):
-        k = np.where(amp > 0, k0 / np.where(amp > 0, amp, 1.0), np.inf)
-    return _kinked_pair_nodes(batch_size, k)
-
-
-@lru_cache(maxsize=64)
-def _chi2_log_rule(dof: int):
-    """Nodes Q and weights for E_{Q~χ²_dof} g(Q): trapezoid rule in x = log Q.
-
-    The density of log Q, exp((dof/2) x − e^x/2 − log(2^{dof/2} Γ(dof/2))), is entire
-    and decays doubly exponentially, so the trapezoid rule converges geometrically;
-    the step min(0.25, 0.5/√dof) keeps the error below 1e−12 for integrands
-    analytic in the strip |Im x| < π/2 (see module docstring).
-    """
-    lo = stats.chi2.ppf(1e-18, dof)
-    hi = stats.chi2.isf(1e-18, dof)
-    x_lo, x_hi = math.log(lo), math.log(hi)
-    step = min(0.25, 0.5 / math.sqrt(dof))
-    n = int(math.ceil((x_hi - x_lo) / step)) + 1
-    x = np.linspace(x_lo, x_hi, n)
-    h = x[1] - x[0]
-    logq = (dof / 2.0) * x - np.exp(x) / 2.0 - (dof / 2.0) * math.log(2.0) - special.gammaln(dof / 2.0)
-    wts = h * np.exp(logq)
-    keep = wts > 1e-17 * wts.max()  # nodes that cannot change a double-precision sum
-    wts = wts[keep] / wts[keep].sum()  # removes the 1e−18 truncation bias
-    q = np.exp(x[keep])
-    q.setflags(write=False)
-    wts.setflags(write=False)
-    return q, wts
-
-
-# ---------------------------------------------------------------------------
 # BSB1 moments at amplitude A = sqrt((B-1) w)
 # ---------------------------------------------------------------------------
-#: order m of the endpoint grading t ↦ I_t(m+1, m+1) used by the homogeneous angular rule
-_GRADING_ORDER = 6
-
-
-@lru_cache(maxsize=64)
-def _angle_rule(batch_size: int, n_angular: int = 256, graded: bool = False):
-    """Nodes (cos θ, cos(θ − θ_0)) and weights on the circle, split at the zeros of both.
-
-    ``graded=True`` maps each arc's Gauss–Legendre nodes through the regularized incomplete
-    beta function t ↦ I_t(m+1, m+1) (a Sidi-type transform): an endpoint singularity |θ − θ_k|^γ
-    (e.g. relu^α' ~ |x|^{α−1}, γ = 2α − 2 > −1) becomes |·|^{(γ+1)(m+1)−1}, so Gauss–Legendre
-    converges fast even for α < 1.
-    """
-    theta0 = math.acos(-1.0 / (batch_size - 1))
-    cuts = np.sort(np.mod([math.pi / 2, 3 * math.pi / 2, theta0 + math.pi / 2, theta0 - math.pi / 2], 2 * math.pi))
-    edges = np.concatenate([cuts, [cuts[0] + 2 * math.pi]])
-    gl_x, gl_w = special.roots_legendre(n_angular)
-    t, tw = (gl_x + 1.0) / 2.0, gl_w / 2.0
-    if graded:
-        m = _GRADING_ORDER
-        tw = tw * (t * (1.0 - t)) ** m / special.beta(m + 1, m + 1)
-        t = special.betainc(m + 1, m + 1, t)
-    th, thw = [], []
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        if hi - lo < 1e-14:
-            continue
-        th.append(lo + (hi - lo) * t)
-        thw.append(tw * (hi - lo))
-    th = np.concatenate(th)
-    return np.cos(th), np.cos(th - theta0), np.concatenate(thw) / (2 * math.pi)
-
-
-def _radial_moment(batch_size: int, p: float) -> float:
-    """E[T^p] for T ~ Beta(1, (B−3)/2) (T ≡ 1 for B = 3): Γ(1+p)Γ(1+b)/Γ(1+p+b)."""
-    b = (batch_size - 3) / 2.0
-    return math.exp(special.gammaln(1 + p) + special.gammaln(1 + b) - special.gammaln(1 + p + b))
-
-
 @lru_cache(maxsize=128)
 def _homogeneous_angular(phi: Activation, batch_size: int):
     """Angular integrals of a degree-α positive-homogeneous φ (T = 1 slice), cached."""
-    c1, c2, tw = _angle_rule(batch_size, 256, True)
+    c1, c2, tw = angle_rule(batch_size, 256, True)
     p1, p2 = phi(c1), phi(c2)
     g1, g2 = phi.derivative(c1), phi.derivative(c2)
     return {
@@ -383,7 +197,7 @@ def _forward_gap(phi: Activation, batch_size: int, w: np.ndarray):
         d, f = _forward_moments(phi, batch_size, w)
         return d - f  # both carry the same factor w^α: no cancellation as w → 0
     amp = np.sqrt((batch_size - 1) * w)[:, None]
-    x1, x2, wts = _pair_nodes(phi, batch_size, amp)
+    x1, x2, wts = pair_nodes(phi, batch_size, amp)
     return (0.5 * (phi(amp * x1) - phi(amp * x2)) ** 2 * wts).sum(axis=1)
 
 
@@ -394,10 +208,10 @@ def _forward_moments(phi: Activation, batch_size: int, w: np.ndarray):
         # φ(√T A cos θ) = (√T A)^α φ(cos θ): the radial part is an exact Beta moment
         a = phi.homogeneity
         ang = _homogeneous_angular(phi, batch_size)
-        scale = ((batch_size - 1) * w) ** a * _radial_moment(batch_size, a)
+        scale = ((batch_size - 1) * w) ** a * beta_moment(batch_size, a)
         return ang["d"] * scale, ang["f"] * scale
     amp = np.sqrt((batch_size - 1) * w)[:, None]
-    x1, x2, wts = _pair_nodes(phi, batch_size, amp)
+    x1, x2, wts = pair_nodes(phi, batch_size, amp)
     p1 = phi(amp * x1)
     p2 = phi(amp * x2)
     d = (0.5 * (p1 * p1 + p2 * p2) * wts).sum(axis=1)
@@ -415,7 +229,7 @@ def _backward_moments(phi: Activation, batch_size: int, w: np.ndarray):
         a = phi.homogeneity
         ang = _homogeneous_angular(phi, b)
         amp2 = ((b - 1) * w) ** (a - 1)
-        m_lo, m_hi = _radial_moment(b, a - 1), _radial_moment(b, a)
+        m_lo, m_hi = beta_moment(b, a - 1), beta_moment(b, a)
         return (
             ang["P1"] * amp2 * m_lo,
             ang["P2"] * amp2 * m_lo,
@@ -423,7 +237,7 @@ def _backward_moments(phi: Activation, batch_size: int, w: np.ndarray):
             vh2 * ang["P4"] * amp2 * m_hi,
         )
     amp = np.sqrt((b - 1) * w)[:, None]
-    x1, x2, wts = _pair_nodes(phi, b, amp)
+    x1, x2, wts = pair_nodes(phi, b, amp)
     dp1 = phi.derivative(amp * x1)
     dp2 = phi.derivative(amp * x2)
     return (
@@ -447,7 +261,7 @@ def _post_moments_at(phi: Activation, batch_size: int, s: float):
     if s == 0.0:
         d, f = _forward_moments(phi, batch_size, np.array([1.0]))
         return float(d[0]), float(f[0])
-    q, qw = _chi2_log_rule(batch_size - 1)
+    q, qw = chi2_log_rule(batch_size - 1)
     d, f = _forward_moments(phi, batch_size, q / (q + s))
     return float(np.dot(qw, d)), float(np.dot(qw, f))
 
@@ -457,7 +271,7 @@ def _bsb1_map(phi: Activation, batch_size: int, eps_ratio: float, mu: float) -> 
     if eps_ratio == 0.0:
         return float(_forward_gap(phi, batch_size, np.array([1.0]))[0])
     s = batch_size * eps_ratio / mu
-    q, qw = _chi2_log_rule(batch_size - 1)
+    q, qw = chi2_log_rule(batch_size - 1)
     return float(np.dot(qw, _forward_gap(phi, batch_size, q / (q + s))))
 
 
@@ -489,7 +303,9 @@ def _solve_mu(phi: Activation, batch_size: int, eps_ratio: float):
         lo = hi / 4.0
         h_lo = h(lo)
         if h_lo >= 0:
-            root = optimize.brentq(h, lo, hi, xtol=1e-300, rtol=1e-13, maxiter=200)
+            from scipy.optimize import brentq  # here: scipy.optimize takes ≈1 s to import, and only ε > 0 needs it
+
+            root = brentq(h, lo, hi, xtol=1e-300, rtol=1e-13, maxiter=200)
             break
         hi, h_hi = lo, h_lo
         if hi < m0 * 1e-20:
@@ -518,7 +334,7 @@ def _grad_rate(phi: Activation, batch_size: int, eps_ratio: float, mu_unit: floa
         k1 = float(_backward_kernel(phi, b, np.array([1.0]))[0])
         return (b / (b - 1)) * k1 / ((b - 3) * mu_unit)
     s = b * eps_ratio / mu_unit
-    q, qw = _chi2_log_rule(b - 1)
+    q, qw = chi2_log_rule(b - 1)
     kw = _backward_kernel(phi, b, q / (q + s))
     return (b / (b - 1)) * float(np.dot(qw, kw / (q + s))) / mu_unit
 
@@ -575,6 +391,11 @@ def epsilon_analysis(
     sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
     sigma_b2 = check_real("sigma_b2", sigma_b2, minimum=0.0)
     check_choice("method", method, EPSILON_METHODS)
+    return _epsilon_analysis(phi, b, eps, sigma_w2, sigma_b2)
+
+
+def _epsilon_analysis(phi: Activation, b: int, eps: float, sigma_w2: float, sigma_b2: float = 0.0) -> EpsilonResult:
+    """The kernel of :func:`epsilon_analysis`: φ resolved, B, ε, σ_w², σ_b² checked."""
     ratio = eps / sigma_w2
     mu_unit, converged, contraction = _solve_mu(phi, b, ratio)
     collapsed = mu_unit == 0.0

@@ -47,17 +47,27 @@ Errata
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special
 
 from bnlab._validation import check_choice, check_int, check_psd_matrix, check_real
 from bnlab.activations import Activation, get_activation
 from bnlab.theory._checks import check_batch_size
 from bnlab.theory._linalg import bsb1, bsb1_parts, centering_matrix
+from bnlab.theory.batchnorm_map import TRANSFORM_METHODS, _checked_sigma, _montecarlo as _transform_montecarlo, _transform
+from bnlab.theory.fourier import fourier_isotropic_entries
+from bnlab.theory.gegenbauer import (
+    RULE_RTOL,
+    _normalized_gegenbauer,
+    _quadratic_form,
+    _series_moments,
+    oscillating_tail_bound,
+)
+from bnlab.theory.laplace import laplace_transform, require_homogeneous
+from bnlab.theory.spherical import isotropic_transform_entries, qmc_transform
+from bnlab.theory.vphi import _homogeneous_fixed_point
 
 __all__ = ["BSB1FixedPoint", "bsb1_fixed_point", "iterate_batch_covariance", "FIXED_POINT_METHODS"]
 
@@ -97,25 +107,9 @@ class BSB1FixedPoint:
         return cls(int(batch_size), q, c, q - nu, nu, method, float(abs_error))
 
 
-def _k_alpha_b(alpha: float, b: int) -> float:
-    """K_{α,B} = c_α Γ((B−1)/2)/Γ((B−1)/2 + α) ((B−1)/2)^α (Yang et al. 2019, Defn F.6)."""
-    from bnlab.theory.vphi import alpha_relu_second_moment
-
-    h = 0.5 * (b - 1)
-    # log Γ(h+α) − log Γ(h) for large h without cancellation: poch is exact-ratio based
-    ratio = special.poch(h, alpha)
-    return alpha_relu_second_moment(alpha) * math.exp(alpha * math.log(h) - math.log(ratio))
-
-
 def _closed(act: Activation, b: int) -> BSB1FixedPoint:
-    from bnlab.theory.laplace import require_homogeneous
-    from bnlab.theory.vphi import alpha_relu_second_moment, homogeneous_kernel
-
-    alpha = require_homogeneous(act, "method='closed'")
-    k = _k_alpha_b(alpha, b) / alpha_relu_second_moment(alpha)
-    # K_{α,B} J_φ(c) = (K_{α,B}/c_α)·k_φ(c), k_φ = c_α J_φ
-    diag = k * float(homogeneous_kernel(act, 1.0))
-    off = k * float(homogeneous_kernel(act, -1.0 / (b - 1)))
+    require_homogeneous(act, "method='closed'")
+    diag, off = _homogeneous_fixed_point(act, b)
     return BSB1FixedPoint.from_entries(b, diag, off, "closed", 1e-15 * max(abs(diag), abs(off)))
 
 
@@ -123,41 +117,33 @@ def _gegenbauer(act: Activation, b: int, rtol: float = 1e-13, max_terms: int = 1
     """Thm 3.4 / F.13: q* = Σ_l b_l², q*c* = Σ_l b_l² R_l(−1/(B−1)).
 
     Degrees n = 32, 64, … ≤ ``max_terms`` until either the series has converged (relative
-    Parseval tail ≤ ``rtol``: analytic φ, truncated at the first such degree, as
-    :func:`bnlab.theory.gegenbauer.gegenbauer_coefficients` does) or, for φ with a kink
-    (positive-homogeneous φ, or any φ still unconverged at ``max_terms``), the summed form
-    is accurate: q* is the Parseval sum, i.e. exactly the moment E f² on the
-    coefficients' rule, and only q*c*'s two-point tail Σ_{l≥n} b_l² R_l(ξ) remains, bounded by
+    Parseval tail ≤ ``rtol``: truncated at the first such degree, as
+    :func:`bnlab.theory.gegenbauer.gegenbauer_coefficients` does) or the summed form is accurate:
+    q* is the Parseval sum, i.e. exactly the moment E f² on the coefficients' rule, and only q*c*'s
+    two-point tail Σ_{l≥n} b_l² R_l(ξ) remains, bounded by
     :func:`bnlab.theory.gegenbauer.oscillating_tail_bound` (stop once the bound is ≤ ``rtol``·q*:
-    32 terms at B ≥ 32, where R_l(ξ) < 1e-20 beyond l = 24; 1024 at B = 4, bound 1e-11).
+    32 terms at B ≥ 32, where R_l(ξ) < 1e-20 beyond l = 24; 1024 at B = 4, bound 1e-11).  The summed
+    form serves every φ: for a kink (algebraic decay of b_l) it is what makes the route accurate at all,
+    and for analytic φ it stops as soon as the two-point tail is negligible instead of waiting for the
+    Parseval tail (tanh at B = 32: 32 terms instead of 64, the result moves by ≤ 1e-13 relative, by
+    which the truncated Parseval sum fell short of E f²).
     """
-    from bnlab.theory.gegenbauer import (
-        RULE_RTOL,
-        gegenbauer_quadratic_form,
-        gegenbauer_series_moments,
-        normalized_gegenbauer,
-        oscillating_tail_bound,
-    )
-
     xi = -1.0 / (b - 1)
     n = 32
     while True:
         n = min(n, max_terms)
-        coeffs, mom = gegenbauer_series_moments(act, b, n)
+        coeffs, mom = _series_moments(act, b, n)
         q = mom.second
         tails = q - np.cumsum(coeffs**2)
         ok = np.nonzero(tails <= rtol * abs(q))[0]
         if ok.size or q == 0.0:  # converged: the plain truncated sums
             k = int(ok[0]) + 1 if ok.size else 1
-            diag, off = gegenbauer_quadratic_form(coeffs[:k], b, np.array([1.0, xi]))
+            diag, off = _quadratic_form(coeffs[:k], b, np.array([1.0, xi]))
             err = abs(float(tails[k - 1])) + 1e-14 * abs(q)
             break
-        r_xi = normalized_gegenbauer(b, n, np.array(xi))
+        r_xi = _normalized_gegenbauer(b, n, np.array(xi))
         bound = oscillating_tail_bound(r_xi, float(tails[-1]))
-        # stop early on the bound only for positive-homogeneous φ (kinked unless the identity, which
-        # converges at once): any other φ keeps doubling as before, so analytic φ give the same result
-        early = (act.homogeneity is not None or bool(getattr(act, "kinks", ()))) and bound <= rtol * abs(q)
-        if early or n >= max_terms:  # not converged (a kink): the Parseval part from the moment
+        if bound <= rtol * abs(q) or n >= max_terms:  # the Parseval part from the moment
             diag, off = q, float(np.sum(coeffs**2 * r_xi))
             err = bound + RULE_RTOL * abs(q)
             break
@@ -172,22 +158,16 @@ def _gegenbauer(act: Activation, b: int, rtol: float = 1e-13, max_terms: int = 1
 
 
 def _sphere(act: Activation, b: int) -> BSB1FixedPoint:
-    from bnlab.theory.spherical import isotropic_transform_entries
-
     d, o, err = isotropic_transform_entries(act, b)
     return BSB1FixedPoint.from_entries(b, d, o, "sphere", err)
 
 
 def _fourier(act: Activation, b: int) -> BSB1FixedPoint:
-    from bnlab.theory.fourier import fourier_isotropic_entries
-
     d, o, err = fourier_isotropic_entries(act, b)
     return BSB1FixedPoint.from_entries(b, d, o, "fourier", err)
 
 
 def _laplace(act: Activation, b: int) -> BSB1FixedPoint:
-    from bnlab.theory.laplace import laplace_transform, require_homogeneous
-
     require_homogeneous(act, "method='laplace'")
     v, err = laplace_transform(act, centering_matrix(b))
     parts = bsb1_parts(v, rtol=1e-9)
@@ -196,9 +176,7 @@ def _laplace(act: Activation, b: int) -> BSB1FixedPoint:
 
 
 def _montecarlo(act: Activation, b: int, n_samples: int, seed) -> BSB1FixedPoint:
-    from bnlab.theory.batchnorm_map import _montecarlo as mc
-
-    mean, se = mc(act, np.eye(b), b, 0.0, n_samples, seed)
+    mean, se = _transform_montecarlo(act, np.eye(b), b, 0.0, n_samples, seed)
     off_mask = ~np.eye(b, dtype=bool)
     d = float(np.mean(np.diag(mean)))
     o = float(np.mean(mean[off_mask]))
@@ -246,8 +224,6 @@ def _bsb1_or_raise(act, sigma, rtol, err):
 
 
 def _laplace_step(act, sigma):
-    from bnlab.theory.laplace import laplace_transform
-
     return laplace_transform(act, sigma)[0]
 
 
@@ -259,8 +235,6 @@ def _iterate_qmc(act: Activation, b: int, seed, max_depth: int = 30, n_points: i
     relative of its BSB1 projection, and ``abs_error`` is the larger of the
     cubature's standard error and the distance to that projection.
     """
-    from bnlab.theory.spherical import qmc_transform
-
     rng = np.random.default_rng(0 if seed is None else seed)
     a = rng.standard_normal((b, b))
     sigma = a @ a.T / b + 0.1 * np.eye(b)
@@ -301,6 +275,13 @@ def bsb1_fixed_point(phi, batch_size, *, method: str = "auto", n_samples: int | 
     method = check_choice("method", method, FIXED_POINT_METHODS)
     act = get_activation(phi)
     b = check_batch_size(batch_size)
+    if method == "montecarlo":
+        n_samples = 400_000 if n_samples is None else check_int("n_samples", n_samples, minimum=2)
+    return _bsb1_fixed_point(act, b, method, n_samples, seed)
+
+
+def _bsb1_fixed_point(act, b: int, method: str = "auto", n_samples: int = 400_000, seed=None) -> BSB1FixedPoint:
+    """The kernel of :func:`bsb1_fixed_point`: φ resolved, B, the method and n_samples checked."""
     if method == "auto":
         if act.homogeneity is not None and act.homogeneous_coeffs is not None and act.homogeneity > 0:
             method = "closed"
@@ -319,8 +300,7 @@ def bsb1_fixed_point(phi, batch_size, *, method: str = "auto", n_samples: int | 
     if method == "laplace":
         return _laplace(act, b)
     if method == "montecarlo":
-        n = 400_000 if n_samples is None else check_int("n_samples", n_samples, minimum=2)
-        return _montecarlo(act, b, n, seed)
+        return _montecarlo(act, b, n_samples, seed)
     return _iterate(act, b, seed)
 
 
@@ -331,8 +311,6 @@ def iterate_batch_covariance(phi, Sigma0, depth, *, method: str = "auto", eps: f
     routes draw their seeds from one ``numpy.random.Generator(seed)`` so the
     whole trajectory is reproducible.
     """
-    from bnlab.theory.batchnorm_map import TRANSFORM_METHODS, batchnorm_transform
-
     act = get_activation(phi)
     sigma = check_psd_matrix("Sigma0", Sigma0)
     check_batch_size(sigma.shape[0], name="Sigma0.shape[0] (the batch size B)")
@@ -343,6 +321,7 @@ def iterate_batch_covariance(phi, Sigma0, depth, *, method: str = "auto", eps: f
     out = np.empty((depth + 1,) + sigma.shape)
     out[0] = sigma
     for l in range(1, depth + 1):
-        nxt = batchnorm_transform(act, out[l - 1], method=method, eps=eps, seed=rng)
+        # each layer's Σ is checked as batchnorm_transform checks it (a collapse to GΣG = 0 is an error)
+        nxt = _transform(act, *_checked_sigma(out[l - 1], eps), method, None, rng)
         out[l] = 0.5 * (nxt + nxt.T)
     return out

@@ -30,7 +30,7 @@ corrected below): ratios of quadratic forms in the Gegenbauer coefficients
 a_l of φ(√(B−1)x), taken from the core module :mod:`bnlab.theory.gegenbauer`
 (:func:`~bnlab.theory.gegenbauer.gegenbauer_orthonormal_coefficients`,
 :func:`~bnlab.theory.gegenbauer.normalized_gegenbauer`) through
-``bnlab.theory._dynamics_common``.  Accuracy: spectral for smooth φ
+``bnlab.theory.gegenbauer._dynamics_series``.  Accuracy: spectral for smooth φ
 (1e-10 with the default number of terms).  For φ with a kink the coefficients
 decay algebraically, so the single-point parts of the series (no factor R_l(ξ))
 are summed exactly through the moments E f², E x² f² (:func:`_forward_gegenbauer`)
@@ -85,20 +85,20 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from bnlab.theory._dynamics_common import (
-    _check_finite, _choose_route, _Dynamics, DYNAMICS_METHODS, _gegenbauer_energy, sphere_brackets_forward,
-    _laplace_kernel_values, _ratio_stats, _relu_arccos_kernel, _RULE_RTOL, _sample_sphere,
-)
-from bnlab.theory._kinks import sphere_grid_for
+from bnlab.activations import get_activation
+from bnlab.theory._checks import check_batch_size
+from bnlab.theory._quadrature.sphere import SphereGrid, conditional_coefficients, ratio_stats, sample_sphere, sphere_grid_for
+from bnlab.theory._routes import DYNAMICS_METHODS, Dynamics, check_finite_result, plan_route
+from bnlab.theory.gegenbauer import RULE_RTOL, _dynamics_series
 from bnlab.theory.ultrasymmetric import projected_eigenvalues
+from bnlab.theory.vphi import _homogeneous_kernel_values, _relu_arccos_kernel
 
 __all__ = ["ForwardEigenvalues", "forward_eigenvalues", "FORWARD_METHODS"]
 
 #: Methods accepted by :func:`forward_eigenvalues`.
 FORWARD_METHODS = DYNAMICS_METHODS
 
-_FORWARD = _Dynamics("the forward eigenvalues", "Thm 3.7", closed_min_batch=4, gegenbauer_min_batch=4)
-
+_FORWARD = Dynamics("the forward eigenvalues", "Thm 3.7", closed_min_batch=4, gegenbauer_min_batch=4)
 
 
 @dataclass(frozen=True)
@@ -132,14 +132,38 @@ def _forward_moments_sphere(act, batch_size: int):
     """
     b = batch_size
     hom = act.homogeneity
-    grid = sphere_grid_for(act, b, float(hom) if hom is not None else 0.0)  # split at kinks (._kinks)
+    grid = sphere_grid_for(act, b, float(hom) if hom is not None else 0.0)  # split at kinks
     sb = math.sqrt(b)
     with np.errstate(invalid="ignore", divide="ignore"):
         f1 = act(sb * grid.x_distinct)  # once per distinct u_1 (a run of the kink rule)
         f2 = act(sb * grid.y)
-    out = sphere_brackets_forward(grid, f1, f2)
+    out = _sphere_brackets(grid, f1, f2)
     out.setflags(write=False)
     return out
+
+
+def _sphere_brackets(grid: SphereGrid, f1: np.ndarray, f2: np.ndarray) -> np.ndarray:
+    """[E f_1², E f_1 f_2, E f_1² x², E f_1² y², E f_1² xy, E f_1² y e3, E f_1 f_2 x², E f_1 f_2 e33,
+    E f_1 f_2 xy, E f_1 f_2 x e3, E f_1 f_2 e34] (App. F.3.1) from f_1 = f(√B u_1) per run and
+    f_2 = f(√B u_2) per node (see :class:`bnlab.theory._quadrature.sphere.SphereGrid`)."""
+    x = grid.x_distinct
+    c1, c2 = conditional_coefficients(grid.batch_size)
+    a0, a1, a2 = grid.power_sums(None, 2)
+    s0, s1, s2 = grid.power_sums(f2, 2)
+    ff = f1 * f1
+    return np.array([
+        ff @ a0,
+        f1 @ s0,
+        (ff * x * x) @ a0,
+        ff @ a2,
+        (ff * x) @ a1,
+        -c1 * (ff @ (x * a1 + a2)),
+        (f1 * x * x) @ s0,
+        c1 * (f1 @ ((1.0 - x * x) * s0 - s2)),
+        (f1 * x) @ s1,
+        -c1 * ((f1 * x) @ (x * s0 + s1)),
+        c2 * (f1 @ ((2.0 * x * x - 1.0) * s0 + 2.0 * x * s1 + 2.0 * s2)),
+    ])
 
 
 def _forward_brackets(moments: np.ndarray, batch_size: int):
@@ -183,7 +207,7 @@ def _forward_montecarlo(act, batch_size: int, n_samples: int, rng, chunk: int = 
     done = 0
     while done < n_samples:
         n = min(chunk, n_samples - done)
-        u = _sample_sphere(b, n, rng)
+        u = sample_sphere(b, n, rng)
         f = act(math.sqrt(b) * u)
         gf = f - f.mean(axis=1, keepdims=True)
         dg = gf * gf
@@ -196,10 +220,10 @@ def _forward_montecarlo(act, batch_size: int, n_samples: int, rng, chunk: int = 
         den.append(2.0 * tot / (b - 1))  # 2μ* = 2 E|Gf|²/(B−1)
         done += n
     num_l, num_m, den = map(np.concatenate, (num_l, num_m, den))
-    lam_l, se_l = _ratio_stats(num_l / (b - 1), den)
+    lam_l, se_l = ratio_stats(num_l / (b - 1), den)
     if b > 3:
         dim_m = b * (b - 3) / 2.0
-        lam_m, se_m = _ratio_stats(num_m / dim_m, den)
+        lam_m, se_m = ratio_stats(num_m / dim_m, den)
     else:
         lam_m, se_m = None, math.nan
     return lam_l, lam_m, (se_l, se_m)
@@ -230,7 +254,7 @@ def _forward_laplace(act, b: int):
     """Thm F.33: λ_M↑ = c_α B (B−1)^{α−1} μ*⁻¹ 2^{−α} P((B+1)/2, α)⁻¹ J'_φ(ξ),
     λ_L↑ = c_α (B−1)^{α−1} μ*⁻¹ 2^{−α} P((B+1)/2, α)⁻¹ ((B−2) α [J_φ(1) − J_φ(ξ)] + B/(B−1) J'_φ(ξ)),
     P(a, k) = Γ(a+k)/Γ(a).  Verified against the sphere to 1e-13 (relu^0.5, relu^1.5, leaky relu, relu)."""
-    v = _laplace_kernel_values(act, b)
+    v = _homogeneous_kernel_values(act, b)
     al = v["alpha"]
     pref = v["c_alpha"] * (b - 1.0) ** (al - 1.0) / v["mu"] * 2.0 ** (-al) / special.poch((b + 1) / 2.0, al)
     lam_m = pref * b * v["dJxi"]
@@ -245,15 +269,15 @@ def _forward_gegenbauer(act, b: int, n_terms: int):
     """(λ_L↑, λ_M↑, bound on their truncation errors) by Thm 3.8 / F.22 / F.24 (as corrected in the errata).
 
     Single-point parts are summed exactly through the moments of
-    :class:`bnlab.theory._dynamics_common._GegenbauerSeries`:
+    :class:`bnlab.theory.gegenbauer._GegenbauerSeries`:
     the denominator Σ_l b_l²(1 − R_l(ξ)) = μ* has its Parseval part Σ b_l² = E f²; the numerator
     of λ_L↑ has the single-point part Σ_l b_l² w_l + Σ_l b_l b_{l+2} u_l⁰ = −E f²/2 + (B−1)/2 · E x² f²
     (u_l⁰: u_l with R(ξ) := 0), which is the Jacobi-matrix identity E x² f² = ‖Jb‖² (see
     :class:`bnlab.theory.gegenbauer.SeriesMoments`) rewritten with w_l, u_l⁰ (verified to 1e-15 on
     tanh, sin, gelu, sigmoid, softplus, erf at B = 5, 8, 33); the numerator of λ_M↑ is two-point only.
     """
-    s = _gegenbauer_energy(act, b, n_terms + 3)
-    a, logn, bc, pxi = s.a, s.logn, s.coef, s.pxi
+    s = _dynamics_series(act, b, n_terms + 3)
+    logn, bc, pxi = s.logn, s.coef, s.pxi
     l = np.arange(n_terms, dtype=np.float64)
     L = n_terms
     c = lambda k: (b - 3.0) / (b - 3.0 + 2.0 * k)  # noqa: E731  c_{B−1,k}
@@ -286,14 +310,24 @@ def _forward_gegenbauer(act, b: int, n_terms: int):
     )
     d_den = s.two_point_bound(ptail)
     err_l = (kk * wmax * d_den / abs(den) + abs(lam_l) * d_den / abs(den)) if s.summed else 0.0
-    # λ_M: Thm F.24 as printed does not reproduce the spherical values for l ≥ 2 (see the
-    # module errata); we use the paper's own reduction (proof of Thm F.24)
-    #   λ_M = (B−1)/((B−3)μ*) (−Σ*_12/(B−2) + 2(B−1)/(B−2) Ã_12(11) + (B−1) Ã_12(12))
-    # with Ã_12(12) = E φ_1 φ_2 u_1 u_2 (Lemma F.23) and Ã_12(11) = E φ_1 φ_2 u_1² (Eq. 49), both
-    # expanded by the addition theorem E_v F(ê_1·v) H(ê_2·v) = Σ_l F_l H_l N_l P_l(ξ), the
-    # coefficients of tφ and t²φ obtained from a_l by the three-term recurrence (Prop. E.43).
     if b == 3:
-        return lam_l, None, err_l + _RULE_RTOL * abs(lam_l)
+        return lam_l, None, err_l + RULE_RTOL * abs(lam_l)
+    lam_m, err_m = _lambda_m_gegenbauer(s, b, n_terms, den, d_den)
+    return lam_l, lam_m, max(err_l + RULE_RTOL * abs(lam_l), err_m + RULE_RTOL * abs(lam_m))
+
+
+def _lambda_m_gegenbauer(s, b: int, n_terms: int, mu: float, d_den: float) -> tuple[float, float]:
+    """(λ_M↑, bound on its truncation error) from the series ``s`` of :func:`_forward_gegenbauer`, whose μ* and
+    the bound ``d_den`` on μ*'s two-point tail it shares.
+
+    Thm F.24 as printed does not reproduce the spherical values for l ≥ 2 (see the module errata); this is
+    the paper's own reduction (proof of Thm F.24)
+      λ_M = (B−1)/((B−3)μ*) (−Σ*_12/(B−2) + 2(B−1)/(B−2) Ã_12(11) + (B−1) Ã_12(12))
+    with Ã_12(12) = E φ_1 φ_2 u_1 u_2 (Lemma F.23) and Ã_12(11) = E φ_1 φ_2 u_1² (Eq. 49), both expanded by
+    the addition theorem E_v F(ê_1·v) H(ê_2·v) = Σ_l F_l H_l N_l P_l(ξ), the coefficients of tφ and t²φ
+    obtained from a_l by the three-term recurrence (Prop. E.43).
+    """
+    logn, bc, pxi, q, L = s.logn, s.coef, s.pxi, s.moments.second, n_terms
     # Evaluated in the orthonormal form (b_l = a_l √N_l, Σ a_l² N_l P_l(ξ) = Σ b_l² P_l(ξ)) so that
     # neither N_l (overflows for large B·l) nor a_l (underflows) is ever formed: the coefficients
     # of tφ and t²φ in the paper's normalization, d_l = a_{l−1} l/(B+2l−3) + a_{l+1}(B+l−3)/(B+2l−3),
@@ -312,7 +346,6 @@ def _forward_gegenbauer(act, b: int, n_terms: int):
     e = times_t(d)  # t² φ
     sl = slice(0, L)  # the last coefficients are contaminated by the truncation of the recurrence
     px = pxi[sl]
-    mu = den  # μ* = Σ b_l²(1 − R_l(ξ)), its Parseval part summed as above
     qc = np.sum(bc[sl] ** 2 * px)
     a12 = (b - 1.0) / b * np.sum(d[sl] ** 2 * px)
     a11 = (b - 1.0) / b * np.sum(bc[sl] * e[sl] * px)
@@ -323,7 +356,7 @@ def _forward_gegenbauer(act, b: int, n_terms: int):
     c_m = (b - 1.0) / (b - 3.0) * (1.0 / (b - 2.0) + 2.0 * (b - 1.0) ** 2 / (b * (b - 2.0)) + (b - 1.0) ** 2 / b)
     d_m = s.two_point_bound(max(q - float(np.sum(bc[: max(L - 2, 1)] ** 2)), 0.0))
     err_m = (c_m * d_m + abs(lam_m) * d_den) / abs(mu) if s.summed else 0.0
-    return lam_l, lam_m, max(err_l + _RULE_RTOL * abs(lam_l), err_m + _RULE_RTOL * abs(lam_m))
+    return lam_m, err_m
 
 
 # ---------------------------------------------------------------------------
@@ -363,8 +396,16 @@ def forward_eigenvalues(
     ----------
     Yang et al. 2019, Thms 3.6–3.8, E.62, F.22, F.24, F.33; App. F.3.1.
     """
-    r = _choose_route(phi, batch_size, method, _FORWARD, n_terms=n_terms, n_samples=n_samples, seed=seed)
-    act, b, method = r.act, r.batch_size, r.method
+    act, b = get_activation(phi), check_batch_size(batch_size)
+    return _forward_eigenvalues(act, b, method, n_terms=n_terms, n_samples=n_samples, seed=seed)
+
+
+def _forward_eigenvalues(
+    act, b: int, method: str = "auto", *, n_terms: int | None = None, n_samples: int = 200_000, seed=0
+) -> ForwardEigenvalues:
+    """The kernel of :func:`forward_eigenvalues`: φ resolved and B checked; the route chosen and run."""
+    r = plan_route(act, b, method, _FORWARD, n_terms=n_terms, n_samples=n_samples, seed=seed)
+    method = r.method
     stderr = trunc = None
     if method == "closed":
         lam_l, lam_m = _forward_closed(r.relu_or_identity, b)
@@ -379,5 +420,5 @@ def forward_eigenvalues(
         lam_l, lam_m, stderr = _forward_montecarlo(act, b, r.n_samples, r.rng)
     if b == 3:
         lam_m = None
-    _check_finite(act, b, method, lam_l, lam_m)
+    check_finite_result(act, b, method, lam_l, lam_m)
     return ForwardEigenvalues(0.0, float(lam_l), None if lam_m is None else float(lam_m), method, stderr, trunc)

@@ -117,12 +117,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import linalg, special
+from scipy import special
 
 from bnlab._validation import check_psd_matrix, check_real
 from bnlab.activations import Activation, get_activation
-from bnlab.theory._linalg import _tanh_sinh_step, bsb1, im_g_basis, isotropic_g_scale, tanh_sinh_panel
-from bnlab.theory.spherical import _radial_rule
+from bnlab.theory._linalg import bsb1, im_g_basis, isotropic_g_scale
+from bnlab.theory._quadrature.rules import eps_scale_rule, jacobi_rule_unit, tanh_sinh_panel, tanh_sinh_rule
 from bnlab.theory.vphi import _kernel_closed_form, alpha_kernel_hypergeometric
 
 __all__ = [
@@ -132,24 +132,6 @@ __all__ = [
     "fourier_weight",
     "jacobi_rule_unit",
 ]
-
-
-def jacobi_rule_unit(n: int, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
-    """Gauss–Jacobi rule on [0, 1] for the *normalized* weight ∝ (1−x)^a x^b (Golub–Welsch)."""
-    k = np.arange(n, dtype=np.float64)
-    s = 2.0 * k + a + b
-    with np.errstate(invalid="ignore", divide="ignore"):
-        alpha = np.where(s * (s + 2.0) != 0, (b * b - a * a) / (s * (s + 2.0)), (b - a) / (a + b + 2.0))
-    alpha[0] = (b - a) / (a + b + 2.0)
-    kk = np.arange(1, n, dtype=np.float64)
-    ss = 2.0 * kk + a + b
-    with np.errstate(invalid="ignore", divide="ignore"):
-        beta = 4.0 * kk * (kk + a) * (kk + b) * (kk + a + b) / (ss * ss * (ss + 1.0) * (ss - 1.0))
-    beta[0] = 4.0 * (1.0 + a) * (1.0 + b) / ((2.0 + a + b) ** 2 * (3.0 + a + b))
-    # map y ∈ [−1, 1] to x = (1 + y)/2: diagonal (1 + α)/2, off-diagonal √β/2
-    nodes, vecs = linalg.eigh_tridiagonal((1.0 + alpha) / 2.0, np.sqrt(beta) / 2.0)
-    w = vecs[0] ** 2
-    return np.clip(nodes, 0.0, 1.0), w / w.sum()
 
 
 def _log_poch(x: float, a: float) -> float:
@@ -208,7 +190,7 @@ def fourier_isotropic_entries(
     not be covered by ``abs_error``); use the sphere or Gegenbauer route, which split at every kink.
     """
     b = int(batch_size)
-    off = [k for k in getattr(phi, "kinks", ()) if k != 0.0]
+    off = [k for k in phi.kinks if k != 0.0]
     if off:
         raise ValueError(
             f"method='fourier' does not apply to phi={phi.spec!r}: it has a kink away from 0 (at x = "
@@ -218,11 +200,11 @@ def fourier_isotropic_entries(
     alpha = phi.homogeneity
     if eps > 0 and alpha is not None and alpha > 0 and phi.homogeneous_coeffs is not None:
         # φ(s x) = s^α φ(x), s > 0: the radial average factors out exactly
-        scales, sweights = _radial_rule(b, mu, eps)
+        scales, sweights = eps_scale_rule(b, mu, eps)
         factor = float(np.sum(sweights * scales ** (2.0 * alpha)))
         d, o, err = fourier_isotropic_entries(phi, b, mu=mu, eps=0.0)
         return factor * d, factor * o, factor * err
-    scales, sweights = _radial_rule(b, mu, eps)
+    scales, sweights = eps_scale_rule(b, mu, eps)
     # with ε > 0 every node carries the radial rule too: one level lower keeps the cost
     # bounded and is still converged (the reported error compares the two rules)
     lv = 5 if eps == 0 else 4
@@ -279,7 +261,7 @@ def _g_spectrum(sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _lambda_rule(level: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
     """Nodes λ ∈ (0, ∞) and weights: tanh-sinh on t ∈ (0, 1), λ = scale·t/(1 − t) (1 − t kept exact)."""
-    t, one_minus_t, w = _tanh_sinh_step(2.0**-level, _LAMBDA_HALF_WIDTH)
+    t, one_minus_t, w = tanh_sinh_rule(2.0**-level, _LAMBDA_HALF_WIDTH)
     return scale * t / one_minus_t, scale * w / one_minus_t**2
 
 

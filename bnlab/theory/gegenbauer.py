@@ -88,8 +88,8 @@ from scipy import special
 from bnlab._validation import check_int, check_real, check_finite_array
 from bnlab.activations import get_activation
 from bnlab.theory._checks import check_batch_size
-from bnlab.theory._linalg import _tanh_sinh_step, tanh_sinh_panel
-from bnlab.theory.spherical import _sin_power_weight
+from bnlab.theory._quadrature.kinks import theta_cuts
+from bnlab.theory._quadrature.rules import sin_power_panels, tanh_sinh_rule
 
 __all__ = [
     "gegenbauer_coefficients",
@@ -134,20 +134,6 @@ def _recurrence_beta(lam: float, n: int) -> np.ndarray:
     return l * (l + 2.0 * lam - 1.0) / (4.0 * (l + lam) * (l + lam - 1.0))
 
 
-def _orthonormal_polys(lam: float, n: int, x: np.ndarray) -> np.ndarray:
-    """P_0..P_{n−1} at x (shape (n, len(x))), orthonormal for μ_B."""
-    x = np.asarray(x, dtype=np.float64)
-    out = np.empty((n,) + x.shape)
-    out[0] = 1.0
-    if n == 1:
-        return out
-    sb = np.sqrt(_recurrence_beta(lam, n))  # sb[l-1] = √β_l
-    out[1] = x / sb[0]
-    for l in range(1, n - 1):
-        out[l + 1] = (x * out[l] - sb[l - 1] * out[l - 1]) / sb[l]
-    return out
-
-
 def normalized_gegenbauer(batch_size, n_terms, t) -> np.ndarray:
     """R_l(t) = C_l^{((B−3)/2)}(t)/C_l^{((B−3)/2)}(1), l = 0..n_terms−1; shape (n_terms,) + t.shape.
 
@@ -155,14 +141,37 @@ def normalized_gegenbauer(batch_size, n_terms, t) -> np.ndarray:
     """
     b = _check_b(batch_size)
     n = check_int("n_terms", n_terms, minimum=1)
-    t = check_finite_array("t", t)
+    return _normalized_gegenbauer(b, n, check_finite_array("t", t))
+
+
+def _normalized_gegenbauer(b: int, n: int, t: np.ndarray) -> np.ndarray:
+    """The kernel of :func:`normalized_gegenbauer` (B ≥ 4, n ≥ 1 and t already checked)."""
     lam = 0.5 * (b - 3)
     out = np.empty((n,) + t.shape)
+    if t.size <= _SCALAR_RECURRENCE_POINTS:
+        # a few points (the theory's ξ = −1/(B−1), or 1 and ξ): the same float64 operations in the same order on
+        # Python floats, point by point, without the per-step cost of NumPy on tiny arrays
+        flat = out.reshape(n, -1)
+        for k, tk in enumerate(t.ravel().tolist()):
+            flat[:, k] = _recurrence_at(tk, lam, n)
+        return out
     out[0] = 1.0
     if n > 1:
         out[1] = t
     for l in range(1, n - 1):
         out[l + 1] = (2.0 * (l + lam) * t * out[l] - l * out[l - 1]) / (l + 2.0 * lam)
+    return out
+
+
+#: up to this many points :func:`_normalized_gegenbauer` runs its recurrence on Python floats
+_SCALAR_RECURRENCE_POINTS = 4
+
+
+def _recurrence_at(t: float, lam: float, n: int) -> list[float]:
+    """R_0(t) … R_{n−1}(t) for one point by (l + 2λ) R_{l+1} = 2(l+λ) t R_l − l R_{l−1}."""
+    out = [1.0, t][:n]
+    for l in range(1, n - 1):
+        out.append((2.0 * (l + lam) * t * out[l] - l * out[l - 1]) / (l + 2.0 * lam))
     return out
 
 
@@ -183,7 +192,7 @@ def gegenbauer_basis_at(batch_size, n_terms, t) -> np.ndarray:
     coefficients instead, which never overflow).
     """
     b = _check_b(batch_size)
-    r = normalized_gegenbauer(b, n_terms, t)
+    r = _normalized_gegenbauer(b, check_int("n_terms", n_terms, minimum=1), check_finite_array("t", t))
     logs = _log_c_at_one_over_c(b, r.shape[0])
     if np.max(logs) > 700.0:
         raise ValueError(
@@ -232,7 +241,7 @@ def _dirichlet_moment(phi, b: int, level: int) -> float:
     < 1e-300 are dropped by the rule), so the lost mass is ≲ (1e-300)^{2α−1}; for regular
     integrands the rule is as accurate as the coefficients' one (both are double exponential).
     """
-    t, one_minus_t, wt = _tanh_sinh_step(2.0 ** -level, 6.1)
+    t, one_minus_t, wt = tanh_sinh_rule(2.0 ** -level, 6.1)
     half = 0.5 * math.pi
     dist = half * t  # angular distance from the kink θ = π/2
     xabs = np.sin(dist)
@@ -253,19 +262,15 @@ def _dirichlet_moment(phi, b: int, level: int) -> float:
 
 def _theta_panels(phi, b: int) -> np.ndarray:
     """Panel ends in θ: 0, π/2, π and θ_k = arccos(k/√(B−1)) for every kink k ≠ 0 of φ inside the range
-    (:func:`bnlab.theory._kinks.theta_cuts`), so that each panel's integrand is smooth."""
-    from bnlab.theory._kinks import theta_cuts
-
+    (:func:`bnlab.theory._quadrature.kinks.theta_cuts`), so that each panel's integrand is smooth."""
     return np.array(sorted({0.0, 0.5 * math.pi, math.pi, *theta_cuts(phi, math.sqrt(b - 1.0))}))
 
 
 def _dirichlet_moment_panels(phi, b: int, ends: np.ndarray, level: int) -> float:
     """E_μ (1−x²) f'(x)² on tanh-sinh panels in θ ending at 0, π/2, π and the kinks of φ (φ' bounded
     or with a jump there: selu, relu(γx + β), ...; a φ' singular at a kink k ≠ 0 is resolved only to
-    |x − k| ≈ 1e-16, see :mod:`bnlab.theory._kinks`)."""
-    theta, w = tanh_sinh_panel(ends[:-1], ends[1:], level)
-    theta, w = theta.ravel(), w.ravel()
-    w = _sin_power_weight(theta, b - 3.0, w)
+    |x − k| ≈ 1e-16, see :mod:`bnlab.theory._quadrature.sphere`)."""
+    theta, w = sin_power_panels(ends, b - 3.0, level)
     scale = math.sqrt(b - 1.0)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         fp = scale * phi.derivative(scale * np.cos(theta))
@@ -276,9 +281,7 @@ def _dirichlet_moment_panels(phi, b: int, ends: np.ndarray, level: int) -> float
 def _coefficients_on_rule(phi, b: int, n: int, level: int, *, dirichlet: bool = False) -> tuple[np.ndarray, SeriesMoments]:
     lam = 0.5 * (b - 3)
     ends = _theta_panels(phi, b)
-    theta, w = tanh_sinh_panel(ends[:-1], ends[1:], level)
-    theta, w = theta.ravel(), w.ravel()
-    w = _sin_power_weight(theta, b - 3.0, w)
+    theta, w = sin_power_panels(ends, b - 3.0, level)
     x = np.cos(theta)
     scale = math.sqrt(b - 1.0)
     f = phi(scale * x)
@@ -297,19 +300,39 @@ def _coefficients_on_rule(phi, b: int, n: int, level: int, *, dirichlet: bool = 
     # w_i Σ_{l<n} P_l(x_i)² ≲ 1, |v_l| ≲ 1 at every node and nothing overflows; nodes whose
     # weight underflows contribute ≲ √w·‖f‖ ≈ 0 exactly as they should.
     sw = np.sqrt(w)
-    fsw = f * sw
+    return _project(f * sw, sw, x, lam, n), moments
+
+
+#: rows of v_l = P_l √w held at once by :func:`_project` (memory O(rows · nodes), not O(n · nodes))
+_PROJECT_BLOCK = 64
+
+
+def _project(fsw: np.ndarray, sw: np.ndarray, x: np.ndarray, lam: float, n: int) -> np.ndarray:
+    """b_l = Σ_i (f √w)_i v_l(x_i), l < n, with v_l = P_l √w from the orthonormal three-term recurrence
+    x P_l = √β_{l+1} P_{l+1} + √β_l P_{l−1}, run in place on blocks of rows, each block one matrix–vector
+    product (the recurrence is sequential in l; the block keeps the per-row cost at three in-place operations)."""
     coeffs = np.empty(n)
-    # stream the recurrence so memory stays O(nodes)
-    v_prev = sw
-    coeffs[0] = float(fsw @ v_prev)
-    if n > 1:
-        sb = np.sqrt(_recurrence_beta(lam, n))
-        v = x * sw / sb[0]
-        coeffs[1] = float(fsw @ v)
-        for l in range(1, n - 1):
-            v_prev, v = v, (x * v - sb[l - 1] * v_prev) / sb[l]
-            coeffs[l + 1] = float(fsw @ v)
-    return coeffs, moments
+    sb = np.sqrt(_recurrence_beta(lam, max(n, 2)))  # sb[l-1] = √β_l
+    block = np.empty((min(n, _PROJECT_BLOCK), sw.size))
+    prev, cur = None, sw
+    for start in range(0, n, block.shape[0]):
+        rows = block[: min(block.shape[0], n - start)]
+        for j in range(rows.shape[0]):
+            l = start + j
+            if l == 0:
+                rows[j] = sw
+            elif l == 1:
+                np.multiply(x, cur, out=rows[j])
+                rows[j] /= sb[0]
+            else:
+                np.multiply(x, cur, out=rows[j])
+                rows[j] -= sb[l - 2] * prev
+                rows[j] /= sb[l - 1]
+            prev, cur = cur, rows[j]
+        coeffs[start : start + rows.shape[0]] = rows @ fsw
+        # the next block overwrites these rows: keep the two the recurrence needs
+        prev, cur = prev.copy(), cur.copy()
+    return coeffs
 
 
 def gegenbauer_series_moments(phi, batch_size, n_terms, *, dirichlet: bool = False) -> tuple[np.ndarray, SeriesMoments]:
@@ -324,6 +347,11 @@ def gegenbauer_series_moments(phi, batch_size, n_terms, *, dirichlet: bool = Fal
     act = get_activation(phi)
     b = _check_b(batch_size)
     n = check_int("n_terms", n_terms, minimum=1)
+    return _series_moments(act, b, n, dirichlet=dirichlet)
+
+
+def _series_moments(act, b: int, n: int, *, dirichlet: bool = False) -> tuple[np.ndarray, SeriesMoments]:
+    """The kernel of :func:`gegenbauer_series_moments` (φ resolved, B ≥ 4 and n checked)."""
     return _coefficients_on_rule(act, b, n, _level_for(n), dirichlet=dirichlet)
 
 
@@ -442,6 +470,128 @@ def gegenbauer_quadratic_form(coefficients, batch_size, t, *, orthonormal: bool 
     c = check_finite_array("coefficients", coefficients, ndim=1)
     if not orthonormal:
         c = c * np.exp(0.5 * _log_c_at_one_over_c(b, c.size))
+    if c.size == 0:
+        raise ValueError("coefficients is not allowed: expected at least one coefficient")
     t = check_finite_array("t", t)
-    r = normalized_gegenbauer(b, c.size, t)
-    return np.tensordot(c * c, r, axes=(0, 0))
+    return _quadratic_form(c, b, t)
+
+
+def _quadratic_form(c: np.ndarray, b: int, t: np.ndarray) -> np.ndarray:
+    """The kernel of :func:`gegenbauer_quadratic_form`: Σ_l c_l² R_l(t) for orthonormal c (all checked)."""
+    return np.tensordot(c * c, _normalized_gegenbauer(b, c.size, t), axes=(0, 0))
+
+
+# ---------------------------------------------------------------------------
+# the series of the dynamics (forward, backward, cross-batch Gegenbauer routes)
+# ---------------------------------------------------------------------------
+def _log_harmonic_dimension(l: np.ndarray, batch_size: int) -> np.ndarray:
+    """log N_l with N_l = c_{B−1,l}⁻¹ C_l^{((B−3)/2)}(1) = (B−3+2l)/(B−3) · (B−3)_l / l!
+    (the dimension of degree-l spherical harmonics on S^{B−2}); B = 3: N_0 = 1, N_l = 2.
+
+    Kept in log form (N_l overflows float64 for large B·l); the same quantity as
+    :func:`_log_c_at_one_over_c` with the B = 3 case.
+    """
+    l = np.asarray(l, dtype=np.float64)
+    if batch_size == 3:
+        return np.where(l == 0, 0.0, math.log(2.0))
+    lam2 = batch_size - 3.0
+    logc1 = special.gammaln(l + lam2) - special.gammaln(lam2) - special.gammaln(l + 1.0)
+    return np.log((lam2 + 2.0 * l) / lam2) + logc1
+
+
+def _chebyshev_coefficients(act, n_terms: int, n_nodes: int | None = None) -> tuple[np.ndarray, SeriesMoments]:
+    """B = 3 only: b_l = E[φ(√2 cos θ) P_l(cos θ)] with θ uniform on [0, π] and the
+    orthonormal P_0 = 1, P_l = √2 cos(lθ) (the core refuses B = 3), and the moments
+    E f², E x² f² on the same rule (see :class:`SeriesMoments`).
+
+    Gauss–Legendre on θ ∈ [0, π/2] and [π/2, π] separately, so a kink of φ at 0
+    (θ = π/2) sits on a panel edge and the rule converges geometrically on each
+    panel; n_nodes ≥ 2 n_terms + 200 resolves cos(lθ) for l < n_terms.
+    """
+    if n_nodes is None:
+        n_nodes = max(2 * n_terms + 200, 400)
+    x, w = special.roots_legendre(n_nodes)
+    half = 0.25 * math.pi
+    theta = np.concatenate([half * (x + 1.0), half * (x + 1.0) + 2.0 * half])
+    wt = np.concatenate([w, w]) * half / math.pi  # uniform probability on [0, π]
+    fx = act(math.sqrt(2.0) * np.cos(theta))
+    f = fx * wt
+    l = np.arange(n_terms, dtype=np.float64)
+    out = np.cos(np.outer(l, theta)) @ f
+    out[1:] *= math.sqrt(2.0)
+    ff = f * fx
+    return out, SeriesMoments(float(np.sum(ff)), float(np.sum(ff * np.cos(theta) ** 2)))
+
+
+#: The head of a series counts as converged when its relative Parseval tail is below this; then the
+#: truncated sums are used as they are (bit-identical to the plain series for analytic φ, whose
+#: coefficients decay geometrically), otherwise the tails are summed through the moments.
+_CONVERGED_PARSEVAL_RTOL = 1e-12
+
+
+@dataclass(frozen=True)
+class _GegenbauerSeries:
+    """Head (l < n) of the Gegenbauer series of φ on the batchnorm sphere and the moments that sum its tails.
+
+    a: the paper's coefficients, φ(√(B−1)x) = Σ a_l c_{B−1,l}⁻¹ C_l^{((B−3)/2)}(x) (Thm 3.4);
+    logn: log N_l; coef: the orthonormal b_l = a_l √N_l; pxi: R_l(ξ) = C_l(ξ)/C_l(1) at
+    ξ = −1/(B−1); moments: E f², E x² f², E(1−x²)f'² (:class:`SeriesMoments`);
+    summed: whether the head is unconverged, so that :meth:`single_point` returns the moment.
+
+    Why this sums the tails (Yang et al. 2019, Thms 3.4, 3.8, 3.9, F.13, F.22, F.24, G.5).  Every
+    series of the theory is a quadratic form in b whose weights split into a *single-point* part
+    (no R_l(ξ)) and a *two-point* part (a factor R_l(ξ) or R_{l+2}(ξ), from the addition theorem
+    E_v F(ê_1·v)H(ê_2·v) = Σ_l F_l H_l R_l(ξ)).  The single-point part is a moment of one
+    coordinate, E_μ[f² p(x)] or E_μ[(1−x²)f'²], which the quadrature rule of the coefficients gives
+    to 1e-14 whatever the smoothness of φ; the two-point part converges like |R_l(ξ)| b_l² l^k,
+    with |R_l(ξ)| ≲ l^{−(B−3)/2} (far faster for l ≲ B).  For φ with a kink b_l² ~ l^{−4} only once
+    l ≫ B (relu: b_l² l⁴ is still growing at l = 800 for B = 1024), so the plain sums converge like
+    n^{−3} (Parseval) and n^{−1} (Σ l(l+B−3) b_l²) from a large constant and no power-law tail model
+    is asymptotic at affordable n for large B; the moments need no model.
+    """
+
+    a: np.ndarray
+    logn: np.ndarray
+    coef: np.ndarray
+    pxi: np.ndarray
+    moments: SeriesMoments
+    summed: bool
+
+    def single_point(self, head_sum: float, moment: float) -> float:
+        """The full single-point series: its moment when the head is unconverged, else the head's sum."""
+        return float(moment) if self.summed else float(head_sum)
+
+    def two_point_bound(self, tail: float) -> float:
+        """Bound on the neglected two-point tail Σ_{l≥n} c_l R_l(ξ), given Σ_{l≥n} |c_l| ≤ ``tail``
+        (:func:`oscillating_tail_bound`)."""
+        return oscillating_tail_bound(self.pxi, tail)
+
+    @property
+    def parseval_tail(self) -> float:
+        """Σ_{l≥n} b_l² = E f² − Σ_{l<n} b_l² (≥ 0 up to rounding)."""
+        return max(self.moments.second - float(np.sum(self.coef**2)), 0.0)
+
+
+def _dynamics_series(act, batch_size: int, n_terms: int, *, dirichlet: bool = False) -> _GegenbauerSeries:
+    """The first ``n_terms`` Gegenbauer coefficients of φ(√(B−1)x) with their moments (:class:`_GegenbauerSeries`).
+
+    b_l from :func:`gegenbauer_series_moments` (B ≥ 4) or the Chebyshev
+    special case (B = 3, where the core's normalization c_{B−1,l} = (B−3)/(B−3+2l) vanishes);
+    R_l(ξ) from :func:`normalized_gegenbauer`.  ``dirichlet`` also
+    evaluates E(1−x²)f'² (B ≥ 4).  Accuracy: that of the core, ≈1e-14 ‖φ‖ per coefficient and
+    ≈1e-14 relative for the moments.
+    """
+    b = batch_size
+    l = np.arange(n_terms)
+    logn = _log_harmonic_dimension(l, b)
+    xi = -1.0 / (b - 1)
+    if b == 3:
+        bcoef, mom = _chebyshev_coefficients(act, n_terms)
+        pxi = np.cos(l * math.acos(xi))  # P_l = T_l (λ = 0)
+    else:
+        bcoef, mom = _series_moments(act, b, n_terms, dirichlet=dirichlet)
+        pxi = _normalized_gegenbauer(b, n_terms, np.array(xi))
+    a = bcoef * np.exp(-0.5 * logn)
+    head = float(np.sum(bcoef**2))
+    summed = mom.second - head > _CONVERGED_PARSEVAL_RTOL * abs(mom.second)
+    return _GegenbauerSeries(a, logn, bcoef, pxi, mom, bool(summed))

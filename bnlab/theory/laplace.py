@@ -33,8 +33,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from bnlab.activations import Activation
-from bnlab.theory._linalg import centering_matrix, tanh_sinh_panel
+from bnlab.theory._linalg import centering_matrix
+from bnlab.theory._quadrature.rules import tanh_sinh_panel
 from bnlab.theory.vphi import _kernel_closed_form, _quadrature, alpha_relu_kernel
 
 __all__ = ["laplace_transform", "require_homogeneous"]

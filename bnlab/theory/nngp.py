@@ -32,7 +32,9 @@ from __future__ import annotations
 import numpy as np
 
 from bnlab._validation import check_choice, check_finite_array, check_int, check_real
+from bnlab.activations import get_activation
 from bnlab.theory._checks import check_batch_size
+from bnlab.theory.batchnorm_map import _checked_sigma, _transform
 
 __all__ = ["nngp_kernel", "NNGP_METHODS"]
 
@@ -99,8 +101,6 @@ def nngp_kernel(
     if x.shape[1] < 1:
         raise ValueError(f"inputs is not allowed: expected shape (B, d) with d >= 1, got {x.shape}")
     depth = check_int("depth", depth, minimum=1)
-    from bnlab.activations import get_activation
-
     phi = get_activation(phi)
     eps = check_real("eps", eps, minimum=0.0)
     sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
@@ -115,8 +115,6 @@ def nngp_kernel(
     ones = np.ones((b, b))
     sigma = sigma_w2 * (x @ x.T) / x.shape[1] + sigma_b2 * ones
     layers = [sigma]
-    from bnlab.theory.batchnorm_map import batchnorm_transform
-
     if method == "montecarlo" and n_samples is None:
         n_samples = _DEFAULT_SAMPLES
     for layer in range(2, depth + 1):
@@ -126,7 +124,7 @@ def nngp_kernel(
                 f"inputs is not allowed with eps=0: at layer {layer - 1} all batch elements are identical "
                 "(zero batch variance), so batchnorm divides by zero; use eps > 0 or distinct inputs"
             )
-        v = np.asarray(batchnorm_transform(phi, sigma, method=method, eps=eps, n_samples=n_samples, seed=seed + layer))
+        v = np.asarray(_transform(phi, *_checked_sigma(sigma, eps), method, n_samples, seed + layer))
         sigma = sigma_w2 * v + sigma_b2 * ones
         sigma = 0.5 * (sigma + sigma.T)
         layers.append(sigma)

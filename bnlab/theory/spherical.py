@@ -27,7 +27,7 @@ agree to ``tol`` (relative, default 1e-12); their difference is returned as the 
 ε > 0 the norm no longer cancels: the arguments are multiplied by
 s(u) = √(2uμ/(2uμ + Bε)) and averaged over u = ‖x‖²/2 ~ Gamma((B−1)/2)
 with the trapezoid rule in log u (exponentially convergent for every ε > 0,
-≲ 1e-14; see ``_radial_rule``).
+≲ 1e-14; see :func:`bnlab.theory._quadrature.rules.eps_scale_rule`).
 
 **General Σ — randomized quasi-Monte Carlo.**  The change of variables
 v ↦ Lv/‖Lv‖ (L Lᵀ = 𝔢ᵀΣ𝔢) has Jacobian 𝒦(v; Σ), so the spherical integral
@@ -55,84 +55,20 @@ import numpy as np
 from scipy import special
 
 from bnlab.activations import Activation
-from bnlab.theory._kinks import kinks_of, theta_cuts
-from bnlab.theory._linalg import im_g_basis, tanh_sinh_panel
+from bnlab.theory._linalg import im_g_basis
+from bnlab.theory._quadrature.kinks import theta_cuts
+from bnlab.theory._quadrature.rules import eps_scale_rule, sin_power_panels, sin_power_weight, tanh_sinh_panel
 
-__all__ = ["isotropic_transform_entries", "qmc_transform", "sphere_log_normalizer"]
+__all__ = ["isotropic_transform_entries", "qmc_transform"]
 
 _MAX_LEVEL = 7
 
 
-def sphere_log_normalizer(power: float) -> float:
-    """log ∫₀^π sin^k θ dθ = log(√π Γ((k+1)/2)/Γ(k/2 + 1))."""
-    k = float(power)
-    return 0.5 * math.log(math.pi) + special.gammaln(0.5 * (k + 1.0)) - special.gammaln(0.5 * k + 1.0)
-
-
-def _log_sin(theta):
-    """log sin θ on [0, π], accurate near θ = π/2 (where the weights of large B concentrate)."""
-    theta = np.asarray(theta, dtype=np.float64)
-    delta = 0.5 * math.pi - theta
-    near = np.abs(delta) < 0.5
-    with np.errstate(divide="ignore"):
-        far_val = np.log(np.sin(np.where(near, 1.0, theta)))
-    near_val = np.log1p(-2.0 * np.sin(0.5 * np.where(near, delta, 0.0)) ** 2)
-    return np.where(near, near_val, far_val)
-
-
-def _sin_power_weight(theta, power: float, quad_w):
-    """Quadrature weights times sin^k θ, normalized so that they sum to 1 along the last axes.
-
-    Normalizing with the same rule (instead of by Z = √π Γ((k+1)/2)/Γ(k/2+1))
-    avoids the cancellation of two log-gammas of size ~k log k for large B and
-    cancels the quadrature error of the weight itself.
-    """
-    if power == 0:
-        w = np.asarray(quad_w, dtype=np.float64)
-    else:
-        lw = power * _log_sin(theta)
-        lw = np.where(np.isfinite(lw), lw, -np.inf)
-        lw = lw - np.max(lw, axis=-1, keepdims=True)
-        w = quad_w * np.exp(lw)
-    return w / np.sum(w, axis=-1, keepdims=True)
-
-
-def _radial_rule(batch_size: int, mu: float, eps: float):
-    """Nodes s(u) and weights of E_u[f(s(u))], u ~ Gamma((B−1)/2, 1), s(u) = √(2uμ/(2uμ + Bε)).
-
-    Trapezoid rule in y = log u: the integrand u^k e^{−u} f(s(u)) is analytic
-    in the strip |Im y| < π/2 whatever ε (the pole of s at u = −Bε/(2μ) sits
-    at Im y = π), so the rule converges exponentially, e^{−2π(π/2)/h}, even
-    for tiny ε (a Gauss–Laguerre rule in u converges only as fast as
-    −Bε/(2μ) is far from 0).  Step h = min(1/4, 1/(2√k)) resolves the peak of
-    width 1/√k for large B; nodes with weight < 1e-20 of the largest are
-    dropped; weights are normalized by their sum.  Accuracy ≲ 1e-14.
-    """
-    if eps == 0.0:
-        return np.ones(1), np.ones(1)
-    k = 0.5 * (batch_size - 1)
-    h = min(0.25, 0.5 / math.sqrt(k))
-    y_mode = math.log(k)
-    y_lo = y_mode - max(50.0 / k, 14.0 / math.sqrt(k))
-    y_hi = math.log(k + 14.0 * math.sqrt(k) + 50.0)
-    y = np.arange(y_lo, y_hi + h, h)
-    logw = k * y - np.exp(y)
-    logw -= logw.max()
-    keep = logw > math.log(1e-20)
-    u = np.exp(y[keep])
-    w = np.exp(logw[keep])
-    w /= w.sum()
-    s = np.sqrt(2.0 * u * mu / (2.0 * u * mu + batch_size * eps))
-    return s, w
-
-
 def _diag_integral(phi: Activation, batch_size: int, level: int, scales, sweights) -> float:
     a = math.sqrt(batch_size - 1.0)
-    # panels end at θ = π/2 (φ's kink at 0) and at arccos(k/a) for kinks k ≠ 0 (bnlab.theory._kinks)
+    # panels end at θ = π/2 (φ's kink at 0) and at arccos(k/a) for kinks k ≠ 0 (bnlab.theory._quadrature.kinks)
     ends = np.array(sorted({0.0, 0.5 * math.pi, math.pi, *theta_cuts(phi, a)}))
-    theta, w = tanh_sinh_panel(ends[:-1], ends[1:], level)
-    theta, w = theta.ravel(), w.ravel()
-    w = _sin_power_weight(theta, batch_size - 3.0, w)
+    theta, w = sin_power_panels(ends, batch_size - 3.0, level)
     arg = a * np.cos(theta)[:, None] * scales[None, :]
     vals = phi(arg) ** 2 @ sweights
     return float(vals @ w)
@@ -148,9 +84,9 @@ def _offdiag_integral(phi: Activation, batch_size: int, level: int, scales, swei
     # the inner ψ-integral is not smooth in θ there.
     tc = math.asin(abs(rho))
     cut_set = {0.0, tc, 0.5 * math.pi, math.pi - tc, math.pi}
-    # kinks k ≠ 0 (bnlab.theory._kinks): φ's first argument a cos θ = k, and the kink curve
+    # kinks k ≠ 0 (bnlab.theory._quadrature.kinks): φ's first argument a cos θ = k, and the kink curve
     # a(ρ cos θ + √(1−ρ²) sin θ cos ψ) = k enters/leaves the ψ-range: cos(θ ∓ δ) = k/a, ρ = cos δ
-    kinks = [k for k in kinks_of(phi) if k != 0.0]
+    kinks = [k for k in phi.kinks if k != 0.0]
     delta = math.acos(rho)
     for k in kinks:
         if abs(k) < a:
@@ -161,9 +97,7 @@ def _offdiag_integral(phi: Activation, batch_size: int, level: int, scales, swei
                 if 0.0 < cand < math.pi:
                     cut_set.add(cand)
     cuts = np.array(sorted(cut_set))
-    theta, wt = tanh_sinh_panel(cuts[:-1], cuts[1:], level)
-    theta, wt = theta.ravel(), wt.ravel()
-    wt = _sin_power_weight(theta, b - 3.0, wt)
+    theta, wt = sin_power_panels(cuts, b - 3.0, level)
     ct, st = np.cos(theta), np.sin(theta)
     if b == 3:
         psi = np.array([[0.0, math.pi]] * theta.size)
@@ -182,7 +116,7 @@ def _offdiag_integral(phi: Activation, batch_size: int, level: int, scales, swei
         psi, wp = tanh_sinh_panel(lo, hi, level)  # (nθ, 2, nψ)
         psi = psi.reshape(theta.size, -1)
         wp = wp.reshape(theta.size, -1)
-        wp = _sin_power_weight(psi, b - 4.0, wp)
+        wp = sin_power_weight(psi, b - 4.0, wp)
     x1 = a * ct  # (nθ,)
     x2 = a * (rho * ct[:, None] + srho * st[:, None] * np.cos(psi))  # (nθ, nψ)
     f1 = phi(x1[:, None] * scales[None, :])  # (nθ, nr)
@@ -203,14 +137,14 @@ def isotropic_transform_entries(
     alpha = phi.homogeneity
     if eps > 0 and alpha is not None and alpha > 0 and phi.homogeneous_coeffs is not None:
         # φ(s x) = s^α φ(x) for s > 0: the radial average factors out exactly
-        scales, sweights = _radial_rule(b, mu, eps)
+        scales, sweights = eps_scale_rule(b, mu, eps)
         factor = float(np.sum(sweights * scales ** (2.0 * alpha)))
         d, o, err = isotropic_transform_entries(phi, b, mu=mu, eps=0.0, tol=tol)
         return factor * d, factor * o, factor * err
-    scales, sweights = _radial_rule(b, mu, eps)
-    if eps > 0 and any(k != 0.0 for k in kinks_of(phi)):
+    scales, sweights = eps_scale_rule(b, mu, eps)
+    if eps > 0 and any(k != 0.0 for k in phi.kinks):
         # kinks away from 0 move with the radial scale s (φ(s x) is kinked at k/s): integrate each
-        # scale with its own cuts, as the ε = 0 entries of x ↦ φ(s x) (bnlab.theory._kinks)
+        # scale with its own cuts, as the ε = 0 entries of x ↦ φ(s x) (bnlab.theory._quadrature.kinks)
         parts = np.array(
             [isotropic_transform_entries(phi.with_affine(float(sc), 0.0), b, eps=0.0, tol=tol) for sc in scales]
         )

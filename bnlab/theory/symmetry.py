@@ -62,11 +62,17 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize
 
 from bnlab._validation import check_int, check_real
 from bnlab.activations import Activation, get_activation
 from bnlab.theory._checks import check_batch_size
+from bnlab.theory._quadrature.rules import beta_moment
+from bnlab.theory._quadrature.sphere import angle_rule, pair_nodes
+from bnlab.theory._routes import MAX_MONTECARLO_SECONDS, relu_or_identity
+from bnlab.theory.batchnorm_map import _montecarlo as _transform_montecarlo
+from bnlab.theory.epsilon import _forward_gap, _is_homogeneous
+from bnlab.theory.forward import _forward_eigenvalues
+from bnlab.theory.vphi import _homogeneous_fixed_point
 
 __all__ = [
     "BSB1Stability",
@@ -141,17 +147,15 @@ class BSB2FixedPoint:
 
 def _sphere_terms(phi: Activation, b: int):
     """(a1, e1, e12, a12, b12) = E v̂1²φ1², E φ1², E φ1φ2, E v̂1²φ1φ2, E v̂1φ1v̂2φ2."""
-    from bnlab.theory.epsilon import _angle_rule, _is_homogeneous, _pair_nodes, _radial_moment
-
     vh2 = (b - 1) / b
     root = math.sqrt(b - 1)
     if _is_homogeneous(phi):
         # φ(√(B−1)√T cos θ) = (B−1)^{α/2} T^{α/2} φ(cos θ); each term is T^{α} or T^{α+1}
         a = phi.homogeneity
-        c1, c2, w = _angle_rule(b, 256, True)
+        c1, c2, w = angle_rule(b, 256, True)
         p1, p2 = phi(c1), phi(c2)
         amp = (b - 1) ** a
-        m0, m1 = _radial_moment(b, a), _radial_moment(b, a + 1)
+        m0, m1 = beta_moment(b, a), beta_moment(b, a + 1)
         return (
             amp * m1 * vh2 * float(w @ (c1 * c1 * p1 * p1)),
             amp * m0 * float(w @ (p1 * p1)),
@@ -159,7 +163,7 @@ def _sphere_terms(phi: Activation, b: int):
             amp * m1 * vh2 * float(w @ (c1 * c1 * p1 * p2)),
             amp * m1 * vh2 * float(w @ (c1 * p1 * c2 * p2)),
         )
-    x1, x2, w = (arr[0] for arr in _pair_nodes(phi, b, np.array([root])))
+    x1, x2, w = (arr[0] for arr in pair_nodes(phi, b, np.array([root])))
     p1, p2 = phi(root * x1), phi(root * x2)
     return (
         vh2 * float(w @ (x1 * x1 * p1 * p1)),
@@ -191,17 +195,10 @@ def _stability_values(phi: Activation, b: int) -> BSB1Stability:
         # positive-homogeneous φ: the closed forms (Thm 3.7 for relu/identity, Thm F.33 otherwise).  The
         # sphere sums below cancel like B·1e-16 while 1 − λ_L↑ ≈ 2.27/B for relu (issue 13: relu at
         # B = 3e8 came out BSB2); the closed forms keep λ_L↑ = 1 − gap correctly rounded to B = 1e12
-        from bnlab.theory.fixed_point import bsb1_fixed_point
-        from bnlab.theory.forward import forward_eigenvalues
-
-        from bnlab.theory._dynamics_common import _relu_or_identity
-
-        fw = forward_eigenvalues(phi, b, method="closed" if _relu_or_identity(phi) else "laplace")
-        fp = bsb1_fixed_point(phi, b, method="closed")
-        return BSB1Stability(batch_size=b, lambda_L=fw.lambda_L, lambda_M=fw.lambda_M, mu_star=fp.mu_star)
+        fw = _forward_eigenvalues(phi, b, "closed" if relu_or_identity(phi) else "laplace")
+        q, qc = _homogeneous_fixed_point(phi, b)  # the closed BSB1 fixed point (Thm F.8)
+        return BSB1Stability(batch_size=b, lambda_L=fw.lambda_L, lambda_M=fw.lambda_M, mu_star=float(q) - float(qc))
     a1, e1, e12, a12, b12 = _sphere_terms(phi, b)
-    from bnlab.theory.epsilon import _forward_gap
-
     mu = float(_forward_gap(phi, b, np.array([1.0]))[0])  # d − f without cancellation
     if not mu > 0:
         raise ValueError(f"phi={phi.spec!r} is constant on the batch sphere: the BSB1 fixed point is degenerate (μ* = 0)")
@@ -260,14 +257,12 @@ def _bsb1_deviation(sigma: np.ndarray) -> float:
 
 def _iterate_kind(phi: Activation, b: int, depth: int, seed, n_samples: int, threshold: float = 0.3):
     """Iterate the MC map from a generic Σ⁰; return (kind, deviation averaged over the last layers)."""
-    from bnlab.theory.batchnorm_map import batchnorm_transform_montecarlo
-
     rng = np.random.default_rng(seed)
     sigma = _generic_start(b, rng)
     devs = []
     tail = max(1, depth // 5)
     for layer in range(depth):
-        sigma, _ = batchnorm_transform_montecarlo(phi, sigma, n_samples=n_samples, seed=rng)
+        sigma, _ = _transform_montecarlo(phi, sigma, b, 0.0, n_samples, rng)
         sigma = 0.5 * (sigma + sigma.T)
         if layer >= depth - tail:
             devs.append(_bsb1_deviation(sigma))
@@ -286,8 +281,6 @@ _NOISE_FLOOR_LIMIT = 0.15
 
 def _check_iteration_cost(b: int, depth: int, n_samples: int) -> None:
     """Refuse a confirmation that would take minutes, exhaust memory or be decided by sampling noise."""
-    from bnlab.theory._dynamics_common import MAX_MONTECARLO_SECONDS
-
     secs = depth * n_samples * float(b) ** 2 * _ITERATION_SECONDS_PER_UNIT
     floor = math.sqrt(b / n_samples)
     if secs > MAX_MONTECARLO_SECONDS:
@@ -434,7 +427,9 @@ def alpha_transition(batch_size, *, rtol=1e-6) -> float:
                 f"{excess(hi) + 1:.6g} < 1 there (for B = 3 and B = 4 λ_L↑ stays below 1 as α grows)"
             )
         lo = hi
-    return float(optimize.brentq(excess, lo, hi, rtol=max(rtol, 4 * np.finfo(float).eps), xtol=1e-14))
+    from scipy.optimize import brentq  # here: scipy.optimize takes ≈1 s to import, and only α_transition needs it
+
+    return float(brentq(excess, lo, hi, rtol=max(rtol, 4 * np.finfo(float).eps), xtol=1e-14))
 
 
 def bsb2_fixed_point(phi, batch_size) -> BSB2FixedPoint:

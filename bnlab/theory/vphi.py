@@ -62,7 +62,7 @@ from scipy import special
 
 from bnlab._validation import check_choice, check_psd_matrix
 from bnlab.activations import Activation, get_activation
-from bnlab.theory._linalg import tanh_sinh_panel
+from bnlab.theory._quadrature.rules import tanh_sinh_panel, tanh_sinh_unit
 
 __all__ = ["gaussian_kernel", "KERNEL_METHODS", "has_closed_form", "homogeneous_kernel"]
 
@@ -113,6 +113,14 @@ def alpha_relu_second_moment(alpha: float) -> float:
     return math.exp((alpha - 1.0) * math.log(2.0) + special.gammaln(alpha + 0.5) - 0.5 * math.log(math.pi))
 
 
+def _relu_arccos_kernel(c: float) -> tuple[float, float]:
+    """J_1(c) = (√(1−c²) + (π − arccos c) c)/π and J_1'(c) = (π − arccos c)/π (Cho & Saul 2009),
+    as 2 k_1(c) and 2 k_0(c) with k_α = :func:`alpha_relu_kernel` (c_1 = 1/2; Price: k_1' = k_0).
+    Agrees with the elementary form to 2e-16 at c = −1/(B−1).  The kernel of the closed forms of the
+    dynamics for relu (Yang et al. 2019, Thms 3.7, 3.10, 3.11)."""
+    return 2.0 * float(alpha_relu_kernel(1.0, c)), 2.0 * float(alpha_relu_kernel(0.0, c))
+
+
 def homogeneous_kernel(phi: Activation, c):
     """k_φ(c) = E[φ(x)φ(y)] for unit-variance Gaussians of correlation c, φ positive-homogeneous.
 
@@ -122,6 +130,50 @@ def homogeneous_kernel(phi: Activation, c):
     a, b = phi.homogeneous_coeffs
     c = np.asarray(c, dtype=np.float64)
     return (a * a + b * b) * alpha_relu_kernel(alpha, c) - 2.0 * a * b * alpha_relu_kernel(alpha, -c)
+
+
+# ---------------------------------------------------------------------------
+# what the closed forms of the fixed point and the dynamics need of a positive-homogeneous φ
+# ---------------------------------------------------------------------------
+def _k_alpha_b(alpha: float, b: int) -> float:
+    """K_{α,B} = c_α Γ((B−1)/2)/Γ((B−1)/2 + α) ((B−1)/2)^α (Yang et al. 2019, Defn F.6)."""
+    h = 0.5 * (b - 1)
+    # log Γ(h+α) − log Γ(h) for large h without cancellation: poch is exact-ratio based
+    ratio = special.poch(h, alpha)
+    return alpha_relu_second_moment(alpha) * math.exp(alpha * math.log(h) - math.log(ratio))
+
+
+def _homogeneous_fixed_point(act: Activation, b: int) -> tuple[float, float]:
+    """(q*, q*c*) of the BSB1 fixed point for positive-homogeneous φ of degree α (Yang et al. 2019, Thm F.8):
+    q* = K_{α,B} J_φ(1), q*c* = K_{α,B} J_φ(−1/(B−1)), evaluated as (K_{α,B}/c_α)·k_φ(c) with k_φ = c_α J_φ."""
+    alpha = float(act.homogeneity)
+    k = _k_alpha_b(alpha, b) / alpha_relu_second_moment(alpha)
+    return k * float(homogeneous_kernel(act, 1.0)), k * float(homogeneous_kernel(act, -1.0 / (b - 1)))
+
+
+def _homogeneous_kernel_values(act, b: int) -> dict:
+    """c_α, J_φ(1), J_φ(ξ), J'_φ(ξ), J'_φ(0) (ξ = −1/(B−1)) and μ* for φ = aρ_α − bρ_α(−·): what the Laplace
+    closed forms of the dynamics need (Thms F.33, G.12, H.14).
+
+    c_α J_φ(c) = k_φ(c) = E φ(x)φ(y) for unit Gaussians of correlation c (Defn E.7, E.9,
+    :func:`bnlab.theory.vphi.homogeneous_kernel`, hypergeometric closed form), and by Price's
+    theorem k_φ'(c) = α²((a²+b²) k_{α−1}(c) + 2ab k_{α−1}(−c)) (valid for |c| < 1, α > 0).
+    μ* = q*(1 − c*) from the closed BSB1 fixed point (Thm F.8, :func:`_homogeneous_fixed_point`).
+    """
+    al = float(act.homogeneity)
+    a, bb = act.homogeneous_coeffs
+    ca = alpha_relu_second_moment(al)
+    xi = -1.0 / (b - 1)
+
+    def dk(c):
+        return al * al * ((a * a + bb * bb) * alpha_relu_kernel(al - 1.0, c) + 2 * a * bb * alpha_relu_kernel(al - 1.0, -c))
+
+    q, qc = _homogeneous_fixed_point(act, b)
+    c = qc / q if q != 0 else float("nan")
+    return dict(
+        alpha=al, c_alpha=ca, J1=float(homogeneous_kernel(act, 1.0)) / ca, Jxi=float(homogeneous_kernel(act, xi)) / ca,
+        dJxi=float(dk(xi)) / ca, dJ0=float(dk(0.0)) / ca, mu=q * (1.0 - c),
+    )
 
 
 def _closed(phi: Activation, sigma: np.ndarray, kind: str) -> np.ndarray:
@@ -177,7 +229,7 @@ def _quadrature(phi: Activation, sigma: np.ndarray, level: int = 4) -> np.ndarra
     b = sigma.shape[0]
     iu, ju = np.triu_indices(b)
     out = np.empty(iu.size)
-    n_nodes = 5 * len(_tanh_sinh_nodes(level)) * len(_tanh_sinh_nodes(level))
+    n_nodes = 5 * len(tanh_sinh_unit(level)[0]) ** 2
     chunk = max(1, int(4e6 // n_nodes))
     for start in range(0, iu.size, chunk):
         sl = slice(start, start + chunk)
@@ -187,12 +239,6 @@ def _quadrature(phi: Activation, sigma: np.ndarray, level: int = 4) -> np.ndarra
     res[iu, ju] = out
     res[ju, iu] = out
     return res
-
-
-def _tanh_sinh_nodes(level):
-    from bnlab.theory._linalg import _tanh_sinh_unit
-
-    return _tanh_sinh_unit(level)[0]
 
 
 def gaussian_kernel(phi, Sigma, *, method: str = "auto") -> np.ndarray:

@@ -1,5 +1,5 @@
 """What the forward, backward and cross-batch dynamics share: their routes agree with each other, and
-one prologue (bnlab.theory._dynamics_common._choose_route) resolves φ, checks B and the method and
+one prologue (bnlab.theory._routes.plan_route) resolves φ, checks B and the method and
 chooses the route for all three (Yang et al. 2019, Thms 3.7, 3.10, 3.11, G.12, H.6).
 
 Each dynamics is described once (``DYNAMICS``): its public function and the quantities it returns.
@@ -118,10 +118,12 @@ def test_one_refusal_per_bad_input(dynamics, phi, b, kwargs, match):
         DYNAMICS[dynamics][0](phi, b, **kwargs)
 
 
-@pytest.mark.parametrize("dynamics", list(DYNAMICS))
-def test_phi_is_resolved_once_and_handed_down(dynamics, monkeypatch):
-    # the entry resolves φ with get_activation exactly once; the routes below take the Activation
+def _count_resolutions(monkeypatch) -> list:
+    """Replace get_activation wherever a theory module looks it up by a counting wrapper; the list of calls."""
+    import sys
+
     import bnlab.activations as activations
+    import bnlab.theory  # noqa: F401  (every module below is imported by the calls anyway)
 
     calls = []
     real = activations.get_activation
@@ -131,8 +133,50 @@ def test_phi_is_resolved_once_and_handed_down(dynamics, monkeypatch):
         return real(phi, **kw)
 
     monkeypatch.setattr(activations, "get_activation", counting)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("bnlab.theory") and getattr(module, "get_activation", None) is real:
+            monkeypatch.setattr(module, "get_activation", counting)
+    return calls
+
+
+@pytest.mark.parametrize("dynamics", list(DYNAMICS))
+def test_phi_is_resolved_once_and_handed_down(dynamics, monkeypatch):
+    # the entry resolves φ with get_activation exactly once; the routes below take the Activation
+    import bnlab.theory.analyze  # noqa: F401  (load every theory module before the counter is installed)
+
+    calls = _count_resolutions(monkeypatch)
     DYNAMICS[dynamics][0]("tanh", 8, method="sphere")
     assert calls == ["tanh"]
+
+
+@pytest.mark.parametrize("call", [
+    lambda T: T.analyze("tanh", 8),
+    lambda T: T.analyze("relu", 8, beta=0.5),
+    lambda T: T.analyze("relu", 8, method="laplace"),
+    lambda T: T.analyze("tanh", 8, method="gegenbauer"),
+    lambda T: T.analyze("tanh", 8, eps=0.1),
+    lambda T: T.bsb1_fixed_point("tanh", 8),
+    lambda T: T.bsb1_stability("relu", 8),
+    lambda T: T.fixed_point_kind("relu", 8, depth=None),
+    lambda T: T.gradient_explosion_rate("tanh", 8),
+    lambda T: T.gradient_explosion_rate("tanh", 8, eps=0.1),
+    lambda T: T.cross_batch_fixed_point("tanh", 8),
+    lambda T: T.cross_batch_rate("tanh", 8),
+    lambda T: T.weight_gradient_norms("tanh", 8, 3),
+    lambda T: T.iterate_batch_covariance("tanh", __import__("numpy").eye(5), 2),
+    lambda T: T.nngp_kernel(__import__("numpy").eye(5), 3, "tanh"),
+], ids=["analyze", "analyze-kinked", "analyze-laplace", "analyze-gegenbauer", "analyze-eps", "bsb1_fixed_point",
+        "bsb1_stability", "fixed_point_kind", "gradient_explosion_rate", "gradient_explosion_rate-eps",
+        "cross_batch_fixed_point", "cross_batch_rate", "weight_gradient_norms", "iterate_batch_covariance", "nngp_kernel"])
+def test_every_public_function_resolves_phi_once(call, monkeypatch):
+    # get_activation's promise ("resolved once and handed down"): one resolution per public call, however many
+    # building blocks the call runs (analyze runs the fixed point, the three dynamics and the verdict)
+    import bnlab.theory as T
+    import bnlab.theory.analyze  # noqa: F401
+
+    calls = _count_resolutions(monkeypatch)
+    call(T)
+    assert len(calls) == 1, calls
 
 
 def test_an_activation_resolves_to_itself():
@@ -142,7 +186,7 @@ def test_an_activation_resolves_to_itself():
 
 
 # ---------------------------------------------------------------------------
-# the spherical brackets summed per run of equal u_1 (bnlab.theory._dynamics_common.sphere_brackets_*)
+# the spherical brackets summed per run of equal u_1 (_sphere_brackets of forward and backward)
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("b", [3, 4, 9, 40])
 def test_conditional_moments_as_polynomials(b):
@@ -150,7 +194,8 @@ def test_conditional_moments_as_polynomials(b):
     # only rounding separates them (terms O(1), so 1e-14 absolute)
     import numpy as np
 
-    from bnlab.theory._dynamics_common import _conditional_coefficients, _conditional_moments
+    from bnlab.theory._quadrature.sphere import conditional_coefficients as _conditional_coefficients
+    from bnlab.theory._quadrature.sphere import conditional_moments as _conditional_moments
 
     rng = np.random.default_rng(0)
     x, y = rng.uniform(-0.6, 0.6, (2, 50))
@@ -173,10 +218,11 @@ def test_run_sums_equal_the_node_by_node_sums(spec, radial, b):
 
     import numpy as np
 
-    from bnlab.theory._dynamics_common import (
-        _conditional_moments, sphere_brackets_backward, sphere_brackets_forward, sphere_marginals,
-    )
-    from bnlab.theory._kinks import sphere_grid_for
+    from bnlab.theory._quadrature.sphere import conditional_moments as _conditional_moments
+    from bnlab.theory._quadrature.sphere import sphere_grid_for
+    from bnlab.theory.backward import _sphere_brackets as sphere_brackets_backward
+    from bnlab.theory.cross_batch import _sphere_marginals as sphere_marginals
+    from bnlab.theory.forward import _sphere_brackets as sphere_brackets_forward
 
     d = dict(spec)
     act = get_activation(d.pop("phi"), **d)

@@ -16,7 +16,9 @@ import torch
 
 from bnlab.activations import get_activation
 from bnlab.theory import SmallBatchWarning
-from bnlab.theory.epsilon import _chi2_log_rule, _pair_rule, epsilon_analysis
+from bnlab.theory._quadrature.rules import chi2_log_rule as _chi2_log_rule
+from bnlab.theory._quadrature.sphere import pair_rule as _pair_rule
+from bnlab.theory.epsilon import epsilon_analysis
 
 
 def _j1(c):
@@ -318,7 +320,7 @@ def test_scaling_law_property(ratio, sw2, sb2, b, alpha):
 @pytest.mark.parametrize("b", [4, 8, 32])
 @pytest.mark.parametrize("k", [0.05, 0.3, 0.9, 1.5])
 def test_kinked_pair_rule_reproduces_sphere_moments(b, k):
-    from bnlab.theory.epsilon import _kinked_pair_nodes
+    from bnlab.theory._quadrature.sphere import kinked_pair_nodes as _kinked_pair_nodes
 
     n = b - 1
     x1, x2, w = (a[0] for a in _kinked_pair_nodes(b, np.array([k])))
@@ -341,12 +343,12 @@ def test_shifted_relu_is_affine_on_the_b4_sphere():
 def test_shifted_relu_self_convergence(b, eps, monkeypatch):
     # kink-aligned rule (20 radial × 16 angular per arc) vs 40 × 40: measured ≤ 2e-6 relative
     # (the unaligned rule was 4e-4 at B = 32) → tolerance 1e-5.
-    from bnlab.theory import epsilon as E
+    from bnlab.theory._quadrature import sphere as S
 
     phi = get_activation("relu", beta=2.0)
     coarse = epsilon_analysis(phi, b, eps)
-    orig = E._kinked_pair_nodes
-    monkeypatch.setattr(E, "_kinked_pair_nodes", lambda bb, k, n_radial=40, n_angular=40: orig(bb, k, n_radial, n_angular))
+    orig = S.kinked_pair_nodes
+    monkeypatch.setattr(S, "kinked_pair_nodes", lambda bb, k, n_radial=40, n_angular=40: orig(bb, k, n_radial, n_angular))
     fine = epsilon_analysis(phi, b, eps)
     assert coarse.q_star == pytest.approx(fine.q_star, rel=1e-8)
     assert coarse.c_star == pytest.approx(fine.c_star, rel=1e-7)
@@ -381,8 +383,8 @@ def test_sub_linear_alpha_relu_rate_converges(monkeypatch):
 
     phi = get_activation("alpha_relu", alpha=0.75)
     coarse = epsilon_analysis(phi, 8, 0.1).grad_explosion_rate
-    orig = E._angle_rule
-    monkeypatch.setattr(E, "_angle_rule", lambda b, n=256, graded=False: orig(b, 1024, graded))
+    orig = E.angle_rule
+    monkeypatch.setattr(E, "angle_rule", lambda b, n=256, graded=False: orig(b, 1024, graded))
     E._homogeneous_angular.cache_clear()
     try:
         fine = epsilon_analysis(phi, 8, 0.1).grad_explosion_rate

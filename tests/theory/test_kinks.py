@@ -1,7 +1,7 @@
 """φ with kinks anywhere: every deterministic route agrees, Monte Carlo within 3 SE (issue 13, item 1).
 
 Why these tolerances.  The routes compared are independent quadratures of the same integrals:
-the kink-split Cartesian rule on the sphere (bnlab.theory._kinks, ≤ 1e-13 on piecewise-analytic
+the kink-split Cartesian rule on the sphere (bnlab.theory._quadrature.sphere.cartesian_sphere_grid, ≤ 1e-13 on piecewise-analytic
 integrands), the Gegenbauer series with coefficients on a rule split at every kink (single-point
 tails summed exactly; the two-point remainder is largest at B = 4, 5: measured ≤ 7e-7 at B = 4
 for relu(x + 1), ≤ 1e-9 at B ≥ 5), the Laplace/closed forms for positive-homogeneous φ (rounding),
@@ -234,7 +234,7 @@ def test_max_min_theory_equals_relus(expr, b):
     # max(x, 0) = relu; min(x, 0) = −relu(−x), and the theory is invariant under φ → −φ (second moments)
     # and x → −x (the sphere measure is symmetric), so all three have relu's theory.  The expressions take
     # the kink-split sphere/Gegenbauer routes (not recognized as homogeneous), relu the closed forms
-    # (Thms 3.7, 3.10, 3.11, G.12, H.6): the kink rule's error is ≤ 4e-13 for B ≥ 5 (bnlab.theory._kinks),
+    # (Thms 3.7, 3.10, 3.11, G.12, H.6): the kink rule's error is ≤ 4e-13 for B ≥ 5 (bnlab.theory._quadrature.sphere),
     # the Gegenbauer fixed point's ≤ 1e-9, so 1e-8 relative.  Without the traced kink at 0 the sphere
     # routes are cut at 0 anyway, but an untraced kink would put the Gegenbauer coefficients on an
     # unsplit rule: the fixed point would be off by ~1e-5 (see test_agreement_test_fails_without_the_kink_split).
@@ -282,7 +282,7 @@ def test_max_with_a_number_off_zero_needs_its_traced_kink():
      (dict(phi="abs(x - 0.5)**1.5"), False), (dict(phi="sqrt(abs(x)) + x"), False)],
 )
 def test_piecewise_analytic_classification(spec, want):
-    from bnlab.theory._kinks import piecewise_analytic
+    from bnlab.theory._quadrature.kinks import piecewise_analytic
 
     d = dict(spec)
     assert piecewise_analytic(get_activation(d.pop("phi"), **d)) is want
