@@ -1,0 +1,85 @@
+"""``bnlab advise`` on four networks at batch 64: CPU seconds per part (the issue's budget: 60 s each on 2 cores).
+
+The networks: a 10-layer BN-MLP (Linear → BatchNorm1d → ReLU, width 256) and a user-written conv net
+(``benchmarks/_advise_user_model.py``, loaded by ``module:factory`` as the command line does) on MNIST; a small
+CNN (bnlab's ``BNPCNN``, Lange et al.'s 5-layer CNN) on MNIST and ResNet-20 (``bnlab.nets.resnet(20)``) on
+random 3×32×32 inputs (CIFAR-10 is not shipped offline).  Cross-entropy, SGD lr 0.1, momentum 0.9.
+
+Timing: one torch thread and the process's CPU time per part (``Advice.cpu_seconds``), because this machine is
+shared: CPU time leaves out the other jobs' load, and with one thread it is also an upper bound on the wall time
+of an idle 2-core machine (which can only be faster with its second core).  Wall time is printed beside it.
+The first network also pays the one-off imports (scipy, the theory's routes).
+
+Usage::
+
+    python benchmarks/bench_advise.py [--only resnet20] [--json out.json] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+BUDGET_S = 60.0
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def cases():
+    import torch
+
+    from bnlab.advice import load_model
+    from bnlab.nets import BNPCNN, MLP, resnet
+
+    gen = torch.Generator().manual_seed(0)
+    cifar_like = (torch.randn(64, 3, 32, 32, generator=gen), torch.randint(0, 10, (64,), generator=gen))
+    return {
+        "bn-mlp": (lambda: MLP(784, [256] * 10, 10, norm="bn", seed=0), "mnist"),
+        "small-cnn": (lambda: BNPCNN((1, 28, 28), 10, seed=0), "mnist"),
+        "resnet20": (lambda: resnet(20, 10, seed=0), cifar_like),
+        "user-module": (lambda: load_model(f"{HERE / '_advise_user_model.py'}:build"), "mnist"),
+    }
+
+
+def run_case(name: str, build, data, **kw) -> dict:
+    from bnlab.advice import advise
+
+    model = build()
+    t = time.perf_counter()
+    advice = advise(model, data, loss="cross_entropy", lr=0.1, momentum=0.9, batch_size=64, **kw)
+    wall = time.perf_counter() - t
+    cpu = dict(advice.cpu_seconds)
+    return {"network": name, "parameters": advice.structure.num_params, "cpu_s": cpu,
+            "cpu_total_s": sum(cpu.values()), "wall_total_s": wall, "wall_s": dict(advice.seconds),
+            "verdicts": advice.verdicts(),
+            "matvecs": None if advice.learning_rate is None else advice.learning_rate.matvecs}
+
+
+def main(argv=None) -> int:
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default=None, help="one network: bn-mlp, small-cnn, resnet20, user-module")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = []
+    for name, (build, data) in cases().items():
+        if args.only and name != args.only:
+            continue
+        row = run_case(name, build, data)
+        rows.append(row)
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in row["cpu_s"].items())
+        ok = "within" if row["cpu_total_s"] <= BUDGET_S else "OVER"
+        print(f"{name:12s} {row['parameters']:>9,} params  CPU {row['cpu_total_s']:5.1f} s ({ok} {BUDGET_S:.0f} s; "
+              f"wall {row['wall_total_s']:.1f} s)  per part: {parts}", flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0 if all(r["cpu_total_s"] <= BUDGET_S for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parent))
+    sys.exit(main())
