@@ -10,9 +10,15 @@ shared: CPU time leaves out the other jobs' load, and with one thread it is also
 of an idle 2-core machine (which can only be faster with its second core).  Wall time is printed beside it.
 The first network also pays the one-off imports (scipy, the theory's routes).
 
+``--lr-study`` instead measures where the learning-rate verdict's limit sits against training: 4-layer MLPs
+(784-128×4-10, with and without BN, ½‖f − y‖² and cross-entropy, momentum 0.9, batch 64, MNIST) trained for
+200 steps at η = η*·2^(k/2), k = −2 … 4, with η* the advice's limit (the free block for BN, the whole network
+without); it prints the final loss over the initial one, or "DIV" (a loss above 1e4 or not finite).
+
 Usage::
 
     python benchmarks/bench_advise.py [--only resnet20] [--json out.json] [--threads 1]
+    python benchmarks/bench_advise.py --lr-study
 """
 from __future__ import annotations
 
@@ -56,6 +62,36 @@ def run_case(name: str, build, data, **kw) -> dict:
             "matvecs": None if advice.learning_rate is None else advice.learning_rate.matvecs}
 
 
+def lr_study(steps: int = 200) -> list[dict]:
+    import functools
+
+    import torch
+
+    from bnlab.advice import advise
+    from bnlab.data import load_dataset, standardize
+    from bnlab.nets import MLP, half_squared_error, train
+
+    d = standardize(load_dataset("mnist", "train").subset(4000, seed=0))
+    x, y = d.x.reshape(len(d), -1), d.y
+    rows = []
+    for norm in ("bn", "none"):
+        for loss in ("mse", "cross_entropy"):
+            lr = advise(MLP(784, [128] * 4, 10, norm=norm, seed=0), (x[:64], y[:64]), loss=loss, momentum=0.9,
+                        tol=1e-3, skip=("gradients", "rank", "batch_size")).learning_rate
+            fn = half_squared_error if loss == "mse" else torch.nn.functional.cross_entropy
+            cells = {}
+            for k in range(-2, 5):
+                res = train(MLP(784, [128] * 4, 10, norm=norm, seed=0), (x, y), batch_size=64, steps=steps, seed=0,
+                            optimizer=functools.partial(torch.optim.SGD, lr=lr.limit * 2 ** (k / 2), momentum=0.9),
+                            loss_fn=fn, diverge_above=1e4)
+                cells[f"{2 ** (k / 2):.2g}"] = "DIV" if res.diverged else round(res.final_train_loss / res.history[0], 3)
+            rows.append({"norm": norm, "loss": loss, "eta_star_limit": lr.limit, "eta_star_whole": lr.eta_star,
+                         "final/initial loss at η = factor × limit": cells})
+            print(f"{norm:4s} {loss:13s} limit {lr.limit:.4g} (whole {lr.eta_star:.4g}): "
+                  + "  ".join(f"{k}×: {v}" for k, v in cells.items()), flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -63,8 +99,14 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="one network: bn-mlp, small-cnn, resnet20, user-module")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None)
+    p.add_argument("--lr-study", action="store_true", help="where the η* verdict sits against training (slow)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.lr_study:
+        rows = lr_study()
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(rows, indent=2))
+        return 0
     rows = []
     for name, (build, data) in cases().items():
         if args.only and name != args.only:

@@ -367,14 +367,15 @@ def advise(
         # ---- preflight on two samples: the activation memory per sample, before the full batch runs
         t0, c0 = time.perf_counter(), time.process_time()
         say("structure: tracing the forward pass")
-        pre_n = min(b, 2)
-        pre_mode = bn_mode if pre_n >= 2 else "eval"
+        # eval mode: the activations have the same sizes, and no batch-statistics layer can refuse two samples
+        # (a ghost BN needs whole ghost batches, BatchNorm1d two samples)
+        pre_n, pre_mode = min(b, 2), "eval"
         with torch.no_grad():
             tiny = _measurement_copy(model, pre_mode)
             try:
                 probe, _ = run_probe(tiny, x[:pre_n])
             except Exception as exc:  # noqa: BLE001 - any failure of the user's forward is reported
-                raise _forward_error(exc, getattr(exc, "bnlab_failed_in", None), x[:pre_n]) from None
+                raise _forward_error(exc, getattr(exc, "bnlab_failed_in", None), x) from None
         act_per_sample = probe.activation_bytes / pre_n
         del tiny, probe
         estimate = _memory_estimate(param_bytes, act_per_sample, b)

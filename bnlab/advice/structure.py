@@ -247,9 +247,13 @@ def describe_structure(model, probe: Probe, *, batch_size: int, input_shape: tup
     dropout = sum(e.kind == "dropout" for e in events)
     bn_layers = sum(v for k, v in norm_counts.items() if k in BATCH_NORMS)
     spec = _single_activation(events, hidden, is_bnmlp, bnmlp)
+    from torch import nn
+
+    owners = dict(model.named_modules())
+    bnp_ok = sum(isinstance(owners.get(x.name.split("#")[0]), (nn.Linear, nn.Conv1d, nn.Conv2d)) for x in layers)
     assumptions = _assumptions(layers, hidden, placement, residual, pooling, spec, batch_size, bn_layers,
-                               measured_bn_mode, norm_counts)
-    theorem = {p: all(a.holds for a in assumptions if a.paper == p) for p in (YANG, FISHER, DANESHMAND, LANGE)}
+                               measured_bn_mode, norm_counts, bnp_ok)
+    theorem = {p: all(a.holds is True for a in assumptions if a.paper == p) for p in (YANG, FISHER, DANESHMAND)}
     return Structure(
         model=type(model).__name__, num_params=int(sum(p.numel() for p in model.parameters())),
         batch_size=int(batch_size), input_shape=tuple(input_shape), output_shape=tuple(output_shape), layers=layers,
@@ -276,7 +280,8 @@ def _single_activation(events, hidden, is_bnmlp, bnmlp) -> str | None:
     return acts.pop()
 
 
-def _assumptions(layers, hidden, placement, residual, pooling, spec, batch_size, bn_layers, mode, norm_counts):
+def _assumptions(layers, hidden, placement, residual, pooling, spec, batch_size, bn_layers, mode, norm_counts,
+                 bnp_ok):
     widths = [x.width for x in hidden]
     fc_only = all(x.kind == "fc" for x in layers)
     conv_then_fc = all(not (a.kind == "conv" and i > 0 and layers[i - 1].kind == "fc")
@@ -322,7 +327,7 @@ def _assumptions(layers, hidden, placement, residual, pooling, spec, batch_size,
                    ", ".join(sorted({str(x.norm) for x in hidden})) or "no hidden layers"),
         Assumption(DANESHMAND, "the representation H of a batch has N ≥ width columns (d × N, N samples)",
                    batch_size >= min_width if widths else False, f"N = {batch_size}, width {min_width}"),
-        Assumption(LANGE, "BNP preconditions nn.Linear / nn.Conv1d / nn.Conv2d layers",
-                   None, "checked by the batch-size part"),
+        Assumption(LANGE, "the weights sit in nn.Linear / nn.Conv1d / nn.Conv2d modules (what BNP preconditions)",
+                   bnp_ok == len(layers), f"{bnp_ok} of {len(layers)} weight layers"),
     ]
     return rows

@@ -116,8 +116,14 @@ def test_initialization_scale_is_read_off_the_weights():
 
 def _grads_by_module_hooks(model, x, y, loss_fn):
     outs = {}
-    handles = [m.register_forward_hook(lambda mod, i, o, n=n: (o.retain_grad(), outs.__setitem__(n, o)))
-               for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+    def keep(name):
+        def hook(module, inputs, output):
+            output.retain_grad()
+            outs[name] = output
+        return hook
+
+    handles = [m.register_forward_hook(keep(n)) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     loss_fn(model(x), y).backward()
     for h in handles:
         h.remove()
@@ -203,12 +209,17 @@ def test_learning_rate_verdict_bands():
     base = advise(_small_bn_mlp(), (x, y), momentum=0.9, skip=("gradients", "rank", "batch_size")).learning_rate
     assert base.lr is None and base.suggested_lr == pytest.approx(base.limit / 2)
     for factor, band in ((0.3, "below η*/2"), (0.8, "η*/2 … η*"), (1.5, "above η*")):
-        lr = advise(_small_bn_mlp(), (x, y), momentum=0.9, lr=factor * base.limit,
+        lr = base.at(factor * base.limit)
+        assert lr.band == band and lr.ratio == pytest.approx(factor, rel=1e-12) and lr.lambda_max == base.lambda_max
+    direct = advise(_small_bn_mlp(), (x, y), momentum=0.9, lr=1.5 * base.limit,
                     skip=("gradients", "rank", "batch_size")).learning_rate
-        assert lr.band == band and lr.ratio == pytest.approx(factor, rel=1e-6)
+    at = base.at(1.5 * base.limit)  # .at() is what measuring at that lr gives (same seed, same Lanczos start)
+    assert direct.band == at.band and direct.ratio == pytest.approx(at.ratio, rel=1e-6)
+    assert direct.lambda_max == pytest.approx(base.lambda_max, rel=1e-6)
     vanilla = advise(MLP(12, [10, 10], 3, norm="none", seed=1), (x, y), momentum=0.9, lr=1.0,
                      skip=("gradients", "rank", "batch_size")).learning_rate
     assert vanilla.lambda_max_free is None and vanilla.limit == vanilla.eta_star
+    assert vanilla.at(3 * vanilla.limit).band == "η* … 4η*" and vanilla.at(5 * vanilla.limit).band == "above 4η*"
     opt = torch.optim.Adam(_small_bn_mlp().parameters(), lr=1e-3)
     adam = advise(_small_bn_mlp(), (x, y), optimizer=opt, skip=("gradients", "rank", "batch_size")).learning_rate
     assert adam.optimizer == "Adam" and "Adam preconditions" in adam.verdict
