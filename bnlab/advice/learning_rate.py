@@ -64,6 +64,7 @@ class LearningRateAdvice:
     bound: dict | None
     bound_reason: str
     matvecs: int
+    bound_basis: str | None = None  # "theorem" (every assumption of the Fisher paper holds) or "extrapolation"
     notes: tuple = ()
     curvature_loss: str = "custom"
 
@@ -213,7 +214,10 @@ def learning_rate_part(work, x, targets, loss_spec, structure: Structure, *, lr,
     kind = ("the parameters outside the normalized layers" if normalized else f"whole {curv}")
     ratio, band, verdict = _verdict(lr, limit, kind, eta_full, normalized, loss_spec.curvature_loss or "custom",
                                     optimizer_kind)
+    from bnlab.advice.structure import FISHER
+
     bound, reason = mean_field_bound(structure, x, mu)
+    bound_basis = None if bound is None else ("theorem" if structure.theorem.get(FISHER) else "extrapolation")
     if bound is not None and closs != "mse":
         reason = "the bound is the Fisher of ½‖f − y‖² (Eq. 10); your loss is cross-entropy: a reference only"
     return LearningRateAdvice(
@@ -222,5 +226,5 @@ def learning_rate_part(work, x, targets, loss_spec, structure: Structure, *, lr,
         eta_star_free=None if eta_free is None else float(eta_free),
         free_parameters=int(sum(sizes[n] for n in free)), invariant_parameters=int(sum(sizes[n] for n in invariant)),
         limit=float(limit), limit_kind=kind, ratio=ratio, band=band, verdict=verdict, suggested_lr=float(limit / 2),
-        bound=bound, bound_reason=reason, matvecs=int(res.matvecs), notes=tuple(notes),
+        bound=bound, bound_reason=reason, matvecs=int(res.matvecs), bound_basis=bound_basis, notes=tuple(notes),
         curvature_loss=loss_spec.curvature_loss or "custom")

@@ -234,11 +234,15 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     ax.set_xlim(-0.5, 2.2)
     ax.invert_yaxis()
     ax.set_title("green: trains, red: fails", fontsize=9)
+    cap = 100.0
     for seed, m in rows:
         h = m.get("history")
         if h:
-            bx.semilogy(range(len(h)), [v if v == v and v < 1e30 else float("nan") for v in h], label=m["case"])
-    bx.set(xlabel="step (subsampled)", ylabel="training loss", title="training curves")
+            # an exploding loss is drawn at the cap (the divergence itself is in the row's observation)
+            vals = [min(v, cap) if v == v else cap for v in h]
+            frac = [i / max(len(vals) - 1, 1) for i in range(len(vals))]
+            bx.semilogy(frac, vals, label=m["case"])
+    bx.set(xlabel="fraction of the training run", ylabel=f"training loss (clipped at {cap:g})", title="training curves")
     bx.legend(fontsize=7)
     fig.tight_layout()
     return save_figure(fig, outdir, "advise_validation")
@@ -249,8 +253,8 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
     for seed, m in _rows(records):
         paper, what = CASES[m["case"]]
         out.append(Comparison(
-            quantity=f"{m['case']} (seed {seed}): {what}",
-            paper=f"advise predicts {'trains' if m['predicted_trains'] else 'fails'} — {m['prediction']} ({paper})",
+            quantity=f"{m['case']} (seed {seed}): {what} [{paper}]",
+            paper=f"advise predicts {'trains' if m['predicted_trains'] else 'fails'} — {m['prediction']}",
             bnlab=f"observed {'trains' if m['observed_trains'] else 'fails'}: {m['observation']}",
             agrees=bool(m["agrees"])))
     return out
