@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from bnlab._validation import check_choice, check_int
+from bnlab._validation import check_choice, check_int, check_real
 
 __all__ = ["NAMED_MODELS", "load_model", "parse_shape", "batch_for"]
 
@@ -150,12 +150,14 @@ def parse_shape(text: str) -> tuple:
 
 
 def batch_for(*, dataset: str | None = None, input_shape=None, num_classes: int = 10, batch_size: int = 64,
-              seed: int = 0):
+              seed: int = 0, max_memory_gb: float = 8.0):
     """(data for :func:`bnlab.advise`, per-sample input shape, number of classes) from a dataset name, or random
-    standard normal inputs of ``input_shape`` with random labels in [0, num_classes) (seeded)."""
+    standard normal inputs of ``input_shape`` with random labels in [0, num_classes) (seeded).  Random inputs
+    larger than a quarter of ``max_memory_gb`` are refused before they are drawn."""
     import torch
 
     batch_size = check_int("batch_size", batch_size, minimum=1, maximum=1_000_000)
+    max_memory_gb = check_real("max_memory_gb", max_memory_gb, minimum=0.0, strict_minimum=True)
     if (dataset is None) == (input_shape is None):
         raise ValueError("give exactly one of dataset= (a name, e.g. 'mnist') and input_shape= (random inputs)")
     if dataset is not None:
@@ -165,6 +167,10 @@ def batch_for(*, dataset: str | None = None, input_shape=None, num_classes: int 
         return dataset, tuple(ds.image_shape), int(ds.num_classes)
     shape = parse_shape(input_shape) if isinstance(input_shape, str) else tuple(int(s) for s in input_shape)
     num_classes = check_int("num_classes", num_classes, minimum=2, maximum=100_000)
+    need = 4.0 * batch_size * math.prod(shape)
+    if need > max_memory_gb * 1e9 / 4:
+        raise ValueError(f"batch_size={batch_size} with input_shape={'x'.join(map(str, shape))} is not allowed: the "
+                         f"inputs alone take {need / 1e9:.2f} GB (more than a quarter of max_memory_gb={max_memory_gb:g})")
     gen = torch.Generator().manual_seed(check_int("seed", seed, minimum=0))
     x = torch.randn((batch_size,) + shape, generator=gen)
     y = torch.randint(0, num_classes, (batch_size,), generator=gen)

@@ -82,15 +82,16 @@ def run(args: argparse.Namespace) -> int:
         if not str(args.html).strip() or html_path.is_dir():
             raise ValueError(f"--html={args.html!r} is not allowed: expected a file path")
         check_writable_ancestor("--html", str(args.html), html_path.parent if str(html_path.parent) else ".")
+    max_gb = DEFAULT_MAX_MEMORY_GB if args.max_memory_gb is None else args.max_memory_gb
     data, shape, classes = batch_for(dataset=args.dataset, input_shape=args.input_shape, num_classes=args.classes,
-                                     batch_size=args.batch_size, seed=args.seed)
+                                     batch_size=args.batch_size, seed=args.seed, max_memory_gb=max_gb)
     model = load_model(args.model, input_shape=shape, num_classes=classes, depth=args.depth, width=args.width,
                        norm=args.norm, phi=args.phi, seed=args.seed)
     skip = [s for group in args.skip for s in group]
     advice = advise(model, data, loss=args.loss, lr=args.lr, momentum=args.momentum, batch_size=args.batch_size,
                     skip=skip, draws=args.draws, curvature=args.curvature, tol=args.tol, bn_mode=args.bn_mode,
                     measure_bnp=args.bnp_overhead, seed=args.seed,
-                    max_memory_gb=DEFAULT_MAX_MEMORY_GB if args.max_memory_gb is None else args.max_memory_gb,
+                    max_memory_gb=max_gb,
                     progress=not args.quiet)
     if args.html is not None:
         Path(args.html).write_text(advice.to_html(), encoding="utf-8")

@@ -59,12 +59,14 @@ def test_user_module_factory_file_and_html(tmp_path, capsys, monkeypatch):
     (["--model", "mlp", "--input-shape", "0x3"], "input_shape='0x3' is not allowed"),
     (["--model", "mlp", "--lr", "-1"], "lr=-1.0 is not allowed"),
     (["--model", "resnet20"], "needs images"),
+    (["--model", "mlp", "--input-shape", "3x224x224", "--batch-size", "100000"], "the inputs alone take"),
+    (["--model", "mlp", "--max-memory-gb", "-1"], "max_memory_gb=-1.0 is not allowed"),
 ])
 def test_bad_input_exits_2_with_the_message(capsys, argv, needle):
     args = ["advise", *argv]
     if "--input-shape" not in argv:
         args += ["--input-shape", "12"]
-    args += ["--classes", "3", "--batch-size", "16", "--quiet"]
+    args += ["--classes", "3", "--quiet"] + ([] if "--batch-size" in argv else ["--batch-size", "16"])
     with pytest.raises(SystemExit) as info:
         main(args)
     err = capsys.readouterr().err
