@@ -52,12 +52,13 @@ def run_case(name: str, build, data, **kw) -> dict:
     from bnlab.advice import advise
 
     model = build()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     advice = advise(model, data, loss="cross_entropy", lr=0.1, momentum=0.9, batch_size=64, **kw)
-    wall = time.perf_counter() - t
+    wall, call = time.perf_counter() - t, time.process_time() - c
     cpu = dict(advice.cpu_seconds)
+    # the whole call (the parts, plus loading the dataset and the checks before them) is what the budget is about
     return {"network": name, "parameters": advice.structure.num_params, "cpu_s": cpu,
-            "cpu_total_s": sum(cpu.values()), "wall_total_s": wall, "wall_s": dict(advice.seconds),
+            "cpu_total_s": call, "cpu_parts_s": sum(cpu.values()), "wall_total_s": wall, "wall_s": dict(advice.seconds),
             "verdicts": advice.verdicts(),
             "matvecs": None if advice.learning_rate is None else advice.learning_rate.matvecs}
 
@@ -115,8 +116,8 @@ def main(argv=None) -> int:
         rows.append(row)
         parts = ", ".join(f"{k} {v:.1f}" for k, v in row["cpu_s"].items())
         ok = "within" if row["cpu_total_s"] <= BUDGET_S else "OVER"
-        print(f"{name:12s} {row['parameters']:>9,} params  CPU {row['cpu_total_s']:5.1f} s ({ok} {BUDGET_S:.0f} s; "
-              f"wall {row['wall_total_s']:.1f} s)  per part: {parts}", flush=True)
+        print(f"{name:12s} {row['parameters']:>9,} params  CPU {row['cpu_total_s']:5.1f} s for the call ({ok} "
+              f"{BUDGET_S:.0f} s; wall {row['wall_total_s']:.1f} s)  per part: {parts}", flush=True)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0 if all(r["cpu_total_s"] <= BUDGET_S for r in rows) else 1
