@@ -46,15 +46,16 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "optim": frozenset({"activations", "nets", "data"}),
     "compare": frozenset({"activations", "theory", "sim"}),
     "experiments": frozenset(),
+    "advice": frozenset({"activations", "theory", "sim", "nets", "fisher", "rank", "optim", "data"}),
     "reproductions": frozenset({"activations", "theory", "sim", "nets", "fisher", "rank", "optim", "compare",
-                                "data", "experiments"}),
+                                "data", "experiments", "advice"}),
     "report": frozenset({"experiments"}),
     "cli": frozenset({"activations", "theory", "sim", "nets", "fisher", "rank", "optim", "compare", "data",
-                      "experiments", "reproductions", "report"}),
-    "package": frozenset({"activations", "cli"}),  # bnlab/__init__.py (lazy subpackages) and __main__.py
+                      "experiments", "reproductions", "report", "advice"}),
+    "package": frozenset({"activations", "cli", "advice"}),  # bnlab/__init__.py (lazy subpackages) and __main__.py
 }
 
-#: Parts that are NumPy/SciPy only.
+#: Parts that are NumPy/SciPy only.  (``advice`` is torch, but owns no numerics: it calls the parts above.)
 NO_TORCH = frozenset({"theory", "compare"})
 
 #: Rules that hold once a pending move lands: (importer part, imported part) -> (file whose removal

@@ -13,7 +13,10 @@ L = (1/B) Σ_b ℓ_b; J = ∂f/∂θ of the whole batch output):
 
 BatchNorm: ``bn_mode="train"`` uses the statistics of the batch itself (the samples are coupled as in
 a training step; J is the Jacobian of the coupled batch output), ``"eval"`` the running statistics.
-Every other module is put in eval mode (dropout off), so the measured function is deterministic.
+bnlab's own batch-statistics layers (the BN-MLP of Yang et al., BN without mean, ghost BN, Batch
+Renorm) run in train mode too, each product on fresh copies of their running statistics (they cannot drop
+them as ``nn.BatchNorm`` can).  Every other module is put in eval mode (dropout off), so the measured
+function is deterministic.
 The measurement runs on a deep copy of the module: the caller's parameters, buffers (running
 statistics, ``num_batches_tracked``) and train/eval flags are never changed; in the copy, BN
 layers in train mode stop tracking running statistics, which also avoids torch.func's in-place
@@ -109,6 +112,18 @@ def _is_batchnorm(module) -> bool:
     return isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
 
 
+def _is_batch_statistics_module(module) -> bool:
+    """bnlab's own layers that normalize with batch statistics in train mode: the BN-MLP of Yang et al.
+    (its BN is inside the module) and the batch-statistics layers of :mod:`bnlab.nets.norms` (BN without
+    mean, ghost BN, Batch Renorm).  Unlike ``nn.BatchNorm`` they cannot drop their running statistics,
+    so their buffers are passed to each functional call as fresh copies (see ``forward`` below)."""
+    from bnlab.nets import (BNMLP, BatchNormNoMean1d, BatchNormNoMean2d, BatchRenorm1d, BatchRenorm2d,
+                            GhostBatchNorm1d, GhostBatchNorm2d)
+
+    return isinstance(module, (BNMLP, BatchNormNoMean1d, BatchNormNoMean2d, GhostBatchNorm1d, GhostBatchNorm2d,
+                               BatchRenorm1d, BatchRenorm2d))
+
+
 class _CurvatureOperator:
     """The products v ↦ C v of one curvature matrix C on a fixed batch (torch tensors in, out)."""
 
@@ -134,7 +149,7 @@ class _CurvatureOperator:
                 raise ValueError(
                     f"model is not allowed: its parameter or buffer {name!r} contains NaN or infinite entries"
                 )
-        has_bn = any(_is_batchnorm(m) for m in model.modules())
+        has_bn = any(_is_batchnorm(m) or _is_batch_statistics_module(m) for m in model.modules())
         batch = int(inputs.shape[0])
         if has_bn and self.bn_mode == "train" and batch < 2:
             raise ValueError(
@@ -162,6 +177,16 @@ class _CurvatureOperator:
                     m.running_mean = None
                     m.running_var = None
                     m.num_batches_tracked = None
+        # bnlab's batch-statistics layers update their running statistics in place in train mode, which
+        # torch.func refuses for a captured tensor; each call gets fresh copies of those buffers, made inside
+        # the transformed function (the copy's own buffers are never changed, and every call sees the same)
+        stat_buffers = {}
+        if self.bn_mode == "train":
+            for prefix, m in work.named_modules():
+                if _is_batch_statistics_module(m):
+                    m.train()
+                    for n, b in m.named_buffers(prefix=prefix):
+                        stat_buffers[n] = b
         self.module = work
         self.names = [n for n, p in work.named_parameters() if p.requires_grad]
         # the copy's own parameters, detached: ``work`` is private to this operator, so no second copy
@@ -180,7 +205,8 @@ class _CurvatureOperator:
         self.matvecs = 0
 
         def forward(params):
-            out = functional_call(work, {**params, **self.frozen}, (x,))
+            fresh = {n: b.clone() for n, b in stat_buffers.items()}
+            out = functional_call(work, {**params, **self.frozen, **fresh}, (x,))
             return out.reshape(batch, -1)
 
         self._forward = forward

@@ -285,3 +285,52 @@ def test_gradient_start_is_rejected_for_other_curvatures():
         curvature_spectrum(model, x, start="gradient")
     with pytest.raises(ValueError, match="start"):
         curvature_spectrum(model, x, start="ones")
+
+
+def _bnlab_batch_stat_models():
+    """bnlab's own batch-statistics layers (not nn.BatchNorm): the BN-MLP and the MLP with ghost BN, BN without
+    mean and Batch Renorm, float64, running statistics away from the batch's (so eval mode would differ)."""
+    from bnlab.nets import BNMLP, MLP
+
+    out = {"bnmlp": BNMLP(4, 3, depth=2, width=5, eps=1e-3, dtype=torch.float64, seed=1)}
+    for norm, kw in (("ghost_bn", {"ghost_batch_size": 4}), ("bn_nomean", {}), ("brn", {"r_max": 1.5, "d_max": 0.5})):
+        out[norm] = MLP(4, [5, 5], 3, norm=norm, norm_kwargs=kw, phi="tanh", dtype=torch.float64, seed=2)
+    for model in out.values():
+        for name, buf in model.named_buffers():
+            if "running" in name:
+                with torch.no_grad():
+                    buf.uniform_(0.5, 2.0)
+    return out
+
+
+@pytest.mark.parametrize("which", ["bnmlp", "ghost_bn", "bn_nomean", "brn"])
+def test_bnlab_batch_statistics_layers_are_measured_in_train_mode(which):
+    # bnlab's layers update their running statistics in place in train mode; the operator must still measure
+    # them with the batch's statistics (before this fix BNMLP was silently measured in eval mode).  Dense route:
+    # torch.autograd.functional.hessian of a fresh train-mode copy per call (its in-place buffer updates then
+    # touch only that copy); tolerance as in the module docstring.
+    model = _bnlab_batch_stat_models()[which]
+    x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    y = torch.arange(8) % 3
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [p.shape for p in model.parameters()]
+    sizes = [p.numel() for p in model.parameters()]
+    theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    def loss(t):
+        ref = copy.deepcopy(model).train()
+        params = {n: c.reshape(s) for n, c, s in zip(names, t.split(sizes), shapes)}
+        return torch.nn.functional.cross_entropy(functional_call(ref, params, (x,)), y)
+
+    dense = torch.autograd.functional.hessian(loss, theta).numpy()
+    ref_top = np.sort(np.linalg.eigvalsh(dense))[::-1][:2]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    r = curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="train", k=2, tol=1e-12)
+    np.testing.assert_allclose(r.eigenvalues, ref_top, rtol=1e-9, atol=1e-12 * abs(ref_top[0]))
+    e = curvature_spectrum(model, x, y, curvature="hessian", loss="cross_entropy", bn_mode="eval", tol=1e-12)
+    assert abs(e.lambda_max - ref_top[0]) > 1e-3 * abs(ref_top[0])  # eval mode (running statistics) differs
+    v = np.random.default_rng(0).standard_normal(theta.numel())
+    op = curvature_operator(model, x, y, curvature="ggn", loss="cross_entropy", bn_mode="train")
+    op.matvec(v)
+    op.matvec(v)  # repeated products see the same buffers (fresh copies per call)
+    assert all(torch.equal(before[k], model.state_dict()[k]) for k in before)  # the module is untouched

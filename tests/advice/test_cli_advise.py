@@ -1,0 +1,81 @@
+"""``bnlab advise``: the model by name, by architecture and by module:factory; --json, --html, --skip; bad input."""
+import json
+import textwrap
+
+import pytest
+
+from bnlab.cli import main
+
+SMALL = ["--input-shape", "12", "--classes", "3", "--batch-size", "16", "--draws", "2", "--quiet"]
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_named_model_json(capsys):
+    code, out, _ = _run(capsys, "advise", "--model", "mlp", "--depth", "2", "--width", "8", "--lr", "0.1",
+                        "--momentum", "0.9", "--json", *SMALL)
+    assert code == 0
+    d = json.loads(out)
+    assert d["structure"]["depth"] == 2 and d["learning_rate"]["lr"] == 0.1 and d["learning_rate"]["momentum"] == 0.9
+    assert d["gradients"]["draws"] == 2 and d["rank"] is not None and d["batch_size"]["batch_size"] == 16
+
+
+def test_architecture_string_and_skip(capsys):
+    code, out, _ = _run(capsys, "advise", "--model", "fc:12-8-8-3", "--skip", "rank,batch_size", "--skip",
+                        "gradients", "--json", *SMALL)
+    d = json.loads(out)
+    assert code == 0 and d["skipped"] == ["rank", "batch_size", "gradients"] and d["rank"] is None
+    assert d["learning_rate"]["bound"]["arch"] == "fc:12-8-8-3"
+
+
+def test_user_module_factory_file_and_html(tmp_path, capsys, monkeypatch):
+    src = tmp_path / "mynet.py"
+    src.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def build():
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Linear(12, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    """))
+    html = tmp_path / "advice.html"
+    code, out, _ = _run(capsys, "advise", "--model", f"{src}:build", "--html", str(html), *SMALL)
+    assert code == 0 and "2. Gradient explosion" in out and html.read_text().startswith("<!DOCTYPE html>")
+    monkeypatch.chdir(tmp_path)  # package.module:factory from the current directory
+    code, out, _ = _run(capsys, "advise", "--model", "mynet:build", "--json", *SMALL)
+    assert code == 0 and json.loads(out)["structure"]["model"] == "Sequential"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "nosuchmodule_xyz:build"], "importing 'nosuchmodule_xyz' failed"),
+    (["--model", "json:nothing_here"], "has no callable 'nothing_here'"),
+    (["--model", "resnet21"], "model='resnet21' is not allowed"),
+    (["--model", "fc:10-8-3"], "takes inputs of shape (10,)"),
+    (["--model", "mlp", "--skip", "structure"], "skip='structure' is not allowed"),
+    (["--model", "mlp", "--input-shape", "0x3"], "input_shape='0x3' is not allowed"),
+    (["--model", "mlp", "--lr", "-1"], "lr=-1.0 is not allowed"),
+    (["--model", "resnet20"], "needs images"),
+    (["--model", "mlp", "--input-shape", "3x224x224", "--batch-size", "100000"], "the inputs alone take"),
+    (["--model", "mlp", "--max-memory-gb", "-1"], "max_memory_gb=-1.0 is not allowed"),
+])
+def test_bad_input_exits_2_with_the_message(capsys, argv, needle):
+    args = ["advise", *argv]
+    if "--input-shape" not in argv:
+        args += ["--input-shape", "12"]
+    args += ["--classes", "3", "--quiet"] + ([] if "--batch-size" in argv else ["--batch-size", "16"])
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and needle in err, err
+
+
+def test_factory_that_returns_something_else(tmp_path, capsys):
+    src = tmp_path / "bad.py"
+    src.write_text("def build():\n    return 42\n")
+    with pytest.raises(SystemExit):
+        main(["advise", "--model", f"{src}:build", *SMALL])
+    assert "the factory returned int" in capsys.readouterr().err
