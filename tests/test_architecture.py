@@ -47,14 +47,15 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "experiments": frozenset(),
     "reproductions": frozenset({"activations", "theory", "sim", "nets", "fisher", "rank", "optim", "compare",
                                 "data", "experiments"}),
-    "report": frozenset({"experiments"}),
+    "claims": frozenset({"experiments"}),
+    "report": frozenset({"experiments", "claims"}),
     "cli": frozenset({"activations", "theory", "sim", "nets", "fisher", "rank", "optim", "compare", "data",
-                      "experiments", "reproductions", "report"}),
+                      "experiments", "reproductions", "report", "claims"}),
     "package": frozenset({"activations", "cli"}),  # bnlab/__init__.py (lazy subpackages) and __main__.py
 }
 
 #: Parts that are NumPy/SciPy only.
-NO_TORCH = frozenset({"theory", "compare"})
+NO_TORCH = frozenset({"theory", "compare", "claims"})
 
 #: Rules that hold once a pending move lands: (importer part, imported part) -> (file whose removal
 #: completes the move, why).  While the file exists the rule's test is skipped with the reason.

@@ -309,7 +309,8 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
     skipped = sorted({str(r.metrics.get("skip_reason")) for r in records if r.metrics.get("skipped")})
     archs = _by_arch(records)
     if not archs and skipped:
-        return [Comparison("breaking BN", "asymmetric init breaks BN", "skipped: " + "; ".join(skipped), None)]
+        return [Comparison("breaking BN", "asymmetric init breaks BN", "skipped: " + "; ".join(skipped), None,
+                           reason="every cell was skipped: " + "; ".join(skipped))]
     for arch, kinds in sorted(archs.items()):
         if "bn" not in kinds:
             continue

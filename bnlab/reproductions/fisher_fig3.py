@@ -122,7 +122,8 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
         ratios = [r.metrics[key] / r.metrics[bkey] for r in done if r.metrics.get(bkey) and r.metrics.get(key)]
         rows.append(Comparison(f"{what}, per σ_w", "—",
                                ", ".join(f"{x:.2g}" for x in ratios) + f" over {len(ratios)}/{len(done)} σ_w rows",
-                               None))
+                               None, reason="another reading of the boundary, for comparison only (the paper's is "
+                               "the explosion boundary)"))
     return rows
 
 
