@@ -150,7 +150,8 @@ CLAIMS = [
     Claim("yang2019/app-l", "§3.1.2 'Weight Gradient', App. L", "the weight-gradient norm at layer l is μ* tr Π^l, "
           "so weight gradients explode at the same rate λ_G↓", "formula",
           tests=[_TH + "test_backward.py::test_weight_gradient_norms_follow_the_trace_of_the_dense_backward_recursion",
-                 _T + "sim/test_conditional.py::test_weight_gradient_from_the_layers_grams_equals_the_direct_measurement"],
+                 _T + "sim/test_conditional.py::test_weight_gradient_from_the_layers_grams_equals_the_direct_measurement",
+                 _T + "sim/test_theory_agreement.py::test_gradient_explosion_rate_small"],
           strength="exact formula"),
     Claim("yang2019/epsilon", "§3.1.2 'Effect of ε'", "a larger ε than usual ameliorates, but does not eliminate, "
           "gradient explosion", "formula",

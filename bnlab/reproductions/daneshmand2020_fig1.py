@@ -29,7 +29,7 @@ __all__ = ["EXPERIMENTS", "run_cell"]
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 _DEPTHS = [1, 2, 4, 8, 16, 32]
 _SCALES = {
-    "small": dict(n_train=20_000, n_eval=5_000, steps=400, lrs=[0.1], seeds=[0]),
+    "small": dict(n_train=20_000, n_eval=5_000, steps=400, lrs=[0.1], seeds=[0], deepest_seeds=[1, 2]),
     "paper": dict(n_train=60_000, n_eval=10_000, epochs=75, lrs=[0.001, 0.01, 0.1], seeds=[0, 1, 2, 3, 4]),
 }
 
@@ -39,9 +39,13 @@ def _grid(scale: str) -> list[dict]:
 
     s = _SCALES[check_choice("scale", scale, tuple(_SCALES))]
     length = {"steps": s["steps"]} if "steps" in s else {"epochs": s["epochs"]}
-    return [dict(depth=depth, width=128, norm=norm, lr=lr, batch_size=128, n_train=s["n_train"],
-                 n_eval=s["n_eval"], seed=seed, **length)
-            for seed in s["seeds"] for norm in ("bn", "none") for depth in _DEPTHS for lr in s["lrs"]]
+    cells = [dict(depth=depth, width=128, norm=norm, lr=lr, batch_size=128, n_train=s["n_train"],
+                  n_eval=s["n_eval"], seed=seed, **length)
+             for seed in s["seeds"] for norm in ("bn", "none") for depth in _DEPTHS for lr in s["lrs"]]
+    # restarts at the deepest depth only, where the rows compare BN and vanilla (an interval needs seeds)
+    cells += [dict(c, seed=seed) for c in cells if c["depth"] == _DEPTHS[-1] and c["seed"] == s["seeds"][0]
+              for seed in s.get("deepest_seeds", [])]
+    return cells
 
 
 def run_cell(params: dict) -> dict:
@@ -152,8 +156,14 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
         return rows
     bn_acc, bn_rank = best[("bn", deepest)]
     va_acc, va_rank = best[("none", deepest)]
-    n_seeds = len({r.params["seed"] for r in records if not r.metrics.get("skipped")})
-    seeds = "1 seed" if n_seeds == 1 else f"mean of {n_seeds} seeds"
+    accs = {}
+    for r in records:
+        if not r.metrics.get("skipped") and r.params["depth"] == deepest:
+            accs.setdefault(r.params["norm"], {}).setdefault(r.params["seed"], []).append(r.metrics["train_accuracy"])
+    n_seeds = min(len(v) for v in accs.values()) if accs else 0
+    seeds = "1 seed" if n_seeds == 1 else (f"mean of {n_seeds} seeds; BN " + ", ".join(
+        f"{max(v):.3f}" for v in accs["bn"].values()) + ", vanilla " + ", ".join(
+        f"{max(v):.3f}" for v in accs["none"].values()))
     rows.append(Comparison(
         quantity=f"rank of H_L at init, depth {deepest}: BN vs vanilla",
         paper="vanilla collapses with depth; BN keeps a high rank",
@@ -164,7 +174,8 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
         quantity=f"training accuracy at depth {deepest}: BN vs vanilla",
         paper="vanilla nets barely learn beyond ~10 layers; BN nets drop only mildly",
         bnlab=f"BN {bn_acc:.3f}, vanilla {va_acc:.3f} ({seeds})",
-        agrees=bool(bn_acc > va_acc + _ACC_MARGIN),
+        agrees=bool(min(max(v) for v in accs["bn"].values()) > max(max(v) for v in accs["none"].values())
+                    + _ACC_MARGIN),
     ))
     return rows
 
@@ -185,8 +196,8 @@ EXPERIMENTS = [
         checks=[
             Check("rank of H_L at init", f"agrees when BN's numerical rank of H_L (128 images, float32 tolerance) at "
                   f"the deepest depth is at least {_RANK_FACTOR}× the vanilla net's"),
-            Check("training accuracy at depth", f"agrees when BN's training accuracy (best learning rate, mean over "
-                  f"seeds) beats the vanilla net's by more than {_ACC_MARGIN:g} at the deepest depth"),
+            Check("training accuracy at depth", f"agrees when, at the deepest depth, BN's worst seed beats the vanilla "
+                  f"net's best seed by more than {_ACC_MARGIN:g} in training accuracy (best learning rate)"),
         ],
         limitations=_limitations,
     )

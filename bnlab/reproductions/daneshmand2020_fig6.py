@@ -313,7 +313,7 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
             rows.append(Comparison(
                 quantity=f"{k}: r(H_L) on 64 held-out-of-pre-training images before → after; training accuracy",
                 paper="pre-training raises the rank; the pre-trained net trains where the vanilla one does not",
-                bnlab=f"r {r0:.2f} → {r1:.2f}; accuracy {mean[k]:.3f} vs vanilla {mean['vanilla']:.3f}",
+                bnlab=f"r {r0:.2f} → {r1:.2f}; accuracy {mean[k]:.3f} vs vanilla {mean['vanilla']:.3f} ({seeds})",
                 agrees=bool(r1 >= 2 * r0 and mean[k] > mean["vanilla"] + 0.05),
             ))
     rows.append(Comparison(
@@ -346,14 +346,14 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
         rows.append(Comparison(
             quantity="breaking BN: asymmetric init U[0, 2/sqrt(d)] vs standard, r(H_L) and training accuracy",
             paper="the asymmetric init lowers BN's rank and slows training markedly (Figs. 5, 6)",
-            bnlab=f"r {r_asym:.2f} vs {r_bn:.2f}; accuracy {mean['bn_asym']:.3f} vs {mean['bn']:.3f}",
+            bnlab=f"r {r_asym:.2f} vs {r_bn:.2f}; accuracy {mean['bn_asym']:.3f} vs {mean['bn']:.3f} ({seeds})",
             agrees=bool(r_asym < r_bn and mean["bn_asym"] < mean["bn"] - 0.05),
         ))
     if "bn" in kinds and "bn_nomean" in kinds:
         rows.append(Comparison(
             quantity="BN without mean subtraction vs BN: training accuracy",
             paper="centering does not change BN's performance (Fig. 5, App. C, Fig. 7)",
-            bnlab=f"{mean['bn_nomean']:.3f} vs {mean['bn']:.3f}",
+            bnlab=f"{mean['bn_nomean']:.3f} vs {mean['bn']:.3f} ({seeds})",
             agrees=bool(abs(mean["bn_nomean"] - mean["bn"]) < 0.1),
         ))
     ends = {k: (float(np.mean([m["r_start"] for m in ms])),
@@ -377,7 +377,7 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
         rows.append(Comparison(
             quantity="BN: training accuracy vs vanilla",
             paper="BN nets train at depth 32; vanilla nets do not (Fig. 1)",
-            bnlab=f"{mean['bn']:.3f} vs {mean['vanilla']:.3f}",
+            bnlab=f"{mean['bn']:.3f} vs {mean['vanilla']:.3f} ({seeds})",
             agrees=bool(mean["bn"] > mean["vanilla"] + 0.05),
         ))
     return rows

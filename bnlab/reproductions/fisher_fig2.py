@@ -295,7 +295,7 @@ EXPERIMENTS = [
         "10^(1/4) spacing, so a boundary is located to a factor 1.33 either way and a ratio of 0.5–2 is "
         "resolved only to that. Trained on ½‖f − onehot(y)‖², the loss of the theory's Gaussian model; "
         "with cross-entropy (the paper does not say which it used) nothing explodes below η = 10 at any γ "
-        "and the η* line does not fall on any boundary (docs/fisher.md). How η*/boundary depends on width "
+        "and the η* line does not fall on any boundary (measured in commit e1956c0; docs/fisher.md). How η*/boundary depends on width "
         "(128 → 1000) and why: docs/fisher.md.",
     )
 ]
