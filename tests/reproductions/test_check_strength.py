@@ -195,3 +195,24 @@ def test_fig6_rank_through_training(pre_end, agrees):
     exp = daneshmand2020_fig6.EXPERIMENTS[0]
     recs = [_fig6_record("vanilla", 1.04, 1.01), _fig6_record("pretrain75", 5.6, pre_end), _fig6_record("bn", 7.7, 7.0)]
     assert _row(exp, recs, "rank through training").agrees is agrees
+
+
+# ------------------------------------------------------------------ Daneshmand Fig. 1 over seeds
+def test_fig1_training_accuracy_needs_every_bn_seed_ahead():
+    from bnlab.reproductions import daneshmand2020_fig1
+
+    exp = daneshmand2020_fig1.EXPERIMENTS[0]
+
+    def recs(bn_accs, none_accs):
+        out = []
+        for norm, accs in (("bn", bn_accs), ("none", none_accs)):
+            for s, a in enumerate(accs):
+                out.append(Record(dict(norm=norm, depth=32, seed=s, lr=0.1),
+                                  dict(train_accuracy=a, rank_init=128 if norm == "bn" else 1)))
+        return out
+
+    spread = recs([0.75, 0.30, 0.74], [0.10, 0.11, 0.10])
+    assert np.mean([0.75, 0.30, 0.74]) > np.mean([0.10, 0.11, 0.10]) + 0.2  # the old check (means) passes it
+    assert _row(exp, spread, "training accuracy at depth").agrees is False
+    row = _row(exp, recs([0.75, 0.70, 0.74], [0.10, 0.11, 0.10]), "training accuracy at depth")
+    assert row.agrees is True and "mean of 3 seeds" in row.bnlab
