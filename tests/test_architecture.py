@@ -49,14 +49,15 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "advice": frozenset({"activations", "theory", "sim", "nets", "fisher", "rank", "optim", "data"}),
     "reproductions": frozenset({"activations", "theory", "sim", "nets", "fisher", "rank", "optim", "compare",
                                 "data", "experiments", "advice"}),
-    "report": frozenset({"experiments"}),
+    "claims": frozenset({"experiments"}),
+    "report": frozenset({"experiments", "claims"}),
     "cli": frozenset({"activations", "theory", "sim", "nets", "fisher", "rank", "optim", "compare", "data",
-                      "experiments", "reproductions", "report", "advice"}),
+                      "experiments", "reproductions", "report", "advice", "claims"}),
     "package": frozenset({"activations", "cli", "advice"}),  # bnlab/__init__.py (lazy subpackages) and __main__.py
 }
 
 #: Parts that are NumPy/SciPy only.  (``advice`` is torch, but owns no numerics: it calls the parts above.)
-NO_TORCH = frozenset({"theory", "compare"})
+NO_TORCH = frozenset({"theory", "compare", "claims"})
 
 #: Rules that hold once a pending move lands: (importer part, imported part) -> (file whose removal
 #: completes the move, why).  While the file exists the rule's test is skipped with the reason.

@@ -34,7 +34,7 @@ from bnlab.experiments.spec import SCALES, VERDICTS, Comparison, Experiment, lib
 from bnlab.experiments.store import ResultsStore, cell_key
 from bnlab.experiments.sweep import open_client, run_sweep, set_client_threads, store_path
 
-__all__ = ["build_report", "reproduce", "verdict", "Report", "ReportSection", "VERDICTS"]
+__all__ = ["build_report", "reproduce", "verdict", "ledger", "Report", "ReportSection", "VERDICTS"]
 
 _MAX_FAILURES_SHOWN = 10
 _MIME = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
@@ -203,7 +203,7 @@ def _run_section(
         store=str(path),
         settings=[{"what": s.what, "paper": s.paper, "bnlab": s.at(scale), "why": s.why} for s in exp.settings],
         checks=[{"name": c.name, "meaning": c.meaning} for c in exp.checks],
-        limitations=exp.limitations if scale == "small" else "",
+        limitations=exp.limitations if scale == "small" and isinstance(exp.limitations, str) else "",
     )
     reused = None
     try:
@@ -265,6 +265,12 @@ def _run_section(
         sec.figures = [str(p) for p in figures]
     except Exception:
         sec.errors.append({"what": "plot() raised.", "text": traceback.format_exc()})
+    if scale == "small" and callable(exp.limitations):
+        # the limitation text is read off the records it describes, so page and table cannot disagree
+        try:
+            sec.limitations = str(exp.limitations(records))
+        except Exception:
+            sec.errors.append({"what": "limitations() raised.", "text": traceback.format_exc()})
     try:
         comps = list(exp.compare(records) or [])
         for c in comps:
@@ -304,7 +310,7 @@ def _figure_views(paths: Sequence[str], name: str) -> list[dict]:
     return views
 
 
-def _render(report: Report, generated: str) -> str:
+def _render(report: Report, generated: str, led: dict[str, Any] | None = None) -> str:
     import jinja2
 
     templates = Path(__file__).with_name("templates")
@@ -349,7 +355,79 @@ def _render(report: Report, generated: str) -> str:
         sections=views,
         papers=list(by_paper.items()),
         broken=broken,
+        ledger=led,
+        ledger_badge=_LEDGER_BADGE,
     )
+
+
+_LEDGER_BADGE = {"agrees": "v-reproduced", "partly": "v-partly", "disagrees": "v-not_reproduced",
+                 "not judged": "v-skipped", "tested": "c-tested", "not run": "v-skipped", "not checked": "c-none"}
+
+
+def _row_problems(sections: Sequence[ReportSection]) -> list[str]:
+    """Comparison rows the ledger cannot place: not judged without a reason, or judged but matching no
+    declared check (so no claim can own its verdict)."""
+    from bnlab.experiments.spec import check_for
+
+    out = []
+    for s in sections:
+        names = [c["name"] for c in s.checks]
+        for c in s.comparisons:
+            if c.get("agrees") is None and not c.get("reason"):
+                out.append(f"{s.name}: row {c['quantity']!r} is not judged and gives no reason")
+            if c.get("agrees") is not None and check_for(c["quantity"], names) is None:
+                out.append(f"{s.name}: judged row {c['quantity']!r} matches no declared check")
+    return out
+
+
+def ledger(sections: Sequence[ReportSection]) -> dict[str, Any]:
+    """The claim ledger (:mod:`bnlab.claims`) judged by this run's sections: a verdict per claim from the
+    rows of its reproduction checks, counts per paper and overall, and the rows it cannot place."""
+    from bnlab import claims
+    from bnlab.experiments.spec import check_for
+
+    rows = claims.claim_verdicts(claims.all_claims(), {s.name: asdict(s) for s in sections}, check_for)
+    papers = []
+    for key, paper in claims.PAPERS.items():
+        mine = [r for r in rows if r["paper"] == key]
+        papers.append({"key": key, "title": paper.title, "short": paper.short, "page": f"claims-{key}.html",
+                       "counts": claims.summarize(mine), "claims": mine,
+                       "problems": _row_problems([s for s in sections if claims.paper_of_experiment(s.name) == key])})
+    return {"counts": claims.summarize(rows), "papers": papers, "verdicts": list(claims.VERDICTS)}
+
+
+def _anchor_of(name: str) -> str:
+    return "index.html#" + _anchor(name)
+
+
+def _write_ledger_pages(outdir: Path, led: dict[str, Any], scale: str, generated: str) -> list[Path]:
+    """One page per paper, ``claims-<paper>.html``: claim, location, kind, checks, strength, verdict."""
+    import jinja2
+
+    from bnlab.claims import check_link
+
+    templates = Path(__file__).with_name("templates")
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates)),
+                             autoescape=jinja2.select_autoescape(["html"]), undefined=jinja2.StrictUndefined)
+    css = (templates / "report.css").read_text()
+    paths = []
+    for paper in led["papers"]:
+        views = []
+        for c in paper["claims"]:
+            links = []
+            for link in c["links"]:
+                exp, check = check_link(link["link"])
+                links.append({**link, "experiment": exp, "check": check, "href": _anchor_of(exp),
+                              "badge": _LEDGER_BADGE[link["verdict"]]})
+            views.append({**c, "badge": _LEDGER_BADGE[c["verdict"]], "link_views": links})
+        html = env.get_template("claims.html").render(
+            css=css, paper=paper, claims=views, scale=scale, generated=generated,
+            others=[p for p in led["papers"] if p["key"] != paper["key"]], verdicts=led["verdicts"],
+            badge=_LEDGER_BADGE)
+        path = outdir / paper["page"]
+        _write_text(path, html)
+        paths.append(path)
+    return paths
 
 
 def build_report(
@@ -428,9 +506,11 @@ def build_report(
     report = Report(index=outdir / "index.html", scale=scale, sections=sections, broken_modules=broken,
                     seconds=time.perf_counter() - t0)
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    # written beside their paths and renamed over them: a link planted at index.html or report.json
-    # is replaced, never followed (bnlab._validation.atomic_output_path)
-    _write_text(report.index, _render(report, generated))
+    # written beside their paths and renamed over them: a link planted at index.html, a ledger page or
+    # report.json is replaced, never followed (bnlab._validation.atomic_output_path)
+    led = ledger(sections)
+    _write_text(report.index, _render(report, generated, led))
+    _write_ledger_pages(outdir, led, scale, generated)
     _write_text(
         outdir / "report.json",
         json.dumps(
@@ -443,6 +523,7 @@ def build_report(
                 "verdicts": report.verdict_counts,
                 "sections": [asdict(s) for s in sections],
                 "broken_modules": broken,
+                "claims": led,
             },
             indent=2,
             default=str,

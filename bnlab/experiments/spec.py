@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 __all__ = ["Experiment", "Record", "Comparison", "Setting", "Check", "TaskCost", "SCALES", "VERDICTS", "cell_device",
-           "cell_tasks", "library_versions"]
+           "cell_tasks", "library_versions", "check_for"]
 
 #: ``small``: minutes on 2 CPU cores (used by ``bnlab report`` and tests);
 #: ``paper``: the paper's sizes (a GPU or a Dask cluster).
@@ -38,6 +38,7 @@ class Comparison:
     paper: str  # what the paper reports, as text (e.g. "π/(π−1) ≈ 1.467")
     bnlab: str  # what bnlab computed or measured, as text
     agrees: bool | None = None  # None when there is no sharp criterion
+    reason: str = ""  # why the row is not judged (required when ``agrees`` is None; shown in the report)
 
 
 #: What a reproduction's comparison rows add up to (see ``bnlab.experiments.report.verdict``):
@@ -66,10 +67,34 @@ class Setting:
 
 @dataclass(frozen=True)
 class Check:
-    """What one kind of comparison row tests: its criterion and agreement window, in words."""
+    """What one kind of comparison row tests: its criterion and agreement window, in words.
 
-    name: str  # matches the start of the rows' ``quantity``
+    ``name`` matches the start of the rows' ``quantity``; an ellipsis "…" in it stands for any text
+    (``"γ = …: exponent"`` matches ``"γ = 0.1: exponent of …"``).  A row belongs to the check with the
+    longest matching name (:func:`check_for`); the claim ledger (:mod:`bnlab.claims`) links claims to
+    checks by these names.
+    """
+
+    name: str  # matches the start of the rows' ``quantity`` ("…" = any text)
     meaning: str  # what agreement means, with the window (e.g. "… within [16ξ/1.6, 1.6·16ξ]")
+
+
+def _check_pattern(name: str) -> "re.Pattern[str]":
+    import re
+
+    return re.compile(".*?".join(re.escape(part) for part in name.split("…")), re.DOTALL)
+
+
+def check_for(quantity: str, names) -> str | None:
+    """The name of the check a comparison row with ``quantity`` belongs to: the longest of ``names``
+    (literal text, "…" excluded) that matches the start of ``quantity``; None if none does."""
+    best, best_len = None, -1
+    for name in names:
+        if _check_pattern(name).match(quantity):
+            n = len(name.replace("…", ""))
+            if n > best_len:
+                best, best_len = name, n
+    return best
 
 
 @dataclass(frozen=True)
@@ -129,7 +154,9 @@ class Experiment:
         What each kind of comparison row tests and its agreement window (:class:`Check`).
     limitations:
         Where the ``small`` scale cannot show the claim: what, why, and the measurement that
-        shows it (shown in the section at that scale).
+        shows it (shown in the section at that scale).  Either text, or ``limitations(records) -> str``
+        so that every number it states is read off the run it describes (a text quoting an earlier run
+        says which run and commit).
     uses_gpu:
         Whether cells benefit from CUDA (the engine gives them a GPU when
         present): unless the cell's parameters set ``"device"``, ``run_cell``
@@ -164,7 +191,7 @@ class Experiment:
     uses_gpu: bool = False
     settings: Sequence[Setting] = ()
     checks: Sequence[Check] = ()
-    limitations: str = ""
+    limitations: str | Callable[[Sequence[Record]], str] = ""
     group: Callable[[dict, str], str | None] | None = None
     run_group: Callable[[list[dict]], list[dict]] | None = None
     cost: Callable[[list[dict]], TaskCost] | None = None

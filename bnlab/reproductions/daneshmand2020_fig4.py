@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bnlab.experiments.spec import Comparison, Experiment, Record
+from bnlab.experiments.spec import Check, Comparison, Experiment, Record
 from bnlab.reproductions.plotting import pyplot, save_figure
 from bnlab.reproductions.daneshmand2020_fig6 import CHUNKED, cost, group, run_cell, run_group, shorten
 
@@ -68,30 +68,82 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     return save_figure(fig, outdir, "daneshmand2020_fig4")
 
 
-def _compare(records: Sequence[Record]) -> list[Comparison]:
+#: where plain SGD is "stuck" (the claim is about such depths): final training loss above this (chance ≈ 2.30)
+_STUCK = 2.0
+#: a pre-trained net "trains" where vanilla is stuck: its final loss is lower by more than this
+_MARGIN = 0.05
+
+
+def _losses(records: Sequence[Record]) -> tuple[dict, dict, int]:
     loss: dict = {}
     acc: dict = {}
+    seeds = set()
     for rec in records:
         if not rec.metrics.get("skipped"):
             key = (rec.params["kind"], rec.params["depth"])
             loss.setdefault(key, []).append(_final_loss(rec.metrics))
+            seeds.add(rec.params["seed"])
             if "train_accuracy" in rec.metrics:
                 acc.setdefault(key, []).append(rec.metrics["train_accuracy"])
+    return ({k: float(np.mean(v)) for k, v in loss.items()}, {k: float(np.mean(v)) for k, v in acc.items()},
+            len(seeds))
+
+
+def _compare(records: Sequence[Record]) -> list[Comparison]:
+    loss, acc, n_seeds = _losses(records)
+    seeds = "1 seed" if n_seeds == 1 else f"mean of {n_seeds} seeds"
     rows = []
-    for depth in sorted({d for (_, d) in loss}):
-        if ("vanilla", depth) not in loss or ("pretrain25", depth) not in loss:
-            continue
-        v, p = float(np.mean(loss[("vanilla", depth)])), float(np.mean(loss[("pretrain25", depth)]))
-        b = float(np.mean(loss.get(("bn", depth), [np.nan])))
+    depths = sorted({d for (k, d) in loss if ("vanilla", d) in loss and ("pretrain25", d) in loss})
+    for depth in depths:
+        v, p = loss[("vanilla", depth)], loss[("pretrain25", depth)]
+        b = loss.get(("bn", depth), float("nan"))
+        stuck = v > _STUCK
         rows.append(Comparison(
             quantity=f"depth {depth}: final training loss, pre-trained vs vanilla (BN beside)",
             paper="pre-training makes deep vanilla nets train (much milder slow-down with depth)",
             bnlab=f"pre-trained {p:.3f}, vanilla {v:.3f}, BN {b:.3f}"
                   + ("" if not acc else "; training accuracy " + ", ".join(
-                      f"{k} {np.mean(acc[(k, depth)]):.3f}" for k in _KINDS if (k, depth) in acc)),
-            agrees=bool(p < v - 0.05) if v > 2.0 else None,  # a sharp test only where vanilla is stuck
+                      f"{k} {acc[(k, depth)]:.3f}" for k in _KINDS if (k, depth) in acc)) + f" ({seeds})",
+            agrees=bool(p < v - _MARGIN) if stuck else None,
+            reason="" if stuck else (
+                f"plain SGD is not stuck at this depth (vanilla loss {v:.3f} ≤ {_STUCK:g}), where the claim — "
+                f"pre-training rescues nets that stall — does not apply; here pre-training "
+                f"{'also trains' if p < v + _MARGIN else 'slows training'} (pre-trained {p:.3f})"),
+        ))
+    if len(depths) >= 2:
+        lo, hi = depths[0], depths[-1]
+        dp = loss[("pretrain25", hi)] - loss[("pretrain25", lo)]
+        dv = loss[("vanilla", hi)] - loss[("vanilla", lo)]
+        rows.append(Comparison(
+            quantity=f"slow-down with depth: final loss at depth {hi} − at depth {lo}, pre-trained vs vanilla",
+            paper="the slow-down in depth is much less severe for the pre-trained networks (Fig. 4)",
+            bnlab=f"pre-trained {dp:+.3f}, vanilla {dv:+.3f} ({seeds})",
+            agrees=bool(dp < dv),
+        ))
+    deep = max((d for d in depths if ("bn", d) in loss), default=None)
+    if deep is not None:
+        p, b = loss[("pretrain25", deep)], loss[("bn", deep)]
+        rows.append(Comparison(
+            quantity=f"deepest depth: pre-trained vs BN, final training loss at depth {deep}",
+            paper="the pre-training is faster than BN on deep networks; vanilla SGD outperforms BN (§1.2, §4)",
+            bnlab=f"pre-trained {p:.3f}, BN {b:.3f} ({seeds})",
+            agrees=bool(p < b),
         ))
     return rows
+
+
+def _limitations(records: Sequence[Record]) -> str:
+    loss, _, n_seeds = _losses(records)
+    steps = sorted({r.params["steps"] for r in records})
+    text = (f"Fashion-MNIST (Fig. 12) instead of CIFAR-10 (Fig. 4), {', '.join(map(str, steps))} SGD steps at one "
+            f"learning rate 0.01 (the paper grid-searches the step size and trains for epochs), "
+            f"{n_seeds} seed{'s' if n_seeds != 1 else ''}.")
+    behind = [d for (k, d) in loss if k == "pretrain25" and ("bn", d) in loss and loss[(k, d)] >= loss[("bn", d)]]
+    if behind:
+        text += (f"  In this run the pre-trained nets stay behind BN at depth {', '.join(map(str, sorted(behind)))}; "
+                 "daneshmand2020-fig6 follows their rank through training.  This budget does not show the paper's "
+                 "'pre-training outperforms BN' (issue 23 item 6 investigates it with the learning-rate search).")
+    return text
 
 
 EXPERIMENTS = [
@@ -111,5 +163,15 @@ EXPERIMENTS = [
         run_group=run_group,
         cost=cost,
         shorten=shorten,
+        checks=[
+            Check("depth …: final training loss, pre-trained vs vanilla",
+                  f"judged where plain SGD is stuck (vanilla's final loss > {_STUCK:g}): agrees when the pre-trained "
+                  f"net's final loss (mean of the last ~30 steps) is lower by more than {_MARGIN:g}"),
+            Check("slow-down with depth", "agrees when the pre-trained nets' final loss rises less from the "
+                  "shallowest to the deepest depth than the vanilla nets'"),
+            Check("deepest depth: pre-trained vs BN", "agrees when the pre-trained net's final training loss at the "
+                  "deepest depth is below BN's (the paper: pre-training lets vanilla SGD outperform BN on deep MLPs)"),
+        ],
+        limitations=_limitations,
     )
 ]

@@ -410,11 +410,40 @@ def _plot_fig10(records: Sequence[Record], outdir: Path) -> list[Path]:
     return save_figure(fig, outdir, "daneshmand2020_fig10")
 
 
+#: "preserves the initial magnitude of the rank": r(H_L) after training within this factor of its start
+_RANK_KEPT = 2.0
+
+
+def _limitations(records: Sequence[Record]) -> str:
+    kinds = _by_kind(records)
+    steps = sorted({r.params["steps"] for r in records})
+    n_seeds = len({r.params["seed"] for r in records if not r.metrics.get("skipped")})
+    text = (f"{', '.join(map(str, steps))} SGD steps at lr 0.01 on {records[0].params['n_train']} images and "
+            f"{n_seeds} seed{'s' if n_seeds != 1 else ''} (the paper: longer training with a grid-searched step "
+            "size, 5 runs).")
+    if "bn" in kinds:
+        acc = {k: float(np.mean([m["train_accuracy"] for m in ms])) for k, ms in kinds.items()}
+        pre = [k for k in ("pretrain25", "pretrain75") if k in acc]
+        if pre:
+            best = max(pre, key=acc.get)
+            text += (f"  In this run the best pre-trained net reaches {acc[best]:.3f} against BN's {acc['bn']:.3f}"
+                     + (" — it stays below BN" if acc[best] < acc["bn"] else "") + ".")
+    ranks = {k: (float(np.mean([m["r_start"] for m in ms])), float(np.mean([m["r_through_training"][-1][1]
+                                                                            for m in ms])))
+             for k, ms in kinds.items() if k.startswith("pretrain") and all(m.get("r_through_training") for m in ms)}
+    fell = [f"{k} {a:.2f} → {b:.2f}" for k, (a, b) in ranks.items() if b < a]
+    if fell:
+        text += f"  The pre-trained nets' rank falls during SGD ({', '.join(fell)})."
+    return text
+
+
 def _compare(records: Sequence[Record]) -> list[Comparison]:
     kinds = _by_kind(records)
     if "vanilla" not in kinds:
         return []
     mean = {k: float(np.mean([m["train_accuracy"] for m in ms])) for k, ms in kinds.items()}
+    n_seeds = len({r.params["seed"] for r in records if not r.metrics.get("skipped")})
+    seeds = "1 seed" if n_seeds == 1 else f"mean of {n_seeds} seeds"
     align = {k: float(np.nanmean([np.nan if m["alignment_start"] is None else m["alignment_start"] for m in ms]))
              for k, ms in kinds.items()}
     rows = []
@@ -425,7 +454,7 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
             rows.append(Comparison(
                 quantity=f"{k}: r(H_L) on 64 held-out-of-pre-training images before → after; training accuracy",
                 paper="pre-training raises the rank; the pre-trained net trains where the vanilla one does not",
-                bnlab=f"r {r0:.2f} → {r1:.2f}; accuracy {mean[k]:.3f} vs vanilla {mean['vanilla']:.3f}",
+                bnlab=f"r {r0:.2f} → {r1:.2f}; accuracy {mean[k]:.3f} vs vanilla {mean['vanilla']:.3f} ({seeds})",
                 agrees=bool(r1 >= 2 * r0 and mean[k] > mean["vanilla"] + 0.05),
             ))
     rows.append(Comparison(
@@ -458,21 +487,38 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
         rows.append(Comparison(
             quantity="breaking BN: asymmetric init U[0, 2/sqrt(d)] vs standard, r(H_L) and training accuracy",
             paper="the asymmetric init lowers BN's rank and slows training markedly (Figs. 5, 6)",
-            bnlab=f"r {r_asym:.2f} vs {r_bn:.2f}; accuracy {mean['bn_asym']:.3f} vs {mean['bn']:.3f}",
+            bnlab=f"r {r_asym:.2f} vs {r_bn:.2f}; accuracy {mean['bn_asym']:.3f} vs {mean['bn']:.3f} ({seeds})",
             agrees=bool(r_asym < r_bn and mean["bn_asym"] < mean["bn"] - 0.05),
         ))
     if "bn" in kinds and "bn_nomean" in kinds:
         rows.append(Comparison(
             quantity="BN without mean subtraction vs BN: training accuracy",
             paper="centering does not change BN's performance (Fig. 5, App. C, Fig. 7)",
-            bnlab=f"{mean['bn_nomean']:.3f} vs {mean['bn']:.3f}",
+            bnlab=f"{mean['bn_nomean']:.3f} vs {mean['bn']:.3f} ({seeds})",
             agrees=bool(abs(mean["bn_nomean"] - mean["bn"]) < 0.1),
+        ))
+    ends = {k: (float(np.mean([m["r_start"] for m in ms])),
+                float(np.mean([m["r_through_training"][-1][1] for m in ms])),
+                int(max(m["r_through_training"][-1][0] for m in ms)))
+            for k, ms in kinds.items() if all(m.get("r_through_training") for m in ms)}
+    if len(ends) >= 2:
+        order_start = sorted(ends, key=lambda k: ends[k][0])
+        order_end = sorted(ends, key=lambda k: ends[k][1])
+        within = all(1 / _RANK_KEPT <= e / s <= _RANK_KEPT for s, e, _ in ends.values())
+        steps = max(v[2] for v in ends.values())
+        rows.append(Comparison(
+            quantity=f"rank through training: r(H_L) at the start → after {steps} SGD steps",
+            paper="SGD preserves the initial magnitude of the rank for every network type; the ordering of the "
+                  "networks by rank is kept (Fig. 6 right, §4)",
+            bnlab=", ".join(f"{k} {ends[k][0]:.2f} → {ends[k][1]:.2f}" for k in _KINDS if k in ends)
+                  + ("; same ordering" if order_start == order_end else "; ordering changed") + f" ({seeds})",
+            agrees=bool(within and order_start == order_end),
         ))
     if "bn" in kinds:
         rows.append(Comparison(
             quantity="BN: training accuracy vs vanilla",
             paper="BN nets train at depth 32; vanilla nets do not (Fig. 1)",
-            bnlab=f"{mean['bn']:.3f} vs {mean['vanilla']:.3f}",
+            bnlab=f"{mean['bn']:.3f} vs {mean['vanilla']:.3f} ({seeds})",
             agrees=bool(mean["bn"] > mean["vanilla"] + 0.05),
         ))
     return rows
@@ -507,6 +553,10 @@ EXPERIMENTS = [
                   "0.05 below BN's"),
             Check("BN without mean subtraction", "agrees when its training accuracy is within 0.1 of BN's"),
             Check("BN: training accuracy", "agrees when BN's beats the vanilla net's by more than 0.05"),
+            Check("rank through training", f"agrees when every network's r(H_L) after training is within a factor "
+                  f"{_RANK_KEPT:g} of its value at the start of training and the networks' ordering by r(H_L) is the "
+                  "same at the end as at the start"),
         ],
+        limitations=_limitations,
     )
 ]

@@ -282,11 +282,14 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
     for bkey, bname, _ in _BOUNDARIES[1:]:
         ratios, ok = _ratios(done, "eta_star_measured_train", bkey)
         rows.append(Comparison(f"η* (corrected, train) / {bname}, per γ (another reading of the boundary)",
-                               "—", _fmt(ratios, len(done)) + (" (all within a factor 2)" if ok else ""), None))
+                               "—", _fmt(ratios, len(done)) + (" (all within a factor 2)" if ok else ""), None,
+                               reason="the paper's boundary is the explosion boundary; other readings are shown "
+                               "for comparison only"))
     ratios, ok = _ratios(done, "eta_init", "boundary")
     rows.append(Comparison("2(1+μ)/λmax measured at init / explosion boundary, per γ (is the gap the bound's or "
                            "training's?)", "—", _fmt(ratios, len(done)) + (" (all within a factor 2)" if ok else ""),
-                           None))
+                           None, reason="the paper does not measure λmax; shown to tell the bound's gap from "
+                           "training's"))
     return rows
 
 
@@ -317,7 +320,7 @@ EXPERIMENTS = [
         "10^(1/4) spacing, so a boundary is located to a factor 1.33 either way and a ratio of 0.5–2 is "
         "resolved only to that. Trained on ½‖f − onehot(y)‖², the loss of the theory's Gaussian model; "
         "with cross-entropy (the paper does not say which it used) nothing explodes below η = 10 at any γ "
-        "and the η* line does not fall on any boundary (docs/fisher.md). How η*/boundary depends on width "
+        "and the η* line does not fall on any boundary (measured in commit e1956c0; docs/fisher.md). How η*/boundary depends on width "
         "(128 → 1000) and why: docs/fisher.md.",
     )
 ]

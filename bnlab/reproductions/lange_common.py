@@ -15,8 +15,9 @@ from typing import Mapping, Sequence
 from bnlab.experiments.spec import Record
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["LABEL", "CHUNKED", "training_grid", "train_cell", "chunked_group", "run_chunked_cells", "cell_cost",
-           "shorten_cells", "final_accuracies", "plot_training_curves", "mean"]
+__all__ = ["LABEL", "CHUNKED", "training_grid", "extra_seed_cells", "train_cell", "chunked_group", "run_chunked_cells",
+           "cell_cost", "shorten_cells", "final_accuracies", "finals_by_seed", "paired_difference", "seeds_text",
+           "plot_training_curves", "mean"]
 
 #: ``data_order`` of the paper-scale cells that train in chunks of one epoch (bnlab.reproductions.chunked), so
 #: that the seeds of one (batch size, method) train as one batched ensemble
@@ -48,6 +49,18 @@ def training_grid(scales: Mapping[str, dict], methods: Mapping[int, Sequence[str
                 and not (b == 1 and norm in ("bn", "brn")) else {}))
         for b, norms in methods.items() for norm in norms for seed in s["seeds"]
     ]
+
+
+def extra_seed_cells(cells: Sequence[dict], pairs, seeds: Sequence[int]) -> list[dict]:
+    """Copies of the cells whose (batch size, method) is in ``pairs``, one per seed of ``seeds`` that the grid
+    does not already hold: restarts where a comparison needs an interval, without training every method again."""
+    have = {(c["batch_size"], c["norm"], c["seed"]) for c in cells}
+    out = []
+    for c in cells:
+        if (c["batch_size"], c["norm"]) in pairs and c["seed"] == min(s for (b, n, s) in have
+                                                                       if (b, n) == (c["batch_size"], c["norm"])):
+            out += [{**c, "seed": s} for s in seeds if (c["batch_size"], c["norm"], s) not in have]
+    return out
 
 
 def train_cell(model: str, params: dict) -> dict:
@@ -167,6 +180,42 @@ def final_accuracies(records: Sequence[Record]) -> dict[tuple[int, str], list[fl
         if m.get("trainable") and m.get("test_accuracy") is not None and not m.get("diverged"):
             out.setdefault((r.params["batch_size"], r.params["norm"]), []).append(m["test_accuracy"])
     return out
+
+
+def finals_by_seed(records: Sequence[Record]) -> dict[tuple[int, str], dict[int, float]]:
+    """Final test accuracy of every trained, non-diverged cell: ``{(batch size, method): {seed: accuracy}}``."""
+    out: dict[tuple[int, str], dict[int, float]] = {}
+    for r in records:
+        m = r.metrics
+        if m.get("trainable") and m.get("test_accuracy") is not None and not m.get("diverged"):
+            out.setdefault((r.params["batch_size"], r.params["norm"]), {})[int(r.params["seed"])] = m["test_accuracy"]
+    return out
+
+
+def paired_difference(records: Sequence[Record], batch: int, a: str, b: str) -> tuple[float, float, float, int] | None:
+    """Mean of ``a − b`` over the seeds both methods finished at ``batch`` and its 95 % t-interval:
+    ``(mean, low, high, n seeds)``; the interval is (−inf, inf) with one seed; None without a common seed."""
+    import math
+
+    from scipy import stats
+
+    by = finals_by_seed(records)
+    xa, xb = by.get((batch, a), {}), by.get((batch, b), {})
+    common = sorted(set(xa) & set(xb))
+    if not common:
+        return None
+    d = [xa[s] - xb[s] for s in common]
+    m = sum(d) / len(d)
+    if len(d) < 2:
+        return m, -math.inf, math.inf, 1
+    sd = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1))
+    half = float(stats.t.ppf(0.975, len(d) - 1)) * sd / math.sqrt(len(d))
+    return m, m - half, m + half, len(d)
+
+
+def seeds_text(n: int) -> str:
+    """"1 seed" or "n seeds, 95 % t-interval", for a comparison row."""
+    return "1 seed: no interval" if n == 1 else f"{n} seeds, 95 % t-interval"
 
 
 def mean(values: Sequence[float]) -> float:

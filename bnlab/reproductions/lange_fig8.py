@@ -15,21 +15,21 @@ BNP's P comes from running averages with ρ = 0.99 started at μ = 0, σ² = 1, 
 shown beside it.
 
 Scales.  ``small``: 10 000 training / 2 000 test images, 3 epochs (500 steps), a probe every 10
-steps, one seed.  ``paper``: 50 000 / 10 000, 20 epochs, a probe every 50 steps, three seeds.
+steps, three seeds.  ``paper``: 50 000 / 10 000, 20 epochs, a probe every 50 steps, three seeds.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Sequence
 
-from bnlab.experiments.spec import Comparison, Experiment, Record, TaskCost
+from bnlab.experiments.spec import Check, Comparison, Experiment, Record, TaskCost
 from bnlab.reproductions.plotting import pyplot, save_figure
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
 _PAPER = "Lange, Helfrich & Ye, Batch Normalization Preconditioning for Neural Network Training (JMLR)"
 _SCALES = {
-    "small": dict(train_size=10000, test_size=2000, epochs=3, log_every=10, seeds=(0,)),
+    "small": dict(train_size=10000, test_size=2000, epochs=3, log_every=10, seeds=(0, 1, 2)),
     "paper": dict(train_size=None, test_size=None, epochs=20, log_every=50, seeds=(0, 1, 2)),
 }
 # Each method at its tuned rate: Lange et al. Table 2, MNIST, mini-batch 60 (the paper's Fig. 8 uses
@@ -137,43 +137,81 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
     return save_figure(fig, outdir, "lange_fig8")
 
 
+#: "reduces the condition number by roughly κ(D)²": the measured reduction within this factor of κ(D)² either way
+_ROUGHLY = 10.0
+#: κ(D) "in the range 10²–10⁵" (Fig. 8 right)
+_KAPPA_D_RANGE = (1e2, 1e5)
+
+
+def _late(values):
+    """The second half of a training run's probes (BNP's running statistics start at μ = 0, σ = 1)."""
+    return values[len(values) // 2:]
+
+
+def _conditioning(records: Sequence[Record]) -> list[tuple[int, list[dict]]]:
+    return sorted((int(r.params["seed"]), r.metrics["conditioning"]) for r in records if r.metrics.get("conditioning"))
+
+
 def _compare(records: Sequence[Record]) -> list[Comparison]:
+    import math
+
+    from scipy import stats
+
     rows = []
-    for r in records:
-        cond = r.metrics.get("conditioning")
-        if not cond:
-            continue
-        ratios = [c["kappa_hessian"] / c["kappa_bnp"] for c in cond]
-        late = ratios[len(ratios) // 2:]  # after the running statistics have warmed up
-        kd = [c["kappa_D"] for c in cond]
-        red = [c["kappa_hessian"] / c["kappa_batch_p"] for c in cond]
+    runs = _conditioning(records)
+    if runs:
+        seeds = f"{len(runs)} seed{'s' if len(runs) != 1 else ''}"
+        red = [_median([c["kappa_hessian"] / c["kappa_bnp"] for c in _late(cond)]) for _, cond in runs]
+        kd2 = [_median([c["kappa_D"] ** 2 for c in _late(cond)]) for _, cond in runs]
+        q = [_median([c["kappa_hessian"] / c["kappa_bnp"] / c["kappa_D"] ** 2 for c in _late(cond)])
+             for _, cond in runs]
+        batch_p = [_median([c["kappa_hessian"] / c["kappa_batch_p"] for c in _late(cond)]) for _, cond in runs]
         rows.append(Comparison(
-            quantity="κ(Hessian block) / κ(BNP-preconditioned block), median over training",
-            paper="the preconditioning significantly reduces the condition number (Fig. 8 center)",
-            bnlab=f"{_median(ratios):.3g} (range {min(ratios):.3g}–{max(ratios):.3g}; second half of training "
-            f"{_median(late):.3g}; with the mini-batch P {_median(red):.3g}), seed {r.params['seed']}",
-            agrees=_median(late) > 2.0,
+            quantity="κ reduction against κ(D)²: κ(Hessian block) / κ(BNP-preconditioned block) ÷ κ(D)², median over "
+                     "the second half of training",
+            paper="the preconditioning reduces the condition number by roughly κ(D)² (§5.1, Fig. 8 center/right)",
+            bnlab=f"reduction {', '.join(f'{v:.3g}' for v in red)} against κ(D)² {', '.join(f'{v:.3g}' for v in kd2)}: "
+                  f"ratio {', '.join(f'{v:.2g}' for v in q)} (mini-batch P: reduction "
+                  f"{', '.join(f'{v:.3g}' for v in batch_p)}; {seeds})",
+            agrees=bool(all(1 / _ROUGHLY <= v <= _ROUGHLY for v in q)),
         ))
-        hg = [c["kappa_H_hat"] / c["kappa_G_hat"] for c in cond]
+        hg = [_median([c["kappa_H_hat"] / c["kappa_G_hat"] for c in cond]) for _, cond in runs]
         rows.append(Comparison(
-            quantity="κ(Ĥ) / κ(Ĝ), Theorem 4's matrices (the Hessian's S factor left out), median",
-            paper="up to κ(D) (Theorem 4)",
-            bnlab=f"{_median(hg):.3g} (range {min(hg):.3g}–{max(hg):.3g})",
-            agrees=_median(hg) > 1.0,
+            quantity="κ(Ĥ) / κ(Ĝ), Theorem 4's matrices (the Hessian's S factor left out), median over training",
+            paper="centering and scaling improve the conditioning of Ĥ (Theorem 4; up to κ(D))",
+            bnlab=f"{', '.join(f'{v:.3g}' for v in hg)} ({seeds})",
+            agrees=bool(all(v > 1.0 for v in hg)),
         ))
+        kd = [c["kappa_D"] for _, cond in runs for c in cond]
+        lo, hi = _KAPPA_D_RANGE
+        med = _median(kd)
         rows.append(Comparison(
             quantity="κ(D) of the output layer's input",
             paper="10²–10⁵ (Fig. 8 right, CIFAR-10)",
-            bnlab=f"{min(kd):.3g}–{max(kd):.3g} (median {_median(kd):.3g}; MNIST)",
-            agrees=None,
+            bnlab=f"{min(kd):.3g}–{max(kd):.3g} (median {med:.3g}; MNIST; {seeds})",
+            agrees=bool(lo <= med <= hi),
         ))
-    acc = {r.params["method"]: r.metrics.get("test_accuracy") for r in records if r.metrics.get("test_accuracy")}
-    if "bnp" in acc and "none" in acc:
+    acc = {}
+    for r in records:
+        ep = r.metrics.get("epochs")
+        if ep:
+            acc.setdefault(r.params["method"], {})[int(r.params["seed"])] = sum(e["test_accuracy"] for e in ep) / len(ep)
+    common = sorted(set(acc.get("bnp", {})) & set(acc.get("none", {})))
+    if common:
+        d = [acc["bnp"][s] - acc["none"][s] for s in common]
+        m = sum(d) / len(d)
+        if len(d) >= 2:
+            half = float(stats.t.ppf(0.975, len(d) - 1)) * math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1)
+                                                                     / len(d))
+            text = f"{m:+.4f} [{m - half:+.4f}, {m + half:+.4f}] ({len(d)} seeds, 95 % t-interval)"
+            ok, why = bool(m - half > 0), ""
+        else:
+            text, ok, why = f"{m:+.4f} (1 seed: no interval)", None, "one seed: an interval needs at least two"
         rows.append(Comparison(
-            quantity="final test accuracy, BNP vs vanilla (each at its Table 2 learning rate)",
+            quantity="final test accuracy, BNP vs vanilla (each at its Table 2 learning rate): BNP − vanilla, mean "
+                     "test accuracy over the epochs",
             paper="BNP converges faster (Fig. 8 left)",
-            bnlab=f"BNP {acc['bnp']:.4f}, vanilla {acc['none']:.4f}",
-            agrees=acc["bnp"] >= acc["none"] - 0.005,
+            bnlab=text, agrees=ok, reason=why,
         ))
     return rows
 
@@ -194,6 +232,24 @@ def shorten(cells: list[dict], steps: int) -> list[dict]:
     return [{**c, "epochs": min(float(c["epochs"]), float(steps) / _per_epoch(c))} for c in cells]
 
 
+def _limitations(records: Sequence[Record]) -> str:
+    """What this scale changes, and where this run's reduction falls short of κ(D)² (read off the records)."""
+    runs = _conditioning(records)
+    steps = max((r.metrics.get("steps") or 0 for r in records), default=0)
+    text = (f"MNIST instead of CIFAR-10, {steps} steps ({len(runs)} seed{'s' if len(runs) != 1 else ''}), a probe "
+            "every 10 steps.  BNP's P comes from running averages (ρ = 0.99) started at μ = 0, σ² = 1, so it "
+            "reduces κ little in the first ~100 steps; the reduction is read over the second half.")
+    if runs:
+        hess = [max(c["kappa_hessian"] for c in cond) for _, cond in runs]
+        q = [_median([c["kappa_hessian"] / c["kappa_bnp"] / c["kappa_D"] ** 2 for c in _late(cond)])
+             for _, cond in runs]
+        text += (f"  In this run the reduction is {min(q):.2g}–{max(q):.2g} × κ(D)², and κ of the Hessian block "
+                 f"reaches {max(hess):.2g}: S = diag(p(1−p))/N becomes ill-conditioned as the network grows "
+                 "confident, a factor Theorem 4 does not address (the paper: 'there is no good remedy'), so the "
+                 "reduction is far from κ(D)² here.")
+    return text
+
+
 EXPERIMENTS = [
     Experiment(
         name="lange-fig8",
@@ -209,5 +265,16 @@ EXPERIMENTS = [
         uses_gpu=False,
         cost=cost,
         shorten=shorten,
+        checks=[
+            Check("κ reduction against κ(D)²", f"'by roughly κ(D)²': agrees when, in every seed, the median over the "
+                  f"second half of training of κ(ĤᵀSĤ)/κ(PᵀĤᵀSĤP) ÷ κ(D)² lies within a factor {_ROUGHLY:g} of 1 "
+                  "(a reduction of 2.9 at κ(D) ≈ 400 fails)"),
+            Check("κ(Ĥ) / κ(Ĝ)", "agrees when the median over training of κ(Ĥ)/κ(Ĝ) exceeds 1 in every seed"),
+            Check("κ(D) of the output layer's input", f"agrees when the median κ(D) over all probes lies in "
+                  f"[{_KAPPA_D_RANGE[0]:g}, {_KAPPA_D_RANGE[1]:g}]"),
+            Check("final test accuracy, BNP vs vanilla", "'converges faster': the 95 % t-interval over seeds of "
+                  "BNP − vanilla in mean test accuracy over the epochs (paired by seed) lies above 0"),
+        ],
+        limitations=_limitations,
     )
 ]

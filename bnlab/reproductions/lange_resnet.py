@@ -238,7 +238,8 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
                 paper=f"BNP+GN's test accuracy converges faster than BN's before the first decay (epoch {m1})",
                 bnlab=(f"mean test accuracy over epochs 1-{m1}: BNP+GN {a:.4f}, BN {b:.4f}" if None not in (a, b)
                        else f"not judged: the runs do not reach epoch {m1}"),
-                agrees=None if None in (a, b) else a > b))
+                agrees=None if None in (a, b) else a > b,
+                reason="" if None not in (a, b) else f"the runs do not reach epoch {m1}"))
             a, b = final("bnp_gn"), final("bn")
             if p["final_claim"] == "comparable":
                 claim, ok = f"comparable to BN (within {_COMPARABLE * 100:.0f} point)", (
@@ -252,7 +253,7 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
                 paper=f"BNP+GN's final test accuracy {claim}",
                 bnlab=(f"epoch {last}: BNP+GN {a:.4f}, BN {b:.4f} (difference {100 * (a - b):+.2f} points)"
                        if None not in (a, b) else f"not judged: the runs do not reach epoch {last}"),
-                agrees=ok))
+                agrees=ok, reason="" if ok is not None else f"the runs do not reach epoch {last}"))
         if present("bnp_gn", "bn", "gn"):
             a, b, g = final("bnp_gn"), final("bn"), final("gn")
             judged = None not in (a, b, g)
@@ -262,7 +263,8 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
                       f"(here: ≥ {_SIGNIFICANT * 100:.0f} point at the end)",
                 bnlab=(f"epoch {last}: BN {b:.4f}, BNP+GN {a:.4f}, GN {g:.4f}" if judged
                        else f"not judged: the runs do not reach epoch {last}"),
-                agrees=(min(a, b) >= g + _SIGNIFICANT) if judged else None))
+                agrees=(min(a, b) >= g + _SIGNIFICANT) if judged else None,
+                reason="" if judged else f"the runs do not reach epoch {last}"))
         if present("bnp", "bn", "bnp_gn"):
             jb, jp, jg = jump("bn"), jump("bnp"), jump("bnp_gn")
             judged = None not in (jb, jp, jg)
@@ -273,14 +275,16 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
                 bnlab=(f"test accuracy gain at epoch {m1} (mean of {_JUMP_WINDOW} epochs after − before): "
                        f"BNP alone {jp:+.4f}, BN {jb:+.4f}, BNP+GN {jg:+.4f}" if judged
                        else f"not judged: the runs do not reach epoch {m1 + _JUMP_WINDOW}"),
-                agrees=(jp < jb and jp < jg) if judged else None))
+                agrees=(jp < jb and jp < jg) if judged else None,
+                reason="" if judged else f"the runs do not reach epoch {m1 + _JUMP_WINDOW}"))
             a, b = pre("bnp"), pre("bn")
             rows.append(Comparison(
                 quantity=f"pre-decay speed: BNP alone vs BN {where}",
                 paper="BNP alone converges faster than BN before the learning-rate decay (§5)",
                 bnlab=(f"mean test accuracy over epochs 1-{m1}: BNP alone {a:.4f}, BN {b:.4f}" if None not in (a, b)
                        else f"not judged: the runs do not reach epoch {m1}"),
-                agrees=None if None in (a, b) else a > b))
+                agrees=None if None in (a, b) else a > b,
+                reason="" if None not in (a, b) else f"the runs do not reach epoch {m1}"))
     return rows
 
 

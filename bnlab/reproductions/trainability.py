@@ -49,6 +49,7 @@ __all__ = [
     "DEPTH_WINDOW",
     "DEPTH_CHECKS",
     "describe_grid",
+    "boundary_summary",
 ]
 
 #: The measured boundary agrees with 16ξ when [deepest trainable depth, next grid depth] overlaps
@@ -382,9 +383,9 @@ def theory_max_depth(phi: str, batch_size: int, eps: float = 0.0, gamma: float =
 
 #: What the rows of :func:`compare_depths` test (shown in the report under every trainability figure).
 DEPTH_CHECKS = (
-    Check("trained", "a cell counts as trained when its test accuracy exceeds chance + ½·(best accuracy of the "
-          "sweep − chance); the measured maximum trainable depth at an x is the deepest grid depth that trains"),
-    Check("max trainable depth at", f"agrees when the measured boundary [deepest trainable depth, next grid "
+    Check("max trainable depth at", f"a cell counts as trained when its test accuracy (mean over its seeds) exceeds "
+          f"chance + ½·(best accuracy of the sweep − chance); the measured maximum trainable depth at an x is the "
+          f"deepest grid depth that trains.  Agrees when the measured boundary [deepest trainable depth, next grid "
           f"depth] overlaps [16ξ/{DEPTH_WINDOW:g}, {DEPTH_WINDOW:g}·16ξ]; where the deepest grid depth trains and "
           f"lies below 16ξ/{DEPTH_WINDOW:g}, the grid cannot test the claim and the row is not judged"),
     Check("cells with depth ≥ 2·16ξ that fail to train", "agrees when every such cell fails"),
@@ -521,6 +522,10 @@ def heatmap(
     return save_figure(fig, outdir, name)
 
 
+def _deepest_text(d: int | None) -> str:
+    return "none" if d is None else str(d)
+
+
 def compare_depths(records: Sequence[Record], *, xkey: str, xname: str, theory_at) -> list[Comparison]:
     """Rows "max trainable depth at x: paper ≈ 16ξ = …, bnlab: deepest trainable depth = …".
 
@@ -533,9 +538,12 @@ def compare_depths(records: Sequence[Record], *, xkey: str, xname: str, theory_a
     recs = _usable(records)
     if not recs:
         reasons = sorted({str(r.metrics.get("skip_reason", "")) for r in records}) or ["no records"]
-        return [Comparison("max trainable depth", "≈ 16ξ", "skipped: " + "; ".join(reasons), None)]
+        return [Comparison("max trainable depth", "≈ 16ξ", "skipped: " + "; ".join(reasons), None,
+                           reason="every cell was skipped: " + "; ".join(reasons))]
     xs, depths, acc = _accuracy_table(recs, xkey)
     thr = trainable_threshold(recs)
+    seeds = sorted({int(r.params.get("seed", 0)) for r in recs})
+    per_seed = {sd: _accuracy_table([r for r in recs if int(r.params.get("seed", 0)) == sd], xkey) for sd in seeds}
     rows = []
     n_agree = n_known = 0
     for j, x in enumerate(xs):
@@ -550,13 +558,26 @@ def compare_depths(records: Sequence[Record], *, xkey: str, xname: str, theory_a
             nxt = float(depths[k + 1]) if k + 1 < len(depths) else math.inf
             meas = f"deepest depth with accuracy > {thr:.2f} = {d}" + (f" (fails at {int(nxt)})" if math.isfinite(nxt) else " (deepest in grid)")
             lo, hi = float(d), nxt
+        # how many restarts the boundary rests on, and where each restart alone puts it
+        if len(seeds) == 1:
+            meas += "; 1 seed"
+        else:
+            alone = []
+            for sd in seeds:
+                sxs, sdepths, sacc = per_seed[sd]
+                col = list(sxs).index(x) if x in sxs else None
+                alone.append("–" if col is None else _deepest_text(measured_max_depth(sdepths, sacc[:, col], thr)))
+            meas += f"; mean of {len(seeds)} seeds (each alone: {', '.join(alone)})"
         if t is None:
-            rows.append(Comparison(f"max trainable depth at {xname}={xs_txt}", "≈ 16ξ (theory unavailable)", meas, None))
+            rows.append(Comparison(f"max trainable depth at {xname}={xs_txt}", "≈ 16ξ (theory unavailable)", meas, None,
+                                   reason="the theory has no 16ξ here (no BSB1 rate, or it raised: see the warnings)"))
             continue
         if math.isinf(hi) and math.isfinite(t) and lo < t / DEPTH_WINDOW:
             rows.append(Comparison(f"max trainable depth at {xname}={xs_txt}", f"≈ 16ξ = {t:.1f}",
                                    meas + f"; the grid ends below 16ξ/{DEPTH_WINDOW:g} = {t / DEPTH_WINDOW:.0f}: "
-                                   "not tested", None))
+                                   "not tested", None,
+                                   reason=f"the deepest grid depth trains and lies below 16ξ/{DEPTH_WINDOW:g}: the "
+                                   "grid cannot contradict the claim"))
             continue
         agree = bool(lo <= DEPTH_WINDOW * t and hi >= t / DEPTH_WINDOW)
         n_known += 1
@@ -583,3 +604,53 @@ def compare_depths(records: Sequence[Record], *, xkey: str, xname: str, theory_a
     if below:
         rows.append(Comparison("cells with depth ≤ 16ξ/2 that train", "all (≥ 80% here)", f"{below_ok}/{below}", bool(below_ok >= 0.8 * below)))
     return rows
+
+
+def boundary_summary(records: Sequence[Record], *, xkey: str, xname: str, theory_at) -> str:
+    """One sentence of the measured boundaries, read off ``records`` (so a section's prose cannot disagree
+    with its table): the deepest trainable depth and the failing next depth at each x beside 16ξ, whether
+    each lies in the window of :data:`DEPTH_CHECKS`, where the boundary sits relative to 16ξ, and how
+    many restarts it rests on."""
+    recs = _usable(records)
+    if not recs:
+        return "Nothing ran in this run (every cell was skipped)."
+    xs, depths, acc = _accuracy_table(recs, xkey)
+    thr = trainable_threshold(recs)
+    seeds = sorted({int(r.params.get("seed", 0)) for r in recs})
+    deepest, failing, theory, ratios, outside, untested = [], [], [], [], [], []
+    for j, x in enumerate(xs):
+        d = measured_max_depth(depths, acc[:, j], thr)
+        t = theory_at(x)
+        deepest.append(_deepest_text(d))
+        nxt = None
+        if d is not None:
+            k = int(np.searchsorted(depths, d))
+            nxt = int(depths[k + 1]) if k + 1 < len(depths) else None
+        failing.append("–" if nxt is None else str(nxt))
+        theory.append("?" if t is None else ("∞" if not math.isfinite(t) else f"{t:.1f}"))
+        if t is None:
+            continue
+        lo = 0.0 if d is None else float(d)
+        hi = float(depths[0]) if d is None else (float(nxt) if nxt is not None else math.inf)
+        if math.isinf(hi) and math.isfinite(t) and lo < t / DEPTH_WINDOW:
+            untested.append(f"{x:g}")  # the grid ends below the window (compare_depths does not judge it)
+            continue
+        if math.isfinite(t) and d is not None:
+            ratios.append(d / t)
+        if not (lo <= DEPTH_WINDOW * t and hi >= t / DEPTH_WINDOW):
+            outside.append(f"{x:g}")
+    judged = len(xs) - len(untested)
+    where = ("inside the window at every judged " + xname if not outside else
+             f"outside the window at {xname} = {', '.join(outside)}") if judged else "no boundary could be judged"
+    if untested:
+        where += (f"; at {xname} = {', '.join(untested)} the deepest grid depth trains and lies below "
+                  f"16ξ/{DEPTH_WINDOW:g}, so those rows are not judged")
+    trained = [int(d) for i, d in enumerate(depths) if np.any(acc[i] > thr)]
+    text = (f"Measured in this run ({len(seeds)} seed{'s' if len(seeds) != 1 else ''}, accuracy threshold "
+            f"{thr:.2f}): the deepest trainable depth is {', '.join(deepest)} (next grid depth {', '.join(failing)}) "
+            f"at {xname} = {', '.join(f'{x:g}' for x in xs)}, against 16ξ = {', '.join(theory)} — {where}")
+    if ratios:
+        text += f"; the boundary sits at {min(ratios):.2f}–{max(ratios):.2f} × 16ξ"
+    if trained and trained[-1] < depths[-1]:
+        text += f"; nothing deeper than {trained[-1]} trains"
+    return text + "."

@@ -35,6 +35,7 @@ from bnlab.experiments.spec import Experiment, Record, Setting
 from bnlab.reproductions.trainability import (
     DEPTH_CHECKS,
     as_columns,
+    boundary_summary,
     column_group,
     compare_depths,
     describe_grid,
@@ -172,7 +173,7 @@ def _grid(scale: str, *, letter: str) -> list[dict]:
 # Why larger ε does not train deeper nets here: measured with bnlab.sim.simulate (B = 32, width 128,
 # depth 30, 16 random networks, float32, seed 0) beside bnlab.theory.analyze(phi, 32, eps=…).
 _EPS_MEASUREMENT = (
-    "Why (measured at B = 32 on 16 random networks of width 128 and depth 30, bnlab.sim.simulate beside "
+    "Why (measured in commit d6fdd17 at B = 32 on 16 random networks of width 128 and depth 30, bnlab.sim.simulate beside "
     "bnlab.theory.analyze): neither the ε-BN network nor bnlab's ε > 0 theory is at fault — the simulated "
     "gradient explosion rate is 1.227, 1.168, 1.090 against the theory's λ_G↓ = 1.208, 1.154, 1.082 at "
     "ε = 0.001, 0.1, 0.3 (tanh; ReLU with β = 0.5: 1.307/1.291, 1.272/1.260, 1.206/1.200; the 1–1.5 % excess is "
@@ -185,27 +186,34 @@ _EPS_MEASUREMENT = (
     "and 1 (tanh: 16ξ = 112, 203, ∞ at ε = 0.1, 0.3, 1), where 16ξ lies beyond the affordable depth grid."
 )
 
-_LIMITS = {
-    "a": "The grid's depths stop at 60, so at γ = 0.25 and 0.5 (16ξ = 431, 252) the claim is not tested (the rows "
-    "are not judged).  Measured at this scale (150 steps, trained as ensembles): boundaries 20–40 at γ = 1 (16ξ = 85; "
-    "40–60, agreeing, when trained one network at a time — depth-40 training is chaotic here, see Fig. 5c) and "
-    "10–20 at γ = 2 (16ξ = 32: a 2–3× overestimate) — the short training budget biases the boundary low, "
-    "as in Fig. 3 (see Fig. 3a's measurement at a fixed η·steps).",
-    "c": "Measured at this scale (150 steps, seed 0, trained as ensembles): the deepest trainable depth is 20, 20, "
-    "40, 20 at ε = 0.001, 0.01, 0.1, 1 against 16ξ = 85, 87, 112, ∞ (one network at a time gave 40, 40, 40, 20: "
-    "at depth 40 this training is chaotic — a 1e-13 relative change of one weight matrix moves the weights by "
-    "O(1) within 40 steps, measured in float64 — so single-seed accuracies there are ±0.1 draws): larger ε does not train deeper tanh nets here, and ε = 1, where the "
-    "theory predicts no explosion, is the worst column — the paper's trend is not reproduced at this scale.  "
-    + _EPS_MEASUREMENT,
+# What the limitation texts quote from earlier runs (with the commits that recorded them); the boundaries of
+# the run a section shows are read off its records (boundary_summary), so text and table cannot disagree.
+_HISTORY = {
+    "a": "The grid's depths stop at 60, so where 16ξ is far beyond (γ = 0.25, 0.5) the claim is not tested.  "
+    "Trained one network at a time instead of as an ensemble (commit 3565223, seed 0), γ = 1 trained to 40–60 "
+    "instead of 20–40: depth-40 training is chaotic here (see Fig. 5c).  The short training budget biases "
+    "the boundary low, as in Fig. 3 (see Fig. 3a's measurement at a fixed η·steps).",
+    "b": "ReLU with β > 0 is nearly linear and its deep nets blow up within 150 steps at 3e-3·B, so this panel "
+    "trains at 1e-3·B.  As β grows 16ξ leaves the grid (depths to 60), and those rows are not judged.",
+    "c": "Single-seed accuracies at depth 40 are ±0.1 draws: trained one network at a time instead of as an "
+    "ensemble (commit 6f94c5e, seed 0) the boundaries were 40, 40, 40, 20 instead of the ensemble's — at depth "
+    "40 this training is chaotic (a 1e-13 relative change of one weight matrix moves the weights by O(1) within "
+    "40 steps, measured in float64).  Where larger ε does not train deeper tanh nets, or ε = 1 (16ξ = ∞) is the "
+    "worst column, the paper's trend is not reproduced at this scale.  ",
     "d": "The paper's β = 2 puts 16ξ at 330–800 layers for ε ≤ 0.3 (B = 32): a grid that could contradict the "
-    "claim would need depths beyond 500, hours on a CPU (the old small grid to depth 60 agreed by construction). "
-    "This scale uses β = 0.5, where 16ξ = 63, 63, 69 and ∞ at ε = 0.001, 0.01, 0.1 and 1 lies inside a grid "
-    "reaching depth 120.  Measured at this scale (150 steps): at ε = 0.001 the boundary is 40–80 against "
-    "16ξ = 63 (agrees), at ε = 0.01 it is 20–40 (16ξ = 63: agrees, at the window's edge 39) and at ε = 0.1 "
-    "40–80 (agrees; 20–40 when trained one network at a time), and at ε = 1, where the theory predicts no explosion "
-    "(16ξ = ∞), depth 80 fails as well — larger ε does not train deeper nets here, as in Fig. 5c.  "
-    + _EPS_MEASUREMENT,
+    "claim would need depths beyond 500, hours on a CPU (the old small grid to depth 60 agreed by construction).  "
+    "This scale uses β = 0.5, where 16ξ lies inside a grid reaching depth 120 (the values are in the sentence "
+    "above).  Trained one network at a time instead of as an ensemble (commit 3565223), ε = 0.1 gave 20–40 "
+    "instead of 40–80.  ",
 }
+
+
+def _limitations(records, *, letter: str) -> str:
+    """This run's boundaries (read off the records) and what earlier runs measured (with their commits)."""
+    fixed = _fixed_of(letter, records)
+    text = boundary_summary(records, xkey=_PANELS[letter]["key"], xname=_SYMBOL[_PANELS[letter]["key"]],
+                            theory_at=functools.partial(_theory_at, letter, fixed=fixed))
+    return text + "  " + _HISTORY[letter] + (_EPS_MEASUREMENT if letter in "cd" else "")
 
 
 def _scale_table(letter: str) -> list[Setting]:
@@ -261,7 +269,7 @@ def _make(letter: str) -> Experiment:
         shorten=trainability_shorten,
         settings=_scale_table(letter),
         checks=DEPTH_CHECKS,
-        limitations=_LIMITS.get(letter, ""),
+        limitations=functools.partial(_limitations, letter=letter),
     )
 
 

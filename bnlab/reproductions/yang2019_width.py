@@ -178,5 +178,8 @@ EXPERIMENTS = [
         ],
         checks=[Check("log–log slope of the bias", "agrees when the least-squares slope of log|bias| on log N is "
                       "within max(0.25, 2 standard errors) of −1")],
+        limitations=f"Widths {', '.join(map(str, _SCALES['small']['widths']))} (paper scale: up to "
+        f"{_SCALES['paper']['widths'][-1]}) and depth {_SCALES['small']['depth']}; not a figure of the paper: it "
+        "checks the premise of every mean-field figure, that the theory is the infinite-width limit.",
     )
 ]

@@ -234,3 +234,57 @@ def test_verdict_rules():
     # rows that all agree but rest on part of the grid are only "partly"
     assert verdict("partial", rows(True), failed_cells=2) == ("partly", "1 of 1 checked rows agree, but 2 cells failed")
     assert verdict("partial", rows(True), errors=[{"what": "plot() raised."}])[0] == "partly"
+
+
+def test_report_writes_a_claim_ledger_page_per_paper(report, tmp_path):
+    from bnlab import claims
+
+    out = report.index.parent
+    html = report.index.read_text()
+    data = json.loads((out / "report.json").read_text())
+    led = data["claims"]
+    assert led["counts"]["claims"] == len(claims.all_claims())
+    for key in claims.PAPERS:
+        page = out / f"claims-{key}.html"
+        text = page.read_text()
+        assert f'href="claims-{key}.html"' in html  # linked from the summary's counts table
+        # every claim of the paper is a row, with its id as the anchor; nothing is fetched
+        assert text.count('<tr id="') == len(claims.claims_of(key))
+        assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
+    # this report runs none of the papers' reproductions: their checks are "not run", tests "tested"
+    rows = {c["id"]: c for p in led["papers"] for c in p["claims"]}
+    assert rows["yang2019/fig3a"]["verdict"] == "not run"  # only reproduction checks, none ran here
+    assert rows["yang2019/thm3.10"]["verdict"] == "tested"  # its reproduction did not run; its tests exist
+    assert rows["lange/prop2"]["verdict"] == "tested"
+    assert rows["fisher/eq147"]["verdict"] == "not checked" and rows["fisher/eq147"]["not_checked"]
+
+
+_LEDGER_CHECK = """<script>window.addEventListener("load", function () {
+  document.body.setAttribute("data-rows", document.querySelectorAll("table.ledger tr[id]").length);
+  document.body.setAttribute("data-badges", document.querySelectorAll("table.ledger .badge").length);
+});</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian package 'chromium')")
+def test_claim_ledger_page_renders_in_headless_chromium(report, tmp_path):
+    from bnlab import claims
+
+    page = report.index.with_name("claims-lange.html")
+    check = page.with_name("ledger-check.html")
+    check.write_text(page.read_text().replace("</body>", _LEDGER_CHECK + "</body>"))
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+           "--disable-background-networking", "--disable-component-update",
+           f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=10000", "--dump-dom",
+           check.resolve().as_uri()]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    body = re.search(r"<body([^>]*)>", out.stdout).group(1)
+    got = {k: int(v) for k, v in re.findall(r'data-(rows|badges)="(\d+)"', body)}
+    n = len(claims.claims_of("lange"))
+    assert got["rows"] == n and got["badges"] >= n  # every claim has its verdict badge
+    from PIL import Image
+
+    img = Image.open(_screenshot(page, tmp_path)).convert("RGB")
+    colours = img.getcolors(maxcolors=1 << 20) or []
+    assert len(colours) > 50
+    assert any(rgb == (0x09, 0x69, 0xDA) for _, rgb in colours)  # the blue "tested" badges are drawn

@@ -104,7 +104,9 @@ def test_small_scale_all_rows_agree(exp, tmp_path):
     # L = 1000, vanilla 1; Fig. 3a exponents 0.615 [0.596, 0.635] (γ = 0.1), 0.649 [0.634, 0.665] (γ = ∞).
     recs = [Record(p, exp.run_cell(p)) for p in exp.grid("small")]
     exp.plot(recs, tmp_path)
-    rows = exp.compare(recs)
+    # "SGD preserves the initial rank" (Fig. 6's row) is contradicted at this budget — the pre-trained nets'
+    # rank falls — and the claim ledger says so; every other row must agree
+    rows = [r for r in exp.compare(recs) if not r.quantity.startswith("rank through training")]
     assert rows and all(r.agrees for r in rows), [(r.quantity, r.bnlab) for r in rows if not r.agrees]
     if exp.name == "daneshmand2020-fig3a":
         for r in rows:
@@ -136,7 +138,7 @@ def test_fig6_cells_tiny(tmp_path):
     assert {p.name for p in paths} >= {"daneshmand2020_fig6.png", "daneshmand2020_fig10.png"}
     assert all(p.exists() for p in paths)
     rows = exp.compare(recs)
-    assert len(rows) == 6
+    assert len(rows) == 7  # … and "rank through training" (issue 23: SGD preserves the initial rank)
     # every row is explained by a declared check (its name starts the row's quantity)
     assert all(any(r.quantity.startswith(c.name) for c in exp.checks) for r in rows), [r.quantity for r in rows]
 
@@ -224,7 +226,10 @@ def test_fig4_compare_and_plot_on_synthetic_records(tmp_path):
     recs = [rec("vanilla", 32, 2.30), rec("pretrain25", 32, 1.6), rec("bn", 32, 1.0),
             rec("vanilla", 8, 0.9), rec("pretrain25", 8, 0.8)]
     rows = exp.compare(recs)
-    assert [r.agrees for r in rows] == [None, True]  # depth 8: vanilla not stuck, no sharp test
+    # depth 8: vanilla not stuck, not judged (with its reason); depth 32; the slow-down with depth (pre-trained
+    # 1.6 − 0.8 against vanilla 2.3 − 0.9); pre-trained 1.6 against BN 1.0 at depth 32 does not beat BN
+    assert [r.agrees for r in rows] == [None, True, True, False]
+    assert "not stuck" in rows[0].reason
     assert "vanilla 2.300" in rows[1].bnlab
     recs.append(rec("pretrain25", 16, 2.29))
     recs.append(rec("vanilla", 16, 2.30))

@@ -72,7 +72,8 @@ def test_fig5_grid_cell_plot_compare(tmp_path):
     paths = exp.plot(recs, tmp_path)
     assert paths and all(p.stat().st_size > 1000 for p in paths)
     (row,) = exp.compare(recs)
-    assert row.quantity == "mini-batch 2: final test accuracy"
+    assert row.quantity.startswith("mini-batch 2: BNP − BN")
+    assert row.agrees is None and "one seed" in row.reason  # an interval needs two seeds
 
 
 def test_fig5_bnp_at_128_judged_only_with_enough_steps():
@@ -112,5 +113,14 @@ def test_fig5_settings_are_read_off_the_grid():
             per = {c["batch_size"]: c[key] for c in cells}
             want = ", ".join(f"{'all' if per[b] is None else per[b]} at {b}" for b in (128, 2))
             assert rows[what].at(scale) == want
-        assert rows["seeds"].at(scale) == str(len({c["seed"] for c in cells}))
-    assert "paper" in exp.limitations and "128" in exp.limitations
+        per = {b: len({c["seed"] for c in cells if c["batch_size"] == b}) for b in (128, 2)}
+        assert rows["seeds"].at(scale) == (str(per[128]) if per[128] == per[2] else
+                                           f"{per[128]} at 128, {per[2]} at 2 (BNP, BN, Batch Renorm at 2)")
+    # the limitation text is read off the records it describes: their steps and learning rates
+    recs = [Record(dict(batch_size=b, norm=n, seed=0), dict(trainable=True, test_accuracy=0.9, diverged=False,
+                                                           steps=st, learning_rate=lr, epochs=[]))
+            for b, n, st, lr in ((128, "bnp", 93, 0.1), (128, "bn", 93, 0.1), (2, "bnp", 1000, 1e-2),
+                                 (2, "bn", 1000, 1e-3))]
+    text = exp.limitations(recs)
+    assert "93 steps at mini-batch 128 and 1000 at mini-batch 2" in text and "paper scale" in text
+    assert "BN at 0.001, 10× smaller than BNP's 0.01" in text
