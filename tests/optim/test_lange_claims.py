@@ -93,10 +93,11 @@ def test_theorem1_null_space_and_convergence_rate_on_the_scale_invariant_manifol
     Routes: the dense autograd Hessian (float64) for (a) and for the spectrum; for (b) 200 steps of
     gradient descent from θ* + 1e-4·noise at α = 1/λ_max, measuring the exact distance to the manifold
     (per-unit quartic).  Network: 3 inputs, 2 ReLU units, 100 samples (seed 7: κ* = 35, nullity 2).
-    Checked: ‖H D‖ ≤ 1e-12‖H‖; nullity = k (the assumption); every step's distance ratio ≤ r + 0.005
-    (the ε of the theorem: the minimizer the iterates approach is θ*(t) with t ≠ 1, whose spectrum
-    differs from θ*'s by ~1e-4); the rate over the last 50 steps within 0.005 of r (the bound is
-    attained by the slowest mode).  Measured: r = 0.9714, last-50 rate 0.9716.  Perturbations, asserted:
+    Checked: ‖H D‖ ≤ 1e-12‖H‖; nullity = k (the assumption); every step's distance ratio ≤ r + 1e-3
+    (the ε of the theorem: the iterates approach θ*(t) with t ≠ 1, whose spectrum differs slightly from
+    θ*'s, and the O(‖θ − θ*‖²) remainder); the rate over the last 50 steps within 1e-3 of r (the bound is
+    attained by the slowest mode).  Measured: r = 0.971398, largest step ratio r + 1e-7, last-50 rate
+    r − 1e-7; the distance falls from 1.8e-4 to 1.4e-7.  Perturbations, asserted:
     (1) a direction that scales W_j alone (no 1/t on v_j) is not in the null space; (2) r computed with
     the second-smallest nonzero eigenvalue (0.946) lies below the observed rate; (3) with λ_min = 0
     the classical rate (Eq. 5) is 1 — no linear convergence — while the observed rate is < 0.98.
@@ -125,8 +126,8 @@ def test_theorem1_null_space_and_convergence_rate_on_the_scale_invariant_manifol
         theta = (theta - alpha * grad).detach()
     ratios = np.array(dist[1:]) / np.array(dist[:-1])
     late = float(np.exp(np.log(ratios[-50:]).mean()))
-    assert ratios.max() <= r + 0.005
-    assert abs(late - r) <= 0.005
+    assert ratios.max() <= r + 1e-3
+    assert abs(late - r) <= 1e-3
     assert late > r_second + 0.01
     assert late < 0.98
 
