@@ -337,7 +337,7 @@ def test_section4_n1_fc_cannot_be_improved_but_a_convolution_can():
     Routes: Ĥ = [1, hᵀ] for one FC input (κ by SVD = 1, also after any P); for the convolution, 𝓗
     built by ``F.unfold`` (im2col, 3×3 kernel, zero padding 1) from one 3-channel 8×8 input whose
     channels have means 3, 0, −1 and scales 10, 1, 0.1, then 𝓗̂P = [e, (𝓗 − eμ_Hᵀ)/σ_H].  Measured:
-    κ(𝓗̂) ≈ 10³, κ(𝓗̂P) ≈ 10.  Checked: the FC κ equals 1 to 1e-12 before and after; the conv κ drops
+    κ(𝓗̂) = 270, κ(𝓗̂P) = 8.6.  Checked: the FC κ equals 1 to 1e-12 before and after; the conv κ drops
     by more than 30×.  Perturbation: give the convolution a 1×1 kernel on a 1×1 map (r = s = k = 1, one
     row like the FC layer) and κ = 1 again — no improvement possible, asserted.
     """
