@@ -58,6 +58,26 @@ for variant in ("as in fisher-fig4", "readout / γ (same initial function)"):
         base = logits[0]
         print("max |logits(γ) − logits(γ=0.1)| at init, seed 0:",
               max(float((logits[i * len(SEEDS)] - base).abs().max()) for i in range(len(GAMMAS))))
+# Third variant: readout / γ *and* the readout's learning rate × 1/γ².  With β = 0 and ReLU the network is
+# f = (W/γ)·relu(γu) = W·relu(u): the hidden layers' gradients do not depend on γ, and SGD on W' = W/γ at rate
+# η moves W = γW' at rate ηγ² — the only place γ enters.  Compensating it should make the runs γ-independent.
+import functools
+
+from bnlab.nets import train
+
+print("== readout / γ and readout learning rate / γ²")
+for g in GAMMAS:
+    losses, hits = [], []
+    for s in SEEDS:
+        m = models(True)[GAMMAS.index(g) * len(SEEDS) + SEEDS.index(s)]
+        last = [mod for mod in m.modules() if isinstance(mod, torch.nn.Linear)][-1]
+        rest = [p for p in m.parameters() if all(p is not q for q in last.parameters())]
+        opt = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=5e-4)
+        groups = [{"params": rest}, {"params": list(last.parameters()), "lr": 0.1 / g**2}]
+        r = train(m, (x, tr.y), optimizer=lambda _p, groups=groups: opt(groups), batch_size=128, steps=STEPS, seed=s)
+        losses.append(float(np.mean(r.history)))
+        hits.append(steps_to_threshold(list(r.history), 0.5))
+    print(f"gamma={g:<4} mean train loss {np.mean(losses):.3f}  steps to 0.5: {hits}")
 for g in GAMMAS:
     eta = fisher_order_parameters(ARCH, norm="bn", gamma=g, sigma_w2=2.0, sigma_b2=0.5, momentum=0.9,
                                   bn_mode="train").eta_star
