@@ -85,3 +85,15 @@ def test_fisher_fig2_conv_checks():
     by = {r.quantity: r.agrees for r in rows}
     assert by["η* (as printed) / explosion boundary, conv net (within a factor 2?)"] is False
     assert by["η* (corrected, train) / explosion boundary, conv net (within a factor 2?)"] is True
+
+
+def test_lange_batch1_bn_and_batch_renorm_cells_record_that_they_cannot_train():
+    from bnlab.reproductions.lange_small_batch import run_cell
+
+    for norm in ("bn", "brn"):
+        m = run_cell(dict(norm=norm, batch_size=1, dataset="mnist", epochs=1, train_size=4, test_size=4, seed=0))
+        if m.get("skipped"):
+            pytest.skip(m["skip_reason"])
+        assert m["trainable"] is False and ("value per channel" in m["reason"] or "at least 2" in m["reason"])
+    m = run_cell(dict(norm="bn4", batch_size=1, dataset="mnist", epochs=1, train_size=4, test_size=4, seed=0))
+    assert m["trainable"] and 0 <= m["test_accuracy"] <= 1  # the GN combination trains at mini-batch 1
