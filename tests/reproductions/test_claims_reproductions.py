@@ -84,8 +84,10 @@ def test_fisher_fig2_conv_checks():
                                                    eta_init=boundary, etas=[0.01, 0.1], test_loss=[0.1, None]))
     rows = e.compare([rec(1.0, 0.05, 0.0006, 0.03, 0.06), rec(4.0, 0.004, 8e-5, 0.002, 0.005)])
     by = {r.quantity: r.agrees for r in rows}
-    assert by["η* (as printed) / explosion boundary, conv net (within a factor 2?)"] is False
-    assert by["η* (corrected, train) / explosion boundary, conv net (within a factor 2?)"] is True
+    assert by["η* (as printed) / explosion boundary, conv net, γ = 1 (within a factor 2?)"] is False
+    assert by["η* (corrected, train) / explosion boundary, conv net, γ = 1 (within a factor 2?)"] is True
+    assert by["η* (corrected, train) / explosion boundary, conv net, γ = 4 (within a factor 2?)"] is True
+    assert by["η* (corrected, eval) / explosion boundary, conv net, γ = 4 (within a factor 2?)"] is True
 
 
 def test_lange_batch1_bn_and_batch_renorm_cells_record_that_they_cannot_train():
