@@ -38,6 +38,8 @@ from bnlab.nets.models import (
 )
 from bnlab.nets.norms import (
     NORMALIZATIONS,
+    BatchNorm4Things1d,
+    BatchNorm4Things2d,
     BatchNormNoMean1d,
     BatchNormNoMean2d,
     BatchRenorm1d,
@@ -46,6 +48,7 @@ from bnlab.nets.norms import (
     GhostBatchNorm2d,
     ghost_batch_norm,
     make_norm,
+    norm_affine_parameters,
 )
 from bnlab.nets.train import (
     TEST_BN_MODES,
@@ -68,6 +71,9 @@ __all__ = [
     "GhostBatchNorm2d",
     "BatchRenorm1d",
     "BatchRenorm2d",
+    "BatchNorm4Things1d",
+    "BatchNorm4Things2d",
+    "norm_affine_parameters",
     "ghost_batch_norm",
     "INITS",
     "init_weights_",

@@ -10,6 +10,7 @@ name           layer                                                           s
 ``"brn"``      :class:`BatchRenorm1d` / ``2d``                                   Ioffe 2017, Algorithm 1
 ``"ln"``       ``nn.LayerNorm`` (dims=1) / ``nn.GroupNorm(1, C)`` (dims=2)       Ba et al. 2016
 ``"gn"``       ``nn.GroupNorm(num_groups, C)``                                   Wu & He 2018
+``"bn4"``      :class:`BatchNorm4Things1d` / ``2d`` (BN with 4 things)           Summers & Dinneen 2020; Lange et al. §5
 =============  ==============================================================  =====================
 
 Every batch-statistics layer here follows the conventions of ``nn.BatchNorm``: inputs ``(N, C)`` or
@@ -44,11 +45,14 @@ __all__ = [
     "GhostBatchNorm2d",
     "BatchRenorm1d",
     "BatchRenorm2d",
+    "BatchNorm4Things1d",
+    "BatchNorm4Things2d",
+    "norm_affine_parameters",
     "ghost_batch_norm",
 ]
 
 #: The normalization names :func:`make_norm` accepts.
-NORMALIZATIONS = ("none", "bn", "bn_nomean", "ghost_bn", "brn", "ln", "gn")
+NORMALIZATIONS = ("none", "bn", "bn_nomean", "ghost_bn", "brn", "ln", "gn", "bn4")
 
 
 def ghost_batch_norm(x: torch.Tensor, ghost_batch_size: int | None, eps: float):
@@ -369,6 +373,117 @@ class BatchRenorm2d(_BatchRenorm):
     _dims = 2
 
 
+# --------------------------------------------------------------------------------------- BN with 4 things
+class _BatchNorm4Things(_BatchStatNorm):
+    def __init__(self, num_features: int, num_groups: int | None = None, *, ghost_batch_size: int | None = None,
+                 example_weight: float = 0.0, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+                 device: Any = None, dtype: torch.dtype | None = None):
+        super().__init__(num_features, eps=eps, momentum=momentum, affine=affine, device=device, dtype=dtype)
+        groups = num_features if num_groups is None else check_int("num_groups", num_groups, minimum=1)
+        if num_features % groups:
+            raise ValueError(f"num_groups={groups} is not allowed: it must divide num_features={num_features}")
+        self.num_groups = groups
+        self.ghost_batch_size = (None if ghost_batch_size is None
+                                 else check_int("ghost_batch_size", ghost_batch_size, minimum=1))
+        self.example_weight = check_real("example_weight", example_weight, minimum=0.0, maximum=1.0)
+        self.register_buffer("running_mean", torch.zeros(groups, device=device, dtype=dtype))
+        self.register_buffer("running_var", torch.ones(groups, device=device, dtype=dtype))
+
+    def extra_repr(self) -> str:
+        return (super().extra_repr() + f", num_groups={self.num_groups}, ghost_batch_size={self.ghost_batch_size}, "
+                f"example_weight={self.example_weight}")
+
+    def _grouped(self, x: torch.Tensor) -> torch.Tensor:
+        # (N, C, *) -> (N, G, C/G·prod(*)): the values of one group of one sample, contiguous last axis
+        return x.reshape(x.shape[0], self.num_groups, -1)
+
+    def _affine(self, y: torch.Tensor) -> torch.Tensor:
+        if not self.affine:
+            return y
+        return torch.addcmul(self._channel_view(self.bias, y), y, self._channel_view(self.weight, y))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        n = x.shape[0]
+        xg = self._grouped(x)  # (N, G, K)
+        if not self.training:
+            mu = self.running_mean[None, :, None]
+            var = self.running_var[None, :, None]
+            a = self.example_weight
+            if a > 0:
+                # the example's own statistics over its group's values, mixed with the running ones as the
+                # moments of the mixture a·(example) + (1 − a)·(population)
+                mu_e = xg.mean(-1, keepdim=True)
+                var_e = (xg - mu_e).pow(2).mean(-1, keepdim=True)
+                mu, var = a * mu_e + (1 - a) * mu, a * var_e + (1 - a) * var + a * (1 - a) * (mu_e - mu).pow(2)
+            y = ((xg - mu) * torch.rsqrt(var + self.eps)).reshape(x.shape)
+            return self._affine(y)
+        b = n if self.ghost_batch_size is None else self.ghost_batch_size
+        if n % b:
+            raise ValueError(
+                f"a batch of {n} samples is not allowed with ghost_batch_size={b}: it must be a multiple of it")
+        m = b * xg.shape[-1]  # values per group in one (ghost) batch
+        self._check_values_per_channel(m, "(ghost) batch and channel group")
+        xgb = xg.reshape(n // b, b, self.num_groups, -1)  # (ghosts, B, G, K)
+        mean, var, xc = _centered_moments(xgb, (1, 3))
+        y = (xc * torch.rsqrt(var + self.eps)).reshape(x.shape)
+        with torch.no_grad():
+            mean, var = mean.reshape(n // b, -1), var.reshape(n // b, -1)
+            self.running_mean.lerp_(mean.mean(0).to(self.running_mean.dtype), self.momentum)
+            self.running_var.lerp_((var * (m / (m - 1))).mean(0).to(self.running_var.dtype), self.momentum)
+            self.num_batches_tracked.add_(1)
+        return self._affine(y)
+
+
+class BatchNorm4Things1d(_BatchNorm4Things):
+    """"BN with 4 things" (Summers & Dinneen 2020, "Four things everyone should know to improve batch
+    normalization"), as Lange et al. §5 use it: "for small batch size, BN is combined with GN, while for
+    larger batch-sizes BN is combined with Ghost Normalization; additionally a weight decay regularization on
+    BN's γ, β terms and a method to incorporate example statistics during inference are applied.  In
+    particular, the combination with GN makes it applicable to mini-batch size 1."
+
+    Training: statistics (mean and biased variance) over the samples of each ghost batch of
+    ``ghost_batch_size`` (default: the whole batch) **and** the channels of each of ``num_groups`` groups
+    (and every axis after the channel one) — with one channel per group (``num_groups=None``, the
+    default) this is ghost BN, with the whole batch it is ``nn.BatchNorm1d``; with fewer groups it pools
+    the batch and a group of channels, as GroupNorm pools a group for one sample, so a batch of one
+    trains when a group has ≥ 2 values.  Inference: the running group statistics (updated as
+    ``nn.BatchNorm``: the mean and the unbiased variance, averaged over the ghost batches, once per
+    forward by ``momentum``), mixed with the example's own group statistics by ``example_weight`` a:
+    μ = a μ_x + (1−a) μ_run, σ² = a σ²_x + (1−a) σ²_run + a(1−a)(μ_x − μ_run)² (the moments of the
+    a : (1−a) mixture of the example's values and the population) — "inference example weighing".
+    The fourth thing, weight decay on γ and β, belongs to the optimizer: :func:`norm_affine_parameters`
+    lists those parameters for their own parameter group.  ``weight``/``bias`` are per channel.
+
+    Differences: Lange et al. do not spell out the combination or the weighing; Summers & Dinneen is
+    not in this repository.  The forms above are bnlab's reading of Lange's description (statistics
+    over batch × channel group for "BN combined with GN"; mixture moments for "example statistics
+    during inference"); they reduce to ``nn.BatchNorm1d`` exactly for one channel per group, no ghost
+    batches and a = 0 (tested).
+    """
+
+    _dims = 1
+
+
+class BatchNorm4Things2d(_BatchNorm4Things):
+    """:class:`BatchNorm4Things1d` for (N, C, H, W): statistics over the (ghost) batch, a group of channels,
+    H and W."""
+
+    _dims = 2
+
+
+def norm_affine_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The γ (``weight``) and β (``bias``) of every normalization layer of ``model`` (bnlab's batch-statistics
+    layers, ``nn.BatchNorm*``, ``nn.GroupNorm``, ``nn.LayerNorm``) — for a parameter group with its own weight
+    decay ("BN with 4 things", Summers & Dinneen 2020; Lange et al. §5)."""
+    kinds = (_BatchStatNorm, nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+    out: list[nn.Parameter] = []
+    for m in model.modules():
+        if isinstance(m, kinds):
+            out.extend(p for p in (getattr(m, "weight", None), getattr(m, "bias", None)) if p is not None)
+    return out
+
+
 # --------------------------------------------------------------------------------------- by name
 _BRN_KEYS = ("r_max", "d_max", "warmup_start", "r_max_at", "d_max_at")
 
@@ -381,8 +496,9 @@ def make_norm(
     eps: float = 1e-5,
     momentum: float = 0.1,
     affine: bool = True,
-    num_groups: int = 32,
+    num_groups: int | None = None,
     ghost_batch_size: int | None = None,
+    example_weight: float = 0.0,
     device: Any = None,
     dtype: torch.dtype | None = None,
     **brn_kwargs: Any,
@@ -401,9 +517,12 @@ def make_norm(
     eps, momentum, affine:
         As in ``nn.BatchNorm`` (LayerNorm/GroupNorm use ``eps`` and ``affine``; ``momentum`` is unused).
     num_groups:
-        Groups of ``"gn"`` (must divide ``num_features``).
+        Groups of ``"gn"`` (default 32) and ``"bn4"`` (default ``num_features``: one channel per group, plain
+        BN statistics; fewer groups pool the batch with a group of channels); must divide ``num_features``.
     ghost_batch_size:
-        Samples per ghost batch of ``"ghost_bn"`` (required there, rejected elsewhere).
+        Samples per ghost batch of ``"ghost_bn"`` (required there) and ``"bn4"`` (optional; rejected elsewhere).
+    example_weight:
+        ``"bn4"`` only: the example's weight a in its inference statistics (:class:`BatchNorm4Things1d`).
     device, dtype:
         Of the parameters and buffers.
     **brn_kwargs:
@@ -427,11 +546,13 @@ def make_norm(
         raise ValueError(f"keyword arguments {bad} are not allowed: make_norm takes {', '.join(_BRN_KEYS)} for 'brn'")
     if brn_kwargs and name != "brn":
         raise ValueError(f"{sorted(brn_kwargs)} are not allowed with name={name!r}: they are arguments of 'brn'")
-    if (ghost_batch_size is not None) != (name == "ghost_bn"):
+    if name != "bn4" and (ghost_batch_size is not None) != (name == "ghost_bn"):
         raise ValueError(
             f"ghost_batch_size={ghost_batch_size!r} is not allowed with name={name!r}: "
-            "'ghost_bn' needs it and the others do not take it"
+            "'ghost_bn' needs it, 'bn4' may take it and the others do not"
         )
+    if example_weight and name != "bn4":
+        raise ValueError(f"example_weight={example_weight!r} is not allowed with name={name!r}: it is an argument of 'bn4'")
     kw = {"device": device, "dtype": dtype}
     common = dict(eps=eps, momentum=momentum, affine=affine, **kw)
     if name == "none":
@@ -445,11 +566,17 @@ def make_norm(
         return (GhostBatchNorm1d if dims == 1 else GhostBatchNorm2d)(num_features, ghost_batch_size, **common)
     if name == "brn":
         return (BatchRenorm1d if dims == 1 else BatchRenorm2d)(num_features, **common, **brn_kwargs)
+    if name == "bn4":
+        groups = num_features if num_groups is None else check_int("num_groups", num_groups, minimum=1)
+        if num_features % groups:
+            raise ValueError(f"num_groups={groups} is not allowed: it must divide num_features={num_features}")
+        return (BatchNorm4Things1d if dims == 1 else BatchNorm4Things2d)(
+            num_features, groups, ghost_batch_size=ghost_batch_size, example_weight=example_weight, **common)
     if name == "ln":
         if dims == 1:
             return nn.LayerNorm(num_features, eps=eps, elementwise_affine=affine, **kw)
         return nn.GroupNorm(1, num_features, eps=eps, affine=affine, **kw)
-    num_groups = check_int("num_groups", num_groups, minimum=1)
+    num_groups = 32 if num_groups is None else check_int("num_groups", num_groups, minimum=1)
     if num_features % num_groups:
         raise ValueError(
             f"num_groups={num_groups} is not allowed: it must divide num_features={num_features}"

@@ -26,6 +26,7 @@ from bnlab.rank.hooks import (
     representation_matrix,
     rescale_to_unit_trace,
 )
+from bnlab.rank.invariant import InvariantMoments, frobenius_drift, invariant_moments, regularity_terms
 from bnlab.rank.measures import (
     RankMeasures,
     as_representation,
@@ -68,4 +69,8 @@ __all__ = [
     "rank_pretrain",
     "GradientAlignment",
     "gradient_alignment",
+    "InvariantMoments",
+    "frobenius_drift",
+    "regularity_terms",
+    "invariant_moments",
 ]

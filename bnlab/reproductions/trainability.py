@@ -139,13 +139,13 @@ def _bn_mlp(params: dict, in_features: int, num_classes: int, *, depth: int, see
     return BNMLP(in_features, num_classes, depth=depth, width=int(params["width"]), phi=params.get("phi", "relu"),
                  gamma=float(params.get("gamma", 1.0)), beta=float(params.get("beta", 0.0)),
                  eps=float(params.get("eps", 1e-3)), sub_batch_size=None if bn_batch == batch_size else bn_batch,
-                 seed=seed)
+                 sigma_w2=float(params.get("sigma_w2", 1.0)), seed=seed)
 
 
 def run_trainability_cell(params: dict) -> dict:
     """Train one BN-MLP of a trainability sweep and return its test accuracy.
 
-    ``params`` keys: ``dataset``, ``phi``, ``gamma``, ``beta``, ``eps``,
+    ``params`` keys: ``dataset``, ``phi``, ``gamma``, ``beta``, ``eps``, optional ``sigma_w2`` (default 1),
     ``depth``, ``width``, ``bn_batch`` (B of the BN statistics),
     ``batch_size`` (training batch, a multiple of ``bn_batch``),
     ``optimizer``, ``lr``, ``steps`` or ``epochs``, ``n_train``, ``n_test``,

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from bnlab.nets import (
+    BatchNorm4Things1d,
+    BatchNorm4Things2d,
     NORMALIZATIONS,
     BatchNormNoMean1d,
     BatchNormNoMean2d,
@@ -61,6 +63,7 @@ def test_make_norm_types(dims):
         "brn": BatchRenorm1d if dims == 1 else BatchRenorm2d,
         "ln": nn.LayerNorm if dims == 1 else nn.GroupNorm,
         "gn": nn.GroupNorm,
+        "bn4": BatchNorm4Things1d if dims == 1 else BatchNorm4Things2d,
     }
     assert set(kinds) == set(NORMALIZATIONS)
     x = _x((8, 8) if dims == 1 else (4, 8, 3, 3))

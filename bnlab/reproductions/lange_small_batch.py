@@ -1,0 +1,316 @@
+"""Lange et al. (BNP), the 5-layer CNN at the smallest mini-batches: Fig. 4 (right) at mini-batch 1, and
+§5's "BN and Batch Renorm work well for batch sizes as small as 4 and 3 respectively".
+
+``lange-cnn-batch1`` (Fig. 4 right, the CNN curves): at mini-batch 1 "BN and BN Renorm do not train";
+"BNP trains faster and reaches slightly higher accuracy than the vanilla network, while BN with 4 Things
+significantly underperforms".  Methods: vanilla (SGD 1e-3), BNP (the vanilla CNN + BNPreconditioner,
+SGD 0.1), BN with 4 things (:class:`bnlab.nets.BatchNorm4Things2d`: batch × channel-group statistics
+with 4 groups, inference example weight 1/B, weight decay 1e-4 on γ and β, Adam 1e-3 — the paper used
+Adam for it), and BN, Batch Renorm — which cannot form a batch variance from one sample: their cells
+record that they do not train (the layer's own ValueError), as the paper reports.  Learning rates:
+Table 3's mini-batch-1 row.
+
+``lange-cnn-min-batch``: BN and Batch Renorm CNNs at mini-batches 2, 3, 4 and 8 on the same number of
+training images (so smaller batches take more steps), at Table 3's mini-batch-2 learning rates (BN 1e-3,
+Batch Renorm 1e-2) scaled linearly with the batch size (η(B) = η(2)·B/2, so one pass over the images
+moves the weights about as far at every B).  A batch size "works" when the final test accuracy is at
+least 0.9 of the same method's accuracy at mini-batch 8.
+
+Both use MNIST (CIFAR-10 is not available offline; stated in the report).  ``small``: 500 training
+images and seeds 0, 1, 2 (batch 1) / 1 500 images and seed 0 (min-batch: Batch Renorm's per-step cost
+makes more seeds too slow for ``bnlab report``), 1 000 test images; ``paper``: the full data set, 5 epochs,
+5 seeds.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
+from bnlab.reproductions.plotting import pyplot, save_figure
+
+__all__ = ["EXPERIMENTS", "run_cell", "BN4_WEIGHT_DECAY"]
+
+_PAPER = "Lange, Helfrich & Ye, Batch Normalization Preconditioning for Neural Network Training (JMLR)"
+#: weight decay on the normalization layers' γ and β for "BN with 4 things" (the paper gives no value)
+BN4_WEIGHT_DECAY = 1e-4
+_LR_BATCH1 = {"none": 1e-3, "bnp": 0.1, "bn4": 1e-3}  # Table 3, 5-layer CNN, mini-batch 1
+_SCALES = {
+    "batch1": {"small": dict(train_size=500, test_size=1000, epochs=1, seeds=(0, 1, 2)),
+               "paper": dict(train_size=None, test_size=None, epochs=5, seeds=(0, 1, 2, 3, 4))},
+    "min_batch": {"small": dict(train_size=1500, test_size=1000, epochs=1, seeds=(0,)),
+                  "paper": dict(train_size=None, test_size=None, epochs=5, seeds=(0, 1, 2, 3, 4))},
+}
+_BATCH1_METHODS = ("none", "bnp", "bn4", "bn", "brn")
+_MIN_BATCHES = (2, 3, 4, 8)
+_WORKS = 0.9  # a batch size works when its accuracy is ≥ this fraction of the method's accuracy at batch 8
+_LABEL = {"none": "vanilla", "bnp": "BNP", "bn4": "BN w/ 4 things", "bn": "BN", "brn": "Batch Renorm"}
+
+
+def _grid(scale: str, *, which: str) -> list[dict]:
+    from bnlab._validation import check_choice
+
+    s = _SCALES[which][check_choice("scale", scale, ("small", "paper"))]
+    base = dict(dataset="mnist", epochs=s["epochs"], train_size=s["train_size"], test_size=s["test_size"])
+    if which == "batch1":
+        return [dict(base, batch_size=1, norm=m, seed=seed) for m in _BATCH1_METHODS for seed in s["seeds"]]
+    return [dict(base, batch_size=b, norm=m, seed=seed) for m in ("bn", "brn") for b in _MIN_BATCHES
+            for seed in s["seeds"]]
+
+
+def _bn4_model(in_shape, num_classes, batch_size: int, seed: int):
+    from bnlab.nets import BNPCNN
+
+    kw = dict(num_groups=4, example_weight=1.0 / batch_size) if batch_size <= 8 else dict(
+        ghost_batch_size=min(batch_size, 16), example_weight=1.0 / batch_size)
+    return BNPCNN(tuple(in_shape), num_classes, norm="bn4", norm_kwargs=kw, seed=seed)
+
+
+def run_cell(params: dict) -> dict:
+    """Train one (method, batch size, seed) of the 5-layer CNN; BN / Batch Renorm at batch 1 record that
+    they cannot train."""
+    import time
+
+    import torch
+
+    from bnlab.data import DatasetNotFoundError, load_dataset
+    from bnlab.nets import norm_affine_parameters, train
+    from bnlab.optim import BNPreconditioner
+    from bnlab.optim.training import build_network, default_learning_rate
+
+    torch.set_num_threads(1)  # sweep cells run side by side, one per core
+    norm, b, seed = params["norm"], params["batch_size"], params["seed"]
+    try:
+        train_data = load_dataset(params["dataset"], "train")
+        test_data = load_dataset(params["dataset"], "test")
+    except DatasetNotFoundError as exc:
+        return {"skipped": True, "skip_reason": str(exc)}
+    if params["train_size"] is not None:
+        train_data = train_data.subset(params["train_size"], seed=seed)
+    if params["test_size"] is not None:
+        test_data = test_data.subset(params["test_size"], seed=seed)
+    shape, classes = tuple(train_data.x.shape[1:]), train_data.num_classes
+    hooks = []
+    if norm == "bn4":
+        net = _bn4_model(shape, classes, b, seed)
+        lr = _LR_BATCH1["bn4"]
+        decayed = {id(p) for p in norm_affine_parameters(net)}
+        groups = [{"params": [p for p in net.parameters() if id(p) in decayed], "weight_decay": BN4_WEIGHT_DECAY},
+                  {"params": [p for p in net.parameters() if id(p) not in decayed], "weight_decay": 0.0}]
+        make_opt = lambda _params: torch.optim.Adam(groups, lr=lr)
+    else:
+        net = build_network("cnn", norm, shape, classes, seed=seed)
+        if b == 1:
+            lr = _LR_BATCH1.get(norm, default_learning_rate("cnn", norm, 1))
+        else:  # Table 3's mini-batch-2 rate, scaled linearly with the batch size
+            lr = default_learning_rate("cnn", norm, 2) * b / 2
+        if norm == "bnp":
+            pre = BNPreconditioner(net)
+            hooks.append(lambda _m: pre.step())
+        make_opt = lambda p: torch.optim.SGD(p, lr=lr)
+    t0 = time.perf_counter()
+    try:
+        res = train(net, train_data, optimizer=make_opt, batch_size=b, epochs=params["epochs"], test_data=test_data,
+                    hooks=hooks, eval_every_epoch=False, seed=seed, device=params.get("device", "cpu"))
+    except ValueError as exc:
+        if norm in ("bn", "brn") and b == 1:
+            return {"trainable": False, "reason": str(exc), "learning_rate": lr}
+        raise
+    return {"trainable": True, "test_accuracy": res.test_accuracy, "final_train_loss": res.final_train_loss,
+            "diverged": res.diverged, "steps": res.steps, "learning_rate": lr,
+            "seconds": time.perf_counter() - t0}
+
+
+def _acc(records: Sequence[Record]) -> dict[tuple[str, int], list[float]]:
+    out: dict[tuple[str, int], list[float]] = {}
+    for r in records:
+        m = r.metrics
+        if m.get("trainable") and m.get("test_accuracy") is not None:
+            acc = 0.0 if m.get("diverged") else m["test_accuracy"]
+            out.setdefault((r.params["norm"], r.params["batch_size"]), []).append(acc)
+    return out
+
+
+def _mean_ci(vals: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95 % t-interval (0 for one value)."""
+    from scipy import stats
+
+    v = np.asarray(vals, float)
+    if v.size < 2:
+        return float(v.mean()), 0.0
+    return float(v.mean()), float(stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
+
+
+def _fmt(vals) -> str:
+    m, h = _mean_ci(vals)
+    return f"{m:.3f} ± {h:.3f} ({len(vals)} seed{'s' if len(vals) != 1 else ''})"
+
+
+def _compare_batch1(records: Sequence[Record]) -> list[Comparison]:
+    rows = []
+    for norm in ("bn", "brn"):
+        recs = [r for r in records if r.params["norm"] == norm]
+        if recs:
+            refused = all(r.metrics.get("trainable") is False for r in recs)
+            rows.append(Comparison(f"{_LABEL[norm]} at mini-batch 1 does not train",
+                                   "BN and BN Renorm do not train at mini-batch 1 (Fig. 4 right)",
+                                   "refused: " + (recs[0].metrics.get("reason", "trained")[:80] if refused else "trained"),
+                                   refused))
+    acc = _acc(records)
+    v, p, f = acc.get(("none", 1)), acc.get(("bnp", 1)), acc.get(("bn4", 1))
+    if v and p:
+        (mv, hv), (mp, hp) = _mean_ci(v), _mean_ci(p)
+        rows.append(Comparison("BNP above vanilla at mini-batch 1",
+                               "BNP trains faster and reaches slightly higher accuracy than vanilla",
+                               f"BNP {_fmt(p)}, vanilla {_fmt(v)}", bool(mp - hp > mv + hv)))
+    if v and p and f:
+        mf, hf = _mean_ci(f)
+        best = max(_mean_ci(v)[0], _mean_ci(p)[0])
+        rows.append(Comparison("BN with 4 things below vanilla and BNP at mini-batch 1",
+                               "BN with 4 Things significantly underperforms at mini-batch 1",
+                               f"BN w/ 4 things {_fmt(f)} against the better of vanilla and BNP {best:.3f}",
+                               bool(mf + hf < min(_mean_ci(v)[0] - _mean_ci(v)[1], _mean_ci(p)[0] - _mean_ci(p)[1]))))
+    return rows
+
+
+def _smallest_working(acc, norm) -> tuple[int | None, dict[int, float]]:
+    ref = acc.get((norm, max(_MIN_BATCHES)))
+    means = {b: _mean_ci(acc[(norm, b)])[0] for b in _MIN_BATCHES if (norm, b) in acc}
+    if not ref:
+        return None, means
+    ref_mean = _mean_ci(ref)[0]
+    works = [b for b in sorted(means) if means[b] >= _WORKS * ref_mean]
+    # the smallest batch from which every larger one works
+    smallest = None
+    for b in sorted(means, reverse=True):
+        if b in works:
+            smallest = b
+        else:
+            break
+    return smallest, means
+
+
+def _compare_min_batch(records: Sequence[Record]) -> list[Comparison]:
+    acc = _acc(records)
+    rows = []
+    for norm, paper_b in (("bn", 4), ("brn", 3)):
+        smallest, means = _smallest_working(acc, norm)
+        if not means:
+            continue
+        rows.append(Comparison(
+            f"smallest mini-batch at which {_LABEL[norm]} works",
+            f"{paper_b} ({_LABEL[norm]} works well for batch sizes as small as {paper_b})",
+            f"{smallest} (accuracy " + ", ".join(f"B={b}: {m:.3f}" for b, m in sorted(means.items()))
+            + f"; works = ≥ {_WORKS:g} × its accuracy at B = {max(_MIN_BATCHES)})",
+            None if smallest is None else bool(smallest == paper_b)))
+    return rows
+
+
+def _plot(records: Sequence[Record], outdir: Path, *, which: str) -> list[Path]:
+    plt = pyplot()
+    acc = _acc(records)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if which == "batch1":
+        names = [n for n in _BATCH1_METHODS if (n, 1) in acc]
+        means = [_mean_ci(acc[(n, 1)]) for n in names]
+        ax.bar(range(len(names)), [m for m, _ in means], yerr=[h for _, h in means], capsize=4)
+        ax.set_xticks(range(len(names)), [_LABEL[n] for n in names])
+        ax.set_ylabel("test accuracy after training (95 % CI over seeds)")
+        ax.set_title("Lange et al. Fig. 4 right: 5-layer CNN at mini-batch 1 (MNIST)", fontsize=10)
+        refused = [_LABEL[n] for n in ("bn", "brn") if any(r.params["norm"] == n for r in records)]
+        if refused:
+            ax.text(0.02, 0.95, "cannot train at B = 1: " + ", ".join(refused), transform=ax.transAxes, fontsize=8,
+                    va="top")
+    else:
+        for norm in ("bn", "brn"):
+            bs = [b for b in _MIN_BATCHES if (norm, b) in acc]
+            ms = [_mean_ci(acc[(norm, b)]) for b in bs]
+            ax.errorbar(bs, [m for m, _ in ms], yerr=[h for _, h in ms], fmt="o-", capsize=3, label=_LABEL[norm])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("mini-batch size")
+        ax.set_ylabel("test accuracy after the same number of images")
+        ax.set_title("Lange et al. §5: the smallest mini-batch BN / Batch Renorm work at", fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, outdir, f"lange_cnn_{which}")
+
+
+def _settings(which: str) -> list[Setting]:
+    s, p = _SCALES[which]["small"], _SCALES[which]["paper"]
+    rows = [
+        Setting("data set", "CIFAR-10", "MNIST", "MNIST", "CIFAR-10 is not available offline"),
+        Setting("training images", "50 000 (CIFAR-10)", str(s["train_size"]), "all"),
+        Setting("epochs", "not stated", str(s["epochs"]), str(p["epochs"]), "small: fits bnlab report's budget"),
+        Setting("seeds", "5 tests", str(len(s["seeds"])), str(len(p["seeds"]))),
+    ]
+    if which == "batch1":
+        rows.append(Setting("optimizers", "SGD (vanilla 1e-3, BNP 0.1); Adam 1e-3 for BN w/ 4 things (Table 3)",
+                            "same", "same"))
+        rows.append(Setting("BN with 4 things", "BN + GN at small batches, ghost BN at large, weight decay on γ, β, "
+                            "inference example statistics (Summers & Dinneen 2020; details not given)",
+                            f"bnlab 'bn4': 4 channel groups, example weight 1/B, weight decay {BN4_WEIGHT_DECAY:g} on γ, β",
+                            "same", "bnlab's reading of the paper's one-sentence description"))
+    else:
+        rows.append(Setting("mini-batch sizes", "not stated (only the conclusion: 4 for BN, 3 for Batch Renorm)",
+                            ", ".join(map(str, _MIN_BATCHES)), ", ".join(map(str, _MIN_BATCHES))))
+        rows.append(Setting("learning rates", "Table 3 at mini-batch 2: BN 1e-3, Batch Renorm 1e-2 (others not stated)",
+                            "Table 3's mini-batch-2 rate × B/2", "same",
+                            "equal images per batch size: the linear scaling keeps the distance moved comparable"))
+    return rows
+
+
+EXPERIMENTS = [
+    Experiment(
+        name="lange-cnn-batch1",
+        paper=_PAPER,
+        figure="Fig. 4 right (CNN curves)",
+        title="The 5-layer CNN at mini-batch 1: BNP, vanilla, BN with 4 things; BN and Batch Renorm cannot train",
+        claim="At mini-batch 1 BN and BN Renorm do not train; BNP trains faster and reaches slightly higher accuracy "
+        "than the vanilla CNN, while BN with 4 Things significantly underperforms (§5, Fig. 4 right).",
+        grid=functools.partial(_grid, which="batch1"),
+        run_cell=run_cell,
+        plot=functools.partial(_plot, which="batch1"),
+        compare=_compare_batch1,
+        uses_gpu=False,
+        settings=_settings("batch1"),
+        checks=[
+            Check("BN at mini-batch 1 does not train", "agrees when every BN cell is refused (a batch variance needs ≥ 2 values)"),
+            Check("Batch Renorm at mini-batch 1 does not train", "agrees when every Batch Renorm cell is refused"),
+            Check("BNP above vanilla at mini-batch 1",
+                  "agrees when the lower end of BNP's 95 % t-interval over seeds is above the upper end of vanilla's"),
+            Check("BN with 4 things below vanilla and BNP at mini-batch 1",
+                  "agrees when the upper end of its 95 % interval is below the lower ends of both vanilla's and BNP's"),
+        ],
+        limitations="MNIST instead of CIFAR-10 and one pass over 500 images: the ordering of the methods is what "
+        "is compared, not the paper's accuracies. 'BN with 4 things' follows the paper's one-sentence description "
+        "(bnlab's layer 'bn4'); Summers & Dinneen's exact weighting and their tuned hyperparameters are not "
+        "available here.",
+    ),
+    Experiment(
+        name="lange-cnn-min-batch",
+        paper=_PAPER,
+        figure="§5 text (Fig. 5 discussion)",
+        title="The smallest mini-batch at which BN and Batch Renorm work on the 5-layer CNN",
+        claim="BN and Batch Renorm work well for batch sizes as small as 4 and 3 respectively (§5, 5-layer CNN).",
+        grid=functools.partial(_grid, which="min_batch"),
+        run_cell=run_cell,
+        plot=functools.partial(_plot, which="min_batch"),
+        compare=_compare_min_batch,
+        uses_gpu=False,
+        settings=_settings("min_batch"),
+        checks=[
+            Check("smallest mini-batch at which BN works",
+                  f"agrees when the smallest batch from which every larger one reaches ≥ {_WORKS:g} × BN's seed-mean "
+                  "accuracy at batch 8 is 4"),
+            Check("smallest mini-batch at which Batch Renorm works",
+                  f"agrees when that smallest batch is 3 for Batch Renorm (same rule)"),
+        ],
+        limitations="'Works well' is not defined in the paper; here it is ≥ 0.9 of the same method's accuracy at "
+        "mini-batch 8 after the same images (1 500, one pass, linearly scaled learning rates), 1 seed, MNIST instead "
+        "of CIFAR-10.",
+    ),
+]

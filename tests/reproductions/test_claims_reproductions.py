@@ -1,0 +1,102 @@
+"""The reproductions added for issue #23 item 5: grids, declarations, and each check on synthetic records that
+pass and that fail (no training here; the cells are exercised by ``bnlab reproduce`` / the slow tests)."""
+import math
+
+import pytest
+
+from bnlab.experiments.registry import get_experiment
+from bnlab.experiments.spec import Record
+
+NAMES = ["lange-cnn-batch1", "lange-cnn-min-batch", "daneshmand2020-pretrain-lr", "fisher-fig2-conv",
+         "yang2019-fig5c-sigma4", "daneshmand2020-fig89"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_declared_with_distinct_paper_grid(name):
+    e = get_experiment(name)
+    assert e.settings and e.checks and e.limitations
+    small, paper = e.grid("small"), e.grid("paper")
+    assert small and paper and small != paper
+    with pytest.raises(ValueError, match="scale"):
+        e.grid("medium")
+
+
+def _lange(norm, b, accs, **extra):
+    return [Record(dict(norm=norm, batch_size=b, seed=s, dataset="mnist", epochs=1, train_size=1000, test_size=1000),
+                   dict(trainable=True, test_accuracy=a, diverged=False, **extra)) for s, a in enumerate(accs)]
+
+
+def test_lange_batch1_checks():
+    e = get_experiment("lange-cnn-batch1")
+    refused = [Record(dict(norm=n, batch_size=1, seed=0), dict(trainable=False, reason="batch statistics need ≥ 2"))
+               for n in ("bn", "brn")]
+    good = refused + _lange("none", 1, [0.30, 0.35, 0.32]) + _lange("bnp", 1, [0.82, 0.84, 0.86]) + \
+        _lange("bn4", 1, [0.15, 0.17, 0.16])
+    rows = {r.quantity: r.agrees for r in e.compare(good)}
+    assert all(rows.values()), rows
+    bad = refused + _lange("none", 1, [0.80, 0.85, 0.83]) + _lange("bnp", 1, [0.82, 0.84, 0.86]) + \
+        _lange("bn4", 1, [0.90, 0.92, 0.91])
+    rows = {r.quantity: r.agrees for r in e.compare(bad)}
+    assert rows["BNP above vanilla at mini-batch 1"] is False
+    assert rows["BN with 4 things below vanilla and BNP at mini-batch 1"] is False
+
+
+def test_lange_min_batch_checks():
+    e = get_experiment("lange-cnn-min-batch")
+    recs = (_lange("bn", 2, [0.3, 0.3]) + _lange("bn", 3, [0.5, 0.5]) + _lange("bn", 4, [0.92, 0.9]) +
+            _lange("bn", 8, [0.95, 0.95]) + _lange("brn", 2, [0.5, 0.5]) + _lange("brn", 3, [0.9, 0.9]) +
+            _lange("brn", 4, [0.93, 0.93]) + _lange("brn", 8, [0.95, 0.95]))
+    rows = {r.quantity: r.agrees for r in e.compare(recs)}
+    assert rows == {"smallest mini-batch at which BN works": True,
+                    "smallest mini-batch at which Batch Renorm works": True}
+    recs = _lange("bn", 2, [0.94]) + _lange("bn", 3, [0.94]) + _lange("bn", 4, [0.95]) + _lange("bn", 8, [0.95])
+    rows = {r.quantity: r.agrees for r in e.compare(recs)}
+    assert rows["smallest mini-batch at which BN works"] is False  # works at 2 already: not "as small as 4"
+
+
+def _pretrain(kind, r_start, runs):
+    return Record(dict(kind=kind, seed=0, depth=32, width=128),
+                  dict(r_init=1.0, r_start=r_start, runs=[dict(lr=lr, final_train_loss=l, train_accuracy=0.5,
+                                                               diverged=False, r_end=re) for lr, l, re in runs]))
+
+
+def test_pretrain_checks():
+    e = get_experiment("daneshmand2020-pretrain-lr")
+    good = [_pretrain("vanilla", 1.0, [(0.01, 2.3, 1.0), (0.1, 2.2, 1.1)]),
+            _pretrain("pretrain75", 5.0, [(0.01, 0.5, 4.0), (0.1, 0.4, 3.5)]),
+            _pretrain("bn", 7.0, [(0.01, 0.7, 6.5), (0.1, 0.6, 7.0)])]
+    rows = {r.quantity: r.agrees for r in e.compare(good)}
+    assert rows.pop("pre-trained vs BN at each shared step size (final training loss, first seed)") is None
+    assert all(rows.values()), rows
+    bad = [_pretrain("vanilla", 1.0, [(0.01, 2.3, 1.0)]), _pretrain("pretrain75", 5.0, [(0.01, 0.9, 1.5)]),
+           _pretrain("bn", 7.0, [(0.01, 0.6, 7.0)])]
+    rows = {r.quantity: r.agrees for r in e.compare(bad)}
+    assert rows["pre-trained beats BN at depth 32, best step size each (1 seed)"] is False
+    assert rows["r(H_L) preserved by SGD, pre-trained (T = 75 per layer) at its best step size (1 seed)"] is False
+
+
+def test_fisher_fig2_conv_checks():
+    e = get_experiment("fisher-fig2-conv")
+
+    def rec(g, boundary, printed, ev, tr):
+        return Record(dict(gamma=g, seed=0), dict(skipped=False, boundary=boundary, eta_star_paper=printed,
+                                                   eta_star_measured_eval=ev, eta_star_measured_train=tr,
+                                                   eta_init=boundary, etas=[0.01, 0.1], test_loss=[0.1, None]))
+    rows = e.compare([rec(1.0, 0.05, 0.0006, 0.03, 0.06), rec(4.0, 0.004, 8e-5, 0.002, 0.005)])
+    by = {r.quantity: r.agrees for r in rows}
+    assert by["η* (as printed) / explosion boundary, conv net, γ = 1 (within a factor 2?)"] is False
+    assert by["η* (corrected, train) / explosion boundary, conv net, γ = 1 (within a factor 2?)"] is True
+    assert by["η* (corrected, train) / explosion boundary, conv net, γ = 4 (within a factor 2?)"] is True
+    assert by["η* (corrected, eval) / explosion boundary, conv net, γ = 4 (within a factor 2?)"] is True
+
+
+def test_lange_batch1_bn_and_batch_renorm_cells_record_that_they_cannot_train():
+    from bnlab.reproductions.lange_small_batch import run_cell
+
+    for norm in ("bn", "brn"):
+        m = run_cell(dict(norm=norm, batch_size=1, dataset="mnist", epochs=1, train_size=4, test_size=4, seed=0))
+        if m.get("skipped"):
+            pytest.skip(m["skip_reason"])
+        assert m["trainable"] is False and ("value per channel" in m["reason"] or "at least 2" in m["reason"])
+    m = run_cell(dict(norm="bn4", batch_size=1, dataset="mnist", epochs=1, train_size=4, test_size=4, seed=0))
+    assert m["trainable"] and 0 <= m["test_accuracy"] <= 1  # the GN combination trains at mini-batch 1
