@@ -187,7 +187,7 @@ CLAIMS = [
     # ------------------------------------------------------------------ §4 experiments
     Claim("yang2019/16xi", "§4", "trainability is controlled by gradient explosion: the maximum trainable depth is "
           "about 16ξ, ξ = 1/log λ_G↓", "headline",
-          checks=_depth("yang2019-fig3a") + _depth("yang2019-fig5b")
+          checks=_depth("yang2019-fig3a") + _depth("yang2019-fig5b") + _depth("yang2019-fig5c-sigma4")
           + ["advise-validation: depth-below", "advise-validation: depth-above"], strength="small-scale stand-in"),
     Claim("yang2019/50-layers", "§4, Fig. 3a", "ReLU-BN networks deeper than about 50 layers are untrainable "
           "regardless of batch size", "headline",
@@ -217,8 +217,14 @@ CLAIMS = [
     Claim("yang2019/fig5b", "§4, Fig. 5b", "ReLU: increasing the shift β raises the maximum trainable depth as 16ξ "
           "predicts", "figure", checks=_depth("yang2019-fig5b"), strength="small-scale stand-in"),
     Claim("yang2019/fig5c", "§4, Fig. 5c", "tanh: a well-defined phase transition in ε near 1, beyond which very deep "
-          "nets train", "figure", checks=_depth("yang2019-fig5c"), strength="small-scale stand-in",
-          note="contradicted at small scale: ε = 1 trains worst (issue 23 item 6 investigates)"),
+          "nets train", "figure",
+          checks=_depth("yang2019-fig5c") + _depth("yang2019-fig5c-sigma4")
+          + ["yang2019-fig5c-sigma4: worst ε column at σ_w²", "yang2019-fig5c-sigma4: ε = 1 at σ_w²"],
+          strength="small-scale stand-in",
+          note="contradicted at small scale: at σ_w² = 1 the ε = 1 column trains worst.  BN(σh; ε) = BN(h; ε/σ²), "
+          "so the BSB1 collapse sits at ε = σ_w²; yang2019-fig5c-sigma4 (σ_w² = 4) tests that explanation: ε = 1 "
+          "no longer trains worst, but ε = σ_w² is not the worst column either — the small-scale result is the "
+          "collapse together with the large step (docs/trainability.md)"),
     Claim("yang2019/fig5d", "§4, Fig. 5d", "ReLU with β = 2: the same transition in ε near 1", "figure",
           checks=_depth("yang2019-fig5d"), strength="small-scale stand-in",
           note="small scale runs β = 0.5 (β = 2 puts 16ξ beyond any affordable depth grid)"),
