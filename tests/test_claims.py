@@ -142,7 +142,7 @@ def test_cli_lists_filters_and_reads_a_report(tmp_path, capsys):
     data = json.loads(out.stdout)
     assert data["counts"]["claims"] == len(claims.all_claims()) >= 120
     out = _cli("--paper", "fisher", "--status", "not_checked")
-    assert out.returncode == 0 and "fisher/eq147" in out.stdout and "fisher/claim31-fc" not in out.stdout
+    assert out.returncode == 0 and "fisher/small-terms" in out.stdout and "fisher/claim31-fc" not in out.stdout
     assert _cli("--paper", "nobody").returncode == 2
     bad = _cli("--verdict", "agrees")
     assert bad.returncode == 2 and "--report" in bad.stderr

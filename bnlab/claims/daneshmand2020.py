@@ -14,7 +14,7 @@ PAPER = Paper("daneshmand2020", "Daneshmand et al. 2020 (NeurIPS), Batch normali
               "for randomly initialised deep networks", "Daneshmand et al. 2020")
 
 _T = "tests/"
-_ISSUE = "no test yet (issue 23 item 4 adds the formula tests)"
+_DC = _T + "rank/test_daneshmand_claims.py::"
 
 CLAIMS = [
     # ------------------------------------------------------------------ definitions and Lemma 1 (§2)
@@ -56,8 +56,8 @@ CLAIMS = [
           note="small scale: depth 2 000 (the paper: 10⁶), γ ∈ {0.1, ∞}, d ≤ 128"),
     Claim("daneshmand2020/thm14", "App. E, Thm 14 (Eq. 62)", "formal bound: lim (1/L)Σ rank_τ ≥ (1−τ)²√((1−α)d) "
           "with the regularity constant α of the invariant distribution", "formula",
-          not_checked="needs estimates of the regularity constant α (Def. 3, Fig. 8), which bnlab does not "
-          "compute yet (issue 23 item 5)"),
+          tests=[_DC + "test_lemma13_eq55_thm14_bounds_at_the_estimated_alpha"], strength="simulation",
+          note="E r(H) ≥ √((1−α)d) at the ergodic α of one run (d = 32, γ = 1): 4.88 against 2.10"),
     Claim("daneshmand2020/fig3b", "§3.1, Fig. 3b", "given nearly collinear inputs, BN quickly amplifies the small "
           "singular values of H_ℓ and reduces the largest one", "figure",
           checks=["daneshmand2020-fig3b: BN: σ_1, σ_2 of H_0"], strength="small-scale stand-in"),
@@ -114,36 +114,69 @@ CLAIMS = [
           checks=["daneshmand2020-fig2: vanilla …: rank_1/2 of H_L"], strength="small-scale stand-in"),
     # ------------------------------------------------------------------ App. C–E: the proof's steps
     Claim("daneshmand2020/lemma4", "App. C, Lemma 4", "under the unique invariant distribution each row H_i: has "
-          "the same law as −H_i: (so E[M_ij] = 0 for i ≠ j)", "formula", not_checked=_ISSUE),
+          "the same law as −H_i: (so E[M_ij] = 0 for i ≠ j)", "formula",
+          tests=[_DC + "test_lemma4_sign_symmetry_off_diagonal_second_moment_is_zero"], strength="simulation",
+          note="the consequence E M_ij = 0 is tested (ergodic mean within 4 standard errors), not the law itself"),
     Claim("daneshmand2020/centering", "§2 and App. C, Fig. 7", "leaving out BN's mean subtraction does not change "
           "its performance (VGG, CIFAR-10): accuracy and r(H_L) stay close", "figure",
           checks=["daneshmand2020-fig5: BN without mean subtraction, training accuracy",
                   "daneshmand2020-fig5: BN without mean subtraction, rank of H_L",
                   "daneshmand2020-fig6: BN without mean subtraction"], strength="small-scale stand-in"),
     Claim("daneshmand2020/lemma5", "App. D, Lemma 5", "for γ ≤ 1/(8d) and bounded weights the BN chain keeps "
-          "rank(H_ℓ) ≥ 2 almost surely", "formula", not_checked=_ISSUE),
+          "rank(H_ℓ) ≥ 2 almost surely", "formula",
+          not_checked="only its proof step Lemma 6 (rank one is absorbing) is tested; no test runs the chain at "
+          "γ ≤ 1/(8d) from a rank ≥ 2 start"),
     Claim("daneshmand2020/lemma6", "App. D, Lemma 6", "once rank(H_k) = 1, M(H_ℓ) = M(H_k) for every ℓ > k with "
-          "entries ±1", "formula", not_checked=_ISSUE),
+          "entries ±1", "formula",
+          tests=[_DC + "test_lemma6_rank_one_representation_keeps_its_second_moment_for_small_gamma"],
+          strength="exact formula"),
     Claim("daneshmand2020/lemma7", "App. E, Lemma 7 (Eq. 43)", "(E_W‖M₊‖_F² − ‖M‖_F²)/γ² = δ_F(M) + O(γ), "
-          "δ_F = 2d² − 2‖M‖_F² − 8 tr M³ + 8 tr diag(M²)²", "formula", not_checked=_ISSUE),
+          "δ_F = 2d² − 2‖M‖_F² − 8 tr M³ + 8 tr diag(M²)²", "formula",
+          tests=[_DC + "test_lemma7_drift_is_half_the_laplacian_of_the_one_layer_map",
+                 _DC + "test_lemma7_monte_carlo_remainder_is_higher_order_in_gamma"], strength="exact formula"),
     Claim("daneshmand2020/prop8", "App. E, Prop. 8 (Eqs. 44–45)", "with rows of equal norm: tr M³ = ‖λ‖₃³, "
           "tr diag(M²)² = ‖λ‖⁴/d, ‖M‖_F² = ‖λ‖₂², so δ_F is a function of the spectrum", "formula",
-          not_checked=_ISSUE),
+          tests=[_DC + "test_prop8_equal_row_norms_spectral_forms",
+                 _DC + "test_regularity_terms_equal_their_eigenvalue_forms"], strength="exact formula"),
     Claim("daneshmand2020/example9", "App. E, Example 9", "from λ₁ = d − γ²(d−1), λ_i = γ², one step lowers "
-          "E‖M₊‖_F² by at least γ⁴d² (the small eigenvalues grow)", "formula", not_checked=_ISSUE),
+          "E‖M₊‖_F² by at least γ⁴d² (the small eigenvalues grow)", "formula",
+          tests=[_DC + "test_example9_one_layer_shrinks_the_spike_and_lifts_the_small_eigenvalues"],
+          strength="simulation",
+          note="the direction is tested (δ_F < 0; E λ₁ falls, E λ₂ rises, Monte Carlo); the size γ⁴d² of the drop "
+          "is not asserted"),
     Claim("daneshmand2020/lemma10", "App. E, Def. 3, Lemma 10", "the regularity constant α = E tr diag(M²)² / "
           "E tr M³ of the invariant distribution is below one for small γ", "formula",
-          not_checked="bnlab does not estimate α yet (issue 23 items 4–5: Figs. 8–9)"),
+          checks=["daneshmand2020-fig89: α below 0.9 for d > 10"],
+          tests=[_DC + "test_fig8_regularity_constant_below_0_9_for_d_above_10"], strength="simulation",
+          note="α estimated by ergodic averages (Eq. 49) at γ = 1 and 0.1, not at the lemma's vanishing γ"),
     Claim("daneshmand2020/fig8", "App. E, Fig. 8", "the estimated α is below 0.9 for d > 10 and decreases with d "
           "(γ = 1 and 0.1, L = 10⁵)", "figure",
-          not_checked="bnlab does not estimate α yet (issue 23 item 5 adds Figs. 8–9)"),
+          checks=["daneshmand2020-fig89: α below 0.9 for d > 10", "daneshmand2020-fig89: α decreases with d"],
+          tests=[_DC + "test_fig8_regularity_constant_below_0_9_for_d_above_10"], strength="small-scale stand-in", note="2 000 layers (the paper: 10⁵), d ≤ 64"),
+    Claim("daneshmand2020/example11", "App. E, Example 11", "if every M(H) in the support has rows of equal "
+          "norm and α ≥ 1, all non-zero eigenvalues of M(H) are equal", "formula",
+          tests=[_DC + "test_regularity_constant_is_one_when_all_nonzero_eigenvalues_are_equal"],
+          strength="exact formula", note="only the converse is tested: a point mass on an M with equal non-zero eigenvalues has α = 1 "
+          "exactly; that α ≥ 1 forces equal eigenvalues is not"),
+    Claim("daneshmand2020/example12", "App. E, Example 12", "with equal row norms, λ₁ = Θ(d^β) and the other "
+          "eigenvalues o(d^β), β < 1, the regularity constant is below 0.9 for large d", "formula",
+          not_checked="no test builds such a spectrum family; the α of the BN chain itself is tested "
+          "(daneshmand2020/fig8)"),
     Claim("daneshmand2020/lemma13", "App. E, Lemma 13 (Eq. 50)", "E‖M(H)‖_F² ≤ d^{3/2}/√(1−α) under the "
-          "invariant distribution, for small γ", "formula", not_checked=_ISSUE),
+          "invariant distribution, for small γ", "formula",
+          checks=["daneshmand2020-fig89: Lemma 13 bound"],
+          tests=[_DC + "test_lemma13_eq55_thm14_bounds_at_the_estimated_alpha"], strength="simulation",
+          note="checked at the ergodic α of the same run, γ = 1 and 0.1"),
     Claim("daneshmand2020/fig9", "App. E, Fig. 9", "log₂ of the depth-averaged ‖M‖_F² grows like log₂ d^{1.5} "
           "(γ = 1 and 0.1, L = 10⁵)", "figure",
-          not_checked="not reproduced yet (issue 23 item 5 adds Figs. 8–9)"),
+          checks=["daneshmand2020-fig89: exponent of E‖M‖²_F in d"],
+          tests=[_DC + "test_fig9_frobenius_norm_grows_at_most_like_d_to_the_three_halves"],
+          strength="small-scale stand-in",
+          note="2 000 layers (the paper: 10⁵), d ≤ 64"),
     Claim("daneshmand2020/cor15", "App. E, Cor. 15", "rank(H_ℓ) = Ω(√d) at every finite ℓ (and rank_τ, if the "
-          "sequence is non-increasing)", "formula", not_checked=_ISSUE),
+          "sequence is non-increasing)", "formula",
+          tests=[_DC + "test_cor15_rank_bound_holds_at_every_layer_not_only_on_average"], strength="simulation",
+          note="the minimum over 2 000 layers of one chain (d = 16, 32); Ω(√d) read as ≥ √d"),
     Claim("daneshmand2020/lemma16", "App. E, Lemma 16", "a non-increasing bounded integer sequence whose running "
           "mean exceeds α is ≥ α everywhere", "formula",
           not_checked="a fact about integer sequences with nothing to compute; bnlab has no code it bears on"),
@@ -160,27 +193,34 @@ CLAIMS = [
     Claim("daneshmand2020/fig4", "§4, Fig. 4 (CIFAR-10) and Fig. 12 (Fashion-MNIST)", "the slow-down of SGD with "
           "depth is much milder for rank-pre-trained vanilla MLPs than for vanilla ones", "figure",
           checks=["daneshmand2020-fig4: depth …: final training loss, pre-trained vs vanilla",
-                  "daneshmand2020-fig4: slow-down with depth"], strength="small-scale stand-in",
+                  "daneshmand2020-fig4: slow-down with depth",
+                  "daneshmand2020-pretrain-lr: pre-trained beats vanilla at depth 32"], strength="small-scale stand-in",
           note="Fashion-MNIST (Fig. 12), 500 SGD steps at one learning rate (the paper grid-searches it)"),
     Claim("daneshmand2020/pretrain-beats-bn", "§1.2, §4 'Outperforming BN', Fig. 4", "rank pre-training lets vanilla "
           "SGD outperform BN on very deep MLPs (it is faster than BN on deep networks)", "headline",
-          checks=["daneshmand2020-fig4: deepest depth: pre-trained vs BN"], strength="small-scale stand-in",
-          note="the paper grid-searches the step size; here one learning rate, 500 steps (issue 23 item 6 "
-          "investigates this headline with the search)"),
+          checks=["daneshmand2020-fig4: deepest depth: pre-trained vs BN",
+                  "daneshmand2020-pretrain-lr: pre-trained beats BN at depth 32"], strength="small-scale stand-in",
+          note="daneshmand2020-fig4 runs one step size; daneshmand2020-pretrain-lr searches it as the paper does "
+          "(500 steps, one seed): the pre-trained net beats BN at a shared small step, BN wins with each at its "
+          "best step (docs/rank.md)"),
     Claim("daneshmand2020/fig11", "App. I, Fig. 11", "on CIFAR-10 the pre-trained nets' advantage shows in training "
           "accuracy and test loss too", "figure",
           not_checked="needs CIFAR-10 (not available offline) and the paper's long training"),
     Claim("daneshmand2020/fig6-accuracy", "§4, Fig. 6 (left)", "depth-32 vanilla MLPs pre-trained with 25 and 75 "
           "steps per layer train (more steps: faster), the plain vanilla net does not", "figure",
-          checks=["daneshmand2020-fig6: pretrain"], strength="small-scale stand-in"),
+          checks=["daneshmand2020-fig6: pretrain", "daneshmand2020-pretrain-lr: pre-trained beats vanilla at depth 32"],
+          strength="small-scale stand-in"),
     Claim("daneshmand2020/fig6-bn", "§4, Fig. 6 (dashed) and Fig. 1", "BN nets train at depth 32 where vanilla nets "
           "do not", "figure",
           checks=["daneshmand2020-fig6: BN: training accuracy"], strength="small-scale stand-in"),
     Claim("daneshmand2020/rank-preserved", "§1.2, §4 'Rank through the optimization', Fig. 6 (right)", "SGD "
           "preserves the order of magnitude of the initial rank throughout optimization, for every network "
           "type", "headline",
-          checks=["daneshmand2020-fig6: rank through training"], strength="small-scale stand-in",
-          note="500 SGD steps; the paper trains for many epochs"),
+          checks=["daneshmand2020-fig6: rank through training", "daneshmand2020-pretrain-lr: r(H_L) preserved by SGD"],
+          strength="small-scale stand-in",
+          note="500 SGD steps; the paper trains for many epochs.  The rank that pre-training creates is not "
+          "preserved (×0.33–0.38 at every step size that trains), BN's and the collapsed vanilla net's are "
+          "(docs/rank.md)"),
     Claim("daneshmand2020/fig5-rank", "§4 'Breaking BN', Fig. 5 (right)", "the asymmetric initialization "
           "U[0, 2/√d] collapses the rank of BN nets' last hidden layer (VGG-19, CIFAR-10)", "figure",
           checks=["daneshmand2020-fig5: asymmetric init, rank of H_L at initialization",

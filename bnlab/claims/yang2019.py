@@ -12,7 +12,7 @@ PAPER = Paper("yang2019", "Yang et al. 2019 (ICLR), A Mean Field Theory of Batch
 
 _T = "tests/"
 _TH = _T + "theory/"
-_ISSUE = "no test yet (issue 23 item 4 adds the formula tests)"
+_YC = _TH + "test_yang_claims.py::"
 _DEPTH = ["max trainable depth at", "cells with depth ≥ 2·16ξ that fail to train", "cells with depth ≤ 16ξ/2 that train"]
 
 
@@ -77,7 +77,9 @@ CLAIMS = [
                  _TH + "test_nngp.py::test_deep_tanh_kernel_reaches_the_bsb1_fixed_point"],
           strength="simulation", note="ReLU and tanh are tested; leaky ReLU and sigmoid are not"),
     Claim("yang2019/cor-f3", "§3.1 and App. F, Cor. F.3", "for φ = id the dynamics converge globally to the BSB1 "
-          "fixed point (at a stated rate)", "formula", not_checked=_ISSUE),
+          "fixed point (at a stated rate)", "formula",
+          tests=[_YC + "test_cor_f3_identity_dynamics_converge_globally_at_rate_c_over_c_plus_2"],
+          strength="exact formula", note="rank C = 2, 3, 5 at B = 6, through Lemma F.1's 1-D integral"),
     Claim("yang2019/fig1cd", "§3.1, Fig. 1 (c, d)", "α-ReLU shows a BSB1 → BSB2 symmetry-breaking transition: the "
           "variance of Σ's entries jumps at α_transition(B)", "figure",
           tests=[_TH + "test_symmetry.py::test_alpha_transition_bracketed_and_confirmed_by_iteration"],
@@ -106,15 +108,25 @@ CLAIMS = [
                  _TH + "test_forward.py::test_relu_gegenbauer_at_b1024",
                  _TH + "test_forward.py::test_kinked_gegenbauer_vs_laplace"], strength="exact formula"),
     Claim("yang2019/lm-ordering", "§3.1.1 after Thm 3.8", "λ_M↑ is typically much smaller than λ_L↑ (exceptions "
-          "like φ = sin)", "formula", not_checked=_ISSUE),
+          "like φ = sin)", "formula",
+          tests=[_YC + "test_lambda_m_smaller_than_lambda_l_holds_for_relu_like_phi_but_not_for_tanh_like"],
+          strength="exact formula",
+          note="holds for relu-like φ (by a factor 0.7–0.9, not 'much'); reversed for tanh, erf, sigmoid, elu, "
+          "selu as well as sin"),
     Claim("yang2019/fig10-wv", "App. F, Fig. 10", "w_{B−1,1} < v_{B−1,1} but w_{B−1,l} ≥ v_{B−1,l} for l ≥ 2: the "
-          "more linear φ, the smaller λ_L↑", "figure", not_checked=_ISSUE),
+          "more linear φ, the smaller λ_L↑", "figure",
+          not_checked="the coefficients w, v of Thm 3.8 enter bnlab's Gegenbauer route for λ_L↑ (tested under "
+          "yang2019/thm3.8), but no test asserts Fig. 10's inequalities between them"),
     Claim("yang2019/thm-f33", "App. F, Thm F.33", "Laplace closed forms of the forward eigenvalues for "
           "positive-homogeneous φ", "formula",
           tests=[_TH + "test_forward.py::test_alpha_relu_laplace_closed_form_vs_sphere_and_gegenbauer",
                  _TH + "test_forward.py::test_laplace_vs_sphere_for_homogeneous_phi"], strength="exact formula"),
     Claim("yang2019/prop-f34", "App. F, Prop. F.34", "the large-B limits of the forward eigenvalues for "
-          "degree-α positive-homogeneous φ", "formula", not_checked=_ISSUE),
+          "degree-α positive-homogeneous φ", "formula",
+          tests=[_YC + "test_prop_f34_large_batch_expansion_and_its_erratum",
+                 _YC + "test_prop_f34_consequence_l_dominates_iff_alpha_at_least_one"],
+          strength="exact formula",
+          note="erratum: the printed 1/B coefficients hold only at α = 1; the corrected ones are asserted"),
     # ------------------------------------------------------------------ §3.1.2 gradients
     Claim("yang2019/thm3.9", "§3.1.2, Thm 3.9, Thm G.5", "gradients explode at the rate λ_G↓ given by the "
           "Gegenbauer coefficients of φ", "formula",
@@ -132,7 +144,9 @@ CLAIMS = [
           checks=["yang2019-theory: identity λ_G↓"], strength="exact formula",
           note="the linear value is tested exactly; that every other φ is above it is tested for tanh only"),
     Claim("yang2019/jacobian-sv", "§3.1.2 after Thm 3.9", "batchnorm forces the layer Jacobian's singular values away "
-          "from 1 at initialization (disproving Ioffe & Szegedy's conjecture)", "formula", not_checked=_ISSUE),
+          "from 1 at initialization (disproving Ioffe & Szegedy's conjecture)", "formula",
+          tests=[_YC + "test_sec312_bn_layer_jacobian_singular_values_are_pushed_away_from_one"],
+          strength="exact formula", note="φ = id: the closed form at the mean-field fixed point and a finite network"),
     Claim("yang2019/thm3.10", "§3.1.2, Thm 3.10 (Eq. 19), Thm G.12", "ReLU-BN gradients explode at the closed-form "
           "rate of Eq. 19, decreasing to π/(π−1) ≈ 1.467 as B → ∞; the linear BN network at (B−2)/(B−3) → 1",
           "formula",
@@ -180,14 +194,16 @@ CLAIMS = [
                  _TH + "test_cross_batch.py::test_identity_maximizes_the_rate"],
           checks=["yang2019-theory: identity cross-batch rate"], strength="exact formula"),
     Claim("yang2019/thm-h13", "App. H, Thm H.13", "the full eigendecomposition of the cross-batch forward Jacobian "
-          "F̃ (eigenspaces beyond M̃)", "formula", not_checked=_ISSUE),
+          "F̃ (eigenspaces beyond M̃)", "formula",
+          not_checked="bnlab computes only the M̃ eigenvalue (tested under yang2019/thm3.11); the other "
+          "eigenspaces of F̃ are not computed"),
     Claim("yang2019/fig2", "§3.2, Fig. 2 (and Fig. 6)", "a linear BN network maps two nearly identical minibatches "
           "to increasingly dissimilar ones: batch norm makes the input–output map chaotic", "figure",
           checks=["yang2019-fig2: correlation of two nearly identical minibatches"], strength="simulation"),
     # ------------------------------------------------------------------ §4 experiments
     Claim("yang2019/16xi", "§4", "trainability is controlled by gradient explosion: the maximum trainable depth is "
           "about 16ξ, ξ = 1/log λ_G↓", "headline",
-          checks=_depth("yang2019-fig3a") + _depth("yang2019-fig5b")
+          checks=_depth("yang2019-fig3a") + _depth("yang2019-fig5b") + _depth("yang2019-fig5c-sigma4")
           + ["advise-validation: depth-below", "advise-validation: depth-above"], strength="small-scale stand-in"),
     Claim("yang2019/50-layers", "§4, Fig. 3a", "ReLU-BN networks deeper than about 50 layers are untrainable "
           "regardless of batch size", "headline",
@@ -217,8 +233,14 @@ CLAIMS = [
     Claim("yang2019/fig5b", "§4, Fig. 5b", "ReLU: increasing the shift β raises the maximum trainable depth as 16ξ "
           "predicts", "figure", checks=_depth("yang2019-fig5b"), strength="small-scale stand-in"),
     Claim("yang2019/fig5c", "§4, Fig. 5c", "tanh: a well-defined phase transition in ε near 1, beyond which very deep "
-          "nets train", "figure", checks=_depth("yang2019-fig5c"), strength="small-scale stand-in",
-          note="contradicted at small scale: ε = 1 trains worst (issue 23 item 6 investigates)"),
+          "nets train", "figure",
+          checks=_depth("yang2019-fig5c") + _depth("yang2019-fig5c-sigma4")
+          + ["yang2019-fig5c-sigma4: worst ε column at σ_w²", "yang2019-fig5c-sigma4: ε = 1 at σ_w²"],
+          strength="small-scale stand-in",
+          note="contradicted at small scale: at σ_w² = 1 the ε = 1 column trains worst.  BN(σh; ε) = BN(h; ε/σ²), "
+          "so the BSB1 collapse sits at ε = σ_w²; yang2019-fig5c-sigma4 (σ_w² = 4) tests that explanation: ε = 1 "
+          "no longer trains worst, but ε = σ_w² is not the worst column either — the small-scale result is the "
+          "collapse together with the large step (docs/trainability.md)"),
     Claim("yang2019/fig5d", "§4, Fig. 5d", "ReLU with β = 2: the same transition in ε near 1", "figure",
           checks=_depth("yang2019-fig5d"), strength="small-scale stand-in",
           note="small scale runs β = 0.5 (β = 2 puts 16ξ beyond any affordable depth grid)"),
@@ -233,16 +255,26 @@ CLAIMS = [
           "CIFAR-100, especially early", "figure", not_checked="needs CIFAR-100 and a VGG19 sweep (a GPU)"),
     # ------------------------------------------------------------------ App. J, K: uncommon regimes
     Claim("yang2019/b2", "App. J 'Small Batch Size'", "at B = 2, B_φ(h) = (±1, ∓1): the gradient of a B = 2 "
-          "batchnorm network is 0", "formula", not_checked=_ISSUE),
+          "batchnorm network is 0", "formula",
+          tests=[_YC + "test_app_j_batch_size_two_has_exactly_zero_gradient"], strength="exact formula"),
     Claim("yang2019/b3", "App. J 'Small Batch Size'", "B = 3 suffers a gradient explosion similar to B = 4 "
-          "(conjectured from simulation)", "formula", not_checked=_ISSUE),
+          "(conjectured from simulation)", "formula",
+          tests=[_YC + "test_app_j_batch_size_three_explodes_like_four"], strength="simulation",
+          note="the typical (median) explosion: the mean-field rate does not exist at B = 3 (infinite mean)"),
     Claim("yang2019/finite-width-bsb2", "App. J 'Finite width effect'", "for φ = C₅ − C₇ (Gegenbauer) at B = 10, "
-          "width 100 favours BSB2 fixed points, width ≥ 1000 BSB1", "formula", not_checked=_ISSUE),
+          "width 100 favours BSB2 fixed points, width ≥ 1000 BSB1", "formula",
+          tests=[_YC + "test_app_j_c5_minus_c7_is_bsb1_stable_in_mean_field_but_breaks_symmetry_at_width_100",
+                 _YC + "test_app_j_c5_minus_c7_returns_to_bsb1_at_large_width"],
+          strength="simulation",
+          note="here the turnover to BSB1 lies between widths 1 000 (11/16 networks still BSB2) and 3 000"),
     Claim("yang2019/thm-k4-k5", "App. K, Thms K.4–K.5", "the BSB2¹ fixed point's G-projection is rank one, "
           "λ*q̂q̂ᵀ, with the closed-form d*, c*, b*", "formula",
           tests=[_TH + "test_symmetry.py::test_bsb2_fixed_point_is_a_fixed_point"], strength="exact formula"),
     Claim("yang2019/thm-k2", "App. K, Thm K.2, Cor. K.3", "eigenspaces and eigenvalues of G·BSB2·G", "formula",
-          not_checked=_ISSUE),
+          not_checked="bnlab computes the BSB2¹ fixed point (yang2019/thm-k4-k5) but not the eigendecomposition of "
+          "G·BSB2·G; no test"),
     Claim("yang2019/remark-k7", "App. K, Remark K.7", "in PyTorch the gradient of a relu³⁰ network at a BSB2¹ fixed "
-          "point vanishes numerically", "formula", not_checked=_ISSUE),
+          "point vanishes numerically", "formula",
+          not_checked="the relu³⁰ BSB2¹ fixed point is tested (yang2019/thm-k4-k5), but no test takes a network's "
+          "gradient there"),
 ]
