@@ -269,20 +269,35 @@ def main(argv=None) -> int:
         ap.error(f"--device {device} is not allowed: CUDA is not available here")
     budget = args.budget if args.budget is not None else (240.0 if args.quick else 480.0)
     t0 = time.perf_counter()
-    results: dict = {"device": device, "torch": torch.__version__,
+    import bnlab
+
+    results: dict = {"device": device, "torch": torch.__version__, "bnlab": str(Path(bnlab.__file__).resolve().parent),
                      "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None, "quick": args.quick}
 
     def left() -> float:
         return budget - (time.perf_counter() - t0)
 
     say = (lambda *a: print(*a, file=sys.stderr, flush=True))
+    parts = {}
     if "tests" not in args.skip:
-        say("gpu_check: CUDA tests …")
-        results["tests"] = run_cuda_tests(min(SHARES["tests"] * budget, left()))
+        parts["tests"] = lambda: run_cuda_tests(min(SHARES["tests"] * budget, left()))
     for name in ("bench_sim", "bench_ensemble", "bench_bnp"):
         if name not in args.skip:
+            parts[name] = (lambda name=name: run_benchmark(f"{name}.py", device, args.quick,
+                                                           min(SHARES[name] * budget, left())))
+    if args.quick and device == "cpu":
+        # the smoke test: nothing it times is read as a result, so its subprocesses run side by side (each
+        # is mostly Python and torch start-up); on a GPU they run one at a time, each timing alone
+        from concurrent.futures import ThreadPoolExecutor
+
+        say(f"gpu_check: {', '.join(parts)} side by side …")
+        with ThreadPoolExecutor(max_workers=max(len(parts), 1)) as pool:
+            futures = {name: pool.submit(run) for name, run in parts.items()}
+            results.update({name: f.result() for name, f in futures.items()})
+    else:
+        for name, run in parts.items():
             say(f"gpu_check: {name} …")
-            results[name] = run_benchmark(f"{name}.py", device, args.quick, min(SHARES[name] * budget, left()))
+            results[name] = run()
     if "plan" not in args.skip:
         say("gpu_check: paper-scale plan of every reproduction …")
         results["plan"] = run_plan(device, max(left() - 5.0, 5.0), args.quick, args.plan_only)

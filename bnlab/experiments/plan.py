@@ -627,6 +627,10 @@ class _ChildRunner:
                               else 0.0 for i, c in enumerate(costs)]
             p.seconds = sum(p.task_seconds)
             p.wall_seconds = lpt_makespan(p.task_seconds, p.workers)
+        elif running is None:
+            # stopped before its first pilot run began: the child's start-up (imports) or the grid took it all
+            p.error = (f"stopped at {hard_limit:.0f} s before its first pilot run began; give it more time "
+                       "(--plan-budget)")
         else:
             p.error = (f"the pilot (a task cut to a few steps) ran past {hard_limit:.0f} s; give it more time "
                        "(--plan-budget)")

@@ -144,6 +144,13 @@ def test_a_pilot_stopped_in_a_cut_task_gives_a_lower_bound_for_the_tasks_that_do
     assert e.seconds == pytest.approx(sum(e.task_seconds)) and e.wall_seconds == pytest.approx(e.seconds)
 
 
+def test_a_plan_stopped_before_its_first_pilot_run_says_so(test_env, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", helper_pythonpath())
+    plan = plan_experiments([_plan_helpers.COSTED], "small", workers=1, budget=0.5, hard_limit=0.01)
+    (e,) = plan.experiments
+    assert e.seconds is None and not e.lower_bound and "before its first pilot run began" in e.error
+
+
 def test_plan_to_dict_and_table():
     from bnlab.experiments.plan import ExperimentPlan
 
