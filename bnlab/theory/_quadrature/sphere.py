@@ -393,8 +393,11 @@ def cartesian_sphere_grid(batch_size: int, kinks: tuple[float, ...], unit: tuple
     # density is a peak of width ~B^{−1/2}, which the tanh-sinh nodes resolve only near panel ends), y₊;
     # points outside (y₋, y₊) are clipped onto its ends, making empty panels of zero weight (vectorized)
     yc = -r * x / pb
-    inner = np.clip(np.column_stack([np.broadcast_to(kin, (x.size, kin.size)), yc]), ylo[:, None], yhi[:, None])
-    ends = np.column_stack([ylo, np.sort(inner, axis=1), yhi])
+    if kin.size:
+        inner = np.clip(np.column_stack([np.broadcast_to(kin, (x.size, kin.size)), yc]), ylo[:, None], yhi[:, None])
+        ends = np.column_stack([ylo, np.sort(inner, axis=1), yhi])
+    else:  # analytic φ: the maximum alone, no sort (the same ends)
+        ends = np.column_stack([ylo, np.clip(yc, ylo, yhi), yhi])
     # only the non-empty panels get nodes (a kink outside (y₋, y₊) leaves an empty one); they stay in runs
     # of equal x (row-major (outer node, panel)), so functions of u_1 are evaluated once per run
     length_all = ends[:, 1:] - ends[:, :-1]
