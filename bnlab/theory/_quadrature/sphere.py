@@ -412,7 +412,8 @@ def cartesian_sphere_grid(batch_size: int, kinks: tuple[float, ...], unit: tuple
         dens = (pb * d_lo * d_hi) ** a if a != 0.0 else 1.0
         w = (wx[panel_x, None] * const) * (length * wt) * dens
     W = w.ravel()
-    W[~np.isfinite(W)] = 0.0  # never reached for B ≥ 4 (d_lo, d_hi > 0 on non-empty panels): a guard
+    if not np.isfinite(W).all():  # never reached for B ≥ 4 (d_lo, d_hi > 0 on non-empty panels): a guard
+        W[~np.isfinite(W)] = 0.0
     Y = y.ravel()
     per_x = np.bincount(panel_x, minlength=x.size)  # panels per outer node (panel_x is sorted)
     runs = np.flatnonzero(per_x)
