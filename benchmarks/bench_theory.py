@@ -1,6 +1,7 @@
 """Theory engine benchmark: ``analyze`` against direct Monte Carlo of the same quantities, and scaling in B.
 
-Run:  python benchmarks/bench_theory.py [--quick]
+Run:  python benchmarks/bench_theory.py [--quick] [--case LABEL ...]
+      (``--case tanh``: only that case, both sides, and its ratio; no scaling record)
 
 1. ``analyze(φ, 32)`` (method="auto": BSB1/BSB2 verdict, fixed point q*, c*, forward λ_L↑, λ_M↑,
    backward λ_G↓, λ_L↓, λ_M↓, cross-batch c_CB*, λ_M̃) for a smooth φ (tanh) and kinked ones:
@@ -278,6 +279,8 @@ def bench_scaling(quick=False):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer samples, cases and batch sizes (smoke test)")
+    p.add_argument("--case", action="append", choices=sorted({c[0] for c in CASES}), metavar="LABEL",
+                   help="run only the case(s) with this label (repeatable): " + ", ".join(sorted({c[0] for c in CASES})))
     args = p.parse_args()
     import torch
 
@@ -285,10 +288,12 @@ def main():
     n0 = 1_000 if args.quick else 16_000
     repeat = 3 if args.quick else 15
     cases = CASES[:2] if args.quick else CASES
+    if args.case:
+        cases = [c for c in CASES if c[0] in args.case]
     out = [bench_case(label, spec, b, n0, repeat) for label, spec, b in cases]
     print("\nSIDE BY SIDE  CPU time; analyze(auto) cold (median), direct Monte Carlo warm, every quantity to 1e-3 "
           "(autograd / analytic Jacobians)")
-    t_tanh = next(r["t_auto"] for r in out if r["label"] == "tanh")
+    t_tanh = next((r["t_auto"] for r in out if r["label"] == "tanh"), out[0]["t_auto"])
     print(f"  {'φ':18s} {'B':>3s} {'analyze':>10s} {'÷ tanh':>7s} {'MC autograd':>12s} {'ratio':>8s} "
           f"{'MC analytic':>12s} {'ratio':>8s}")
     for r in out:
@@ -299,7 +304,7 @@ def main():
         mark = "  (≥: infinite variance)" if r.get("infinite_variance") else ""
         print(f"  {r['label']:18s} {r['b']:3d} {r['t_auto'] * 1e3:7.2f} ms {r['t_auto'] / t_tanh:6.2f}x "
               f"{cells[0]:>12s} {cells[1]:>8s} {cells[2]:>12s} {cells[3]:>8s}{mark}")
-    if not args.quick:
+    if not args.quick and not args.case:
         print("\nFor the record: bnlab's reduced Monte Carlo (sphere samples of the reduced integrals, not the network):")
         for label, spec, b in CASES[:2]:
             bench_reduced_montecarlo(label, spec, b, 20_000)

@@ -40,13 +40,30 @@ _NOT_L2_EXPONENT = 0.49
 
 
 def _support_probe(act, b: int) -> np.ndarray:
+    """4097 equispaced points on |x| ≤ √(B−1), 0, and every kink there with its neighbours at ±1e-9: sorted, distinct."""
     r = math.sqrt(b - 1.0)
-    pts = [np.linspace(-r, r, 4097), np.array([0.0])]
+    base = np.linspace(-r, r, 4097)
+    extra = {0.0}
     for k in act.kinks:
         if abs(k) <= r:
             d = 1e-9 * max(1.0, abs(k))
-            pts.append(np.array([k - d, k, k + d]))
-    return np.unique(np.concatenate(pts))
+            extra.update((k - d, k, k + d))
+    # what np.unique of the union gives, without sorting 4097 sorted points again: the few extra points
+    # inserted where they belong, then exact repeats dropped
+    pts = np.array(sorted(extra))
+    merged = np.insert(base, np.searchsorted(base, pts), pts)
+    return merged[np.concatenate(([True], merged[1:] != merged[:-1]))]
+
+
+def _median(v: np.ndarray) -> float:
+    """np.median of a 1-d array without its generic machinery (one partition: the admissibility checks run in
+    every analyze call)."""
+    n = v.size
+    half = n // 2
+    if n % 2:
+        return float(np.partition(v, half)[half])
+    part = np.partition(v, (half - 1, half))
+    return float(np.mean(part[half - 1 : half + 1]))
 
 
 def _local_exponent(f, k: float, side: float) -> float:
@@ -67,7 +84,7 @@ def _find_jumps(act, x: np.ndarray, fx: np.ndarray, spread: float, max_candidate
     8 pieces 40 times, following the largest increment; a jump is an increment still > 1e-6 of φ's
     spread on an interval of width ≤ 1e-13·max(1, |x|)."""
     inc = np.abs(np.diff(fx))
-    typical = float(np.median(np.abs(fx))) + spread
+    typical = _median(np.abs(fx)) + spread
     # candidates: increments that stand out from both neighbours (a jump is one interval's increment, a
     # steep smooth φ spreads over several), the largest first
     # (neighbours two intervals away: a jump at a probe point, φ(0) = 0 for sign, splits over two intervals)

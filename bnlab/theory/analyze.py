@@ -12,8 +12,8 @@ Methods (``method``):
 * ``"auto"``: the most accurate available route for each quantity (closed
   forms for relu/identity, the Laplace closed forms for other positive-homogeneous
   φ, spherical integration otherwise — split at every kink; the fixed point closed
-  for homogeneous φ, from the forward route's kink-split moments E f_1², E f_1 f_2
-  for kinked non-homogeneous φ, Gegenbauer otherwise).  BSB1 vs BSB2 is read off
+  for homogeneous φ, from the forward route's moments E f_1², E f_1 f_2 for other
+  φ (kinked: on the kink-split rule; smooth: for B ≤ 256), Gegenbauer otherwise).  BSB1 vs BSB2 is read off
   the forward eigenvalues when they are more than 1e-6 from 1 (else, and for
   B > 2048 or ε > 0, by :func:`bnlab.theory.symmetry.fixed_point_kind`);
 * ``"closed"``: closed forms only (relu, identity; else ``ValueError``);
@@ -254,8 +254,14 @@ def analyze(
 _MAX_SHARED_FORWARD_BATCH = 2048
 #: |max(λ_L↑, λ_M↑) − 1| below which the dedicated stability route decides instead
 _KIND_MARGIN = 1e-6
-#: methods_used["fixed_point"] when q*, c* come from the forward route's moments
+#: methods_used["fixed_point"] when q*, c* come from the forward route's moments (kinked / smooth φ)
 _SHARED_FIXED_POINT = "sphere (kink-split 2-D rule, moments shared with the forward route)"
+_SHARED_SMOOTH_FIXED_POINT = "sphere (2-D rule, moments shared with the forward route)"
+#: B up to which a smooth φ takes q*, c* from the forward route's moments: there they are ≤ 1.3e-13 relative
+#: from the Gegenbauer fixed point (tanh, sin, erf, gelu, softplus, sigmoid at 4 ≤ B ≤ 256; the Gegenbauer q*
+#: of tanh is within 3e-16 of a 30-digit mpmath quadrature at B = 256 and 1024); at B = 1024 the 2-D rule's
+#: E f_1² is off by 8e-13, so larger B keep the Gegenbauer series
+_SHARED_SMOOTH_MAX_BATCH = 256
 
 
 @dataclass
@@ -343,12 +349,17 @@ def _fixed_point(act, b: int, case: _Case, fw) -> None:
     fp_method = case.routes["fixed_point"]
     if fp_method == "gegenbauer" and b < 4:
         fp_method = "sphere"
-    if fp_method == "auto" and fw is not None and fw.method == "sphere" and act.homogeneity is None and act.kinks:
-        # kinked non-homogeneous φ: q* = E f_1², q*c* = E f_1 f_2 (Thm 3.3) are the first two moments the forward
-        # route already integrated on the kink-split 2-D rule (≤ 1.2e-12 for B ≥ 5, ≈ 3e-9 at B = 4; the
-        # Gegenbauer fixed point that auto takes otherwise: ≤ 7e-7 at B = 4, ≤ 1e-9 for B ≥ 5, tests/theory/test_kinks.py)
+    shared = fp_method == "auto" and fw is not None and fw.method == "sphere" and act.homogeneity is None
+    if shared and (act.kinks or b <= _SHARED_SMOOTH_MAX_BATCH):
+        # non-homogeneous φ: q* = E f_1², q*c* = E f_1 f_2 (Thm 3.3) are the first two moments the forward route
+        # already integrated on its 2-D rule (memoized per (φ, B)), so no second quadrature of φ.  Kinked φ (on
+        # the kink-split rule): ≤ 1.2e-12 for B ≥ 5, ≈ 3e-9 at B = 4, where the Gegenbauer fixed point that auto
+        # took before is ≤ 7e-7 at B = 4, ≤ 1e-9 for B ≥ 5 (tests/theory/test_kinks.py).  Smooth φ: as accurate
+        # as the Gegenbauer series up to _SHARED_SMOOTH_MAX_BATCH (tests/theory/test_analyze.py), and it was
+        # 30% of analyze's time for tanh at B = 32 (issue 25)
         mom = _forward_moments_sphere(act, b)
-        fp = BSB1FixedPoint.from_entries(b, mom[0], mom[1], _SHARED_FIXED_POINT, 1e-12 * abs(float(mom[0])))
+        label = _SHARED_FIXED_POINT if act.kinks else _SHARED_SMOOTH_FIXED_POINT
+        fp = BSB1FixedPoint.from_entries(b, mom[0], mom[1], label, 1e-12 * abs(float(mom[0])))
     else:
         fp = _bsb1_fixed_point(act, b, fp_method)
     case.out.update(q_star=fp.q_star, c_star=fp.c_star)

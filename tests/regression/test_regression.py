@@ -90,6 +90,18 @@ ROUTES_CHANGED_BY_ISSUE_13 = {
     ("elu", 16, "auto", "{}"): _ROUTE,
     ("relu", 32, "auto", '{"beta": 1.0}'): _ROUTE,
 }
+# Issue 25 (item 7, smooth φ 1000× faster than direct Monte Carlo): smooth non-homogeneous φ at 4 ≤ B ≤ 256 take
+# q*, c* from the forward route's moments E f_1², E f_1 f_2 too, instead of a separate Gegenbauer series (≤ 1.3e-13
+# apart; tests/theory/test_analyze.py::test_smooth_fixed_point_shared_with_forward_route).  Only the route's name
+# changes; every value still matches the record to 1e-12.
+_SMOOTH_SHARED = "sphere (2-D rule, moments shared with the forward route)"
+_SMOOTH_ROUTE = dict(_ROUTE, fixed_point=_SMOOTH_SHARED)
+ROUTES_CHANGED_BY_ISSUE_25 = {
+    ("tanh", 32, "auto", "{}"): _SMOOTH_ROUTE,
+    ("gelu", 16, "auto", "{}"): _SMOOTH_ROUTE,
+    ("sin", 6, "auto", "{}"): _SMOOTH_ROUTE,
+    ("tanh(2*x)+0.1*x", 16, "auto", "{}"): _SMOOTH_ROUTE,
+}
 
 
 def test_theory_outputs_unchanged():
@@ -100,6 +112,8 @@ def test_theory_outputs_unchanged():
         corrected = dict(CORRECTED_BY_ISSUE_13.get(case, {}))
         if case in ROUTES_CHANGED_BY_ISSUE_13:
             corrected["methods_used"] = ROUTES_CHANGED_BY_ISSUE_13[case]
+        if case in ROUTES_CHANGED_BY_ISSUE_25:
+            corrected["methods_used"] = ROUTES_CHANGED_BY_ISSUE_25[case]
         for key, want in old["values"].items():
             want = corrected.get(key, want)
             got = new["values"][key]

@@ -122,3 +122,27 @@ def test_cli_exits_2_with_the_reason(args):
     )
     assert out.returncode == 2, (out.returncode, out.stderr[-500:])
     assert "Traceback" not in out.stderr and "error" in out.stderr
+
+
+@pytest.mark.parametrize("phi,kw", [("tanh", {}), ("relu", {"beta": 1.0}), ("relu(x - 0.3) + 0.1*x", {}),
+                                    ("abs", {"beta": -0.3}), ("relu", {"beta": 100.0})])
+@pytest.mark.parametrize("b", [4, 17, 32, 1024])
+def test_support_probe_and_median_are_the_plain_numpy_ones(phi, kw, b):
+    # the probe and the median are written without np.unique / np.median for speed (issue 25): the same
+    # arrays and values as those (exact: both only sort and select, no arithmetic to round differently)
+    from bnlab.activations import get_activation
+    from bnlab.theory._admissible import _median, _support_probe
+
+    act = get_activation(phi, **kw)
+    r = math.sqrt(b - 1.0)
+    pts = [np.linspace(-r, r, 4097), np.array([0.0])]
+    for k in act.kinks:
+        if abs(k) <= r:
+            d = 1e-9 * max(1.0, abs(k))
+            pts.append(np.array([k - d, k, k + d]))
+    want = np.unique(np.concatenate(pts))
+    got = _support_probe(act, b)
+    assert np.array_equal(got, want)
+    vals = np.abs(act(want))
+    for v in (vals, vals[:-1], vals[:3], vals[:1]):
+        assert _median(v) == float(np.median(v))

@@ -16,6 +16,7 @@ from bnlab.theory import (
     TheoryResult,
     analyze,
     backward_eigenvalues,
+    bsb1_fixed_point,
     cross_batch_rate,
     depth_scale,
     forward_eigenvalues,
@@ -171,3 +172,25 @@ def test_montecarlo_refused_up_front_when_it_would_take_minutes():
     with pytest.raises(ValueError, match=r"batch_size=512 .*n_samples <= "):
         backward_eigenvalues("tanh", 512, method="montecarlo")
     assert backward_eigenvalues("tanh", 512, method="montecarlo", n_samples=200) is not None
+
+
+@pytest.mark.parametrize("phi", ["tanh", "sin", "erf", "sigmoid", "tanh(2*x)+0.1*x"])  # BSB1 at every B here
+@pytest.mark.parametrize("b", [4, 5, 8, 32, 256])
+def test_smooth_fixed_point_shared_with_forward_route(phi, b):
+    # auto takes q* = E f_1², q*c* = E f_1 f_2 of a smooth φ from the forward route's 2-D rule (issue 25); the
+    # independent route is the Gegenbauer series on its own 1-D rule (Thm 3.4; within 3e-16 of a 30-digit mpmath
+    # quadrature for tanh at B = 256).  Measured apart: ≤ 1.3e-13 relative (q*, and c* relative to max(|c*|, 1e-2))
+    # over these φ and B; 5e-13 leaves room for rounding on another CPU while a 1-D-vs-2-D rule error of the size
+    # the sphere route shows at B = 1024 (8e-13) or any wrong moment would fail it
+    r = analyze(phi, b)
+    geg = bsb1_fixed_point(phi, b, method="gegenbauer")
+    assert r.methods_used["fixed_point"] == "sphere (2-D rule, moments shared with the forward route)"
+    assert r.q_star == pytest.approx(geg.q_star, rel=5e-13)
+    assert abs(r.c_star - geg.c_star) <= 5e-13 * max(abs(geg.c_star), 1e-2)
+
+
+def test_smooth_fixed_point_beyond_shared_range_is_gegenbauer():
+    # B = 1024: the 2-D rule's E f_1² is 8e-13 off (the series: 3e-16), so auto keeps the Gegenbauer fixed point
+    r = analyze("tanh", 1024)
+    assert r.methods_used["fixed_point"] == "gegenbauer"
+    assert r.q_star == bsb1_fixed_point("tanh", 1024, method="gegenbauer").q_star

@@ -83,6 +83,9 @@ __all__ = [
 ]
 
 MAX_QUADRATURE_BATCH = 2048  # the Gauss–Jacobi weights (∝ 2^{(B−5)/2}) overflow beyond this
+#: the highest power of u_2 in the routes' power sums (the backward brackets' y³): the panel rule's tables are
+#: made once for this k and cut for smaller k (:meth:`SphereGrid.power_sums`)
+_PANEL_POWERS = 3
 
 
 @dataclass(frozen=True)
@@ -155,10 +158,15 @@ class SphereGrid:
         return np.add.reduceat(arr, self.starts, axis=1)
 
     def _panel_power_sums(self, values: np.ndarray | None, k: int) -> np.ndarray:
+        # every k ≤ _PANEL_POWERS is computed as k = _PANEL_POWERS and cut: one set of tables per rule
+        # (τ powers, binomial shifts) serves the routes' k = 0, 2, 3 instead of one set per k, and the
+        # extra powers cost nothing next to the pass over the nodes
+        kk = max(k, _PANEL_POWERS)
         wv = self.w if values is None else self.w * values
-        m = wv.reshape(-1, self.panel_size) @ self._tau_powers(k)  # (panels, k+1): Σ_t w v τ^i
-        # Σ_t w v y^j with y = lo + len·τ: Σ_i C(j, i) lo^{j−i} len^i m_i, one (k+1)×(k+1) matrix per panel
-        return np.add.reduceat(np.einsum("jip,pi->jp", self._binomial_shift(k), m), self.run_panels, axis=1)
+        m = wv.reshape(-1, self.panel_size) @ self._tau_powers(kk)  # (panels, kk+1): Σ_t w v τ^i
+        # Σ_t w v y^j with y = lo + len·τ: Σ_i C(j, i) lo^{j−i} len^i m_i, one (kk+1)×(kk+1) matrix per panel
+        sums = np.einsum("jip,pi->jp", self._binomial_shift(kk), m)[: k + 1]
+        return np.add.reduceat(sums, self.run_panels, axis=1)
 
     def _tau_powers(self, k: int) -> np.ndarray:
         key = ("tau", k)
@@ -184,12 +192,13 @@ class SphereGrid:
         """(k+1, runs): Σ over each run of (w / s^β) y^j ``values`` (values at the nodes' u_2; None: 1)."""
         if self.tau is not None:
             if values is None:
-                key = ("run powers", k)
+                kk = max(k, _PANEL_POWERS)  # one table for every k ≤ _PANEL_POWERS (cut below)
+                key = ("run powers", kk)
                 if key not in self._cache:
-                    arr = self._panel_power_sums(None, k)
+                    arr = self._panel_power_sums(None, kk)
                     arr.setflags(write=False)
                     self._cache[key] = arr
-                return self._cache[key]
+                return self._cache[key][: k + 1]
             return self._panel_power_sums(values, k)
         if values is None:
             key = ("run powers", k)
@@ -384,8 +393,11 @@ def cartesian_sphere_grid(batch_size: int, kinks: tuple[float, ...], unit: tuple
     # density is a peak of width ~B^{−1/2}, which the tanh-sinh nodes resolve only near panel ends), y₊;
     # points outside (y₋, y₊) are clipped onto its ends, making empty panels of zero weight (vectorized)
     yc = -r * x / pb
-    inner = np.clip(np.column_stack([np.broadcast_to(kin, (x.size, kin.size)), yc]), ylo[:, None], yhi[:, None])
-    ends = np.column_stack([ylo, np.sort(inner, axis=1), yhi])
+    if kin.size:
+        inner = np.clip(np.column_stack([np.broadcast_to(kin, (x.size, kin.size)), yc]), ylo[:, None], yhi[:, None])
+        ends = np.column_stack([ylo, np.sort(inner, axis=1), yhi])
+    else:  # analytic φ: the maximum alone, no sort (the same ends)
+        ends = np.column_stack([ylo, np.clip(yc, ylo, yhi), yhi])
     # only the non-empty panels get nodes (a kink outside (y₋, y₊) leaves an empty one); they stay in runs
     # of equal x (row-major (outer node, panel)), so functions of u_1 are evaluated once per run
     length_all = ends[:, 1:] - ends[:, :-1]
@@ -400,7 +412,8 @@ def cartesian_sphere_grid(batch_size: int, kinks: tuple[float, ...], unit: tuple
         dens = (pb * d_lo * d_hi) ** a if a != 0.0 else 1.0
         w = (wx[panel_x, None] * const) * (length * wt) * dens
     W = w.ravel()
-    W[~np.isfinite(W)] = 0.0  # never reached for B ≥ 4 (d_lo, d_hi > 0 on non-empty panels): a guard
+    if not np.isfinite(W).all():  # never reached for B ≥ 4 (d_lo, d_hi > 0 on non-empty panels): a guard
+        W[~np.isfinite(W)] = 0.0
     Y = y.ravel()
     per_x = np.bincount(panel_x, minlength=x.size)  # panels per outer node (panel_x is sorted)
     runs = np.flatnonzero(per_x)
