@@ -166,6 +166,42 @@ def test_compiled_step_equals_eager_for_networks_of_several_structures(variant):
     _assert_routes_agree("grouped", *_VARIANTS[variant])
 
 
+@pytest.mark.parametrize("stack", ["bnmlp", "vmap"])
+@pytest.mark.parametrize("variant", list(_VARIANTS))
+def test_the_functional_step_equals_eager_for_every_optimizer_and_loss(stack, variant, monkeypatch):
+    # the default suite's part of the matrix above, in seconds: the step the compiled route hands to
+    # torch.compile (gradients by torch.func.grad / vmap(grad), the parameters the loss does not use
+    # masked) run as it is, against the eager route (torch.autograd.grad), for every optimizer × loss
+    # variant on both stacks, with the same divergence set-up and tolerances.  What compiling adds (the
+    # summation orders of Inductor's kernels) is the compiled comparisons' part: one in the default
+    # suite, every variant under -m slow
+    import bnlab.nets._ensemble_step as step_mod
+
+    passed = []
+    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: passed.append(kw) or fn)
+    _assert_routes_agree(stack, *_VARIANTS[variant], depths=(2, 1, 2, 1))
+    assert passed == [dict(fullgraph=True, dynamic=False)]  # the route under test was the compiled route's step
+
+
+def test_a_second_compiled_run_with_other_shapes_still_compiles(monkeypatch):
+    # Dynamo's automatic dynamic shapes are keyed by the step function's file, line and name, so without
+    # dynamic=False a second compiled run in the same process with other sizes is traced with symbolic
+    # sizes, which the vmap stack's functorch transforms cannot take: that run fell back to eager (a
+    # sweep, or the slow matrix in one process).  Dynamo's own backend "aot_eager" (no Inductor code
+    # generation, seconds) keeps this cheap: the failure was in Dynamo's tracing, before any backend.
+    import bnlab.nets._ensemble_step as step_mod
+
+    real = torch.compile
+    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: real(fn, backend="aot_eager", **kw))
+    train_set, _ = _digits()
+    for width in (6, 9):
+        models = [MLP(64, [width], 10, phi="tanh", norm="bn", placement="post", seed=i, dtype=F64) for i in range(2)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager warns: fail on it
+            res = train_ensemble(models, train_set, lr=0.05, batch_size=16, steps=3, step_mode="compile")
+        assert all(not r.diverged for r in res)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @pytest.mark.parametrize("mode", ["cuda_graph", "compile"])
 @pytest.mark.parametrize("stack", ["bnmlp", "vmap"])
@@ -208,6 +244,60 @@ def test_auto_picks_cuda_graph_on_cuda_and_compiles_long_cpu_runs():
     assert resolve_step_mode("auto", torch.device("cuda"), steps=10) == "cuda_graph"  # a device object needs no GPU
     assert resolve_step_mode("compile", torch.device("cpu")) == "compile"
     assert resolve_step_mode("cuda_graph", torch.device("cuda", 0)) == "cuda_graph"
+
+
+@pytest.mark.parametrize("device, steps, expected", [
+    ("cpu", 1, "eager"), ("cpu", 600, "eager"), ("cpu", "limit-1", "eager"), ("cpu", "limit", "compile"),
+    ("cpu", "limit+1", "compile"), ("cuda", 1, "cuda_graph"), ("cuda:0", "limit", "cuda_graph"),
+])
+def test_auto_route_by_device_and_steps(device, steps, expected):
+    # the rule: CUDA → "cuda_graph" whatever the length; CPU → "compile" from AUTO_COMPILE_STEPS steps
+    # on, below it "eager" (a torch.device of type cuda needs no GPU to be built)
+    from bnlab.nets._ensemble_step import AUTO_COMPILE_STEPS
+
+    if isinstance(steps, str):
+        steps = AUTO_COMPILE_STEPS + {"limit-1": -1, "limit": 0, "limit+1": 1}[steps]
+    assert resolve_step_mode("auto", torch.device(device), steps) == expected
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_explicit_routes_ignore_the_length_of_the_run(mode):
+    for steps in (1, 10**6):
+        assert resolve_step_mode(mode, torch.device("cpu"), steps) == mode
+    assert resolve_step_mode(mode, torch.device("cuda"), 1) == mode  # compile on CUDA without graph capture
+
+
+def test_bad_step_mode_message_names_the_value_and_the_choices():
+    with pytest.raises(ValueError, match=r"step_mode='fast' is not allowed: expected one of 'auto', 'eager', "
+                                         r"'compile', 'cuda_graph'"):
+        resolve_step_mode("fast", torch.device("cpu"), 10)
+
+
+@pytest.mark.parametrize("steps, limit, expected", [(4, 5, "eager"), (5, 5, "compile")])
+def test_train_ensemble_runs_the_route_auto_chose(steps, limit, expected, monkeypatch):
+    # train_ensemble(step_mode="auto") hands the chooser its device and its number of steps (epochs
+    # converted), and runs what it returns: the limit lowered to 5 steps, a run of 4 steps is eager
+    # and one of 5 compiles (torch.compile replaced by the identity: only the route is under test)
+    import bnlab.nets._ensemble_step as step_mod
+    import bnlab.nets.ensemble as ens
+
+    monkeypatch.setattr(step_mod, "AUTO_COMPILE_STEPS", limit)
+    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: fn)
+    modes = []
+    real_runner = ens.StepRunner
+
+    def recording_runner(mode, *args, **kw):
+        modes.append(mode)
+        return real_runner(mode, *args, **kw)
+
+    monkeypatch.setattr(ens, "StepRunner", recording_runner)
+    train_set, _ = _digits()
+    n = len(train_set[1])
+    train_ensemble([BNMLP(64, 10, depth=1, width=8, dtype=F64)], train_set, lr=0.05, batch_size=16, steps=steps)
+    # the default step_mode is "auto"; epochs are counted in steps (round(epochs · ⌊n/B⌋))
+    train_ensemble([BNMLP(64, 10, depth=1, width=8, dtype=F64)], train_set, lr=0.05, batch_size=16,
+                   epochs=steps / (n // 16))
+    assert modes == [expected, expected]
 
 
 def test_a_step_that_does_not_compile_falls_back_to_eager_with_a_warning(monkeypatch):
