@@ -505,7 +505,7 @@ def test_cuda_graph_route_warms_up_captures_once_and_replays(monkeypatch):
     monkeypatch.setattr(step_mod.StepRunner, "_compiled_step", compiled_step)
     import bnlab.nets.ensemble as ens
 
-    monkeypatch.setattr(ens, "resolve_step_mode", lambda mode, device: mode)  # allow it on the CPU
+    monkeypatch.setattr(ens, "resolve_step_mode", lambda mode, device, steps=0: mode)  # allow it on the CPU
 
     train_set, test_set = _digits()
     runs = {}
