@@ -9,9 +9,10 @@ that keep intermediates in float64 registers (at most a rounding per operation e
 fewer under an FMA).  20 steps through ≤ 3 BN layers amplify a perturbation by the product of the
 step maps' Lipschitz constants, ≤ 10³ at these learning rates (the bound derived and measured in
 ``test_ensemble.py``), so the final states agree to ~1e-11: asserted at 1e-10 (relative and absolute,
-as the issue asks; measured ~2e-15).  That is 10⁶ below the ~1e-4–1e-3 a single update moves a weight
-here, so a missing or doubled update, a wrong learning rate, a lost momentum or RMSProp state, or a
-mask that freezes a network a step early or late fails by orders of magnitude.  The loss history is
+as the issue asks; measured ~2e-15) — for SGD; RMSProp amplifies the rounding of gradients driven
+towards zero by 1/sqrt(v), so its compiled comparisons hold 1e-8 (``_compiled_tolerance``).  Either is
+10⁴–10⁶ below the ~1e-4–1e-3 a single update moves a weight here, so a missing or doubled update, a
+wrong learning rate, a lost momentum or RMSProp state, or a mask that freezes a network a step early or late fails by orders of magnitude.  The loss history is
 float32 (as ``train()``'s): two float64 losses 1e-15 apart round to float32 values at most one ulp
 apart (2⁻²³ ≈ 1.2e-7 relative), asserted at two ulps; NaN where the other has NaN.  Test accuracies
 count argmax agreements: exact unless two logits tie within 1e-10 (none do).
@@ -100,7 +101,7 @@ def _mid_run_threshold(stack, optimizer, kw, loss, depths) -> tuple[float, int, 
     raise AssertionError("no mid-run record loss of the frozen network: the test would not stop one mid-run")
 
 
-def _assert_routes_agree(stack, optimizer, kw, loss, mode="compile", depths=(3, 1, 2, 3)):
+def _assert_routes_agree(stack, optimizer, kw, loss, mode="compile", depths=(3, 1, 2, 3), tol=1e-10):
     threshold, t_star, seed = _mid_run_threshold(stack, optimizer, kw, loss, depths)
     ref, ref_models = _run(stack, optimizer, kw, loss, "eager", threshold, seed, depths)
     with warnings.catch_warnings(record=True) as caught:
@@ -122,11 +123,18 @@ def _assert_routes_agree(stack, optimizer, kw, loss, mode="compile", depths=(3, 
         if r.test_loss is None:
             assert g.test_loss is None
         else:
-            assert g.test_loss == pytest.approx(r.test_loss, rel=1e-10, abs=1e-10)
+            assert g.test_loss == pytest.approx(r.test_loss, rel=tol, abs=tol)
     for m_ref, m_got in zip(ref_models, got_models):
         for (k, a), b in zip(m_ref.state_dict().items(), m_got.state_dict().values()):
             if a.is_floating_point():
-                torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10, equal_nan=True, msg=k)
+                if tol == 1e-10:
+                    torch.testing.assert_close(b, a, rtol=tol, atol=tol, equal_nan=True, msg=k)
+                else:  # RMSProp: against the tensor's scale (see _compiled_tolerance)
+                    assert torch.equal(torch.isnan(a), torch.isnan(b)), k
+                    fin = ~torch.isnan(a)
+                    err = (b[fin] - a[fin]).abs().max() if fin.any() else 0.0
+                    scale = max(1.0, float(a[fin].abs().max())) if fin.any() else 1.0
+                    assert err <= tol * scale, (k, float(err), scale)
             else:
                 assert torch.equal(a, b), k  # BN's num_batches_tracked
 
@@ -155,7 +163,24 @@ def test_compiled_step_equals_eager():
 @pytest.mark.parametrize("stack", ["bnmlp", "vmap"])
 @pytest.mark.parametrize("variant", list(_VARIANTS))
 def test_compiled_step_equals_eager_for_every_optimizer_and_loss(stack, variant):
-    _assert_routes_agree(stack, *_VARIANTS[variant])
+    _assert_routes_agree(stack, *_VARIANTS[variant], tol=_compiled_tolerance(_VARIANTS[variant][0]))
+
+
+def _compiled_tolerance(optimizer: str) -> float:
+    # SGD: 1e-10 (the module docstring).  RMSProp divides each gradient by sqrt(v), its running RMS, so
+    # a gradient's rounding error δg reaches the update as lr·δg/sqrt(v) — amplified without bound where
+    # a gradient component is driven towards zero (an output bias once it has learned the mean residual:
+    # g = a batch mean of O(1) terms that cancel to ~1e-6, δg ~ 16·u ≈ 2e-15, so δg/sqrt(v) ~ 2e-9 and,
+    # with lr = 0.002 and momentum 0.9 (×10), up to ~4e-11 in each step where it happens; measured on the
+    # vmap stack with squared loss, momentum and weight decay: 1.3e-10 absolute on the readout bias of a
+    # learning network, 1.3e-9 relative on the network exploding at lr = 1e10).  Only the summation order
+    # differs between the routes (the uncompiled functional step meets 1e-10: the default suite's test
+    # above), so 1e-8 here, relative to each tensor's largest entry (at least 1) rather than entry by
+    # entry: an entry whose gradient is rounding noise around zero moves by lr·noise/(|noise| + ε), whose
+    # sign neither route controls (up to lr·|noise|/ε: ~10 in the exploding network, lr = 1e10 and noise
+    # ~1e-17, next to entries of ~3e10; measured there: 41.6, 1.3e-9 of the scale).  A wrong update is
+    # still off by ≥ 1e-4 of the scale
+    return 1e-10 if optimizer == "sgd" else 1e-8
 
 
 @pytest.mark.slow
@@ -163,7 +188,7 @@ def test_compiled_step_equals_eager_for_every_optimizer_and_loss(stack, variant)
 @pytest.mark.parametrize("variant", ["sgd-momentum-mse", "rmsprop-ce"])
 def test_compiled_step_equals_eager_for_networks_of_several_structures(variant):
     # two vmap stacks in one step; the compiled route drops a stopped network from each group at once
-    _assert_routes_agree("grouped", *_VARIANTS[variant])
+    _assert_routes_agree("grouped", *_VARIANTS[variant], tol=_compiled_tolerance(_VARIANTS[variant][0]))
 
 
 @pytest.mark.parametrize("stack", ["bnmlp", "vmap"])
