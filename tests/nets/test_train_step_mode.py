@@ -68,7 +68,7 @@ def test_compiled_train_step_equals_eager(opt):
 def test_traced_train_step_equals_eager(monkeypatch):
     # the default suite's part: the compiled route's two regions as Dynamo traces them (forward + loss
     # with AOTAutograd's backward, and the optimizer step) on Dynamo's "aot_eager" backend, which runs
-    # the traced aten graphs without Inductor's code generation (~20 s here instead of minutes),
+    # the traced aten graphs without Inductor's code generation (4–20 s here instead of minutes),
     # against eager.  Inductor itself: the slow test above
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend="aot_eager", **kw))
