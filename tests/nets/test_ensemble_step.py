@@ -8,8 +8,8 @@ Accuracy and Stability of Numerical Algorithms, §3.1), so ≤ 7e-15; and (ii) f
 that keep intermediates in float64 registers (at most a rounding per operation either way, or one
 fewer under an FMA).  20 steps through ≤ 3 BN layers amplify a perturbation by the product of the
 step maps' Lipschitz constants, ≤ 10³ at these learning rates (the bound derived and measured in
-``test_ensemble.py``), so the final states agree to ~1e-11: asserted at 1e-10 (relative and absolute,
-as the issue asks; measured ~2e-15) — for SGD; RMSProp amplifies the rounding of gradients driven
+``test_ensemble.py``), so the final states agree to ~1e-11: asserted at 1e-10 of each tensor's scale (its
+largest entry, at least 1; as the issue asks; measured ~2e-15) — for SGD; RMSProp amplifies the rounding of gradients driven
 towards zero by 1/sqrt(v), so its compiled comparisons hold 1e-8 (``_compiled_tolerance``).  Either is
 10⁴–10⁶ below the ~1e-4–1e-3 a single update moves a weight here, so a missing or doubled update, a
 wrong learning rate, a lost momentum or RMSProp state, or a mask that freezes a network a step early or late fails by orders of magnitude.  The loss history is
@@ -127,14 +127,15 @@ def _assert_routes_agree(stack, optimizer, kw, loss, mode="compile", depths=(3, 
     for m_ref, m_got in zip(ref_models, got_models):
         for (k, a), b in zip(m_ref.state_dict().items(), m_got.state_dict().values()):
             if a.is_floating_point():
-                if tol == 1e-10:
-                    torch.testing.assert_close(b, a, rtol=tol, atol=tol, equal_nan=True, msg=k)
-                else:  # RMSProp: against the tensor's scale (see _compiled_tolerance)
-                    assert torch.equal(torch.isnan(a), torch.isnan(b)), k
-                    fin = ~torch.isnan(a)
-                    err = (b[fin] - a[fin]).abs().max() if fin.any() else 0.0
-                    scale = max(1.0, float(a[fin].abs().max())) if fin.any() else 1.0
-                    assert err <= tol * scale, (k, float(err), scale)
+                # against the tensor's scale (its largest entry, at least 1), not entry by entry: in the
+                # network exploding at lr = 1e200 an entry θ0 − lr·g whose gradient g is a sum that
+                # cancels carries g's rounding, ~1e-15 of the largest gradient, times 1e200 — 1e184 next
+                # to entries of 1e199 (measured on the vmap stack, squared loss), however small the entry
+                assert torch.equal(torch.isnan(a), torch.isnan(b)), k
+                fin = ~torch.isnan(a)
+                err = float((b[fin] - a[fin]).abs().max()) if fin.any() else 0.0
+                scale = max(1.0, float(a[fin].abs().max())) if fin.any() else 1.0
+                assert err <= tol * scale, (k, err, scale)
             else:
                 assert torch.equal(a, b), k  # BN's num_batches_tracked
 
@@ -175,9 +176,8 @@ def _compiled_tolerance(optimizer: str) -> float:
     # vmap stack with squared loss, momentum and weight decay: 1.3e-10 absolute on the readout bias of a
     # learning network, 1.3e-9 relative on the network exploding at lr = 1e10).  Only the summation order
     # differs between the routes (the uncompiled functional step meets 1e-10: the default suite's test
-    # above), so 1e-8 here, relative to each tensor's largest entry (at least 1) rather than entry by
-    # entry: an entry whose gradient is rounding noise around zero moves by lr·noise/(|noise| + ε), whose
-    # sign neither route controls (up to lr·|noise|/ε: ~10 in the exploding network, lr = 1e10 and noise
+    # above), so 1e-8 here (of each tensor's scale, as every comparison): an entry whose gradient is
+    # rounding noise around zero moves by lr·noise/(|noise| + ε), whose sign neither route controls (up to lr·|noise|/ε: ~10 in the exploding network, lr = 1e10 and noise
     # ~1e-17, next to entries of ~3e10; measured there: 41.6, 1.3e-9 of the scale).  A wrong update is
     # still off by ≥ 1e-4 of the scale
     return 1e-10 if optimizer == "sgd" else 1e-8
