@@ -23,6 +23,7 @@ a compiled step: Dynamo runs the function uncompiled while one is active).  The 
 issue's: 20 BN-MLPs of width 384, depths 5, 10, …, 100, B = 8, 784 inputs.
 
     OMP_NUM_THREADS=2 python benchmarks/bench_ensemble.py [--quick] [--threads 2] [--json]
+    python benchmarks/bench_ensemble.py --quick --routes-only --routes eager,compile   # before/after, ~1.5 min
     python benchmarks/bench_ensemble.py --routes-only [--routes eager,compile] [--device cuda]
 
 Random inputs (no dataset needed): the cost does not depend on the pixel values.  The JSON has ``rows``,
@@ -115,8 +116,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--routes-only", action="store_true", help="only the step routes (implied by --device cuda)")
     ap.add_argument("--device", default="cpu", help="device of the step routes (cpu or cuda)")
     ap.add_argument("--routes", default=None,
-                    help="comma-separated step routes to time (default: every route the device has; with "
-                         "--quick on the CPU only eager, as compiling takes a minute or more there)")
+                    help="comma-separated step routes to time, side by side (default: every route the "
+                         "device has; with --quick on the CPU only eager, as compiling takes a minute or more "
+                         "there even at --quick's sizes: --quick --routes eager,compile for both)")
     ap.add_argument("--rounds", type=int, default=None, help="timing rounds per route (default 7, --quick 3)")
     args = ap.parse_args(argv)
     threads = torch.get_num_threads()
@@ -206,6 +208,7 @@ _ALL_ROUTES = {"cpu": ("eager", "compile"), "cuda": ("eager", "compile", "cuda_g
 def _route_names(text, device, quick) -> list[str]:
     allowed = _ALL_ROUTES[device.type]
     if text is None:
+        # --quick on the CPU is the smoke test of the default suite (and of gpu_check.py --quick): no compile
         return ["eager"] if quick and device.type == "cpu" else list(allowed)
     names = [r.strip() for r in text.split(",") if r.strip()]
     bad = [r for r in names if r not in allowed]

@@ -230,7 +230,13 @@ class StepRunner:
         if self.fallback_reason is not None:
             return self._eager
         if self._compiled is None:
-            self._compiled = torch.compile(fresh_function(self._make("func")), fullgraph=True)
+            # dynamic=False: Dynamo's automatic dynamic shapes remember sizes by the function's source
+            # place (file, line, name: torch/_dynamo/pgo.py's CodeId), not by code object, so a second
+            # compiled run in the process with other shapes (another width), or this run after a
+            # compaction (fewer rows), would be traced with symbolic sizes: code generic in the sizes
+            # for the BN-MLP stack, and for the vmap stack a failure (functorch's batched tensors have
+            # no symbolic sizes), hence the eager step
+            self._compiled = torch.compile(fresh_function(self._make("func")), fullgraph=True, dynamic=False)
         return self._compiled
 
     def _run_compiled(self, state: dict) -> None:

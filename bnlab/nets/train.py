@@ -534,8 +534,11 @@ class _StepFunctions:
         self._eager = {"loss": forward_loss, "optimizer_step": opt.step}
         self._compiled: dict[str, Callable] = {}
         if mode == "compile":
-            self._compiled = {"loss": torch.compile(fresh_function(forward_loss)),
-                              "optimizer_step": torch.compile(fresh_function(optimizer_step))}
+            # dynamic=False: automatic dynamic shapes would carry a previous run's sizes over (Dynamo
+            # keys them by the function's file, line and name, not by code object) and trace this run
+            # with symbolic sizes
+            self._compiled = {"loss": torch.compile(fresh_function(forward_loss), dynamic=False),
+                              "optimizer_step": torch.compile(fresh_function(optimizer_step), dynamic=False)}
 
     def _call(self, name: str, *args):
         fn = self._compiled.get(name)

@@ -348,6 +348,27 @@ def test_benchmark_quick_runs():
     assert out["gpu_busy_fraction"] is None
 
 
+def test_benchmark_prints_eager_and_compiled_operators_side_by_side(monkeypatch, capsys):
+    # the route table's plumbing (--routes eager,compile): both rows, dispatched operators for eager and
+    # the profiler's count for the compiled route, in one table.  torch.compile is replaced by the
+    # identity (the functional step then runs as it is), so this takes seconds; the real compilation's
+    # counts are the benchmark's own output (docs/trainability.md)
+    from benchmark_loader import load_benchmark
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    mod = load_benchmark("bench_ensemble")
+    out = mod.main(["--quick", "--routes-only", "--routes", "eager,compile", "--threads", "1", "--rounds", "1"])
+    assert list(out["step_ms"]) == ["eager", "compile"] and out["route_used"] == {"eager": "eager", "compile": "compile"}
+    assert out["ops_per_step"]["eager"] > out["profiled_ops_per_step"]["eager"] > 100  # views count when dispatched
+    assert out["ops_per_step"]["compile"] == out["profiled_ops_per_step"]["compile"] > 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("route "))
+    assert "ops/step" in lines[head] and "eager/route" in lines[head]
+    assert lines[head + 1].split()[0] == "eager" and lines[head + 2].split()[0] == "compile"
+    assert float(lines[head + 1].split()[3]) == pytest.approx(out["ops_per_step"]["eager"], abs=0.5)
+    assert float(lines[head + 2].split()[3]) == pytest.approx(out["ops_per_step"]["compile"], abs=0.5)
+
+
 # The float32 CPU variance of the BN-MLP stack (a two-pass float64 formula in place of torch's float64
 # Welford recurrence, for speed).  Both are exact to ~b·2⁻⁵³ ≈ 1.4e-14 relative (b ≤ 128 samples) before the
 # one rounding to float32, so they can differ only where the float64 value lies within 1.4e-14 of a float32
