@@ -256,7 +256,7 @@ def test_report_writes_a_claim_ledger_page_per_paper(report, tmp_path):
     assert rows["yang2019/fig3a"]["verdict"] == "not run"  # only reproduction checks, none ran here
     assert rows["yang2019/thm3.10"]["verdict"] == "tested"  # its reproduction did not run; its tests exist
     assert rows["lange/prop2"]["verdict"] == "tested"
-    assert rows["fisher/eq147"]["verdict"] == "not checked" and rows["fisher/eq147"]["not_checked"]
+    assert rows["fisher/small-terms"]["verdict"] == "not checked" and rows["fisher/small-terms"]["not_checked"]
 
 
 _LEDGER_CHECK = """<script>window.addEventListener("load", function () {
