@@ -52,7 +52,7 @@ from bnlab.theory.cross_batch import _cross_batch_analysis
 from bnlab.theory.epsilon import _epsilon_analysis
 from bnlab.theory.fixed_point import BSB1FixedPoint, _bsb1_fixed_point
 from bnlab.theory.forward import _forward_eigenvalues, _forward_moments_sphere
-from bnlab.theory.symmetry import _stability
+from bnlab.theory.symmetry import _resolved_stability
 
 __all__ = ["METHODS", "TheoryResult", "analyze", "depth_scale", "max_trainable_depth", "TRAINABLE_DEPTH_FACTOR"]
 
@@ -327,7 +327,7 @@ def _bsb1_or_bsb2(act, b: int, case: _Case):
                 return ("BSB1" if lam < 1.0 else "BSB2"), fw
     # BSB1 iff the BSB1 fixed point is locally attracting: max(λ_L↑, λ_M↑) < 1 (Thm 3.8 discussion),
     # as bnlab.theory.fixed_point_kind(φ, B, depth=None) says
-    return ("BSB1" if _stability(act, b).attracting else "BSB2"), fw
+    return ("BSB1" if _resolved_stability(act, b).attracting else "BSB2"), fw
 
 
 def _with_epsilon(act, b: int, case: _Case) -> None:

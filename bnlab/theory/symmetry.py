@@ -190,6 +190,23 @@ def _stability(phi: Activation, b: int) -> BSB1Stability:
     return st
 
 
+def _resolved_stability(phi: Activation, b: int) -> BSB1Stability:
+    """:func:`_stability`, or a ``ValueError`` when max(λ_L↑, λ_M↑) is 1 to within float64 rounding.
+
+    A ValueError if not finite: an overflow must never read as "not attracting".  And 1 − λ_L↑ ≈ 2.27/B for
+    relu: beyond B ≈ 1e15 it is below float64's resolution and λ rounds to 1, which would read as "not
+    attracting" (BSB2) for a φ whose BSB1 point attracts at every B.  Every BSB1/BSB2 verdict (here and in
+    :func:`bnlab.theory.analyze`) goes through this function."""
+    st = _stability(phi, b)
+    if abs(st.lambda_max - 1.0) <= _UNRESOLVED_MARGIN:
+        raise ValueError(
+            f"batch_size={b} is not allowed for the BSB1/BSB2 verdict of phi={phi.spec!r}: max(λ_L↑, λ_M↑) = "
+            f"{st.lambda_max!r} is 1 to within float64 rounding (its distance from 1 shrinks like 1/B), so whether "
+            "the BSB1 fixed point attracts cannot be computed; use batch_size <= 1e14"
+        )
+    return st
+
+
 def _stability_values(phi: Activation, b: int) -> BSB1Stability:
     if phi.homogeneity is not None and phi.homogeneous_coeffs is not None and b >= 4 and (b - 1) / 2.0 > phi.homogeneity:
         # positive-homogeneous φ: the closed forms (Thm 3.7 for relu/identity, Thm F.33 otherwise).  The
@@ -341,15 +358,7 @@ def fixed_point_kind(phi, batch_size, *, depth=60, seed=0, n_samples=20_000) -> 
     n_samples = check_int("n_samples", n_samples, minimum=1000)
     if depth is not None:
         _check_iteration_cost(b, depth, n_samples)  # before the stability part: fail fast, allocate nothing
-    st = _stability(phi, b)  # a ValueError if not finite: an overflow must never read as "not attracting"
-    if abs(st.lambda_max - 1.0) <= _UNRESOLVED_MARGIN:
-        # 1 − λ_L↑ ≈ 2.27/B for relu: beyond B ≈ 1e15 it is below float64's resolution and λ rounds to 1,
-        # which would read as "not attracting" (BSB2) for a φ whose BSB1 point attracts at every B
-        raise ValueError(
-            f"batch_size={b} is not allowed for the BSB1/BSB2 verdict of phi={phi.spec!r}: max(λ_L↑, λ_M↑) = "
-            f"{st.lambda_max!r} is 1 to within float64 rounding (its distance from 1 shrinks like 1/B), so whether "
-            "the BSB1 fixed point attracts cannot be computed; use batch_size <= 1e14"
-        )
+    st = _resolved_stability(phi, b)
     kind = "BSB1" if st.attracting else "BSB2"
     if depth is None:
         return kind
