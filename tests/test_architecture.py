@@ -61,11 +61,7 @@ NO_TORCH = frozenset({"theory", "compare", "claims"})
 
 #: Rules that hold once a pending move lands: (importer part, imported part) -> (file whose removal
 #: completes the move, why).  While the file exists the rule's test is skipped with the reason.
-PENDING: dict[tuple[str, str], tuple[str, str]] = {
-    ("sim", "theory"): ("bnlab/sim/_theory.py",
-                        "sim still puts its results beside the theory in sim/_theory.py; issue #12 item 4 moves "
-                        "that comparison to bnlab/compare.py, after which sim never imports theory"),
-}
+PENDING: dict[tuple[str, str], tuple[str, str]] = {}
 
 #: Private modules at the bottom that every part may import.
 SHARED = frozenset({"bnlab._validation", "bnlab._threads"})

@@ -43,7 +43,8 @@ from bnlab._validation import DEFAULT_MAX_MEMORY_BYTES, check_choice, check_int,
 from bnlab.activations import Activation, get_activation
 from bnlab.nets.norms import ghost_batch_norm
 
-__all__ = ["BNMLP"]
+__all__ = ["BNMLP", "ActivationModule", "MLP", "FisherCNN", "BNPCNN", "vgg", "resnet", "BasicBlock", "PreActBlock",
+           "Bottleneck", "PLACEMENTS", "VGG_DEPTHS", "RESNET_DEPTHS"]
 
 
 def _require_torch_phi(phi: Any, act: Activation) -> None:
@@ -225,8 +226,6 @@ class BNMLP(nn.Module):
 
 
 # =============================================================================== general models
-__all__ += ["ActivationModule", "MLP", "FisherCNN", "BNPCNN", "vgg", "resnet", "BasicBlock", "PreActBlock", "PLACEMENTS",
-            "VGG_DEPTHS", "RESNET_DEPTHS"]
 
 #: Where :class:`MLP` puts the normalization: before φ (Linear → Norm → φ) or after (Linear → φ → Norm).
 PLACEMENTS = ("pre", "post")
