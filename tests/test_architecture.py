@@ -36,6 +36,7 @@ DOC = ROOT / "docs" / "architecture.md"
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "_validation": frozenset(),
     "_threads": frozenset(),
+    "_vocabulary": frozenset(),
     "activations": frozenset(),
     "theory": frozenset({"activations"}),
     "sim": frozenset({"activations"}),
@@ -64,7 +65,7 @@ NO_TORCH = frozenset({"theory", "compare", "claims"})
 PENDING: dict[tuple[str, str], tuple[str, str]] = {}
 
 #: Private modules at the bottom that every part may import.
-SHARED = frozenset({"bnlab._validation", "bnlab._threads"})
+SHARED = frozenset({"bnlab._validation", "bnlab._threads", "bnlab._vocabulary"})
 
 
 def part_of(module: str) -> str:
