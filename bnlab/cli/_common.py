@@ -288,16 +288,32 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def print_table(rows: Iterable[Sequence[Any]], header: Sequence[str] | None = None, file=None) -> None:
-    """Print rows as an aligned plain-text table."""
+def print_table(rows: Iterable[Sequence[Any]], header: Sequence[str] | None = None, file=None,
+                max_width: int | None = None) -> None:
+    """Print rows as an aligned plain-text table.  With ``max_width``, the widest column is wrapped
+    (continuation lines under it) so that no line is longer than ``max_width`` where that is possible."""
+    import textwrap
+
     rows = [[_fmt(c) for c in r] for r in rows]
     if header is not None:
         rows.insert(0, list(header))
     if not rows:
         return
-    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(max(len(r) for r in rows))]
+    ncols = max(len(r) for r in rows)
+    rows = [r + [""] * (ncols - len(r)) for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(ncols)]
+    wrap_col = None
+    if max_width is not None and sum(widths) + 2 * (ncols - 1) > max_width:
+        wrap_col = max(range(ncols), key=lambda i: widths[i])
+        room = max_width - (sum(widths) - widths[wrap_col]) - 2 * (ncols - 1)
+        widths[wrap_col] = max(room, 12, len(rows[0][wrap_col]) if header is not None else 0)
     out = file or sys.stdout
     for k, r in enumerate(rows):
-        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+        pieces = [[c] for c in r]
+        if wrap_col is not None:
+            pieces[wrap_col] = textwrap.wrap(r[wrap_col], widths[wrap_col], break_on_hyphens=False) or [""]
+        for line in range(max(len(p) for p in pieces)):
+            cells = [p[line] if line < len(p) else "" for p in pieces]
+            out.write("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip() + "\n")
         if k == 0 and header is not None:
             out.write("  ".join("-" * w for w in widths) + "\n")
