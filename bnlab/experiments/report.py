@@ -337,9 +337,11 @@ def _plot_sources(exp: Experiment) -> list[Path]:
 
 def _figure_digest(exp: Experiment, scale: str, rows) -> str:
     """SHA-256 of everything the figures are drawn from: the finished cells (key, parameters, metrics),
-    the scale, the plotting code's source and the library versions (bnlab, matplotlib, ...)."""
+    the scale, the plot function's name and its module's source (:func:`_plot_sources`) and the library
+    versions (bnlab, matplotlib, ...)."""
     h = hashlib.sha256()
-    h.update(json.dumps({"experiment": exp.name, "scale": scale, "versions": library_versions()},
+    plot = f"{getattr(exp.plot, '__module__', '')}.{getattr(exp.plot, '__qualname__', repr(exp.plot))}"
+    h.update(json.dumps({"experiment": exp.name, "scale": scale, "plot": plot, "versions": library_versions()},
                         sort_keys=True, default=str).encode())
     for f in _plot_sources(exp):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
