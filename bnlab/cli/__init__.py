@@ -37,9 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _remember_parsers(sub: argparse._SubParsersAction) -> None:
     """Each (sub)command's parser as the default ``_parser`` of its namespace: errors found after parsing
-    (an unknown option, a value the library refuses) print that command's usage, not bnlab's."""
-    for p in sub.choices.values():
+    (an unknown option, a value the library refuses) print that command's usage, not bnlab's.  A command
+    without a description gets its one-line help as one."""
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    for name, p in sub.choices.items():
         p.set_defaults(_parser=p)
+        if not p.description and helps.get(name):  # `bnlab X --help` says what X does
+            p.description = helps[name][0].upper() + helps[name][1:] + "."
         for action in p._actions:
             if isinstance(action, argparse._SubParsersAction):
                 _remember_parsers(action)

@@ -53,7 +53,7 @@ class _ShowsDefaults:
             import copy
 
             action = copy.copy(action)
-            action.help = " "  # formatted by _get_help_string into "default: ..."
+            action.help = "default: %(default)s"
         return super()._format_action(action)
 
     def _expand_help(self, action):
