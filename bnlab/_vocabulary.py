@@ -48,14 +48,31 @@ def deprecation_text(old: str, new: str) -> str:
     return f"{old} is deprecated; use {new} (the old spelling is accepted until the next release)"
 
 
-def canonical_value(name: str, value: Any, aliases: Mapping[str, str], *, stacklevel: int = 3) -> Any:
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside bnlab (and outside the
+    decorators of torch and the standard library between it and bnlab): the user's line."""
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    skip = (here, os.path.dirname(functools.__file__) + os.sep)
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(skip) and f"{os.sep}torch{os.sep}" not in name:
+            return level
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def canonical_value(name: str, value: Any, aliases: Mapping[str, str]) -> Any:
     """``value`` under its canonical spelling: an old spelling in ``aliases`` is replaced, with a
     :class:`DeprecationWarning` naming the argument ``name``; anything else is returned unchanged
     (the caller's own ``check_choice`` then refuses what is unknown)."""
     if isinstance(value, str) and value in aliases:
         new = aliases[value]
         warnings.warn(deprecation_text(f"{name}={value!r}", f"{name}={new!r}"), DeprecationWarning,
-                      stacklevel=stacklevel)
+                      stacklevel=_caller_stacklevel())
         return new
     return value
 
@@ -72,7 +89,7 @@ def renamed_keywords(**old_to_new: str) -> Callable:
                     if new in kwargs:
                         raise TypeError(f"{fn.__name__}() got both {new!r} and its deprecated spelling {old!r}")
                     warnings.warn(deprecation_text(f"{fn.__name__}({old}=...)", f"{new}=..."), DeprecationWarning,
-                                  stacklevel=2)
+                                  stacklevel=_caller_stacklevel())
                     kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)
 

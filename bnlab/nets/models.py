@@ -273,7 +273,7 @@ def _norm_kwargs(norm_kwargs) -> dict:
 def _init_all(model: nn.Module, init: str, sigma_w2: float | None, sigma_b2: float, seed: int) -> None:
     from bnlab.nets.init import INITS, init_weights_
 
-    init = check_choice("init", canonical_value("init", init, INIT_ALIASES, stacklevel=4), INITS)
+    init = check_choice("init", canonical_value("init", init, INIT_ALIASES), INITS)
     if init == "torch_default":
         if sigma_w2 is not None or sigma_b2 != 0.0:
             raise ValueError(
