@@ -17,7 +17,7 @@ size for a convolution), ``σ_w = sqrt(σ_w²)``:
     What ``reset_parameters()`` of ``nn.Linear``/``nn.ConvNd`` draws: W ~ U[−1/sqrt(d), 1/sqrt(d)]
     (kaiming_uniform with a = √5) and b ~ U[−1/sqrt(d), 1/sqrt(d)] — but from ``generator`` instead of
     the global generator.  ``sigma_w2``/``sigma_b2`` do not apply and must be left at their defaults.
-``"asymmetric_uniform"`` (formerly ``"asym_uniform"``, accepted with a DeprecationWarning until the next release)
+``"asymmetric_uniform"`` (old spelling ``"asym_uniform"``: a DeprecationWarning, accepted until the next release)
     W ~ U[0, 2σ_w/sqrt(d)] iid, b ~ N(0, σ_b²): with σ_w² = 1 the asymmetric initialization
     U[0, 2/sqrt(d_l)] of Daneshmand et al. 2020, §5 ("Breaking batchnorm"), whose variance 1/(3d)
     equals that of PyTorch's default but whose mean 1/sqrt(d) is not zero.

@@ -208,7 +208,7 @@ def test_batch_of_one_in_training_is_rejected_by_every_batch_norm(norm):
         (dict(widths=[]), "widths"),
         (dict(widths=[0]), "widths"),
         (dict(widths=5), "widths"),
-        (dict(norm="batch"), "norm"),
+        (dict(norm="batchnorm"), "norm"),  # ("batch" is the old spelling of "bn": tests/test_vocabulary.py)
         (dict(placement="middle"), "placement"),
         (dict(phi="nonexistent_phi"), "phi"),
         (dict(init="he"), "init"),
