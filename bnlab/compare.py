@@ -23,7 +23,7 @@ only place that imports both :mod:`bnlab.sim` and :mod:`bnlab.theory`: the simul
 an independent check of the theory.
 
 Where the theory does not apply, the theory value is None and ``notes`` says why:
-``normalization`` other than ``"batch"`` or a residual network (the theory is Eq. 7 of the
+``norm`` other than ``"bn"`` or a residual network (the theory is Eq. 7 of the
 paper); B = 2 (degenerate); a BSB2 regime (symmetry breaking, App. J, K); ε > 0 (only the
 fixed point and λ_G↓ are developed); φ that the theory refuses.  A measurement that is
 delicate carries a note too: gradient norms of tail index ≤ 2 (BN with ε = 0 at B ≤ 5:
@@ -42,6 +42,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+
+from bnlab._vocabulary import NORM_ALIASES
 
 __all__ = ["QuantityComparison", "SimulationComparison", "compare_with_theory", "QUANTITIES"]
 
@@ -135,10 +137,12 @@ def _theory(result, phi, notes: list[str]) -> tuple[dict[str, float | None], boo
 
     cfg = result.config
     none = dict.fromkeys(("q_star", "c_star", "grad_explosion_rate", "cross_batch_rate"))
-    if cfg["normalization"] != "batch" or cfg.get("residual_scale") is not None:
+    norm = cfg.get("norm", cfg.get("normalization"))  # configs recorded before the one vocabulary
+    norm = NORM_ALIASES.get(norm, norm)
+    if norm != "bn" or cfg.get("residual_scale") is not None:
         notes.append(
-            "the mean field theory of Yang et al. 2019 covers normalization='batch' without residuals only "
-            f"(simulated: normalization={cfg['normalization']!r}, residual_scale={cfg.get('residual_scale')!r})"
+            "the mean field theory of Yang et al. 2019 covers norm='bn' without residuals only "
+            f"(simulated: norm={norm!r}, residual_scale={cfg.get('residual_scale')!r})"
         )
         return none, False
     if phi is None:

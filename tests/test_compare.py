@@ -23,7 +23,7 @@ B = 32
 N_NETS, DEPTH = 60, 20
 
 
-def _synthetic(*, grad_rate, cross_rate, q, c, batch_size=B, eps=0.0, normalization="batch", phi="relu",
+def _synthetic(*, grad_rate, cross_rate, q, c, batch_size=B, eps=0.0, norm="bn", phi="relu",
                num_batches=2, seed=0):
     """An EnsembleResult whose per-layer data follow the given rates and fixed point exactly in law."""
     rng = np.random.default_rng(seed)
@@ -39,7 +39,7 @@ def _synthetic(*, grad_rate, cross_rate, q, c, batch_size=B, eps=0.0, normalizat
     cs = c + 0.002 * rng.standard_normal((n, depth))
     zeros = np.zeros((n, depth))
     config = dict(phi={"phi": phi} if isinstance(phi, str) else phi, batch_size=batch_size, width=1000,
-                  depth=depth, networks=n, normalization=normalization, init="gaussian", eps=eps, sigma_w2=1.0,
+                  depth=depth, networks=n, norm=norm, init="gaussian", eps=eps, sigma_w2=1.0,
                   sigma_b2=0.0, bn_gamma=1.0, bn_beta=0.0, residual_scale=None, num_batches=num_batches,
                   input_correlation=0.1, input_dim=1000, seed=seed)
     return EnsembleResult(
@@ -99,11 +99,11 @@ def test_reports_disagreement():
 def test_where_the_theory_does_not_apply():
     th = _relu_theory(B)
     args = dict(grad_rate=th["grad_explosion_rate"], cross_rate=th["cross_batch_rate"], q=0.5, c=0.3)
-    none = compare_with_theory(_synthetic(normalization="none", **args))
+    none = compare_with_theory(_synthetic(norm="none", **args))
     assert not none.theory_applies and none.theory_source is None
     assert all(none[k].theory is None and none[k].ci_covers_theory is None for k in QUANTITIES)
     assert none["grad_explosion_rate"].simulated is not None  # the simulation is still reported
-    assert any("normalization='batch' without residuals only" in n for n in none.notes)
+    assert any("norm='bn' without residuals only" in n for n in none.notes)
     # B = 2: the dynamics are degenerate, analyze refuses and says why
     two = compare_with_theory(_synthetic(batch_size=2, **args))
     assert not two.theory_applies and any("batch_size=2" in n for n in two.notes)

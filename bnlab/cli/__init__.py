@@ -18,8 +18,9 @@ __all__ = ["main", "build_parser"]
 
 def build_parser() -> argparse.ArgumentParser:
     from bnlab import __version__
+    from bnlab.cli._common import BnlabParser
 
-    parser = argparse.ArgumentParser(
+    parser = BnlabParser(
         prog="bnlab",
         description="Batch normalization theory, simulation and experiments.",
     )
@@ -30,7 +31,22 @@ def build_parser() -> argparse.ArgumentParser:
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         if info.name.startswith("_cmd_"):
             importlib.import_module(f"{__name__}.{info.name}").add_parser(sub)
+    _remember_parsers(sub)
     return parser
+
+
+def _remember_parsers(sub: argparse._SubParsersAction) -> None:
+    """Each (sub)command's parser as the default ``_parser`` of its namespace: errors found after parsing
+    (an unknown option, a value the library refuses) print that command's usage, not bnlab's.  A command
+    without a description gets its one-line help as one."""
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    for name, p in sub.choices.items():
+        p.set_defaults(_parser=p)
+        if not p.description and helps.get(name):  # `bnlab X --help` says what X does
+            p.description = helps[name][0].upper() + helps[name][1:] + "."
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _remember_parsers(action)
 
 
 def _warning_printer(command: str):
@@ -46,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    command_parser = getattr(args, "_parser", parser)
+    if unknown:
+        command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     previous = warnings.showwarning
     warnings.showwarning = _warning_printer(args.command)
     try:
@@ -55,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         apply_threads(args)  # --threads of the long-running commands, checked and applied before any work
         return int(args.func(args) or 0)
     except ValueError as exc:
-        # Bad input is reported as a usage error with the library's message.
-        parser.exit(2, f"bnlab {args.command}: error: {exc}\n")
+        # Bad input is reported as a usage error of the command, with the library's message.
+        command_parser.print_usage(sys.stderr)
+        command_parser.exit(2, f"bnlab {args.command}: error: {exc}\n")
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

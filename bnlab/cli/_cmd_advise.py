@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--dataset", default=None, help="a dataset name (bnlab data list), standardized")
     d.add_argument("--input-shape", default=None, help="random standard normal inputs of this shape, e.g. 3x32x32")
     d.add_argument("--classes", type=int, default=10, help="classes of the random labels (default 10)")
-    d.add_argument("--batch-size", type=int, default=64, help="the batch B the normalizations see (default 64)")
+    d.add_argument("--batch-size", "-B", type=int, default=64, help="the batch B the normalizations see (default 64)")
     add_data_dir_argument(d)
     t = p.add_argument_group("training setup")
     t.add_argument("--loss", choices=("cross_entropy", "mse"), default="cross_entropy",

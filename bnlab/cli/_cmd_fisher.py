@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from bnlab.cli._common import add_threads_argument, print_json, print_table
+from bnlab.cli._common import NORM_ALIASES, add_choice_argument, add_threads_argument, print_json, print_table
 
 ARCH_HELP = """\
 architecture spec (the last layer is the linear output; BN + phi follow every other layer):
@@ -36,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--arch", required=True, help="architecture spec (grammar below)")
-    p.add_argument("--norm", choices=("bn", "none"), default="bn", help="BatchNorm after hidden layers (default bn)")
+    add_choice_argument(p, "--norm", valid=("bn", "none"), aliases=NORM_ALIASES, default="bn",
+                        help="BatchNorm after hidden layers (default bn)")
     p.add_argument("--phi", default="relu", help="activation (bnlab activations lists them; default relu)")
     p.add_argument("--gamma", type=_real_list, default=1.0, help="BN γ, one value or one per hidden layer (default 1)")
     p.add_argument("--beta", type=_real_list, default=0.0, help="BN β, one value or one per hidden layer (default 0)")
@@ -59,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--measure", action="store_true", help="also measure λmax of a random network on real data")
     m.add_argument("--dataset", default="mnist", help="dataset for --measure (bnlab data list; default mnist)")
     m.add_argument("--data-dir", default=None, help="dataset directory (see bnlab data)")
-    m.add_argument("--batch-size", type=int, default=256, help="samples in the fixed batch (default 256)")
+    m.add_argument("--batch-size", "-B", type=int, default=256, help="samples in the fixed batch (default 256)")
     m.add_argument(
         "--curvature",
         choices=("fisher", "ggn", "hessian", "empirical_fisher"),
@@ -68,6 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument("--tol", type=float, default=1e-4, help="Lanczos relative tolerance (default 1e-4)")
     m.add_argument("--seed", type=int, default=0, help="seed of the network and of the batch (default 0)")
+    m.add_argument("--device", default="cpu", help="device of --measure: cpu or cuda (default cpu)")
     m.add_argument("--max-memory-gb", type=float, default=1.0,
                    help="memory bound of --measure (network, its copy, Lanczos vectors and the batch's activations, "
                         "estimated before anything is allocated; default 1)")
@@ -77,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bnlab._validation import check_int, check_max_memory_gb, check_real, check_seed
+    from bnlab._validation import check_device, check_int, check_max_memory_gb, check_real, check_seed
     from bnlab.fisher import fisher_order_parameters, parse_arch
 
     arch = parse_arch(args.arch)
@@ -100,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         from bnlab.data import load_dataset, standardize
         from bnlab.fisher import build_model, calibrate_batchnorm_, curvature_spectrum
 
+        device = check_device("--device", args.device)
         batch = check_int("--batch-size", args.batch_size, minimum=1)
         seed = check_seed("--seed", args.seed)
         check_real("--tol", args.tol, minimum=0.0)
@@ -151,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=torch.float64,
             max_memory_bytes=max_bytes,
         )
+        model, x = model.to(device), x.to(device)
         calibrate_batchnorm_(model, x)  # eval mode = the batch's own statistics (the theory's population)
         loss = "mse" if args.curvature == "fisher" else "cross_entropy"
         spec = curvature_spectrum(
@@ -161,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
             "lambda_max_measured": spec.lambda_max,
             "bn_mode": args.bn_mode,
             "curvature": args.curvature,
+            "device": str(device),
             "dataset": args.dataset,
             "batch_size": spec.batch_size,
             "num_params": spec.num_params,

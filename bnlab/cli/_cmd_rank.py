@@ -4,9 +4,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bnlab.cli._common import add_threads_argument, print_json, print_table
+from bnlab.cli._common import (NORM_ALIASES, add_choice_argument, add_deprecated_flag, add_threads_argument, print_json,
+                               print_table)
 
-_NORM_NAMES = {"bn": "bn", "bn-nomean": "bn_nomean", "bn_nomean": "bn_nomean", "none": "none"}
+#: bnlab.rank.CHAIN_NORMS, CHAIN_ACTIVATIONS and CHAIN_INITS, spelled here so that parsing imports no torch
+#: (tests/cli/test_vocabulary.py checks they agree).
+RANK_NORMS = ("bn_nomean", "bn", "none")
+RANK_PHIS = ("linear", "relu")
+RANK_INITS = ("gaussian", "uniform")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,22 +23,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "the lower bound r(H) (Eq. 4) and the numerical rank: averages over all layers and per-layer "
         "values (log-spaced layers beyond depth 200). Memory does not grow with depth.",
     )
-    p.add_argument("--depth", type=int, default=1000)
+    p.add_argument("--depth", type=int, default=1000, help="L, the number of layers")
     p.add_argument("--width", type=int, default=32, help="d, the number of features")
-    p.add_argument("--batch-size", type=int, default=32, help="N, the number of samples")
-    p.add_argument("--activation", default="linear", help="linear or relu")
-    p.add_argument("--norm", default="bn-nomean",
-                   help="bn-nomean (the paper's BN, Eq. 2), bn (with mean subtraction) or none (vanilla)")
+    p.add_argument("--batch-size", "-B", type=int, default=32, help="N, the number of samples")
+    phi = add_choice_argument(p, "--phi", valid=RANK_PHIS, default="linear", help="the nonlinearity φ")
+    add_deprecated_flag(p, "--activation", phi)
+    add_choice_argument(p, "--norm", valid=RANK_NORMS, aliases=NORM_ALIASES, default="bn_nomean",
+                        help="bn_nomean (the paper's BN, Eq. 2), bn (with mean subtraction) or none (vanilla)")
     p.add_argument("--placement", default="pre",
                    help="pre: phi(Norm(H + gamma W H)) (Linear -> BN -> phi), or post: Norm(H + gamma phi(W H))")
     p.add_argument("--residual-gamma", default="inf", help="skip-branch strength gamma > 0, or inf (no skip)")
-    p.add_argument("--init", default="gaussian", help="gaussian (N(0,1)) or uniform (U[-sqrt 3, sqrt 3])")
+    add_choice_argument(p, "--init", valid=RANK_INITS, default="gaussian",
+                        help="gaussian (N(0,1)) or uniform (U[-sqrt 3, sqrt 3])")
     p.add_argument("--tau", type=float, default=0.5, help="soft-rank threshold (Eq. 3)")
     p.add_argument("--chains", type=int, default=1, help="independent chains run together")
     p.add_argument("--record-points", type=int, default=200,
                    help="per-layer values kept: every layer up to this depth, ~this many log-spaced beyond")
     p.add_argument("--eps", type=float, default=0.0, help="BN epsilon (the paper: 0)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the inputs and weights")
     p.add_argument("--dtype", default="float64", help="float32 or float64")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--max-memory-gb", type=float, default=1.0,
@@ -46,10 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bnlab._validation import check_choice, check_int, check_max_memory_gb, check_real, check_seed
+    from bnlab._validation import check_int, check_max_memory_gb, check_real, check_seed
     from bnlab.rank import default_record_layers, run_chain
 
-    norm = _NORM_NAMES[check_choice("norm", args.norm, tuple(_NORM_NAMES))]
     points = check_int("record_points", args.record_points, minimum=1, maximum=10**6)
     depth = check_int("depth", args.depth, minimum=1)
     max_bytes = check_max_memory_gb("max_memory_gb", args.max_memory_gb)
@@ -62,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"residual_gamma={args.residual_gamma!r} is not allowed: expected a number > 0 or 'inf'")
     try:
         res = run_chain(
-            args.width, args.batch_size, depth, chains=args.chains, norm=norm, activation=args.activation,
+            args.width, args.batch_size, depth, chains=args.chains, norm=args.norm, phi=args.phi,
             placement=args.placement, residual_gamma=gamma, init=args.init, tau=args.tau,
             record_layers=default_record_layers(depth, points), seed=args.seed, dtype=args.dtype,
             device=args.device, eps=args.eps, max_memory_bytes=max_bytes,
@@ -78,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     c = res.config
     print(f"chain: d={c['width']} N={c['batch_size']} depth={c['depth']} chains={c['chains']} norm={c['norm']} "
-          f"activation={c['activation']} ({c['placement']}) gamma={c['residual_gamma']} init={c['init']}")
+          f"phi={c['phi']} ({c['placement']}) gamma={c['residual_gamma']} init={c['init']}")
     print_table([
         [f"mean rank_tau over layers 1..L (tau={c['tau']})", out["mean_soft_rank"]],
         ["mean r(H) lower bound", out["mean_r_lower_bound"]],

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 from bnlab.cli._common import (add_data_dir_argument, add_threads_argument, apply_data_dir, check_cluster_arguments,
                                check_output_dir, print_json, print_table)
@@ -54,15 +55,28 @@ def run_options(args: argparse.Namespace) -> dict:
                 threads=args.threads)
 
 
+#: The output folder of ``report`` and ``reproduce`` (one folder: reproduce's figures are the report's).
+DEFAULT_OUT = "bnlab-report"
+#: The summary table's width in columns: it fits a terminal (the "why" column wraps).
+SUMMARY_WIDTH = 100
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="run (or reuse) every reproduction and write the HTML report with verdicts")
-    p.add_argument("--out", default="bnlab-report", help="output directory (default bnlab-report)")
+    p = sub.add_parser(
+        "report", help="run (or reuse) every reproduction and write the HTML report with verdicts",
+        description="Run (or reuse from the results stores) every registered reproduction of the four papers, "
+        "draw its figures, compare it with the paper and write one self-contained HTML page, <out>/index.html, "
+        "with each reproduction's claim, figures, table and verdict (reproduced, partly, not_reproduced, "
+        "skipped, error), plus report.json. Finished cells are never recomputed, and figures whose records, "
+        "plotting code and files are unchanged are reused, not redrawn.",
+    )
+    p.add_argument("--out", default=DEFAULT_OUT, help="output directory: index.html, report.json, figures/<name>/")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="only these reproductions")
     add_run_arguments(p)
     p.add_argument("--strict", action="store_true",
                    help="exit 1 unless every reproduction that is not skipped has the verdict 'reproduced' "
-                   "(partly, not_reproduced and error all fail; without --strict the exit status is 0 "
-                   "whatever the verdicts)")
+                   "(partly, not_reproduced and error all fail, and are named on stderr; without --strict the "
+                   "exit status is 0 whatever the verdicts)")
     p.set_defaults(func=run)
 
 
@@ -93,10 +107,17 @@ def run(args: argparse.Namespace) -> int:
             }
         )
     else:
-        print_table([(s.name, s.verdict, s.verdict_reason, s.status, f"{s.done}/{s.failed}/{s.total}")
+        print_table([(s.name, s.verdict, s.status, f"{s.done}/{s.failed}/{s.total}", s.verdict_reason)
                      for s in rep.sections]
-                    + [(m, "error", "module failed to import", "-", "-") for m in rep.broken_modules],
-                    header=["reproduction", "verdict", "why", "cells", "done/failed/total"])
+                    + [(m, "error", "-", "-", "module failed to import") for m in rep.broken_modules],
+                    header=["reproduction", "verdict", "cells", "done/fail/all", "why"], max_width=SUMMARY_WIDTH)
         counts = ", ".join(f"{n} {v}" for v, n in rep.verdict_counts.items() if n)
-        print(f"\nverdicts: {counts}\nreport: {rep.index} ({rep.seconds:.1f} s)")
-    return 1 if (args.strict and not rep.all_reproduced) else 0
+        reused = sum(s.figures_reused for s in rep.sections)
+        print(f"\nverdicts: {counts}\nfigures: {reused} of {len(rep.sections)} reproductions' reused unchanged"
+              f"\nreport: {rep.index} ({rep.seconds:.1f} s)")
+    if args.strict and not rep.all_reproduced:
+        failing = rep.not_reproduced
+        print(f"bnlab report: --strict: {len(failing)} not reproduced: "
+              + ", ".join(f"{name} ({v})" for name, v in failing.items()), file=sys.stderr)
+        return 1
+    return 0

@@ -4,16 +4,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from bnlab.cli._cmd_report import add_run_arguments, run_options, run_plan
+from bnlab.cli._cmd_report import DEFAULT_OUT, add_run_arguments, run_options, run_plan
 from bnlab.cli._common import (apply_data_dir, check_cluster_arguments, check_output_dir, print_json, print_table,
                                yes_no)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("reproduce", help="list the paper reproductions or run one (sweep + figures + table)")
+    p = sub.add_parser(
+        "reproduce", help="list the paper reproductions or run one (sweep + figures + table)",
+        description="Without a name (or with --list): the registered reproductions. With one: run (or reuse) its "
+        "sweep, draw its figures into <out>/figures/<name>/ -- the folder `bnlab report` uses, so a later report "
+        "reuses them -- and print its comparison with the paper and its verdict.",
+    )
     p.add_argument("name", nargs="?", help="reproduction name (see --list) or package.module:NAME")
     p.add_argument("--list", action="store_true", help="list the registered reproductions")
-    p.add_argument("--out", default="bnlab-figures", help="where figures go (<out>/figures/<name>/)")
+    p.add_argument("--out", default=DEFAULT_OUT, help="output directory, as bnlab report's: figures go to "
+                   "<out>/figures/<name>/")
     add_run_arguments(p)
     p.add_argument("--strict", action="store_true",
                    help="exit 1 unless the verdict is 'reproduced' or 'skipped' (without it, exit 1 only when "

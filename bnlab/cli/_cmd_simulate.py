@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 
-from bnlab.cli._common import add_threads_argument, activation_from_args, add_phi_arguments, print_json, print_table
+from bnlab.cli._common import (INIT_ALIASES, NORM_ALIASES, activation_from_args, add_choice_argument,
+                               add_deprecated_flag, add_phi_arguments, add_threads_argument, print_json, print_table)
 
 #: The one default that differs from bnlab.sim.simulate (see the module docstring).
 CLI_NUM_BATCHES = 4
+#: bnlab.sim.NORMALIZATIONS and bnlab.sim.INITS, spelled here so that parsing imports no torch
+#: (tests/cli/test_vocabulary.py checks they agree).
+SIM_NORMS = ("bn", "bn_nomean", "none")
+SIM_INITS = ("gaussian", "orthogonal", "uniform", "asymmetric_uniform")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,17 +30,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "of bnlab.sim.simulate, except --num-batches.",
     )
     add_phi_arguments(p)
-    p.add_argument("--batch-size", type=int, default=32, help="samples per batch B (>= 2; default 32)")
+    p.add_argument("--batch-size", "-B", type=int, default=32, help="samples per batch B (>= 2; default 32)")
     p.add_argument("--width", type=int, default=1000, help="neurons per layer N (default 1000)")
     p.add_argument("--depth", type=int, default=50, help="layers L (default 50)")
     p.add_argument("--networks", type=int, default=200,
                    help="independent random networks in the ensemble (default 200)")
-    p.add_argument("--eps", type=float, default=0.0, help="batchnorm epsilon")
-    p.add_argument("--sigma-w2", type=float, default=1.0)
-    p.add_argument("--sigma-b2", type=float, default=0.0)
-    p.add_argument("--init", default="gaussian", help="gaussian, orthogonal, uniform or asymmetric_uniform")
-    p.add_argument("--normalization", default="batch", help="batch, batch_no_mean or none")
-    p.add_argument("--residual-scale", type=float, default=None)
+    p.add_argument("--eps", type=float, default=0.0, help="batchnorm epsilon (>= 0)")
+    p.add_argument("--sigma-w2", type=float, default=1.0, help="weight variance σ_w² (entries N(0, σ_w²/N))")
+    p.add_argument("--sigma-b2", type=float, default=0.0, help="bias variance σ_b²")
+    add_choice_argument(p, "--init", valid=SIM_INITS, aliases=INIT_ALIASES, default="gaussian",
+                        help="weight initialization (bnlab.sim.init)")
+    norm = add_choice_argument(p, "--norm", valid=SIM_NORMS, aliases=NORM_ALIASES, default="bn",
+                               help="bn (batchnorm, Eq. 7), bn_nomean (no mean subtraction) or none")
+    add_deprecated_flag(p, "--normalization", norm)
+    p.add_argument("--residual-scale", type=float, default=None,
+                   help="residual branch scale r: h^l = h^{l-1} + r·(...) (default: no residual connection)")
     p.add_argument("--num-batches", type=int, default=CLI_NUM_BATCHES,
                    help=f"batches per network (default {CLI_NUM_BATCHES}, where bnlab.sim.simulate has 1: the "
                    "cross-batch rate this command reports needs >= 2)")
@@ -49,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float64",
                    help="float32 or float64 (default float64: 1.2x the time of float32, rounding far below "
                    "the Monte Carlo error)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
     p.add_argument("--max-memory-gb", type=float, default=1.0, help="working-memory bound in GiB (default 1): networks run in chunks below it, and sizes "
                    "that cannot fit (one network, or all networks' results) are refused before allocating")
     add_threads_argument(p)
@@ -108,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     mem = check_real("max_memory_gb", args.max_memory_gb, minimum=0.0, strict_minimum=True, maximum=2.0**20)
     res = simulate(
         act, args.batch_size, args.width, args.depth, args.networks,
-        normalization=args.normalization, init=args.init, eps=args.eps, sigma_w2=args.sigma_w2,
+        norm=args.norm, init=args.init, eps=args.eps, sigma_w2=args.sigma_w2,
         sigma_b2=args.sigma_b2, residual_scale=args.residual_scale, num_batches=args.num_batches,
         input_correlation=args.input_correlation, seed=args.seed, device=args.device, dtype=args.dtype,
         max_memory_bytes=max(1, int(mem * 2**30)), weight_sampling=args.weight_sampling,

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from bnlab.cli._common import add_threads_argument, print_json, print_table
+from bnlab.cli._common import (NORM_ALIASES, add_choice_argument, add_data_dir_argument, add_threads_argument, print_json,
+                               print_table)
+
+#: The networks and normalizations bnlab.optim.train_network trains (spelled here: parsing imports no torch).
+TRAIN_MODELS = ("fc", "cnn")
+TRAIN_NORMS = ("bnp", "bnp_gn", "none", "bn", "brn", "ln", "gn")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -15,14 +20,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--norm bnp is the vanilla network with the BN preconditioner (bnlab.optim.BNPreconditioner); "
         "bnp_gn is BNP on the GroupNorm network.",
     )
-    p.add_argument("--model", default="fc", help="fc or cnn (default fc)")
-    p.add_argument("--norm", default="bnp", help="bnp, bnp_gn, none, bn, brn, ln or gn (default bnp)")
-    p.add_argument("--dataset", default="mnist", help="mnist, fashion_mnist, digits, cifar10, cifar100")
-    p.add_argument("--batch-size", type=int, default=60)
+    add_choice_argument(p, "--model", valid=TRAIN_MODELS, default="fc",
+                        help="fc (3 hidden layers of --widths) or cnn (the 5-layer CNN)")
+    add_choice_argument(p, "--norm", valid=TRAIN_NORMS, aliases=NORM_ALIASES, default="bnp",
+                        help="bnp/bnp_gn (the BN preconditioner on the vanilla/GroupNorm network), none, bn, brn, "
+                        "ln or gn")
+    p.add_argument("--dataset", default="mnist", help="mnist, fashion_mnist, digits, cifar10 or cifar100")
+    p.add_argument("--batch-size", "-B", type=int, default=60, help="SGD mini-batch size B")
     p.add_argument("--epochs", type=float, default=1.0, help="may be fractional, e.g. 0.05")
     p.add_argument("--lr", type=float, default=None,
                    help="SGD learning rate (default: the paper's Table 2/3 value for model, norm, batch size)")
-    p.add_argument("--momentum", type=float, default=0.0)
+    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum μ")
     p.add_argument("--widths", type=int, nargs="+", default=[100, 100, 100], help="FC hidden widths")
     p.add_argument("--train-size", type=int, default=None, help="train on this many examples (seeded draw)")
     p.add_argument("--test-size", type=int, default=None, help="test on this many examples (seeded draw)")
@@ -33,9 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="BNP: compiled CPU kernels for the dense layers (a C++ compiler; built once, ~20 s; "
                         "same gradients to rounding, faster steps at small batches); only with --norm bnp or "
                         "bnp_gn (an error otherwise)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--seed", type=int, default=0, help="seed of the network, the data draw and the batches")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_data_dir_argument(p)
     p.add_argument("--max-memory-gb", type=float, default=1.0,
                    help="bound on the network's parameters, checked before it is built (default 1)")
     add_threads_argument(p)

@@ -22,7 +22,114 @@ __all__ = [
     "yes_no",
     "add_threads_argument",
     "apply_threads",
+    "BnlabParser",
+    "add_choice_argument",
+    "add_deprecated_flag",
+    "NORM_ALIASES",
+    "INIT_ALIASES",
 ]
+
+from bnlab._vocabulary import INIT_ALIASES, NORM_ALIASES, deprecation_text
+
+
+class _ShowsDefaults:
+    """Every option's help ends with its default, unless the text already says it (the commands'
+    own "default ..." phrases explain defaults that are chosen, not fixed)."""
+
+    @staticmethod
+    def _shows_default(action: argparse.Action) -> bool:
+        return (bool(action.option_strings) and action.nargs != 0 and action.help is not argparse.SUPPRESS
+                and action.default not in (None, False, argparse.SUPPRESS)
+                and "default" not in (action.help or "").lower())
+
+    def _get_help_string(self, action):
+        text = (action.help or "").strip()
+        if self._shows_default(action):
+            text = f"{text} (default: %(default)s)" if text else "default: %(default)s"
+        return text
+
+    def _format_action(self, action):
+        if not (action.help or "").strip() and self._shows_default(action):
+            import copy
+
+            action = copy.copy(action)
+            action.help = "default: %(default)s"
+        return super()._format_action(action)
+
+    def _expand_help(self, action):
+        if isinstance(action.default, (list, tuple)):  # --widths 100 100 100, as typed
+            import copy
+
+            action = copy.copy(action)
+            action.default = " ".join(map(str, action.default))
+        return super()._expand_help(action)
+
+
+class _DefaultsHelpFormatter(_ShowsDefaults, argparse.HelpFormatter):
+    pass
+
+
+class _RawDefaultsHelpFormatter(_ShowsDefaults, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+class BnlabParser(argparse.ArgumentParser):
+    """The parser of ``bnlab`` and of every subcommand: help shows each option's default (a command's
+    ``RawDescriptionHelpFormatter`` keeps its layout), and the subcommand's own usage goes with its errors
+    (``bnlab.cli.main``)."""
+
+    def __init__(self, *args, **kwargs):
+        raw = issubclass(kwargs.get("formatter_class", argparse.HelpFormatter), argparse.RawDescriptionHelpFormatter)
+        kwargs["formatter_class"] = _RawDefaultsHelpFormatter if raw else _DefaultsHelpFormatter
+        super().__init__(*args, **kwargs)
+
+
+def _note(parser: argparse.ArgumentParser, text: str) -> None:
+    """A one-line note on stderr naming the command (a deprecated spelling was used)."""
+    print(f"{parser.prog}: note: {text}", file=sys.stderr)
+
+
+class _CanonicalChoice(argparse.Action):
+    """A value among ``valid``; an old spelling in ``aliases`` is replaced by its canonical name with a note."""
+
+    def __init__(self, option_strings, dest, valid=(), aliases=None, **kwargs):
+        self.valid, self.aliases = tuple(valid), dict(aliases or {})
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if value in self.aliases:
+            new = self.aliases[value]
+            _note(parser, deprecation_text(f"{option_string} {value}", f"{option_string} {new}"))
+            value = new
+        if value not in self.valid:
+            parser.error(f"argument {'/'.join(self.option_strings)}: invalid choice: {value!r} "
+                         f"(choose from {', '.join(self.valid)})")
+        setattr(namespace, self.dest, value)
+
+
+def add_choice_argument(parser, *flags: str, valid, aliases=None, **kwargs) -> argparse.Action:
+    """An option whose value is one of ``valid`` (shown in the usage), old spellings ``aliases`` accepted
+    with a note (the canonical names: bnlab._vocabulary, docs/cli.md "Vocabulary")."""
+    kwargs.setdefault("metavar", "{" + ",".join(valid) + "}")
+    return parser.add_argument(*flags, action=_CanonicalChoice, valid=valid, aliases=aliases, **kwargs)
+
+
+class _DeprecatedFlag(argparse.Action):
+    """An old flag: a note naming the new one, then the new flag's action (``target``) does the work."""
+
+    def __init__(self, option_strings, dest, target=None, **kwargs):
+        self.target = target
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        _note(parser, deprecation_text(option_string, self.target.option_strings[0]))
+        self.target(parser, namespace, value, self.target.option_strings[0])
+
+
+def add_deprecated_flag(parser, old: str, target: argparse.Action) -> None:
+    """Accept ``old`` (hidden from help) as the option ``target`` for one release, with a note on stderr."""
+    parser.add_argument(old, dest=target.dest, action=_DeprecatedFlag, target=target, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS, metavar=target.metavar, type=target.type, nargs=target.nargs)
 
 
 def add_data_dir_argument(parser: argparse.ArgumentParser) -> None:
@@ -181,16 +288,32 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def print_table(rows: Iterable[Sequence[Any]], header: Sequence[str] | None = None, file=None) -> None:
-    """Print rows as an aligned plain-text table."""
+def print_table(rows: Iterable[Sequence[Any]], header: Sequence[str] | None = None, file=None,
+                max_width: int | None = None) -> None:
+    """Print rows as an aligned plain-text table.  With ``max_width``, the widest column is wrapped
+    (continuation lines under it) so that no line is longer than ``max_width`` where that is possible."""
+    import textwrap
+
     rows = [[_fmt(c) for c in r] for r in rows]
     if header is not None:
         rows.insert(0, list(header))
     if not rows:
         return
-    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(max(len(r) for r in rows))]
+    ncols = max(len(r) for r in rows)
+    rows = [r + [""] * (ncols - len(r)) for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(ncols)]
+    wrap_col = None
+    if max_width is not None and sum(widths) + 2 * (ncols - 1) > max_width:
+        wrap_col = max(range(ncols), key=lambda i: widths[i])
+        room = max_width - (sum(widths) - widths[wrap_col]) - 2 * (ncols - 1)
+        widths[wrap_col] = max(room, 12, len(rows[0][wrap_col]) if header is not None else 0)
     out = file or sys.stdout
     for k, r in enumerate(rows):
-        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+        pieces = [[c] for c in r]
+        if wrap_col is not None:
+            pieces[wrap_col] = textwrap.wrap(r[wrap_col], widths[wrap_col], break_on_hyphens=False) or [""]
+        for line in range(max(len(p) for p in pieces)):
+            cells = [p[line] if line < len(p) else "" for p in pieces]
+            out.write("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip() + "\n")
         if k == 0 and header is not None:
             out.write("  ".join("-" * w for w in widths) + "\n")

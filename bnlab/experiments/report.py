@@ -18,6 +18,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as _dt
+import hashlib
+import inspect
 import json
 import os
 import re
@@ -65,6 +67,7 @@ class ReportSection:
     settings: list[dict] = field(default_factory=list)  # {"what", "paper", "bnlab", "why"} at this scale
     checks: list[dict] = field(default_factory=list)  # {"name", "meaning"}
     limitations: str = ""
+    figures_reused: bool = False  # the figures on disk were kept: same records, same plot code, same files
 
 
 @dataclass
@@ -95,6 +98,14 @@ class Report:
     def all_reproduced(self) -> bool:
         """Every reproduction that is not skipped is ``reproduced`` (what ``bnlab report --strict`` checks)."""
         return not self.broken_modules and all(s.verdict in ("reproduced", "skipped") for s in self.sections)
+
+    @property
+    def not_reproduced(self) -> dict[str, str]:
+        """What fails ``--strict``: each section that is neither reproduced nor skipped, with its verdict,
+        and each reproduction module that failed to import (``error``)."""
+        out = {s.name: s.verdict for s in self.sections if s.verdict not in ("reproduced", "skipped")}
+        out.update(dict.fromkeys(self.broken_modules, "error"))
+        return out
 
 
 def verdict(status: str, comparisons: Sequence[dict], *, failed_cells: int = 0, skip_reason: str = "",
@@ -249,22 +260,30 @@ def _run_section(
         if len(skipped) == len(records):
             sec.status = "failed" if failed else "skipped"  # nothing to plot or compare: no placeholder figure
             return sec
-    _say(progress, f"plotting {exp.name} ({len(records)} cells) …")
-    try:
-        import matplotlib.pyplot as plt
-
+    digest = _figure_digest(exp, scale, done)
+    cached = _cached_figures(figdir, digest)
+    if cached is not None:
+        _say(progress, f"reusing the figures of {exp.name} (same records, plot code and files)")
+        sec.figures, sec.figures_reused = [str(p) for p in cached], True
+    else:
+        _say(progress, f"plotting {exp.name} ({len(records)} cells) …")
+        _remove_manifest(figdir)  # a failed plot leaves no manifest that could vouch for half-written files
         try:
-            figures = [Path(p) for p in (exp.plot(records, figdir) or [])]
-        finally:
-            plt.close("all")
-        missing = [str(p) for p in figures if not p.is_file()]
-        if missing:
-            raise ValueError(f"plot returned paths that do not exist: {missing}")
-        for p in figures:
-            _data_uri(p)  # validates the type before the page is written
-        sec.figures = [str(p) for p in figures]
-    except Exception:
-        sec.errors.append({"what": "plot() raised.", "text": traceback.format_exc()})
+            import matplotlib.pyplot as plt
+
+            try:
+                figures = [Path(p) for p in (exp.plot(records, figdir) or [])]
+            finally:
+                plt.close("all")
+            missing = [str(p) for p in figures if not p.is_file()]
+            if missing:
+                raise ValueError(f"plot returned paths that do not exist: {missing}")
+            for p in figures:
+                _data_uri(p)  # validates the type before the page is written
+            sec.figures = [str(p) for p in figures]
+            _write_manifest(figdir, digest, figures)
+        except Exception:
+            sec.errors.append({"what": "plot() raised.", "text": traceback.format_exc()})
     if scale == "small" and callable(exp.limitations):
         # the limitation text is read off the records it describes, so page and table cannot disagree
         try:
@@ -284,6 +303,94 @@ def _run_section(
     elif failed:
         sec.status = "partial"
     return sec
+
+
+#: Beside a reproduction's figures: the digest of what they were drawn from and each file's SHA-256.
+FIGURE_MANIFEST = ".figures.json"
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _plot_sources(exp: Experiment) -> list[Path]:
+    """The source files a reproduction's figures depend on: the module of its ``plot`` and the modules
+    of its package that module names at top level (a shared plotting helper)."""
+    import sys
+
+    mod = sys.modules.get(getattr(exp.plot, "__module__", "") or "")
+    if mod is None or not getattr(mod, "__file__", None):
+        return []
+    top = mod.__name__.split(".")[0]
+    names = {mod.__name__}
+    for value in vars(mod).values():
+        name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
+        if isinstance(name, str) and name.split(".")[0] == top:
+            names.add(name)
+    files = {Path(sys.modules[n].__file__) for n in names if getattr(sys.modules.get(n), "__file__", None)}
+    return sorted(f for f in files if f.suffix == ".py")
+
+
+def _figure_digest(exp: Experiment, scale: str, rows) -> str:
+    """SHA-256 of everything the figures are drawn from: the finished cells (key, parameters, metrics),
+    the scale, the plot function's name and its module's source (:func:`_plot_sources`) and the library
+    versions (bnlab, matplotlib, ...)."""
+    h = hashlib.sha256()
+    plot = f"{getattr(exp.plot, '__module__', '')}.{getattr(exp.plot, '__qualname__', repr(exp.plot))}"
+    h.update(json.dumps({"experiment": exp.name, "scale": scale, "plot": plot, "versions": library_versions()},
+                        sort_keys=True, default=str).encode())
+    for f in _plot_sources(exp):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    for r in sorted(rows, key=lambda r: r.key):
+        h.update(json.dumps([r.key, r.params, r.metrics], sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def _cached_figures(figdir: Path, digest: str) -> list[Path] | None:
+    """The figures recorded in ``figdir``'s manifest if they were drawn from ``digest`` and every file is
+    still the regular file that was written (same SHA-256); None otherwise (redraw)."""
+    path = figdir / FIGURE_MANIFEST
+    try:
+        if path.is_symlink() or not path.is_file():
+            return None
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict) or manifest.get("digest") != digest:
+            return None
+        files = manifest.get("figures")
+        if not isinstance(files, list) or not files:
+            return None
+        out = []
+        for entry in files:
+            name, sha = entry["name"], entry["sha256"]
+            p = figdir / name
+            # a plain file name directly in figdir: never a path out of it, a link or anything else
+            if Path(name).name != name or name.startswith(".") or p.is_symlink() or not p.is_file():
+                return None
+            if _sha256_file(p) != sha:
+                return None
+            out.append(p)
+        return out
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable or hand-edited: redraw
+
+
+def _remove_manifest(figdir: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (figdir / FIGURE_MANIFEST).unlink()
+
+
+def _write_manifest(figdir: Path, digest: str, figures: Sequence[Path]) -> None:
+    """Record the figures just drawn; figures outside ``figdir`` are never reused (no manifest)."""
+    entries = []
+    for p in figures:
+        if p.parent.resolve() != figdir.resolve() or p.is_symlink():
+            return
+        entries.append({"name": p.name, "sha256": _sha256_file(p)})
+    _write_text(figdir / FIGURE_MANIFEST, json.dumps({"digest": digest, "figures": entries}, indent=1))
 
 
 def _figure_views(paths: Sequence[str], name: str) -> list[dict]:
@@ -543,7 +650,7 @@ def reproduce(
     experiment: str | Experiment,
     *,
     scale: str = "small",
-    out: str | os.PathLike = "bnlab-figures",
+    out: str | os.PathLike = "bnlab-report",
     results_dir: str | os.PathLike | None = None,
     client: Any = None,
     scheduler: str | None = None,
@@ -554,6 +661,9 @@ def reproduce(
     threads: int | None = None,
 ) -> ReportSection:
     """Run (or reuse) one reproduction's sweep, write its figures to ``<out>/figures/<name>/``, tabulate it.
+
+    ``out`` defaults to ``bnlab-report``, the folder of :func:`build_report`: the figures land where
+    the report looks for them, and a later report reuses them while their records are unchanged.
 
     Same arguments as :func:`build_report`; returns the section the report
     would show (status, verdict, counts, figure paths, comparisons, errors).

@@ -15,6 +15,7 @@ import math
 from typing import Sequence
 
 from bnlab._validation import DEFAULT_MAX_MEMORY_BYTES, check_choice, check_int, check_memory, check_real, check_seed
+from bnlab._vocabulary import NORM_ALIASES, canonical_value
 from bnlab.activations import get_activation
 
 from .architecture import Architecture, ConvLayer, _as_arch, _as_sequence
@@ -64,7 +65,7 @@ def build_model(
     import torch
 
     a = _as_arch(arch)
-    norm = check_choice("norm", norm, ("bn", "none"))
+    norm = check_choice("norm", canonical_value("norm", norm, NORM_ALIASES), ("bn", "none"))
     seed = check_seed("seed", seed)
     L = a.depth
     if dtype is None:

@@ -93,6 +93,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bnlab._validation import check_choice, check_real
+from bnlab._vocabulary import NORM_ALIASES, canonical_value
 from bnlab.activations import Activation, activation_from_callable, get_activation
 
 from .architecture import Architecture, _as_arch, _as_sequence
@@ -306,7 +307,7 @@ def fisher_order_parameters(
         followed by BN drop out of the bound; module docstring). Ignored for ``norm="none"``.
     """
     architecture = _as_arch(arch)
-    norm = check_choice("norm", norm, NORMS)
+    norm = check_choice("norm", canonical_value("norm", norm, NORM_ALIASES), NORMS)
     formula = check_choice("formula", formula, FORMULAS)
     mu = _check_momentum(momentum)
     bn_mode = check_choice("bn_mode", bn_mode, ("eval", "train"))

@@ -17,7 +17,7 @@ size for a convolution), ``σ_w = sqrt(σ_w²)``:
     What ``reset_parameters()`` of ``nn.Linear``/``nn.ConvNd`` draws: W ~ U[−1/sqrt(d), 1/sqrt(d)]
     (kaiming_uniform with a = √5) and b ~ U[−1/sqrt(d), 1/sqrt(d)] — but from ``generator`` instead of
     the global generator.  ``sigma_w2``/``sigma_b2`` do not apply and must be left at their defaults.
-``"asym_uniform"``
+``"asymmetric_uniform"`` (old spelling ``"asym_uniform"``: a DeprecationWarning, accepted until the next release)
     W ~ U[0, 2σ_w/sqrt(d)] iid, b ~ N(0, σ_b²): with σ_w² = 1 the asymmetric initialization
     U[0, 2/sqrt(d_l)] of Daneshmand et al. 2020, §5 ("Breaking batchnorm"), whose variance 1/(3d)
     equals that of PyTorch's default but whose mean 1/sqrt(d) is not zero.
@@ -35,11 +35,12 @@ import torch
 from torch import nn
 
 from bnlab._validation import check_choice, check_real, check_seed
+from bnlab._vocabulary import INIT_ALIASES, canonical_value
 
 __all__ = ["INITS", "init_weights_", "initializable_layers"]
 
 #: The initialization schemes :func:`init_weights_` accepts.
-INITS = ("gaussian", "orthogonal", "glorot_uniform", "torch_default", "asym_uniform")
+INITS = ("gaussian", "orthogonal", "glorot_uniform", "torch_default", "asymmetric_uniform")
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -104,7 +105,7 @@ def init_weights_(
     """
     if not isinstance(module, nn.Module):
         raise ValueError(f"module={type(module).__name__} is not allowed: expected a torch.nn.Module")
-    scheme = check_choice("scheme", scheme, INITS)
+    scheme = check_choice("scheme", canonical_value("scheme", scheme, INIT_ALIASES), INITS)
     sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
     sigma_b2 = check_real("sigma_b2", sigma_b2, minimum=0.0)
     if scheme == "torch_default" and (sigma_w2 != 1.0 or sigma_b2 != 0.0):

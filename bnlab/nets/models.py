@@ -40,10 +40,12 @@ import torch
 from torch import nn
 
 from bnlab._validation import DEFAULT_MAX_MEMORY_BYTES, check_choice, check_int, check_memory, check_real, check_seed
+from bnlab._vocabulary import INIT_ALIASES, NORM_ALIASES, canonical_value
 from bnlab.activations import Activation, get_activation
 from bnlab.nets.norms import ghost_batch_norm
 
-__all__ = ["BNMLP"]
+__all__ = ["BNMLP", "ActivationModule", "MLP", "FisherCNN", "BNPCNN", "vgg", "resnet", "BasicBlock", "PreActBlock",
+           "Bottleneck", "PLACEMENTS", "VGG_DEPTHS", "RESNET_DEPTHS"]
 
 
 def _require_torch_phi(phi: Any, act: Activation) -> None:
@@ -225,15 +227,13 @@ class BNMLP(nn.Module):
 
 
 # =============================================================================== general models
-__all__ += ["ActivationModule", "MLP", "FisherCNN", "BNPCNN", "vgg", "resnet", "BasicBlock", "PreActBlock", "PLACEMENTS",
-            "VGG_DEPTHS", "RESNET_DEPTHS"]
 
 #: Where :class:`MLP` puts the normalization: before φ (Linear → Norm → φ) or after (Linear → φ → Norm).
 PLACEMENTS = ("pre", "post")
 
 #: Default σ_w² per initialization scheme when ``sigma_w2=None``: He's 2 for ReLU nets under the
 #: variance-preserving schemes, the schemes' own scale (gain 1) for Glorot and Daneshmand's uniform.
-_DEFAULT_SIGMA_W2 = {"gaussian": 2.0, "orthogonal": 2.0, "glorot_uniform": 1.0, "asym_uniform": 1.0,
+_DEFAULT_SIGMA_W2 = {"gaussian": 2.0, "orthogonal": 2.0, "glorot_uniform": 1.0, "asymmetric_uniform": 1.0,
                      "torch_default": 1.0}
 
 
@@ -273,7 +273,7 @@ def _norm_kwargs(norm_kwargs) -> dict:
 def _init_all(model: nn.Module, init: str, sigma_w2: float | None, sigma_b2: float, seed: int) -> None:
     from bnlab.nets.init import INITS, init_weights_
 
-    init = check_choice("init", init, INITS)
+    init = check_choice("init", canonical_value("init", init, INIT_ALIASES), INITS)
     if init == "torch_default":
         if sigma_w2 is not None or sigma_b2 != 0.0:
             raise ValueError(
@@ -327,7 +327,8 @@ def _check_parameters(what: str, n_params: float, itemsize: int, max_memory_byte
 def _common_args(norm, init, sigma_w2, sigma_b2, gamma, beta, seed, dtype, norm_kwargs):
     from bnlab.nets.norms import NORMALIZATIONS
 
-    check_choice("norm", norm, NORMALIZATIONS)
+    # an old spelling ("batch", "bn-nomean") is checked here and warned about once, by make_norm
+    check_choice("norm", NORM_ALIASES.get(norm, norm) if isinstance(norm, str) else norm, NORMALIZATIONS)
     dtype = _check_dtype(dtype)
     if sigma_w2 is not None:
         sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
@@ -362,7 +363,7 @@ class MLP(nn.Module):
     init, sigma_w2, sigma_b2:
         An :data:`~bnlab.nets.INITS` scheme for every Linear layer (readout included) and its scales;
         ``sigma_w2=None`` takes the scheme's default (2 for gaussian/orthogonal, 1 for glorot_uniform and
-        asym_uniform; torch_default takes none).
+        asymmetric_uniform; torch_default takes none).
     gamma, beta:
         Initial weight and bias of every normalization layer (the BN parameters γ, β of the mean field
         papers); they need a normalization with affine parameters unless 1 and 0.

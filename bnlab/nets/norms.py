@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from bnlab._validation import check_choice, check_int, check_real
+from bnlab._vocabulary import NORM_ALIASES, canonical_value
 
 __all__ = [
     "NORMALIZATIONS",
@@ -534,7 +535,7 @@ def make_norm(
     would need H and W and gives one parameter per element; Lange et al. note that GN with one group
     is LN).
     """
-    name = check_choice("name", name, NORMALIZATIONS)
+    name = check_choice("name", canonical_value("name", name, NORM_ALIASES), NORMALIZATIONS)
     num_features = check_int("num_features", num_features, minimum=1)
     dims = check_int("dims", dims, minimum=1, maximum=2)
     eps = check_real("eps", eps, minimum=0.0)

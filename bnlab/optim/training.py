@@ -18,6 +18,7 @@ import torch
 
 from bnlab._validation import (DEFAULT_MAX_MEMORY_BYTES, check_choice, check_device, check_int, check_real,
                                check_seed)
+from bnlab._vocabulary import NORM_ALIASES, canonical_value
 
 __all__ = ["TRAIN_NORMS", "TRAIN_MODELS", "default_learning_rate", "build_network", "train_network",
            "NetworkTrainingResult"]
@@ -49,7 +50,7 @@ def default_learning_rate(model: str, norm: str, batch_size: int) -> float:
     reported batch size nearest to ``batch_size`` on a log scale.
     """
     check_choice("model", model, TRAIN_MODELS)
-    check_choice("norm", norm, TRAIN_NORMS)
+    norm = check_choice("norm", canonical_value("norm", norm, NORM_ALIASES), TRAIN_NORMS)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     table = _FC_LR if model == "fc" else _CNN_LR
     row = min(table, key=lambda b: abs(math.log(b) - math.log(batch_size)))
@@ -149,7 +150,7 @@ def train_network(
     from bnlab.optim.bnp import BNPreconditioner
 
     model = check_choice("model", model, TRAIN_MODELS)
-    norm = check_choice("norm", norm, TRAIN_NORMS)
+    norm = check_choice("norm", canonical_value("norm", norm, NORM_ALIASES), TRAIN_NORMS)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     epochs = check_real("epochs", epochs, minimum=0.0, strict_minimum=True)
     if lr is None:

@@ -38,6 +38,7 @@ import torch
 
 from bnlab import _threads
 from bnlab._validation import check_choice, check_device, check_int, check_real, check_seed
+from bnlab._vocabulary import NORM_ALIASES, canonical_value, renamed_keywords
 from bnlab.rank.measures import (
     _effective_rank_from_sv,
     _lower_bound_from_sv,
@@ -116,13 +117,14 @@ def _normalize(pre: torch.Tensor, norm: str, eps: float) -> torch.Tensor:
     return pre * torch.rsqrt(fro2 / (d * n))
 
 
+@renamed_keywords(activation="phi")
 def chain_step(
     h: torch.Tensor,
     w: torch.Tensor,
     *,
     residual_gamma: float = math.inf,
     norm: str = "bn_nomean",
-    activation: str = "linear",
+    phi: str = "linear",
     placement: str = "pre",
     eps: float = 0.0,
 ) -> torch.Tensor:
@@ -134,8 +136,8 @@ def chain_step(
     ``h`` and ``w`` must be finite floating tensors of one dtype and device.
     """
     gamma = _check_gamma(residual_gamma)
-    norm = check_choice("norm", norm, CHAIN_NORMS)
-    activation = check_choice("activation", activation, CHAIN_ACTIVATIONS)
+    norm = check_choice("norm", canonical_value("norm", norm, NORM_ALIASES), CHAIN_NORMS)
+    activation = check_choice("phi", phi, CHAIN_ACTIVATIONS)
     placement = check_choice("placement", placement, CHAIN_PLACEMENTS)
     eps = check_real("eps", eps, minimum=0.0)
     h = as_representation(h, "h")
@@ -252,6 +254,7 @@ class ChainResult:
         }
 
 
+@renamed_keywords(activation="phi")
 # one layer is a (chains·N × d) by (d × d) product: at d = 32 one thread (bnlab._threads)
 @_threads.sized_by(lambda a: 2.0 * a["chains"] * a["batch_size"] * a["width"] ** 2)
 def run_chain(
@@ -261,7 +264,7 @@ def run_chain(
     *,
     chains: int = 1,
     norm: str = "bn_nomean",
-    activation: str = "linear",
+    phi: str = "linear",
     placement: str = "pre",
     residual_gamma: float | str = math.inf,
     init: str = "gaussian",
@@ -284,7 +287,8 @@ def run_chain(
     width, batch_size, depth : d, N, L.
     chains : independent chains run together (independent weights and inputs).
     norm : "bn_nomean" (the paper's BN, Eq. 2), "bn" (with mean subtraction) or "none".
-    activation : "linear" or "relu".
+    phi : "linear" or "relu" (the old keyword ``activation=`` and ``norm="bn-nomean"`` are accepted with a
+        DeprecationWarning until the next release).
     placement : "pre" (φ after Norm, the usual Linear → BN → φ) or "post" (Norm last); see the
         module docstring.  Under "post" with ReLU and ``norm="bn_nomean"``, a row of ReLU outputs
         can be all zero (the representations are non-negative and nearly collinear, so a weight
@@ -319,8 +323,8 @@ def run_chain(
     n = check_int("batch_size", batch_size, minimum=1)
     depth = check_int("depth", depth, minimum=1)
     chains = check_int("chains", chains, minimum=1)
-    norm = check_choice("norm", norm, CHAIN_NORMS)
-    activation = check_choice("activation", activation, CHAIN_ACTIVATIONS)
+    norm = check_choice("norm", canonical_value("norm", norm, NORM_ALIASES), CHAIN_NORMS)
+    activation = check_choice("phi", phi, CHAIN_ACTIVATIONS)
     placement = check_choice("placement", placement, CHAIN_PLACEMENTS)
     gamma = _check_gamma(residual_gamma)
     init = check_choice("init", init, CHAIN_INITS)
@@ -453,7 +457,7 @@ def run_chain(
     mean_sr = (sums["sr"] / n_counted).cpu().numpy()
     var_sr = np.maximum((sums["sr2"] / n_counted).cpu().numpy() - mean_sr**2, 0.0)
     config = {
-        "width": d, "batch_size": n, "depth": depth, "chains": chains, "norm": norm, "activation": activation,
+        "width": d, "batch_size": n, "depth": depth, "chains": chains, "norm": norm, "phi": activation,
         "placement": placement,
         "residual_gamma": "inf" if math.isinf(gamma) else gamma, "init": init, "tau": tau, "seed": seed,
         "dtype": str(dt).replace("torch.", ""), "device": str(dev), "eps": eps, "block_size": block_size,

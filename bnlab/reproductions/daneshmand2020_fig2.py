@@ -54,7 +54,7 @@ def run_cell(params: dict) -> dict:
     from bnlab.rank import run_chain
 
     res = run_chain(params["width"], params["batch_size"], params["depth"], chains=params["chains"],
-                    norm=params["norm"], activation=params["activation"], seed=params["seed"],
+                    norm=params["norm"], phi=params["activation"], seed=params["seed"],
                     device=params.get("device", "cpu"))
     out = {"layers": res.layers.tolist()}
     for key, arr in (("numerical_rank", res.numerical_rank), ("soft_rank", res.soft_rank)):

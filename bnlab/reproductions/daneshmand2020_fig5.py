@@ -5,7 +5,7 @@
 * ``bn``: BN after every convolution, PyTorch's default initialization
   W ~ U[−1/√d, 1/√d] (``init="torch_default"``; the paper's "standard PyTorch initialization");
 * ``bn_asym``: the same BN net with the asymmetric initialization W ~ U[0, 2/√d] of the same
-  variance, 1/(3d), and zero biases (§4 "Breaking batch normalization", ``init="asym_uniform"``);
+  variance, 1/(3d), and zero biases (§4 "Breaking batch normalization", ``init="asymmetric_uniform"``);
 * ``bn_nomean``: BN without mean subtraction (:class:`bnlab.nets.BatchNormNoMean2d`, the paper's
   BN_{0,1} of Eq. 2), default initialization (Fig. 5's third line, App. C "Comment on Bn-centering",
   Fig. 7).
@@ -107,7 +107,7 @@ def build_net(kind: str, arch: str, *, in_channels: int, num_classes: int = 10, 
     arch = check_choice("arch", arch, ARCHS)
     width_multiplier = check_real("width_multiplier", width_multiplier, minimum=0.0, strict_minimum=True)
     norm = "bn_nomean" if kind == "bn_nomean" else "bn"
-    init, sigma_w2 = ("asym_uniform", 1.0) if kind == "bn_asym" else ("torch_default", None)
+    init, sigma_w2 = ("asymmetric_uniform", 1.0) if kind == "bn_asym" else ("torch_default", None)
     if arch.startswith("vgg"):
         return vgg(int(arch[3:]), num_classes, norm=norm, in_channels=in_channels, init=init, sigma_w2=sigma_w2,
                    width_multiplier=width_multiplier, seed=seed)

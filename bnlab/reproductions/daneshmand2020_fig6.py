@@ -101,7 +101,7 @@ def build_mlp(kind: str, depth: int, width: int, *, seed: int, d_in: int = 784, 
 
     norm = {"bn": "bn", "bn_asym": "bn", "bn_nomean": "bn_nomean"}.get(kind, "none")
     if kind == "bn_asym":
-        return MLP(d_in, [width] * depth, classes, norm=norm, init="asym_uniform", sigma_w2=1.0, seed=seed)
+        return MLP(d_in, [width] * depth, classes, norm=norm, init="asymmetric_uniform", sigma_w2=1.0, seed=seed)
     return MLP(d_in, [width] * depth, classes, norm=norm, init="gaussian", sigma_w2=1.0, seed=seed)
 
 

@@ -248,7 +248,7 @@ def _plot_measure(records: Sequence[Record], outdir: Path) -> list[Path]:
                        label="measured, vanilla")
             ax.axhline(van[0].metrics["bound_measured"], ls="--", c="tab:blue", label="bound, vanilla")
         ax.set(xscale="log", yscale="log", xlabel="γ", ylabel="λmax of the Fisher (Eq. 10)",
-               title=done[0].params["arch"] if False else net)
+               title=net)
         ax.legend(fontsize=6)
     fig.suptitle("Measured λmax (MNIST batch, matrix-free Lanczos) beside the mean-field bound")
     fig.tight_layout()

@@ -37,6 +37,7 @@ from typing import Sequence
 import torch
 
 from bnlab._validation import check_choice, check_int, check_real
+from bnlab._vocabulary import INIT_ALIASES, canonical_value
 
 __all__ = ["INITS", "init_weights"]
 
@@ -78,7 +79,7 @@ def init_weights(
     torch.Tensor
         Weights ``W`` with ``h = a @ W`` computing a layer for row vectors ``a``.
     """
-    init = check_choice("init", init, INITS)
+    init = check_choice("init", canonical_value("init", init, INIT_ALIASES), INITS)
     networks = check_int("networks", networks, minimum=1)
     fan_in = check_int("fan_in", fan_in, minimum=1)
     fan_out = check_int("fan_out", fan_out, minimum=1)

@@ -8,9 +8,9 @@ The network (Yang et al. 2019, Eq. 7: batchnorm *before* φ)::
 
 with rows = samples, N the per-neuron batch normalization
 
-* ``"batch"``: N(h)_{iα} = (h_{iα} − μ_α)/sqrt(σ²_α + ε), μ_α, σ²_α the batch mean and
+* ``"bn"``: N(h)_{iα} = (h_{iα} − μ_α)/sqrt(σ²_α + ε), μ_α, σ²_α the batch mean and
   *biased* batch variance of neuron α (1/B, as in Eq. 8: √B·Gh/‖Gh‖);
-* ``"batch_no_mean"``: N(h)_{iα} = h_{iα}/sqrt(mean_i h²_{iα} + ε) (BN without mean
+* ``"bn_nomean"``: N(h)_{iα} = h_{iα}/sqrt(mean_i h²_{iα} + ε) (BN without mean
   subtraction, Daneshmand et al. 2020, Eq. 2 and Fig. 7);
 * ``"none"``: no normalization (vanilla MLP, h^l = φ(h^{l−1}) W^l + b^l).
 
@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from bnlab._validation import check_device, check_choice, check_int, check_real
+from bnlab._vocabulary import INIT_ALIASES, NORM_ALIASES, canonical_value, renamed_keywords
 from bnlab.sim import measure as _m
 from bnlab.sim.fit import _TAIL_MIN_NETWORKS, RateFit, fit_geometric_rate
 from bnlab.sim._linalg import gram
@@ -67,7 +68,7 @@ from bnlab.sim.init import INITS, _draw, _thread_pool, fill_
 __all__ = ["NORMALIZATIONS", "WEIGHT_SAMPLINGS", "EnsembleResult", "simulate", "resolve_device", "resolve_dtype"]
 
 #: Per-neuron normalizations :func:`simulate` accepts.
-NORMALIZATIONS = ("batch", "batch_no_mean", "none")
+NORMALIZATIONS = ("bn", "bn_nomean", "none")
 
 #: How :func:`simulate` realizes the weights: "explicit" draws every W; "conditional" samples
 #: Gaussian layers from their conditional law (:mod:`bnlab.sim.conditional`, exact in law);
@@ -192,8 +193,8 @@ class EnsembleResult:
         tail of the layer's sum, and a product of independent gains keeps the smallest index, so
         d runs over the width and the input dimension.  Hence, with d_min = min(width, input_dim):
 
-        * ``normalization="batch"``, ε = 0: α = min(B − 1, d_min)/2 (infinite variance for B ≤ 5);
-        * ``"batch_no_mean"``, ε = 0: α = min(B, d_min)/2 (no centering: B degrees of freedom);
+        * ``norm="bn"``, ε = 0: α = min(B − 1, d_min)/2 (infinite variance for B ≤ 5);
+        * ``"bn_nomean"``, ε = 0: α = min(B, d_min)/2 (no centering: B degrees of freedom);
         * ε > 0 or ``"none"``: ∞ (the gain is bounded by 1/ε; with ε small against the batch
           variance the tail is heavy up to gains of order 1/ε all the same).
 
@@ -204,9 +205,9 @@ class EnsembleResult:
         freedom are rejected.
         """
         cfg = self.config
-        if cfg["eps"] > 0 or cfg["normalization"] == "none":
+        if cfg["eps"] > 0 or _norm_of(cfg) == "none":
             return math.inf
-        dof = cfg["batch_size"] - 1 if cfg["normalization"] == "batch" else cfg["batch_size"]
+        dof = cfg["batch_size"] - 1 if _norm_of(cfg) == "bn" else cfg["batch_size"]
         return min(dof, cfg["width"], cfg["input_dim"]) / 2
 
     def grad_explosion_rate(
@@ -278,10 +279,17 @@ class EnsembleResult:
         return fit_geometric_rate(self.cross_batch_corr, first_layer, last_layer, **kw)
 
 
+def _norm_of(config: dict) -> str:
+    """The normalization of a simulation's config under its canonical name (configs recorded before the
+    one vocabulary say ``normalization="batch"``)."""
+    value = config.get("norm", config.get("normalization"))
+    return NORM_ALIASES.get(value, value)
+
+
 def _normalize(h: torch.Tensor, k: int, mode: str, eps: float) -> torch.Tensor:
     n, kb, width = h.shape
     hv = h.view(n, k, kb // k, width)
-    if mode == "batch":
+    if mode == "bn":
         return _BatchNorm.apply(hv, eps).view(n, kb, width)
     return (hv * torch.rsqrt((hv * hv).mean(2, keepdim=True) + eps)).view(n, kb, width)
 
@@ -332,6 +340,7 @@ def _network_generators(seed: int, start: int, n: int, dev: torch.device) -> lis
     return [torch.Generator(device=dev).manual_seed(int(s % (2**63 - 1))) for s in states]
 
 
+@renamed_keywords(normalization="norm")
 def simulate(
     phi,
     batch_size: int,
@@ -339,7 +348,7 @@ def simulate(
     depth: int,
     networks: int,
     *,
-    normalization: str = "batch",
+    norm: str = "bn",
     init: str = "gaussian",
     eps: float = 0.0,
     sigma_w2: float = 1.0,
@@ -372,8 +381,9 @@ def simulate(
         B ≥ 2 samples per batch.
     width, depth, networks : int
         N ≥ 1 neurons per layer, L ≥ 1 layers, ≥ 1 independent networks.
-    normalization : {"batch", "batch_no_mean", "none"}
-        See the module docstring.
+    norm : {"bn", "bn_nomean", "none"}
+        See the module docstring (the old ``normalization=`` and its values ``"batch"``,
+        ``"batch_no_mean"`` are accepted with a DeprecationWarning until the next release).
     init : {"gaussian", "orthogonal", "uniform", "asymmetric_uniform"}
         Weight initialization (:mod:`bnlab.sim.init`).
     eps, sigma_w2, sigma_b2, bn_gamma, bn_beta : float
@@ -450,8 +460,8 @@ def simulate(
     width = check_int("width", width, minimum=1)
     depth = check_int("depth", depth, minimum=1)
     networks = check_int("networks", networks, minimum=1)
-    normalization = check_choice("normalization", normalization, NORMALIZATIONS)
-    init = check_choice("init", init, INITS)
+    normalization = check_choice("norm", canonical_value("norm", norm, NORM_ALIASES), NORMALIZATIONS)
+    init = check_choice("init", canonical_value("init", init, INIT_ALIASES), INITS)
     eps = check_real("eps", eps, minimum=0.0)
     sigma_w2 = check_real("sigma_w2", sigma_w2, minimum=0.0, strict_minimum=True)
     sigma_b2 = check_real("sigma_b2", sigma_b2, minimum=0.0)
@@ -480,13 +490,13 @@ def simulate(
             f"eps={eps!r} is not allowed with batch_size={batch_size} in {str(dt).replace('torch.', '')}: B·ε "
             f"overflows the normalization √(‖Gh‖² + Bε) (Yang et al. 2019, Eq. 7); use eps <= {eps_max:.3g}"
         )
-    if normalization == "batch" and eps == 0.0 and batch_size < 2:
+    if normalization == "bn" and eps == 0.0 and batch_size < 2:
         raise ValueError("batch_size must be >= 2 for batch normalization")
-    if normalization == "batch" and eps == 0.0 and bn_gamma == 0.0 and depth >= 3:
+    if normalization == "bn" and eps == 0.0 and bn_gamma == 0.0 and depth >= 3:
         # φ(γ·x̂ + β) = φ(β) for every sample: from layer 2 on, batch normalization would divide a
         # batch of identical samples by its zero standard deviation (0/0)
         raise ValueError(
-            "bn_gamma=0.0 is not allowed with eps=0 and normalization='batch' at depth >= 3: every "
+            "bn_gamma=0.0 is not allowed with eps=0 and norm='bn' at depth >= 3: every "
             "sample of a batch would be identical after layer 1 and batch normalization divides by "
             "their zero spread; use eps > 0 or bn_gamma != 0"
         )
@@ -500,7 +510,7 @@ def simulate(
                 f"inputs is not allowed: expected a finite (B, d) or (k, B, d) array with B={batch_size}, "
                 f"got shape {np.shape(inputs)}"
             )
-        if normalization == "batch" and eps == 0.0 and depth >= 2 and np.any(np.ptp(arr, axis=1).max(-1) == 0):
+        if normalization == "bn" and eps == 0.0 and depth >= 2 and np.any(np.ptp(arr, axis=1).max(-1) == 0):
             raise ValueError(
                 "inputs is not allowed: a batch whose samples are all identical has zero spread, and "
                 "batch normalization with eps=0 would divide by it; use distinct samples or eps > 0"
@@ -515,7 +525,7 @@ def simulate(
         d0 = width if input_dim is None else check_int("input_dim", input_dim, minimum=1)
     config = dict(
         phi=act.to_config() if act.name != "callable" else act.spec,
-        batch_size=batch_size, width=width, depth=depth, networks=networks, normalization=normalization,
+        batch_size=batch_size, width=width, depth=depth, networks=networks, norm=normalization,
         init=init, eps=eps, sigma_w2=sigma_w2, sigma_b2=sigma_b2, bn_gamma=bn_gamma, bn_beta=bn_beta,
         residual_scale=residual_scale, num_batches=k, input_correlation=rho0, input_dim=d0,
         fixed_inputs=fixed_inputs is not None, measure_gradients=bool(measure_gradients), seed=seed,
@@ -805,7 +815,7 @@ def _simulate_chunk(
                 w = None
                 # the output feeds only the next layer's mean-subtracting BN (no skip, not the
                 # readout): δ sums to zero per batch, a null space the layer need not factor
-                mean_free = normalization == "batch" and residual_scale is None and layer < depth - 1
+                mean_free = normalization == "bn" and residual_scale is None and layer < depth - 1
                 h = conditional_gaussian_layer(a, width, sigma_w2, gen, grams=layer_grams[layer],
                                                mean_free_batch=b if mean_free else None)
             else:

@@ -84,7 +84,7 @@ def test_report_is_self_contained_with_embedded_figures(report):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html) and "url(" not in html
     # The figure files also stay beside the page.
     assert sorted(p.name for p in (report.index.parent / "figures" / "bnlab-test-sweep").iterdir()) == [
-        "squares.png", "squares.svg"]
+        ".figures.json", "squares.png", "squares.svg"]  # the manifest lets a later report reuse them
 
 
 def test_report_reuses_the_stores(tmp_path, test_env, helpers, monkeypatch, report):

@@ -68,7 +68,7 @@ def test_glorot_uniform_bound_and_variance():
 
 def test_asym_uniform_is_daneshmands_u_0_2_over_sqrt_d():
     lin = nn.Linear(256, 800, dtype=F64)  # 204 800 entries, c = 2/√256 = 0.125
-    init_weights_(lin, "asym_uniform", generator=5)
+    init_weights_(lin, "asymmetric_uniform", generator=5)
     w = lin.weight.detach()
     c = 2 / math.sqrt(256)
     assert float(w.min()) >= 0 and float(w.max()) <= c
@@ -122,11 +122,11 @@ def test_bad_arguments(args, kwargs, match):
         init_weights_(nn.Linear(2, 2), *args, **kwargs)
     with pytest.raises(ValueError, match="module"):
         init_weights_(np.zeros(3), "gaussian")
-    assert set(INITS) == {"gaussian", "orthogonal", "glorot_uniform", "torch_default", "asym_uniform"}
+    assert set(INITS) == {"gaussian", "orthogonal", "glorot_uniform", "torch_default", "asymmetric_uniform"}
 
 
 @pytest.mark.parametrize("nets_scheme,sim_scheme,sigma_w2", [("gaussian", "gaussian", 2.0),
-                                                             ("asym_uniform", "asymmetric_uniform", 1.0)])
+                                                             ("asymmetric_uniform", "asymmetric_uniform", 1.0)])
 def test_same_moments_as_the_simulators_ensemble_draws(nets_scheme, sim_scheme, sigma_w2):
     # bnlab.sim.init draws the same schemes batched over networks; the two must agree on the first two
     # moments (each estimate within 5σ of the formula, as above: 120 000 entries each → ±1.3 % / ±1 %)

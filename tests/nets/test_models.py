@@ -177,7 +177,7 @@ def test_mlp_gamma_beta_seed_and_init():
     same, other = MLP(4, [5], 2, gamma=0.3, beta=0.1, seed=1), MLP(4, [5], 2, seed=2)
     assert torch.equal(m.hidden_layers[0].weight, same.hidden_layers[0].weight)
     assert not torch.equal(m.hidden_layers[0].weight, other.hidden_layers[0].weight)
-    asym = MLP(4, [50], 2, init="asym_uniform", norm="none")
+    asym = MLP(4, [50], 2, init="asymmetric_uniform", norm="none")
     assert float(asym.hidden_layers[0].weight.detach().min()) >= 0
     # the default σ_w² = 2 of "gaussian": 100·400 entries, ±5σ = ±3.5 % (see test_init.py)
     wide = MLP(400, [100], 2, seed=3, dtype=torch.float64)
@@ -208,7 +208,7 @@ def test_batch_of_one_in_training_is_rejected_by_every_batch_norm(norm):
         (dict(widths=[]), "widths"),
         (dict(widths=[0]), "widths"),
         (dict(widths=5), "widths"),
-        (dict(norm="batch"), "norm"),
+        (dict(norm="batchnorm"), "norm"),  # ("batch" is the old spelling of "bn": tests/test_vocabulary.py)
         (dict(placement="middle"), "placement"),
         (dict(phi="nonexistent_phi"), "phi"),
         (dict(init="he"), "init"),

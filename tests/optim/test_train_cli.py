@@ -40,8 +40,8 @@ def test_readable_output_fractional_epochs(capsys):
 @pytest.mark.parametrize("argv,needle", [
     (["--norm", "bn", "--batch-size", "1"], "batch_size=1"),
     (["--norm", "brn", "--batch-size", "1"], "batch_size=1"),
-    (["--norm", "bogus"], "norm='bogus'"),
-    (["--model", "rnn"], "model='rnn'"),
+    (["--norm", "bogus"], "argument --norm: invalid choice: 'bogus'"),
+    (["--model", "rnn"], "argument --model: invalid choice: 'rnn'"),
     (["--epochs", "0"], "epochs=0"),
     (["--lr", "-1"], "lr=-1"),
     (["--rho", "1.0"], "rho=1.0"),

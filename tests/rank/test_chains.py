@@ -37,7 +37,7 @@ def test_chain_step_matches_numpy(norm, act, placement, gamma):
     h = np.abs(rng.standard_normal((6, 9))) + 0.1 if placement == "post" else rng.standard_normal((6, 9))
     w = rng.standard_normal((6, 6))
     got = chain_step(torch.from_numpy(h), torch.from_numpy(w), residual_gamma=gamma, norm=norm,
-                     activation=act, placement=placement).numpy()
+                     phi=act, placement=placement).numpy()
     want = _np_step(h, w, gamma, norm, act, placement)
     if not np.all(np.isfinite(want)):
         pytest.skip("a zero ReLU row under BN: covered by test_zero_row_under_bn_raises")
@@ -70,7 +70,7 @@ def _reference(width, n, depth, chains, seed, block, tau, **kw):
                          torch.device("cpu"))
         for j in range(b):
             h = chain_step(h, w[j], residual_gamma=kw.get("residual_gamma", math.inf), norm=kw.get("norm", "bn_nomean"),
-                           activation=kw.get("activation", "linear"))
+                           phi=kw.get("phi", "linear"))
             hs.append(h)
         done += b
     stack = torch.stack(hs)  # (depth+1, chains, d, n)
@@ -79,7 +79,7 @@ def _reference(width, n, depth, chains, seed, block, tau, **kw):
     return m
 
 
-@pytest.mark.parametrize("kw", [{}, {"norm": "none", "init": "uniform"}, {"norm": "bn", "activation": "relu",
+@pytest.mark.parametrize("kw", [{}, {"norm": "none", "init": "uniform"}, {"norm": "bn", "phi": "relu",
                                                                           "residual_gamma": 0.5}])
 def test_streamed_measurements_match_stored_layers(kw):
     depth, block = 37, 8  # blocks of 8 with a partial last block
@@ -151,8 +151,8 @@ def test_zero_row_under_bn_raises():
     # P(no zero row among 32) = 2⁻³², so BN without eps has no scale for some row.
     x = torch.ones(32, 8, dtype=torch.float64)
     with pytest.raises(FloatingPointError, match="layer 1"):
-        run_chain(32, 8, 5, inputs=x, activation="relu", placement="post", norm="bn_nomean", seed=0)
-    res = run_chain(32, 8, 5, inputs=x, activation="relu", placement="post", norm="bn_nomean", seed=0, eps=1e-5)
+        run_chain(32, 8, 5, inputs=x, phi="relu", placement="post", norm="bn_nomean", seed=0)
+    res = run_chain(32, 8, 5, inputs=x, phi="relu", placement="post", norm="bn_nomean", seed=0, eps=1e-5)
     assert np.all(np.isfinite(res.rank_lower_bound))
 
 
@@ -181,7 +181,7 @@ def test_float32_and_result_dict():
         ({"residual_gamma": -1.0}, "residual_gamma"),
         ({"residual_gamma": 0.0}, "residual_gamma"),
         ({"norm": "layer"}, "norm"),
-        ({"activation": "tanh"}, "activation"),
+        ({"phi": "tanh"}, "phi"),
         ({"init": "orthogonal"}, "init"),
         ({"tau": 0.0}, "tau"),
         ({"record_layers": [11]}, "record_layers"),

@@ -29,7 +29,7 @@ def test_json_keys_and_library_agreement(capsys):
 
 def test_norm_spellings_and_text_output(capsys):
     assert main(["rank", "--depth", "20", "--width", "4", "--batch-size", "4", "--norm", "none",
-                 "--activation", "relu", "--residual-gamma", "0.5", "--init", "uniform", "--tau", "0.25"]) == 0
+                 "--phi", "relu", "--residual-gamma", "0.5", "--init", "uniform", "--tau", "0.25"]) == 0
     text = capsys.readouterr().out
     assert "norm=none" in text and "gamma=0.5" in text and "rank_tau" in text
 
@@ -44,7 +44,7 @@ def test_norm_spellings_and_text_output(capsys):
         (["--norm", "layer"], "norm"),
         (["--residual-gamma", "abc"], "residual_gamma"),
         (["--residual-gamma", "-2"], "residual_gamma"),
-        (["--activation", "tanh"], "activation"),
+        (["--phi", "tanh"], "phi"),
         (["--width", "1000000"], "width"),
         (["--max-memory-gb", "0"], "max_memory_gb"),
     ],

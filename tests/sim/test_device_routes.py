@@ -100,7 +100,7 @@ def test_simulate_auto_falls_back_to_conditional_sampling_when_explicit_weights_
 
 @pytest.mark.parametrize(
     "phi,eps,k,normalization,residual",
-    [("relu", 0.0, 2, "batch", None), ("tanh", 1e-3, 3, "batch", None), ("identity", 0.0, 2, "batch", 0.5),
+    [("relu", 0.0, 2, "bn", None), ("tanh", 1e-3, 3, "bn", None), ("identity", 0.0, 2, "bn", 0.5),
      ("relu", 0.0, 1, "none", None)],
 )
 def test_predrawn_weights_compute_the_same_networks_as_the_naive_loop(phi, eps, k, normalization, residual):
@@ -109,7 +109,7 @@ def test_predrawn_weights_compute_the_same_networks_as_the_naive_loop(phi, eps, 
     # the same statistics (float64, different order of operations: rtol 1e-9, as for the default route).
     b, width, depth, n = 5, 12, 4, 3
     trace = []
-    res = simulate(phi, b, width, depth, n, eps=eps, num_batches=k, normalization=normalization,
+    res = simulate(phi, b, width, depth, n, eps=eps, num_batches=k, norm=normalization,
                    residual_scale=residual, seed=3, dtype="float64", _trace=trace, _predraw_weights=True)
     ref = _naive(trace, phi, k, b, eps, normalization, residual)
     np.testing.assert_allclose(res.q, ref["q"], rtol=1e-9)

@@ -18,7 +18,7 @@ from bnlab.sim import (
 )
 
 
-def _naive(trace, phi, k, b, eps, normalization="batch", residual_scale=None):
+def _naive(trace, phi, k, b, eps, normalization="bn", residual_scale=None):
     """One network at a time, torch.nn.BatchNorm1d (training mode) and explicit ops, float64.
 
     Returns per-network, per-layer q, c, ‖δ‖², ‖∂L/∂W‖² (mean over batches, each with its own
@@ -46,9 +46,9 @@ def _naive(trace, phi, k, b, eps, normalization="batch", residual_scale=None):
                     h = hs[-1] + residual_scale * h
                 h.retain_grad()
                 hs.append(h)
-                if normalization == "batch":
+                if normalization == "bn":
                     u = bn(h)
-                elif normalization == "batch_no_mean":
+                elif normalization == "bn_nomean":
                     u = h / torch.sqrt((h * h).mean(0) + eps)  # Daneshmand et al. 2020: no centering
                 else:
                     u = h
@@ -84,16 +84,16 @@ def _naive(trace, phi, k, b, eps, normalization="batch", residual_scale=None):
 
 @pytest.mark.parametrize(
     "phi,eps,k,normalization,residual",
-    [("relu", 0.0, 2, "batch", None), ("tanh", 1e-3, 3, "batch", None), ("relu", 0.0, 1, "none", None),
-     ("identity", 0.0, 2, "batch", 0.5), ("identity", 0.0, 2, "batch_no_mean", None)],
+    [("relu", 0.0, 2, "bn", None), ("tanh", 1e-3, 3, "bn", None), ("relu", 0.0, 1, "none", None),
+     ("identity", 0.0, 2, "bn", 0.5), ("identity", 0.0, 2, "bn_nomean", None)],
 )
 def test_matches_naive_per_network_loop(phi, eps, k, normalization, residual):
     # Both routes compute the same finite networks in float64; they differ only in the order
     # of floating-point operations, so they agree to ~1e-12 relative (tolerance 1e-9).
     b, width, depth, n = 5, 12, 4, 3
     trace = []
-    init = "asymmetric_uniform" if normalization == "batch_no_mean" else "gaussian"
-    res = simulate(phi, b, width, depth, n, eps=eps, num_batches=k, normalization=normalization,
+    init = "asymmetric_uniform" if normalization == "bn_nomean" else "gaussian"
+    res = simulate(phi, b, width, depth, n, eps=eps, num_batches=k, norm=normalization,
                    residual_scale=residual, init=init, seed=3, dtype="float64", _trace=trace)
     ref = _naive(trace, phi, k, b, eps, normalization, residual)
     np.testing.assert_allclose(res.q, ref["q"], rtol=1e-9)
@@ -225,7 +225,7 @@ def test_init_moments(init):
         (dict(dtype="float16"), "dtype"),
         (dict(batch_size=1), "batch_size"),
         (dict(eps=-1.0), "eps"),
-        (dict(normalization="layer"), "normalization"),
+        (dict(norm="layer"), "norm"),
         (dict(inputs=np.zeros((3, 5))), "inputs"),
         (dict(inputs=np.ones((4, 5))), "inputs"),  # identical samples: BN would divide 0 by 0
         (dict(bn_gamma=0.0), "bn_gamma"),  # every layer after the first sees identical samples
@@ -288,7 +288,7 @@ def test_diagonal_and_off_diagonal_variances_of_the_last_covariance():
     np.testing.assert_allclose(res.diag_var[:, -1], np.diagonal(cov, axis1=1, axis2=2).var(-1) / q**2, rtol=1e-10)
 
 
-@pytest.mark.parametrize("normalization, b", [("batch", 4), ("batch", 6), ("batch_no_mean", 4)])
+@pytest.mark.parametrize("normalization, b", [("bn", 4), ("bn", 6), ("bn_nomean", 4)])
 def test_gradient_tail_index_premise_batch_variances_are_generalized_chi_square(normalization, b):
     """The premise of EnsembleResult.grad_norm_tail_index: given its input, a layer's neurons are iid
     N(0, s²·a aᵀ) over the batch, so a neuron's (centered, for "batch") sum of squares is a
@@ -306,15 +306,15 @@ def test_gradient_tail_index_premise_batch_variances_are_generalized_chi_square(
     from scipy.stats import kstest
 
     layers = (10, 20, 30)
-    res = simulate("relu", b, 3000, 30, 1, normalization=normalization, seed=3, dtype="float64",
+    res = simulate("relu", b, 3000, 30, 1, norm=normalization, seed=3, dtype="float64",
                    record_layers=layers, measure_gradients=False)
-    assert res.grad_norm_tail_index == ((b - 1) / 2 if normalization == "batch" else b / 2)
+    assert res.grad_norm_tail_index == ((b - 1) / 2 if normalization == "bn" else b / 2)
     rng = np.random.default_rng(0)
-    dof = b - 1 if normalization == "batch" else b
+    dof = b - 1 if normalization == "bn" else b
     u, below, below_wrong, n = [], 0, 0, 0
     for layer in layers:
         h = res.hidden[layer][0]  # (B, N): the neurons are the columns
-        if normalization == "batch":
+        if normalization == "bn":
             h = h - h.mean(0)
         ss = (h * h).sum(0)
         lam = np.sort(np.clip(np.linalg.eigvalsh(h @ h.T / h.shape[1]), 0.0, None))[::-1][:dof]
@@ -334,9 +334,9 @@ def test_gradient_tail_index_premise_batch_variances_are_generalized_chi_square(
 def test_gradient_tail_index_values():
     kw = dict(measure_gradients=False, seed=0)
     assert simulate("relu", 4, 16, 2, 1, **kw).grad_norm_tail_index == 1.5
-    assert simulate("relu", 4, 16, 2, 1, normalization="batch_no_mean", **kw).grad_norm_tail_index == 2.0
+    assert simulate("relu", 4, 16, 2, 1, norm="bn_nomean", **kw).grad_norm_tail_index == 2.0
     assert simulate("relu", 4, 16, 2, 1, eps=1e-3, **kw).grad_norm_tail_index == math.inf
-    assert simulate("relu", 4, 16, 2, 1, normalization="none", **kw).grad_norm_tail_index == math.inf
+    assert simulate("relu", 4, 16, 2, 1, norm="none", **kw).grad_norm_tail_index == math.inf
     # fewer directions than the batch: the rank of a aᵀ caps the degrees of freedom
     assert simulate("relu", 8, 3, 2, 1, **kw).grad_norm_tail_index == 1.5
     assert simulate("relu", 8, 16, 2, 1, input_dim=2, **kw).grad_norm_tail_index == 1.0
