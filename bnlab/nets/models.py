@@ -9,6 +9,9 @@
 * :class:`FisherCNN` (the Fisher paper's three stride-2 convolutions + FC), :class:`BNPCNN` (Lange et
   al.'s 5-layer CNN), :func:`vgg` and :func:`resnet` (VGG-11/13/16/19, ResNet-18/34 and the CIFAR
   ResNets 20…110, normalization by name) — see their docstrings.
+* :func:`feedforward` — the mean field ensemble's conv/FC networks (the Fisher paper's; under
+  :func:`bnlab.fisher.build_model`).  ``FisherCNN``, ``BNPCNN`` and ``feedforward`` build their
+  convolutions with one conv-stack builder (``_conv_stack``).
 
 Every model is deterministic given ``seed`` (a private ``torch.Generator``; no global random state).
 
