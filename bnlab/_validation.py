@@ -31,6 +31,7 @@ __all__ = [
     "check_device",
     "check_writable_ancestor",
     "check_path",
+    "per_layer",
     "MAX_PATH_BYTES",
     "check_seed",
     "check_memory",
@@ -166,6 +167,16 @@ def check_device(name: str, value: Any):
                 f"cuda:0 to cuda:{count - 1}"
             )
     return dev
+
+
+def per_layer(name: str, value: Any, n: int) -> list:
+    """``value`` broadcast to ``n`` entries when a scalar, or as a list when a list/tuple of exactly ``n``
+    (one per layer); another length is a ``ValueError`` naming ``name``.  The entries are not checked."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} entries: expected {n} (one per layer) or a scalar")
+        return list(value)
+    return [value] * n
 
 
 def check_seed(name: str, value: Any) -> int:

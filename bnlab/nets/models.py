@@ -42,7 +42,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from bnlab._validation import DEFAULT_MAX_MEMORY_BYTES, check_choice, check_int, check_memory, check_real, check_seed
+from bnlab._validation import (DEFAULT_MAX_MEMORY_BYTES, check_choice, check_int, check_memory, check_real, check_seed,
+                               per_layer)
 from bnlab.activations import Activation, get_activation
 from bnlab.nets.norms import ghost_batch_norm
 
@@ -681,15 +682,6 @@ class BNPCNN(_ConvNet):
         _init_all(self, init, sigma_w2, sigma_b2, seed)
 
 
-def _per_layer(name: str, value, n: int) -> list:
-    """A scalar broadcast to ``n`` entries, or a list/tuple of exactly ``n``."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise ValueError(f"{name} has {len(value)} entries: expected {n} (one per layer) or a scalar")
-        return list(value)
-    return [value] * n
-
-
 def _as_layers(in_shape, layers) -> tuple[tuple[int, ...], list]:
     """``in_shape`` and ``layers`` of :func:`feedforward` checked: (shape, [_Conv or width int])."""
     try:
@@ -758,10 +750,10 @@ def feedforward(
         dtype = torch.get_default_dtype()
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype={dtype!r} is not allowed: expected a floating torch.dtype such as torch.float64")
-    sw2 = [check_real("sigma_w2", v, minimum=0.0, strict_minimum=True) for v in _per_layer("sigma_w2", sigma_w2, n_layers)]
-    sb2 = [check_real("sigma_b2", v, minimum=0.0) for v in _per_layer("sigma_b2", sigma_b2, n_layers)]
-    gam = [check_real("gamma", v) for v in _per_layer("gamma", gamma, n_layers - 1)]
-    bet = [check_real("beta", v) for v in _per_layer("beta", beta, n_layers - 1)]
+    sw2 = [check_real("sigma_w2", v, minimum=0.0, strict_minimum=True) for v in per_layer("sigma_w2", sigma_w2, n_layers)]
+    sb2 = [check_real("sigma_b2", v, minimum=0.0) for v in per_layer("sigma_b2", sigma_b2, n_layers)]
+    gam = [check_real("gamma", v) for v in per_layer("gamma", gamma, n_layers - 1)]
+    bet = [check_real("beta", v) for v in per_layer("beta", beta, n_layers - 1)]
     for name, values in (("sigma_w2", sw2), ("sigma_b2", sb2), ("gamma", gam), ("beta", bet)):
         for v in values:
             _check_scales(dtype, **{name: v})
@@ -802,13 +794,13 @@ def feedforward(
             # randn · scale, not normal_(0, std): the draws of the ensemble as first recorded (bit for bit)
             lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen, dtype=dtype) * math.sqrt(s_w2 / fan_in))
             lin.bias.copy_(torch.randn(lin.bias.shape, generator=gen, dtype=dtype) * math.sqrt(s_b2))
-    _set_affine_per_layer(norms, gam, bet, norm)
+    _set_affineper_layer(norms, gam, bet, norm)
     model = nn.Sequential(*mods)
     model.norms = norms
     return model
 
 
-def _set_affine_per_layer(norms: list[nn.Module], gamma: list[float], beta: list[float], norm: str) -> None:
+def _set_affineper_layer(norms: list[nn.Module], gamma: list[float], beta: list[float], norm: str) -> None:
     for layer, g, b in zip(norms, gamma, beta):
         _set_affine([layer], g, b, norm)
 
