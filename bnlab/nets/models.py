@@ -549,7 +549,17 @@ def _conv_stack(in_channels: int, convs, norm: str, make_phi, dtype, nkw: dict, 
 
 
 class _ConvNet(nn.Module):
-    """Shared forward of the small CNNs: features → flatten → head, with input-shape checks."""
+    """Shared construction and forward of the small CNNs: features → flatten → head, with input-shape checks."""
+
+    def _set_features(self, convs, feature_shape, norm: str, phi, dtype, nkw: dict) -> list[nn.Module]:
+        """``.features`` (:func:`_conv_stack` of ``convs`` with one shared φ module ``.phi``), ``.norm`` and
+        ``.feature_shape``; returns the stack's normalization layers."""
+        self.norm = norm
+        self.phi = ActivationModule(phi)
+        layers, norms = _conv_stack(self.in_shape[0], convs, norm, lambda: self.phi, dtype, nkw)
+        self.features = nn.Sequential(*layers)
+        self.feature_shape = feature_shape
+        return norms
 
     def _check_x(self, x: torch.Tensor) -> None:
         if x.ndim == 2 and x.shape[1] == math.prod(self.in_shape):
@@ -613,11 +623,7 @@ class FisherCNN(_ConvNet):
                                                f"{len(channels)} stride-{stride} convolutions of kernel {kernel_size}")
         _check_parameters("FisherCNN", n_params + (c * h * w + 1) * self.num_classes,
                           torch.finfo(dtype).bits // 8, max_memory_bytes)
-        self.norm = norm
-        self.phi = ActivationModule(phi)
-        layers, self.norms = _conv_stack(self.in_shape[0], convs, norm, lambda: self.phi, dtype, nkw)
-        self.features = nn.Sequential(*layers)
-        self.feature_shape = (c, h, w)
+        self.norms = self._set_features(convs, (c, h, w), norm, phi, dtype, nkw)
         self.head = nn.Linear(c * h * w, self.num_classes, dtype=dtype)
         _init_all(self, init, sigma_w2, sigma_b2, seed)
         _set_affine(self.norms, gamma, beta, norm)
@@ -669,11 +675,7 @@ class BNPCNN(_ConvNet):
         n_params, (c, h, w) = _conv_stack_size(self.in_shape, convs, in_shape, "the 5-layer CNN")
         _check_parameters("BNPCNN", n_params + (c * h * w + 5) * hidden + (hidden + 1) * self.num_classes,
                           torch.finfo(dtype).bits // 8, max_memory_bytes)
-        self.norm = norm
-        self.phi = ActivationModule(phi)
-        layers, norms = _conv_stack(self.in_shape[0], convs, norm, lambda: self.phi, dtype, nkw)
-        self.features = nn.Sequential(*layers)
-        self.feature_shape = (c, h, w)
+        norms = self._set_features(convs, (c, h, w), norm, phi, dtype, nkw)
         nrm = make_norm(norm, hidden, dims=1, dtype=dtype, **nkw)
         norms.append(nrm)
         self.head = nn.Sequential(nn.Linear(c * h * w, hidden, dtype=dtype), nrm, self.phi,
