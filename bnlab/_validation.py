@@ -10,6 +10,7 @@ memory bound before anything is allocated (:func:`check_memory`; the default
 :data:`DEFAULT_MAX_MEMORY_BYTES` = 1 GiB, the ``--max-memory-gb`` of the commands).  Output files are
 written to a temporary file in their folder and renamed over their path
 (:func:`atomic_output_path`), so a symbolic link planted at the path is replaced, never followed.
+Every path bnlab is given to read or write is checked once, by :func:`check_path`.
 """
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ __all__ = [
     "check_finite_array",
     "check_device",
     "check_writable_ancestor",
+    "check_path",
+    "per_layer",
+    "MAX_PATH_BYTES",
     "check_seed",
     "check_memory",
     "check_max_memory_gb",
@@ -165,6 +169,16 @@ def check_device(name: str, value: Any):
     return dev
 
 
+def per_layer(name: str, value: Any, n: int) -> list:
+    """``value`` broadcast to ``n`` entries when a scalar, or as a list when a list/tuple of exactly ``n``
+    (one per layer); another length is a ``ValueError`` naming ``name``.  The entries are not checked."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} entries: expected {n} (one per layer) or a scalar")
+        return list(value)
+    return [value] * n
+
+
 def check_seed(name: str, value: Any) -> int:
     """Return ``value`` as an int seed in [0, :data:`MAX_SEED`], or raise ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
@@ -245,14 +259,84 @@ def atomic_output_path(path: Any, *, name: str = "output") -> Iterator[Path]:
 
 def check_writable_ancestor(name: str, text: str, start: Any) -> None:
     """``ValueError`` naming ``name`` (given as ``text``) unless the nearest existing folder at or above
-    ``start`` is a directory this process may write to — so what is to be created under it can be."""
+    ``start`` is a directory this process may write to — so what is to be created under it can be.
+    A symbolic link to nothing on the way up is refused too (creating the folders below it would fail
+    or land where it points)."""
     import os
     from pathlib import Path
 
     parent = Path(os.path.abspath(start))
     while not parent.exists() and parent != parent.parent:
+        if parent.is_symlink():
+            raise ValueError(f"{name}={text!r} is not allowed: {str(parent)!r} is a symbolic link to "
+                             f"{os.readlink(parent)!r}, which does not exist")
         parent = parent.parent
     if not parent.is_dir():
         raise ValueError(f"{name}={text!r} is not allowed: {str(parent)!r} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{name}={text!r} is not allowed: the folder {str(parent)!r} is not writable")
+
+
+#: Longest path accepted (Linux PATH_MAX is 4096 bytes including the terminating NUL); 255 per part.
+MAX_PATH_BYTES = 4000
+
+_PATH_KINDS = ("file", "directory")
+
+
+def check_path(name: str, value: Any, *, kind: str = "file", readonly: bool = False, replaced: bool = False,
+               expected: str | None = None) -> Path:
+    """``value`` as a ``Path`` bnlab may read (``readonly``) or write, or ``ValueError`` naming ``name``.
+
+    The one path validator of bnlab (results stores, exports, output folders).  Refused:
+
+    * an empty or blank path, white space at either end, a NUL character, ``"."``/``".."`` for a
+      file, more than :data:`MAX_PATH_BYTES` bytes or 255 in one part — ``expected`` (default "a file
+      path" / "a directory path") says what was wanted;
+    * an existing path of the other ``kind`` (``"file"``: a directory, device, pipe or socket;
+      ``"directory"``: anything but a directory), or one ``os.stat`` cannot read;
+    * a symbolic link to nothing, unless ``replaced`` (the file is written by
+      :func:`atomic_output_path`, which renames over the link instead of following it);
+    * with ``readonly``: a path that does not exist or cannot be read; otherwise an existing file this
+      process may not read and write (unless ``replaced``: the rename needs only the folder) and a nearest
+      existing folder that is not a writable directory (:func:`check_writable_ancestor`).
+    """
+    import os
+    import stat
+
+    kind = check_choice("kind", kind, _PATH_KINDS)
+    text = "" if value is None else str(value)
+    wanted = expected or ("a file path" if kind == "file" else "a directory path (an empty path is not the current folder)")
+    if not text.strip() or (kind == "file" and text in (".", "..")):
+        raise ValueError(f"{name}={text!r} is not allowed: expected {wanted}")
+    if text.strip() != text:
+        raise ValueError(f"{name}={text!r} is not allowed: it begins or ends with white space; expected {wanted}")
+    if "\x00" in text:
+        raise ValueError(f"{name}={text!r} is not allowed: the path contains a NUL character")
+    path = Path(text)
+    if len(os.fsencode(text)) > MAX_PATH_BYTES or any(len(os.fsencode(p)) > 255 for p in path.parts):
+        raise ValueError(f"{name} is not allowed: the path is {len(text)} characters long (at most "
+                         f"{MAX_PATH_BYTES}, 255 per part)")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ValueError(f"{name}={text!r} is not allowed: {exc.strerror}") from None
+    if st is None:
+        if os.path.islink(path) and not replaced:
+            raise ValueError(f"{name}={text!r} is not allowed: it is a symbolic link to {os.readlink(path)!r}, which "
+                             "does not exist; bnlab does not create anything through a link (remove the link or give "
+                             "the real path)")
+        if readonly:
+            raise ValueError(f"{name}={text!r} is not allowed: it does not exist")
+    elif kind == "directory" and not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{name}={text!r} is not allowed: it exists and is not a directory")
+    elif kind == "file" and stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{name}={text!r} is not allowed: it is a directory; expected {wanted}")
+    elif kind == "file" and not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{name}={text!r} is not allowed: it is not a regular file (a device, pipe or socket)")
+    elif not os.access(path, os.R_OK if readonly else 0 if replaced else os.R_OK | os.W_OK):
+        raise ValueError(f"{name}={text!r} is not allowed: permission denied")
+    if not readonly:
+        check_writable_ancestor(name, text, path if kind == "directory" else Path(os.path.abspath(path)).parent)
+    return path

@@ -73,15 +73,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from bnlab._validation import check_writable_ancestor
+    from bnlab._validation import check_path
     from bnlab.advice import DEFAULT_MAX_MEMORY_GB, advise, batch_for, load_model
 
     apply_data_dir(args)
     if args.html is not None:
-        html_path = Path(args.html)
-        if not str(args.html).strip() or html_path.is_dir():
-            raise ValueError(f"--html={args.html!r} is not allowed: expected a file path")
-        check_writable_ancestor("--html", str(args.html), html_path.parent if str(html_path.parent) else ".")
+        check_path("--html", args.html)
     max_gb = DEFAULT_MAX_MEMORY_GB if args.max_memory_gb is None else args.max_memory_gb
     data, shape, classes = batch_for(dataset=args.dataset, input_shape=args.input_shape, num_classes=args.classes,
                                      batch_size=args.batch_size, seed=args.seed, max_memory_gb=max_gb)

@@ -151,28 +151,9 @@ def apply_data_dir(args: argparse.Namespace) -> None:
 
 def check_output_dir(name: str, value: Any) -> None:
     """An output folder: non-empty, not an existing file or device, inside a writable folder (ValueError)."""
-    import os
-    from pathlib import Path
+    from bnlab._validation import check_path
 
-    from bnlab._validation import check_writable_ancestor
-
-    text = "" if value is None else str(value)
-    if not text.strip():
-        raise ValueError(f"{name}={text!r} is not allowed: expected a directory path (an empty path is not the current folder)")
-    if len(os.fsencode(text)) > 4000 or any(len(os.fsencode(p)) > 255 for p in Path(text).parts):
-        raise ValueError(f"{name} is not allowed: the path is {len(text)} characters long (at most 4000, 255 per part)")
-    p = Path(text)
-    try:
-        is_dir, exists = p.is_dir(), p.exists()
-    except OSError as exc:
-        raise ValueError(f"{name}={text!r} is not allowed: {exc.strerror}") from None
-    if not exists and os.path.islink(p):
-        raise ValueError(
-            f"{name}={text!r} is not allowed: it is a symbolic link to {os.readlink(p)!r}, which does not exist"
-        )
-    if exists and not is_dir:
-        raise ValueError(f"{name}={text!r} is not allowed: it exists and is not a directory")
-    check_writable_ancestor(name, text, text)
+    check_path(name, value, kind="directory")
 
 
 def check_cluster_arguments(args: argparse.Namespace) -> None:

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from bnlab._validation import check_path
 from bnlab.experiments.spec import Record
 
 __all__ = ["ResultsStore", "CellRow", "cell_key", "grid_hash", "canonical_json", "STATUSES", "salvage_store"]
@@ -115,10 +116,6 @@ _SALVAGE = (
     "(then continue with: bnlab sweep resume NEW.sqlite)"
 )
 
-#: Longest store path accepted (Linux PATH_MAX is 4096 bytes including the terminating NUL).
-_MAX_PATH = 4000
-
-
 def _resolved(path: Path) -> Path:
     """``path`` with symlinks and ``..`` resolved (the parent when the file does not exist yet)."""
     return Path(os.path.realpath(path))
@@ -135,51 +132,14 @@ def _corrupt(path: Path, exc: BaseException) -> ValueError:
 
 
 def _check_store_path(path: Path, *, readonly: bool) -> None:
-    """Refuse directories, devices, over-long paths and unwritable folders with a clear ValueError."""
-    text = str(path)
-    if not text or text.strip() != text or text in (".", ".."):
-        raise ValueError(f"store={text!r} is not allowed: expected a path to a .sqlite file")
-    if "\x00" in text:
-        raise ValueError(f"store={text!r} is not allowed: the path contains a NUL character")
-    if len(os.fsencode(text)) > _MAX_PATH or any(len(os.fsencode(p)) > 255 for p in path.parts):
-        raise ValueError(
-            f"store path is not allowed: {len(text)} characters (at most {_MAX_PATH}, 255 per component)"
-        )
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        st = None
-        if os.path.islink(path):
-            # a dangling link would make SQLite create the store and its side files where it points; but an
-            # alias of a store another driver is creating right now is that driver's: say so
-            _refuse_if_locked(Path(os.path.realpath(path)), text)
-            raise ValueError(
-                f"store={text!r} is not allowed: it is a symbolic link to {os.readlink(path)!r}, which does not "
-                "exist; bnlab does not create a store through a link (remove the link or give the real path)"
-            ) from None
-    except OSError as exc:
-        raise ValueError(f"store={text!r} is not allowed: {exc.strerror}") from None
-    if st is not None:
-        if stat.S_ISDIR(st.st_mode):
-            raise ValueError(f"store={text!r} is not allowed: it is a directory; expected a .sqlite file")
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"store={text!r} is not allowed: it is not a regular file (a device, pipe or socket)")
-        if not os.access(path, os.R_OK) or (not readonly and not os.access(path, os.W_OK)):
-            raise ValueError(f"store={text!r} is not allowed: permission denied")
-    elif readonly:
-        raise ValueError(f"results store {text!r} does not exist")
-    if readonly:
-        return
-    # the nearest existing ancestor must be a writable directory
-    parent = Path(os.path.abspath(path)).parent
-    while not parent.exists() and parent != parent.parent:
-        if parent.is_symlink():
-            break
-        parent = parent.parent
-    if parent.exists() and not parent.is_dir():
-        raise ValueError(f"store={text!r} is not allowed: {str(parent)!r} is a file, not a directory")
-    if parent.is_dir() and not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"store={text!r} is not allowed: the folder {str(parent)!r} is not writable")
+    """Refuse directories, devices, links to nothing, over-long paths and unwritable folders (ValueError).
+
+    :func:`bnlab._validation.check_path` does the checking; a dangling link that aliases a store
+    another driver is creating right now is that driver's, which the message says first.
+    """
+    if os.path.islink(path) and not os.path.exists(path):
+        _refuse_if_locked(Path(os.path.realpath(path)), str(path))
+    check_path("store", path, readonly=readonly, expected="a path to a .sqlite file")
 
 
 def _refuse_if_locked(real: Path, text: str) -> None:

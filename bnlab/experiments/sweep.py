@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from bnlab import _threads
-from bnlab._validation import atomic_output_path, check_choice, check_int, check_writable_ancestor
+from bnlab._validation import atomic_output_path, check_choice, check_int, check_path
 from bnlab.experiments._progress import SweepProgress
 from bnlab.experiments._worker import PINNED_ENV, THREADS_ENV, execute_task, library_versions, set_worker_threads
 from bnlab.experiments.registry import experiment_module, get_experiment, list_experiments
@@ -593,26 +593,6 @@ def sweep_status(store: str | os.PathLike) -> SweepStatus:
     )
 
 
-def _check_output_file(name: str, out: Path) -> None:
-    """An output file path must not be a directory, a device or inside an unwritable folder."""
-    import stat as _stat
-
-    text = str(out)
-    if not text.strip():
-        raise ValueError(f"{name}={text!r} is not allowed: expected a file path")
-    if len(os.fsencode(text)) > 4000 or any(len(os.fsencode(p)) > 255 for p in out.parts):
-        raise ValueError(f"{name} is not allowed: the path is {len(text)} characters long (at most 4000, 255 per part)")
-    try:
-        st = os.stat(out)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise ValueError(f"{name}={text!r} is not allowed: {exc.strerror}") from None
-    if st is not None and not _stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{name}={text!r} is not allowed: it exists and is not a regular file")
-    check_writable_ancestor(name, text, Path(os.path.abspath(out)).parent)
-
-
 def export_sweep(store: str | os.PathLike, output: str | os.PathLike, format: str | None = None) -> Path:
     """Write every cell of the store as one table row to CSV or Parquet; return the output path.
 
@@ -627,8 +607,8 @@ def export_sweep(store: str | os.PathLike, output: str | os.PathLike, format: st
 
     import pandas as pd
 
-    out = Path(output)
-    _check_output_file("output", out)
+    # written by atomic_output_path: a link planted at the path is replaced, never followed
+    out = check_path("output", output, replaced=True)
     if format is None:
         suffix = out.suffix.lower().lstrip(".")
         format = {"csv": "csv", "parquet": "parquet", "pq": "parquet"}.get(suffix)

@@ -270,15 +270,6 @@ def _parse_tokens(spec: str, kind: str, tokens: list) -> Architecture:
     return Architecture(tuple(int(d) for d in dims), tuple(layers))
 
 
-def _as_sequence(name: str, value, n: int) -> list:
-    """A scalar broadcast to ``n`` entries, or a sequence of exactly ``n``."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise ValueError(f"{name} has {len(value)} entries: expected {n} (one per layer) or a scalar")
-        return list(value)
-    return [value] * n
-
-
 def _as_arch(arch: "str | Architecture | Sequence") -> Architecture:
     if isinstance(arch, (str, Architecture)):
         return parse_arch(arch)

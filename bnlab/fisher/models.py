@@ -11,35 +11,14 @@ the theory's model.
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
-from bnlab._validation import DEFAULT_MAX_MEMORY_BYTES, check_choice, check_int, check_memory, check_real, check_seed
+from bnlab._validation import DEFAULT_MAX_MEMORY_BYTES, check_choice, check_int
 from bnlab._vocabulary import NORM_ALIASES, canonical_value
-from bnlab.activations import get_activation
 
-from .architecture import Architecture, ConvLayer, _as_arch, _as_sequence
+from .architecture import Architecture, ConvLayer, _as_arch
 
 __all__ = ["build_model", "calibrate_batchnorm_"]
-
-
-def _phi_module(phi):
-    import torch
-
-    act = get_activation(phi)
-
-    class _Phi(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.spec = act.spec
-
-        def forward(self, x):
-            return act.torch(x)
-
-        def extra_repr(self):
-            return self.spec
-
-    return _Phi()
 
 
 def build_model(
@@ -57,70 +36,22 @@ def build_model(
 ):
     """An ``nn.Sequential`` drawn from the Fisher paper's ensemble for ``arch`` (see module docstring).
 
-    Refused before anything is allocated: parameters that need more than ``max_memory_bytes``
-    (default 1 GiB), and scales whose forward pass overflows ``dtype`` however the data look —
-    σ_w², σ_b² above √max and |γ|, |β| above max^¼ of the dtype (BN squares the pre-activations,
-    which these scale: ``max`` = ``torch.finfo(dtype).max``).
+    Built by :func:`bnlab.nets.feedforward` (the one builder of bnlab's feed-forward networks; its
+    convolutions come from the conv-stack builder of :class:`bnlab.nets.FisherCNN`).  ``gamma``,
+    ``beta`` (one per hidden layer) and ``sigma_w2``, ``sigma_b2`` (one per layer) are scalars or
+    per-layer lists.  Refused before anything is allocated: parameters that need more than
+    ``max_memory_bytes`` (default 1 GiB), and scales whose forward pass overflows ``dtype`` however
+    the data look — σ_w², σ_b² above √max and |γ|, |β| above max^¼ of the dtype (BN squares the
+    pre-activations, which these scale: ``max`` = ``torch.finfo(dtype).max``).
     """
-    import torch
+    from bnlab.nets import feedforward
 
     a = _as_arch(arch)
     norm = check_choice("norm", canonical_value("norm", norm, NORM_ALIASES), ("bn", "none"))
-    seed = check_seed("seed", seed)
-    L = a.depth
-    if dtype is None:
-        dtype = torch.get_default_dtype()
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype={dtype!r} is not allowed: expected a floating torch.dtype such as torch.float64")
-    big = float(torch.finfo(dtype).max)
-    sw2 = [check_real("sigma_w2", v, minimum=0.0, strict_minimum=True) for v in _as_sequence("sigma_w2", sigma_w2, L)]
-    sb2 = [check_real("sigma_b2", v, minimum=0.0) for v in _as_sequence("sigma_b2", sigma_b2, L)]
-    gam = [check_real("gamma", v) for v in _as_sequence("gamma", gamma, max(L - 1, 0))]
-    bet = [check_real("beta", v) for v in _as_sequence("beta", beta, max(L - 1, 0))]
-    for name, values, bound in (("sigma_w2", sw2, big**0.5), ("sigma_b2", sb2, big**0.5),
-                                ("gamma", gam, big**0.25), ("beta", bet, big**0.25)):
-        for v in values:
-            if abs(v) > bound:
-                raise ValueError(
-                    f"{name}={v!r} is not allowed in {str(dtype).replace('torch.', '')}: at most {bound:.3g} in "
-                    "magnitude (BN squares the pre-activations this scales, which would overflow)"
-                )
-    geos = a.geometry()
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    n_params = sum(
-        (g["fan_in"] + 1) * (layer.channels if isinstance(layer, ConvLayer) else layer.width) + 2 * g["channels"]
-        for layer, g in zip(a.layers, geos)
-    )
-    check_memory(f"arch={a.to_spec()!r} ({n_params:.3g} parameters)", n_params * itemsize, max_memory_bytes,
-                 hint="use narrower layers or raise the bound")
-    gen = torch.Generator().manual_seed(seed)
-    mods: list = []
-    flattened = len(a.input_shape) == 1
-    for l, (layer, geo) in enumerate(zip(a.layers, geos)):
-        if isinstance(layer, ConvLayer):
-            lin = torch.nn.Conv2d(geo["in_channels"], layer.channels, layer.kernel, layer.stride, layer.padding)
-        else:
-            if not flattened:
-                mods.append(torch.nn.Flatten())
-                flattened = True
-            lin = torch.nn.Linear(geo["in_units"], layer.width)
-        lin = lin.to(dtype)
-        with torch.no_grad():
-            scale = math.sqrt(sw2[l] / geo["fan_in"])
-            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen, dtype=dtype) * scale)
-            lin.bias.copy_(torch.randn(lin.bias.shape, generator=gen, dtype=dtype) * math.sqrt(sb2[l]))
-        mods.append(lin)
-        if l == L - 1:
-            break
-        if norm == "bn":
-            bn_cls = torch.nn.BatchNorm2d if isinstance(layer, ConvLayer) else torch.nn.BatchNorm1d
-            bn = bn_cls(layer.channels if isinstance(layer, ConvLayer) else layer.width).to(dtype)
-            with torch.no_grad():
-                bn.weight.fill_(gam[l])
-                bn.bias.fill_(bet[l])
-            mods.append(bn)
-        mods.append(_phi_module(phi))
-    return torch.nn.Sequential(*mods)
+    layers = [("conv", layer.channels, layer.kernel, layer.stride, layer.padding) if isinstance(layer, ConvLayer)
+              else ("fc", layer.width) for layer in a.layers]
+    return feedforward(a.input_shape, layers, norm=norm, phi=phi, gamma=gamma, beta=beta, sigma_w2=sigma_w2,
+                       sigma_b2=sigma_b2, seed=seed, dtype=dtype, max_memory_bytes=max_memory_bytes)
 
 
 def calibrate_batchnorm_(model, inputs, *, batch_size: int = 1024):

@@ -92,11 +92,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bnlab._validation import check_choice, check_real
+from bnlab._validation import check_choice, check_real, per_layer
 from bnlab._vocabulary import NORM_ALIASES, canonical_value
 from bnlab.activations import Activation, activation_from_callable, get_activation
 
-from .architecture import Architecture, _as_arch, _as_sequence
+from .architecture import Architecture, _as_arch
 
 __all__ = ["FORMULAS", "NORMS", "FisherTheoryResult", "fisher_order_parameters", "eta_star"]
 
@@ -312,16 +312,16 @@ def fisher_order_parameters(
     mu = _check_momentum(momentum)
     bn_mode = check_choice("bn_mode", bn_mode, ("eval", "train"))
     L = architecture.depth
-    sw2 = [check_real(f"sigma_w2[{i}]", v) for i, v in enumerate(_as_sequence("sigma_w2", sigma_w2, L))]
-    sb2 = [check_real(f"sigma_b2[{i}]", v) for i, v in enumerate(_as_sequence("sigma_b2", sigma_b2, L))]
+    sw2 = [check_real(f"sigma_w2[{i}]", v) for i, v in enumerate(per_layer("sigma_w2", sigma_w2, L))]
+    sb2 = [check_real(f"sigma_b2[{i}]", v) for i, v in enumerate(per_layer("sigma_b2", sigma_b2, L))]
     for i, v in enumerate(sw2):
         if v <= 0:
             raise ValueError(f"sigma_w2={v!r} (layer {i + 1}) is not allowed: expected a variance > 0")
     for i, v in enumerate(sb2):
         if v < 0:
             raise ValueError(f"sigma_b2={v!r} (layer {i + 1}) is not allowed: expected a variance >= 0")
-    gam = [check_real(f"gamma[{i}]", v) for i, v in enumerate(_as_sequence("gamma", gamma, max(L - 1, 0)))]
-    bet = [check_real(f"beta[{i}]", v) for i, v in enumerate(_as_sequence("beta", beta, max(L - 1, 0)))]
+    gam = [check_real(f"gamma[{i}]", v) for i, v in enumerate(per_layer("gamma", gamma, max(L - 1, 0)))]
+    bet = [check_real(f"beta[{i}]", v) for i, v in enumerate(per_layer("beta", beta, max(L - 1, 0)))]
     if norm == "bn":
         for i, g in enumerate(gam):
             if g == 0:

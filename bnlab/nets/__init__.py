@@ -8,6 +8,7 @@ reproductions build on it; it imports none of them).  See ``docs/nets.md``.
 * initializations by name — :data:`INITS`, :func:`init_weights_` (seeded by a ``torch.Generator``);
 * models — :class:`BNMLP` (Yang et al. 2019, Eq. 7), :class:`MLP` (any normalization, before or after
   φ), :class:`FisherCNN` (the Fisher paper's conv net), :class:`BNPCNN` (Lange et al.'s 5-layer CNN),
+  :func:`feedforward` (the mean field ensemble's conv/FC networks, the Fisher paper's),
   :func:`vgg` and :func:`resnet` (paper scale);
 * training — :func:`train` (any ``torch.optim`` optimizer or factory, hooks between ``backward()`` and
   ``step()``, callbacks, divergence detection, seeded data order, CPU/CUDA) → :class:`TrainResult`;
@@ -33,6 +34,7 @@ from bnlab.nets.models import (
     Bottleneck,
     FisherCNN,
     PreActBlock,
+    feedforward,
     resnet,
     vgg,
 )
@@ -84,6 +86,7 @@ __all__ = [
     "ActivationModule",
     "FisherCNN",
     "BNPCNN",
+    "feedforward",
     "vgg",
     "VGG_DEPTHS",
     "resnet",

@@ -9,6 +9,9 @@
 * :class:`FisherCNN` (the Fisher paper's three stride-2 convolutions + FC), :class:`BNPCNN` (Lange et
   al.'s 5-layer CNN), :func:`vgg` and :func:`resnet` (VGG-11/13/16/19, ResNet-18/34 and the CIFAR
   ResNets 20…110, normalization by name) — see their docstrings.
+* :func:`feedforward` — the mean field ensemble's conv/FC networks (the Fisher paper's; under
+  :func:`bnlab.fisher.build_model`).  ``FisherCNN``, ``BNPCNN`` and ``feedforward`` build their
+  convolutions with one conv-stack builder (``_conv_stack``).
 
 Every model is deterministic given ``seed`` (a private ``torch.Generator``; no global random state).
 
@@ -34,18 +37,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from bnlab._validation import DEFAULT_MAX_MEMORY_BYTES, check_choice, check_int, check_memory, check_real, check_seed
+from bnlab._validation import (DEFAULT_MAX_MEMORY_BYTES, check_choice, check_int, check_memory, check_real, check_seed,
+                               per_layer)
 from bnlab._vocabulary import INIT_ALIASES, NORM_ALIASES, canonical_value
 from bnlab.activations import Activation, get_activation
 from bnlab.nets.norms import ghost_batch_norm
 
-__all__ = ["BNMLP", "ActivationModule", "MLP", "FisherCNN", "BNPCNN", "vgg", "resnet", "BasicBlock", "PreActBlock",
-           "Bottleneck", "PLACEMENTS", "VGG_DEPTHS", "RESNET_DEPTHS"]
+__all__ = ["BNMLP", "ActivationModule", "MLP", "FisherCNN", "BNPCNN", "feedforward", "vgg", "resnet", "BasicBlock",
+           "PreActBlock", "Bottleneck", "PLACEMENTS", "VGG_DEPTHS", "RESNET_DEPTHS"]
 
 
 def _require_torch_phi(phi: Any, act: Activation) -> None:
@@ -490,8 +494,73 @@ def _as_channels(channels, count: int | None = None) -> list[int]:
     return out
 
 
+class _Conv(NamedTuple):
+    """One convolution of a conv stack: ``channels`` outputs, square ``kernel``, ``stride``, zero ``padding``,
+    then ``pool``×``pool`` max pooling (1: none)."""
+
+    channels: int
+    kernel: int
+    stride: int = 1
+    padding: int = 0
+    pool: int = 1
+
+
+def _conv_stack_size(in_shape: tuple[int, int, int], convs, given, what: str) -> tuple[int, tuple[int, int, int]]:
+    """(parameters of the stack, output shape (C, H, W)) of :func:`_conv_stack`, before anything is built.
+
+    The count allows 4 per channel for a normalization layer.  An input too small for the stack is a
+    ``ValueError`` naming ``in_shape`` (as ``given``) and ``what`` the stack is.
+    """
+    n_params, (c, h, w) = 0, in_shape
+    for conv in convs:
+        n_params += (c * conv.kernel**2 + 5) * conv.channels
+        c = conv.channels
+        h, w = _conv_out(h, conv.kernel, conv.stride, conv.padding), _conv_out(w, conv.kernel, conv.stride, conv.padding)
+        if h >= 1 and w >= 1 and conv.pool > 1:
+            h, w = h // conv.pool, w // conv.pool
+        if h < 1 or w < 1:
+            raise ValueError(f"in_shape={given!r} is not allowed: too small for {what}")
+    return n_params, (c, h, w)
+
+
+def _conv_stack(in_channels: int, convs, norm: str, make_phi, dtype, nkw: dict, *,
+                omit_identity: bool = False) -> tuple[list[nn.Module], list[nn.Module]]:
+    """The layers Conv2d → Norm → φ [→ MaxPool] of every convolution in ``convs``, and the norm layers.
+
+    The one conv-stack builder of :class:`FisherCNN`, :class:`BNPCNN` and :func:`feedforward`;
+    ``make_phi()`` gives the φ module of each layer (one shared module, or one per layer), and
+    ``omit_identity`` leaves out the ``nn.Identity`` of ``norm="none"``.  Weights are the PyTorch
+    default (drawn from the global generator, as ``nn.Conv2d`` does); the callers initialize them.
+    """
+    from bnlab.nets.norms import make_norm
+
+    layers, norms, c_in = [], [], in_channels
+    for conv in convs:
+        layers.append(nn.Conv2d(c_in, conv.channels, conv.kernel, stride=conv.stride, padding=conv.padding,
+                                dtype=dtype))
+        if not (omit_identity and norm == "none"):
+            nrm = make_norm(norm, conv.channels, dims=2, dtype=dtype, **nkw)
+            layers.append(nrm)
+            norms.append(nrm)
+        layers.append(make_phi())
+        if conv.pool > 1:
+            layers.append(nn.MaxPool2d(conv.pool))
+        c_in = conv.channels
+    return layers, norms
+
+
 class _ConvNet(nn.Module):
-    """Shared forward of the small CNNs: features → flatten → head, with input-shape checks."""
+    """Shared construction and forward of the small CNNs: features → flatten → head, with input-shape checks."""
+
+    def _set_features(self, convs, feature_shape, norm: str, phi, dtype, nkw: dict) -> list[nn.Module]:
+        """``.features`` (:func:`_conv_stack` of ``convs`` with one shared φ module ``.phi``), ``.norm`` and
+        ``.feature_shape``; returns the stack's normalization layers."""
+        self.norm = norm
+        self.phi = ActivationModule(phi)
+        layers, norms = _conv_stack(self.in_shape[0], convs, norm, lambda: self.phi, dtype, nkw)
+        self.features = nn.Sequential(*layers)
+        self.feature_shape = feature_shape
+        return norms
 
     def _check_x(self, x: torch.Tensor) -> None:
         if x.ndim == 2 and x.shape[1] == math.prod(self.in_shape):
@@ -543,8 +612,6 @@ class FisherCNN(_ConvNet):
         max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     ):
         super().__init__()
-        from bnlab.nets.norms import make_norm
-
         self.in_shape = _as_shape(in_shape)
         self.num_classes = check_int("num_classes", num_classes, minimum=1)
         channels = _as_channels(channels)
@@ -552,32 +619,15 @@ class FisherCNN(_ConvNet):
         stride = check_int("stride", stride, minimum=1)
         sigma_w2, sigma_b2, gamma, beta, seed, dtype, nkw = _common_args(
             norm, init, sigma_w2, sigma_b2, gamma, beta, seed, dtype, norm_kwargs)
-        n_params, c_prev, (_, hh, ww) = 0, self.in_shape[0], self.in_shape
-        for c in channels:
-            hh, ww = max(_conv_out(hh, kernel_size, stride), 1), max(_conv_out(ww, kernel_size, stride), 1)
-            n_params += (c_prev * kernel_size**2 + 5) * c
-            c_prev = c
-        _check_parameters("FisherCNN", n_params + (c_prev * hh * ww + 1) * self.num_classes,
+        convs = [_Conv(c, kernel_size, stride) for c in channels]
+        n_params, (c, h, w) = _conv_stack_size(self.in_shape, convs, in_shape,
+                                               f"{len(channels)} stride-{stride} convolutions of kernel {kernel_size}")
+        _check_parameters("FisherCNN", n_params + (c * h * w + 1) * self.num_classes,
                           torch.finfo(dtype).bits // 8, max_memory_bytes)
-        self.norm = norm
-        self.phi = ActivationModule(phi)
-        layers, norms = [], []
-        c_in, (_, h, w) = self.in_shape[0], self.in_shape
-        for c in channels:
-            h, w = _conv_out(h, kernel_size, stride), _conv_out(w, kernel_size, stride)
-            if h < 1 or w < 1:
-                raise ValueError(f"in_shape={in_shape!r} is not allowed: too small for {len(channels)} stride-{stride} "
-                                 f"convolutions of kernel {kernel_size}")
-            nrm = make_norm(norm, c, dims=2, dtype=dtype, **nkw)
-            layers += [nn.Conv2d(c_in, c, kernel_size, stride=stride, dtype=dtype), nrm, self.phi]
-            norms.append(nrm)
-            c_in = c
-        self.features = nn.Sequential(*layers)
-        self.feature_shape = (c_in, h, w)
-        self.head = nn.Linear(c_in * h * w, self.num_classes, dtype=dtype)
-        self.norms = norms
+        self.norms = self._set_features(convs, (c, h, w), norm, phi, dtype, nkw)
+        self.head = nn.Linear(c * h * w, self.num_classes, dtype=dtype)
         _init_all(self, init, sigma_w2, sigma_b2, seed)
-        _set_affine(norms, gamma, beta, norm)
+        _set_affine(self.norms, gamma, beta, norm)
 
 
 class BNPCNN(_ConvNet):
@@ -622,38 +672,140 @@ class BNPCNN(_ConvNet):
         kernel_size = check_int("kernel_size", kernel_size, minimum=1)
         sigma_w2, sigma_b2, _, _, seed, dtype, nkw = _common_args(
             norm, init, sigma_w2, sigma_b2, 1.0, 0.0, seed, dtype, norm_kwargs)
-        n_params, c_prev, (_, hh, ww) = 0, self.in_shape[0], self.in_shape
-        for i, c in enumerate(channels):
-            hh, ww = max(_conv_out(hh, kernel_size, 1), 1), max(_conv_out(ww, kernel_size, 1), 1)
-            if i < 2:
-                hh, ww = max(hh // 2, 1), max(ww // 2, 1)
-            n_params += (c_prev * kernel_size**2 + 5) * c
-            c_prev = c
-        _check_parameters("BNPCNN", n_params + (c_prev * hh * ww + 5) * hidden + (hidden + 1) * self.num_classes,
+        convs = [_Conv(c, kernel_size, pool=2 if i < 2 else 1) for i, c in enumerate(channels)]
+        n_params, (c, h, w) = _conv_stack_size(self.in_shape, convs, in_shape, "the 5-layer CNN")
+        _check_parameters("BNPCNN", n_params + (c * h * w + 5) * hidden + (hidden + 1) * self.num_classes,
                           torch.finfo(dtype).bits // 8, max_memory_bytes)
-        self.norm = norm
-        self.phi = ActivationModule(phi)
-        c_in, (_, h, w) = self.in_shape[0], self.in_shape
-        layers, norms = [], []
-        for i, c in enumerate(channels):
-            h, w = _conv_out(h, kernel_size, 1), _conv_out(w, kernel_size, 1)
-            nrm = make_norm(norm, c, dims=2, dtype=dtype, **nkw)
-            layers += [nn.Conv2d(c_in, c, kernel_size, dtype=dtype), nrm, self.phi]
-            norms.append(nrm)
-            if i < 2:
-                layers.append(nn.MaxPool2d(2))
-                h, w = h // 2, w // 2
-            if h < 1 or w < 1:
-                raise ValueError(f"in_shape={in_shape!r} is not allowed: too small for the 5-layer CNN")
-            c_in = c
-        self.features = nn.Sequential(*layers)
-        self.feature_shape = (c_in, h, w)
+        norms = self._set_features(convs, (c, h, w), norm, phi, dtype, nkw)
         nrm = make_norm(norm, hidden, dims=1, dtype=dtype, **nkw)
         norms.append(nrm)
-        self.head = nn.Sequential(nn.Linear(c_in * h * w, hidden, dtype=dtype), nrm, self.phi,
+        self.head = nn.Sequential(nn.Linear(c * h * w, hidden, dtype=dtype), nrm, self.phi,
                                   nn.Linear(hidden, self.num_classes, dtype=dtype))
         self.norms = norms
         _init_all(self, init, sigma_w2, sigma_b2, seed)
+
+
+def _as_layers(in_shape, layers) -> tuple[tuple[int, ...], list]:
+    """``in_shape`` and ``layers`` of :func:`feedforward` checked: (shape, [_Conv or width int])."""
+    try:
+        shape = tuple(check_int("in_shape", s, minimum=1) for s in in_shape)
+    except TypeError:
+        shape = ()
+    if len(shape) not in (1, 3):
+        raise ValueError(f"in_shape={in_shape!r} is not allowed: expected (features,) or (channels, height, width)")
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__len__") or not len(layers):
+        raise ValueError(f"layers={layers!r} is not allowed: expected a non-empty sequence of ('conv', channels, "
+                         "kernel, stride, padding) and ('fc', width) tuples")
+    out, fc_seen = [], False
+    for item in layers:
+        kind = item[0] if isinstance(item, (tuple, list)) and item else None
+        if kind == "fc" and len(item) == 2:
+            out.append(check_int("width", item[1], minimum=1))
+            fc_seen = True
+        elif kind == "conv" and len(item) == 5 and len(shape) == 3 and not fc_seen:
+            out.append(_Conv(check_int("channels", item[1], minimum=1), check_int("kernel", item[2], minimum=1),
+                             check_int("stride", item[3], minimum=1), check_int("padding", item[4], minimum=0)))
+        else:
+            raise ValueError(f"layers item {item!r} is not allowed: expected ('conv', channels, kernel, stride, padding) "
+                             "before any ('fc', width), convolutions only on a (channels, height, width) input")
+    return shape, out
+
+
+def feedforward(
+    in_shape,
+    layers,
+    *,
+    norm: str = "bn",
+    phi: str | Activation = "relu",
+    gamma=1.0,
+    beta=0.0,
+    sigma_w2=2.0,
+    sigma_b2=0.5,
+    seed: int = 0,
+    dtype=None,
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+) -> nn.Sequential:
+    """A random network of the mean field ensemble: Conv2d/Linear layers, Norm → φ after all but the last.
+
+    The Fisher paper's networks (§3, Eqs. 11–16 and 26–28; :func:`bnlab.fisher.build_model` builds them
+    from its architecture specs through this function).  ``layers`` is a sequence of
+    ``("conv", channels, kernel, stride, padding)`` (first, on an input of shape (C, H, W)) and
+    ``("fc", width)``; an ``nn.Flatten`` precedes the first Linear layer after convolutions.  The
+    convolutions are built by the same conv-stack builder as :class:`FisherCNN` and :class:`BNPCNN`.
+    Each layer ℓ has W ~ N(0, σ_w,ℓ²/fan_in) and b ~ N(0, σ_b,ℓ²), drawn weight then bias, layer by
+    layer, from one ``torch.Generator`` seeded with ``seed``; each normalization has weight γ_ℓ and
+    bias β_ℓ.  ``gamma``, ``beta`` (one per hidden layer) and ``sigma_w2``, ``sigma_b2`` (one per
+    layer) are scalars or per-layer lists.  ``norm="none"`` leaves the norm layers out (no
+    ``nn.Identity``); φ is one ``ActivationModule`` per hidden layer, resolved once.
+
+    Refused before anything is allocated: parameters that need more than ``max_memory_bytes``
+    (default 1 GiB), and scales whose forward pass overflows ``dtype`` (any floating dtype; default
+    ``torch.get_default_dtype()``) however the data look — σ_w², σ_b² above √max and |γ|, |β| above
+    max^¼ (a normalization squares the pre-activations these scale).
+    """
+    from bnlab.nets.norms import NORMALIZATIONS, make_norm
+
+    shape, specs = _as_layers(in_shape, layers)
+    norm = check_choice("norm", canonical_value("norm", norm, NORM_ALIASES), NORMALIZATIONS)
+    seed = check_seed("seed", seed)
+    n_layers = len(specs)
+    if dtype is None:
+        dtype = torch.get_default_dtype()
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype!r} is not allowed: expected a floating torch.dtype such as torch.float64")
+    sw2 = [check_real("sigma_w2", v, minimum=0.0, strict_minimum=True) for v in per_layer("sigma_w2", sigma_w2, n_layers)]
+    sb2 = [check_real("sigma_b2", v, minimum=0.0) for v in per_layer("sigma_b2", sigma_b2, n_layers)]
+    gam = [check_real("gamma", v) for v in per_layer("gamma", gamma, n_layers - 1)]
+    bet = [check_real("beta", v) for v in per_layer("beta", beta, n_layers - 1)]
+    for name, values in (("sigma_w2", sw2), ("sigma_b2", sb2), ("gamma", gam), ("beta", bet)):
+        for v in values:
+            _check_scales(dtype, **{name: v})
+    convs = [s for s in specs if isinstance(s, _Conv)]
+    widths = specs[len(convs):]
+    n_params, (c, h, w) = (_conv_stack_size(shape, convs, in_shape, f"{len(convs)} convolutions") if convs
+                           else (0, (shape[0], 1, 1)))
+    fans = [c * h * w, *widths]
+    n_params += sum((a + 5) * b for a, b in zip(fans[:-1], fans[1:]))
+    _check_parameters(f"feedforward(in_shape={shape}, {n_layers} layers)", n_params,
+                      torch.empty((), dtype=dtype).element_size(), max_memory_bytes)
+
+    act = get_activation(phi)
+    _require_torch_phi(phi, act)
+    hidden_convs = convs if widths else convs[:-1]
+    mods, norms = _conv_stack(shape[0], hidden_convs, norm, lambda: ActivationModule(act), dtype, {},
+                              omit_identity=True)
+    if not widths:  # the last layer is a convolution: no Norm → φ after it
+        last = convs[-1]
+        mods.append(nn.Conv2d(hidden_convs[-1].channels if hidden_convs else shape[0], last.channels, last.kernel,
+                              stride=last.stride, padding=last.padding, dtype=dtype))
+    elif convs:
+        mods.append(nn.Flatten())
+    for i, (fan, width) in enumerate(zip(fans[:-1], fans[1:])):
+        mods.append(nn.Linear(fan, width, dtype=dtype))
+        if i == len(widths) - 1:
+            break
+        if norm != "none":
+            nrm = make_norm(norm, width, dims=1, dtype=dtype)
+            mods.append(nrm)
+            norms.append(nrm)
+        mods.append(ActivationModule(act))
+    gen = torch.Generator().manual_seed(seed)
+    lins = [m for m in mods if isinstance(m, (nn.Linear, nn.Conv2d))]
+    with torch.no_grad():
+        for lin, s_w2, s_b2 in zip(lins, sw2, sb2):
+            fan_in = math.prod(lin.weight.shape[1:])
+            # randn · scale, not normal_(0, std): the draws of the ensemble as first recorded (bit for bit)
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen, dtype=dtype) * math.sqrt(s_w2 / fan_in))
+            lin.bias.copy_(torch.randn(lin.bias.shape, generator=gen, dtype=dtype) * math.sqrt(s_b2))
+    _set_affineper_layer(norms, gam, bet, norm)
+    model = nn.Sequential(*mods)
+    model.norms = norms
+    return model
+
+
+def _set_affineper_layer(norms: list[nn.Module], gamma: list[float], beta: list[float], norm: str) -> None:
+    for layer, g, b in zip(norms, gamma, beta):
+        _set_affine([layer], g, b, norm)
 
 
 # ------------------------------------------------------------------------------- VGG / ResNet

@@ -18,7 +18,6 @@ Interpretations (the paper leaves these open; see also :mod:`bnlab.reproductions
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence
 
 import torch
@@ -161,9 +160,9 @@ def train_resnet(
         With ``model`` = ``"resnet<depth>"`` or ``"preact_resnet<depth>"`` and ``norm`` = ``method``.
     """
     from bnlab.data import RandomCropFlip, standardize
-    from bnlab.nets import resnet, train
+    from bnlab.nets import resnet
     from bnlab.optim.bnp import BNPreconditioner
-    from bnlab.optim.training import NetworkTrainingResult
+    from bnlab.optim.training import _train_and_record
 
     method = check_choice("method", method, RESNET_METHODS)
     if not isinstance(preact, bool):
@@ -214,10 +213,6 @@ def train_resnet(
     nkw = {"num_groups": num_groups} if base == "gn" else None
     net = resnet(depth, train_data.num_classes, norm=base, in_channels=train_data.image_shape[0], preact=preact,
                  init="gaussian", sigma_w2=2.0 * init_scale ** 2, norm_kwargs=nkw, seed=seed).to(device)
-    hooks = []
-    if method in ("bnp", "bnp_gn"):
-        pre = BNPreconditioner(net, rho=rho, eps1=eps1, eps2=eps2)
-        hooks.append(lambda _model: pre.step())
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
 
     def rate(step: int) -> float:
@@ -234,19 +229,8 @@ def train_resnet(
         set_rate(info.step + 1)
 
     transform = RandomCropFlip(padding=4, seed=seed) if augment else None
-    t0 = time.perf_counter()
-    res = train(net, train_data, optimizer=opt, batch_size=batch_size, epochs=epochs, test_data=test_data,
-                hooks=hooks, callbacks=[next_rate, *callbacks], eval_every_epoch=True, seed=seed, device=device,
-                transform=transform)
-    seconds = time.perf_counter() - t0
-    rows = [dict(r) for r in (res.epochs or [])]
-    done_epochs = res.steps / steps_per_epoch
-    if not rows or abs(rows[-1]["epoch"] - done_epochs) > 1e-9:
-        rows.append({"epoch": round(done_epochs, 6), "train_loss": res.final_train_loss,
-                     "test_accuracy": res.test_accuracy})
     model = f"{'preact_' if preact else ''}resnet{depth}"
-    return NetworkTrainingResult(
-        model=model, norm=method, dataset=name, batch_size=batch_size, learning_rate=lr, epochs_requested=epochs,
-        steps=res.steps, epochs=rows, test_accuracy=res.test_accuracy, final_train_loss=res.final_train_loss,
-        diverged=res.diverged, seconds=seconds, train_size=len(train_data), test_size=len(test_data), seed=seed,
-    )
+    return _train_and_record(net, train_data, test_data, model=model, norm=method, dataset=name, optimizer=opt,
+                             batch_size=batch_size, epochs=epochs, lr=lr, seed=seed, device=device,
+                             callbacks=[next_rate, *callbacks], bnp=dict(rho=rho, eps1=eps1, eps2=eps2),
+                             transform=transform)

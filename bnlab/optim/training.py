@@ -146,7 +146,6 @@ def train_network(
     ``max_memory_bytes`` (default 1 GiB; ``bnlab train --max-memory-gb``) before it is built.
     """
     from bnlab.data import load_dataset
-    from bnlab.nets import train
     from bnlab.optim.bnp import BNPreconditioner
 
     model = check_choice("model", model, TRAIN_MODELS)
@@ -201,19 +200,38 @@ def train_network(
 
     net = build_network(model, norm, tuple(train_data.x.shape[1:]), train_data.num_classes, widths=widths,
                         seed=seed, max_memory_bytes=max_memory_bytes)
-    hooks = []
-    if norm in ("bnp", "bnp_gn"):
-        net = net.to(device)
-        pre = BNPreconditioner(net, rho=rho, eps1=eps1, eps2=eps2, native=native)
-        hooks.append(lambda _model: pre.step())
 
     def make_optimizer(params):
         return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
+    return _train_and_record(net, train_data, test_data, model=model, norm=norm, dataset=dataset,
+                             optimizer=make_optimizer, batch_size=batch_size, epochs=epochs, lr=lr, seed=seed,
+                             device=device, callbacks=callbacks, bnp=dict(rho=rho, eps1=eps1, eps2=eps2, native=native))
+
+
+def _train_and_record(net, train_data, test_data, *, model: str, norm: str, dataset: str, optimizer, batch_size: int,
+                      epochs: float, lr: float, seed: int, device, callbacks: Sequence[Callable], bnp: dict,
+                      transform=None) -> NetworkTrainingResult:
+    """The one training driver under :func:`train_network` and :func:`~bnlab.optim.train_resnet`.
+
+    Moves ``net`` to ``device``; for ``norm`` ``"bnp"``/``"bnp_gn"`` attaches a
+    :class:`~bnlab.optim.BNPreconditioner` (``bnp``: its keyword arguments) stepped between
+    ``backward()`` and ``step()``; trains with :func:`bnlab.nets.train` (``optimizer``: an optimizer or
+    a factory, evaluation every epoch); and returns the per-epoch rows, closed by a row at the
+    fractional epoch count when training stopped mid-epoch.  Arguments are checked by the callers.
+    """
+    from bnlab.nets import train
+    from bnlab.optim.bnp import BNPreconditioner
+
+    net = net.to(device)
+    hooks = []
+    if norm in ("bnp", "bnp_gn"):
+        pre = BNPreconditioner(net, **bnp)
+        hooks.append(lambda _model: pre.step())
     t0 = time.perf_counter()
-    res = train(net, train_data, optimizer=make_optimizer, batch_size=batch_size, epochs=epochs,
-                test_data=test_data, hooks=hooks, callbacks=callbacks, eval_every_epoch=True, seed=seed,
-                device=device)
+    res = train(net, train_data, optimizer=optimizer, batch_size=batch_size, epochs=epochs, test_data=test_data,
+                hooks=hooks, callbacks=callbacks, eval_every_epoch=True, seed=seed, device=device,
+                transform=transform)
     seconds = time.perf_counter() - t0
     rows = [dict(r) for r in (res.epochs or [])]
     steps_per_epoch = len(train_data.y) // batch_size

@@ -73,13 +73,9 @@ def _by(records, **match):
 
 
 def _plot_theory(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
+    from bnlab.reproductions.plotting import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     for col, net in enumerate(_ARCHS):
         for formula, style in (("measured", "-"), ("paper", "--")):
@@ -100,10 +96,8 @@ def _plot_theory(records: Sequence[Record], outdir: Path) -> list[Path]:
             axes[row, col].legend(fontsize=7)
     fig.suptitle("Fisher paper Fig. 1: the bound and η* against γ (solid: corrected, dashed: as printed)")
     fig.tight_layout()
-    from bnlab.reproductions.plotting import save_figure
-
     # written beside its path and renamed: a link planted at the figure's name is never followed
-    return save_figure(fig, outdir, "fisher_fig1", formats=("png",), dpi=120, bbox_inches=None)
+    return save_figure(fig, outdir, "fisher_fig1", dpi=120, bbox_inches=None)
 
 
 def _crossing(records, net, formula):
@@ -223,13 +217,9 @@ def run_measure_cell(params: dict) -> dict:
 
 
 def _plot_measure(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
+    from bnlab.reproductions.plotting import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     done = [r for r in records if not r.metrics.get("skipped")]
     nets = sorted({r.params["net"] for r in done})
     fig, axes = plt.subplots(1, max(len(nets), 1), figsize=(5.5 * max(len(nets), 1), 4.2), squeeze=False)
@@ -252,10 +242,8 @@ def _plot_measure(records: Sequence[Record], outdir: Path) -> list[Path]:
         ax.legend(fontsize=6)
     fig.suptitle("Measured λmax (MNIST batch, matrix-free Lanczos) beside the mean-field bound")
     fig.tight_layout()
-    from bnlab.reproductions.plotting import save_figure
-
     # written beside its path and renamed: a link planted at the figure's name is never followed
-    return save_figure(fig, outdir, "fisher_lambda_measured", formats=("png",), dpi=120, bbox_inches=None)
+    return save_figure(fig, outdir, "fisher_lambda_measured", dpi=120, bbox_inches=None)
 
 
 def _compare_measure(records: Sequence[Record]) -> list[Comparison]:

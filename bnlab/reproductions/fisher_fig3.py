@@ -61,13 +61,11 @@ def _done(records: Sequence[Record]) -> list[Record]:
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
+    from bnlab.reproductions.plotting import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    from matplotlib.colors import LogNorm
 
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
     done = _done(records)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if done:
@@ -76,7 +74,7 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
         ys = np.arange(len(sws))
         z = np.array([[np.nan if v is None else v for v in r.metrics["test_loss"]] for r in done], dtype=float)
         mesh = ax.pcolormesh(etas, ys, np.ma.masked_invalid(z), shading="nearest", cmap="viridis",
-                             norm=matplotlib.colors.LogNorm())
+                             norm=LogNorm())
         fig.colorbar(mesh, ax=ax, label="test loss (white: explosion in ≥ 1 run)")
         ax.plot(np.log10([r.metrics["eta_star"] for r in done]), ys, "r-", label="η* (vanilla bound)")
         if all("eta_init" in r.metrics for r in done):
@@ -90,10 +88,8 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
         ax.set(xlabel="log10 η", ylabel="σ_w", title=f"Fig. 3: vanilla {done[0].params['arch']} on MNIST")
         ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
-    from bnlab.reproductions.plotting import save_figure
-
     # written beside its path and renamed: a link planted at the figure's name is never followed
-    return save_figure(fig, outdir, "fisher_fig3", formats=("png",), dpi=120, bbox_inches=None)
+    return save_figure(fig, outdir, "fisher_fig3", dpi=120, bbox_inches=None)
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:

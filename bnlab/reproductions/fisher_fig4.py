@@ -130,13 +130,9 @@ def _by_net_gamma(records: Sequence[Record]) -> dict:
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
-    import matplotlib
+    from bnlab.reproductions.plotting import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     groups = _by_net_gamma(records)
     fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(5 * max(len(groups), 1), 3.8), squeeze=False)
     for ax, (net, by_gamma) in zip(axes[0], sorted(groups.items())):
@@ -149,10 +145,8 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
                title=f"Fig. 4 stand-in: {net} ({_NETS.get(net, net)})")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    from bnlab.reproductions.plotting import save_figure
-
     # written beside its path and renamed: a link planted at the figure's name is never followed
-    return save_figure(fig, outdir, "fisher_fig4", formats=("png",), dpi=120, bbox_inches=None)
+    return save_figure(fig, outdir, "fisher_fig4", dpi=120, bbox_inches=None)
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:

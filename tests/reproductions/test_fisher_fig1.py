@@ -29,7 +29,7 @@ def test_theory_plot_and_compare_reproduce_the_papers_gamma_3(tmp_path):
     cells = [c for c in e.grid("small") if c["net"] == "fc"]
     recs = [Record(c, e.run_cell(c)) for c in cells]
     paths = e.plot(recs, tmp_path)
-    assert paths and all(p.exists() for p in paths)
+    assert [p.suffix for p in paths] == [".png", ".svg"] and all(p.exists() for p in paths)  # plotting.FORMATS
     rows = {r.quantity: r for r in e.compare(recs)}
     paper = rows["fc: γ below which BN lowers λ̄max (paper formula)"]
     assert paper.agrees is True and float(paper.bnlab) == pytest.approx(2.88, abs=0.05)
