@@ -71,9 +71,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from bnlab._validation import check_path
+    from bnlab._validation import atomic_output_path, check_path
     from bnlab.advice import DEFAULT_MAX_MEMORY_GB, advise, batch_for, load_model
 
     apply_data_dir(args)
@@ -91,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
                     max_memory_gb=max_gb,
                     progress=not args.quiet)
     if args.html is not None:
-        Path(args.html).write_text(advice.to_html(), encoding="utf-8")
+        # written beside the path and renamed over it: a link planted at --html is replaced, never followed
+        with atomic_output_path(args.html, name="--html") as tmp:
+            tmp.write_text(advice.to_html(), encoding="utf-8")
     if args.json:
         print_json(advice.to_dict())
     else:

@@ -50,6 +50,19 @@ def test_user_module_factory_file_and_html(tmp_path, capsys, monkeypatch):
     assert code == 0 and json.loads(out)["structure"]["model"] == "Sequential"
 
 
+def test_html_is_never_written_through_a_planted_link(tmp_path, capsys):
+    # the old code opened --html with Path.write_text, which follows a link planted at the path and
+    # overwrote the file it points to
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious\n")
+    html = tmp_path / "advice.html"
+    html.symlink_to(victim)
+    code, _, _ = _run(capsys, "advise", "--model", "mlp", "--depth", "2", "--width", "8", "--skip",
+                      "rank,batch_size,gradients", "--html", str(html), *SMALL)
+    assert code == 0 and victim.read_bytes() == b"precious\n"
+    assert not html.is_symlink() and html.read_text().startswith("<!DOCTYPE html>")
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--model", "nosuchmodule_xyz:build"], "importing 'nosuchmodule_xyz' failed"),
     (["--model", "json:nothing_here"], "has no callable 'nothing_here'"),
