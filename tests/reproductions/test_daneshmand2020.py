@@ -15,9 +15,11 @@ from bnlab.reproductions import daneshmand2020_fig1 as f1
 from bnlab.reproductions import daneshmand2020_fig4 as f4
 from bnlab.reproductions import daneshmand2020_fig5 as f5
 from bnlab.reproductions import daneshmand2020_fig6 as f6
+from bnlab.reproductions import daneshmand2020_fig89 as f89
+from bnlab.reproductions import daneshmand2020_pretrain as pre
 
 ALL = [f1.EXPERIMENTS[0], f2.EXPERIMENTS[0], f3.EXPERIMENTS[0], f3.EXPERIMENTS[1], l3.EXPERIMENTS[0],
-       f5.EXPERIMENTS[0], f6.EXPERIMENTS[0], f4.EXPERIMENTS[0]]
+       f5.EXPERIMENTS[0], f6.EXPERIMENTS[0], f4.EXPERIMENTS[0], *f89.EXPERIMENTS, *pre.EXPERIMENTS]
 
 
 def test_every_rank_reproduction_declares_a_paper_scale():
