@@ -75,6 +75,27 @@ def test_pretrain_checks():
     assert rows["r(H_L) preserved by SGD, pre-trained (T = 75 per layer) at its best step size (1 seed)"] is False
 
 
+def test_pretrain_beats_bn_is_not_judged_on_a_short_run():
+    """Under _JUDGE_BN_EPOCHS epochs the 'beats BN' row is shown, not judged; from there on it is judged."""
+    from bnlab.reproductions.daneshmand2020_pretrain import _JUDGE_BN_EPOCHS
+
+    e = get_experiment("daneshmand2020-pretrain-lr")
+    quantity = "pre-trained beats BN at depth 32, best step size each (1 seed)"
+
+    def recs(steps):
+        out = [_pretrain("vanilla", 1.0, [(0.01, 2.3, 1.0)]), _pretrain("pretrain25", 4.0, [(0.01, 0.9, 3.0)]),
+               _pretrain("bn", 7.0, [(0.01, 0.6, 7.0)])]
+        for r in out:
+            r.params.update(steps=steps, batch_size=64, n_train=64 * 100)
+        return out
+
+    short = {r.quantity: r for r in e.compare(recs(int(100 * _JUDGE_BN_EPOCHS) - 1))}
+    assert short[quantity].agrees is None and "not judged" in short[quantity].bnlab
+    assert short["pre-trained beats vanilla at depth 32, best step size each (1 seed)"].agrees is True
+    long = {r.quantity: r for r in e.compare(recs(int(100 * _JUDGE_BN_EPOCHS)))}
+    assert long[quantity].agrees is False and "not judged" not in long[quantity].bnlab
+
+
 def test_fisher_fig2_conv_checks():
     e = get_experiment("fisher-fig2-conv")
 
