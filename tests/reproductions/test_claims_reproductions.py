@@ -41,6 +41,29 @@ def test_lange_batch1_checks():
     assert rows["BN with 4 things below vanilla and BNP at mini-batch 1"] is False
 
 
+def test_lange_batch1_orderings_not_judged_on_a_short_run():
+    """Under _JUDGE_ORDER_STEPS steps of batch 1 the two orderings are shown, not judged; the refusals still are."""
+    from bnlab.reproductions.lange_small_batch import _JUDGE_ORDER_STEPS
+
+    e = get_experiment("lange-cnn-batch1")
+    refused = [Record(dict(norm=n, batch_size=1, seed=0), dict(trainable=False, reason="batch statistics need ≥ 2"))
+               for n in ("bn", "brn")]
+
+    def recs(train_size):
+        out = refused + _lange("none", 1, [0.30, 0.35, 0.32]) + _lange("bnp", 1, [0.82, 0.84, 0.86]) + \
+            _lange("bn4", 1, [0.15, 0.17, 0.16])
+        for r in out[2:]:
+            r.params["train_size"] = train_size
+        return out
+
+    short = {r.quantity: r for r in e.compare(recs(_JUDGE_ORDER_STEPS - 1))}
+    for q in ("BNP above vanilla at mini-batch 1", "BN with 4 things below vanilla and BNP at mini-batch 1"):
+        assert short[q].agrees is None and "not judged" in short[q].bnlab
+    assert short["BN at mini-batch 1 does not train"].agrees is True
+    long = {r.quantity: r.agrees for r in e.compare(recs(_JUDGE_ORDER_STEPS))}
+    assert all(long.values()), long
+
+
 def test_lange_min_batch_checks():
     e = get_experiment("lange-cnn-min-batch")
     recs = (_lange("bn", 2, [0.3, 0.3]) + _lange("bn", 3, [0.5, 0.5]) + _lange("bn", 4, [0.92, 0.9]) +
