@@ -8,8 +8,9 @@ convolutions of stride 2 with 30, 60, 90 channels and a fully connected output; 
 corrected ones in eval and in train mode (docs/fisher.md, errata E2–E4: the printed conv bound is 10²–10⁵ too
 large), and 2(1+μ)/λmax measured at initialization.
 
-Scales: ``small`` 5 000 MNIST images, 100 steps of batch 64, η = 10^(k/4) for k = −12 … 2, 1 seed, γ ∈
-{0.25, 1, 4} (≈ 40 s of CPU); ``paper`` 60 000 images, 5 epochs, 21 η, 5 seeds, 10 γ.
+Scales: ``small`` 5 000 MNIST images, 40 steps of batch 64, η = 10^(k/4) for k = −12 … 2, 1 seed, γ ∈
+{0.25, 4} (the two ends of the paper's γ range, whose boundaries lie two decades apart; sized for ``bnlab
+report``'s budget); ``paper`` 60 000 images, 5 epochs, 21 η, 5 seeds, 10 γ.
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ _PAPER = "Mean-field analysis of batch normalization (the Fisher paper), Fig. 2 
 _ARCH = "conv:1x28x28-c30k3s2-c60k3s2-c90k3s2-fc10"
 _MOMENTUM = 0.9
 _SCALES = {
-    "small": dict(arch=_ARCH, loss="mse", n_train=5_000, n_test=1_000, steps=100, batch=64,
-                  etas=quarter_decades(-12, 2), seeds=[0], gammas=[0.25, 1.0, 4.0]),
+    "small": dict(arch=_ARCH, loss="mse", n_train=5_000, n_test=1_000, steps=40, batch=64,
+                  etas=quarter_decades(-12, 2), seeds=[0], gammas=[0.25, 4.0]),
     "paper": dict(arch=_ARCH, loss="mse", n_train=60_000, n_test=10_000, steps=5 * 60_000 // 64, batch=64,
                   etas=quarter_decades(-16, 4), seeds=[0, 1, 2, 3, 4],
                   gammas=[round(float(g), 4) for g in np.geomspace(0.1, 5.0, 10)]),
@@ -159,7 +160,11 @@ EXPERIMENTS = [
         checks=[Check("η*", "agrees when η* / the explosion boundary lies in [0.5, 2] (one row per γ and formula: as "
                       "printed, corrected in eval mode, corrected in train mode); a row without a located boundary "
                       "is not judged")],
-        limitations="100 steps on 5 000 MNIST images and one seed (the paper: 5 epochs, 5 restarts); the boundary is "
-        "located to a factor 1.33 (η at 10^(1/4) spacing).",
+        limitations=f"Small scale: {_SCALES['small']['steps']} steps of batch {_SCALES['small']['batch']} on "
+        f"{_SCALES['small']['n_train']} MNIST images, one seed, γ ∈ "
+        f"{{{', '.join(f'{g:g}' for g in _SCALES['small']['gammas'])}}} (the paper: 5 epochs, 5 restarts, a γ range): "
+        "an η just above the limit, whose loss grows slowly, may not reach the explosion threshold in so few steps, "
+        "so the located boundary can sit one grid step high; the boundary is located to a factor 1.33 (η at "
+        "10^(1/4) spacing).",
     )
 ]

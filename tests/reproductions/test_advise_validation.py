@@ -1,7 +1,7 @@
 """advise-validation: the advice's verdicts against training, on networks with known outcomes.
 
-Each cell trains real networks on MNIST (skipped without it), so the expensive depth cell (two BN-MLPs, 400
-steps, ≈ 20 s of CPU) is marked slow; the others run in the default suite and must agree row for row.
+Each cell trains real networks on MNIST (skipped without it), so the expensive depth cell (two BN-MLPs, 200
+steps at small scale) is marked slow; the others run in the default suite and must agree row for row.
 """
 import pytest
 

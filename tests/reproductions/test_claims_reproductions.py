@@ -41,6 +41,29 @@ def test_lange_batch1_checks():
     assert rows["BN with 4 things below vanilla and BNP at mini-batch 1"] is False
 
 
+def test_lange_batch1_orderings_not_judged_on_a_short_run():
+    """Under _JUDGE_ORDER_STEPS steps of batch 1 the two orderings are shown, not judged; the refusals still are."""
+    from bnlab.reproductions.lange_small_batch import _JUDGE_ORDER_STEPS
+
+    e = get_experiment("lange-cnn-batch1")
+    refused = [Record(dict(norm=n, batch_size=1, seed=0), dict(trainable=False, reason="batch statistics need ≥ 2"))
+               for n in ("bn", "brn")]
+
+    def recs(train_size):
+        out = refused + _lange("none", 1, [0.30, 0.35, 0.32]) + _lange("bnp", 1, [0.82, 0.84, 0.86]) + \
+            _lange("bn4", 1, [0.15, 0.17, 0.16])
+        for r in out[2:]:
+            r.params["train_size"] = train_size
+        return out
+
+    short = {r.quantity: r for r in e.compare(recs(_JUDGE_ORDER_STEPS - 1))}
+    for q in ("BNP above vanilla at mini-batch 1", "BN with 4 things below vanilla and BNP at mini-batch 1"):
+        assert short[q].agrees is None and "not judged" in short[q].bnlab
+    assert short["BN at mini-batch 1 does not train"].agrees is True
+    long = {r.quantity: r.agrees for r in e.compare(recs(_JUDGE_ORDER_STEPS))}
+    assert all(long.values()), long
+
+
 def test_lange_min_batch_checks():
     e = get_experiment("lange-cnn-min-batch")
     recs = (_lange("bn", 2, [0.3, 0.3]) + _lange("bn", 3, [0.5, 0.5]) + _lange("bn", 4, [0.92, 0.9]) +
@@ -73,6 +96,27 @@ def test_pretrain_checks():
     rows = {r.quantity: r.agrees for r in e.compare(bad)}
     assert rows["pre-trained beats BN at depth 32, best step size each (1 seed)"] is False
     assert rows["r(H_L) preserved by SGD, pre-trained (T = 75 per layer) at its best step size (1 seed)"] is False
+
+
+def test_pretrain_beats_bn_is_not_judged_on_a_short_run():
+    """Under _JUDGE_BN_EPOCHS epochs the 'beats BN' row is shown, not judged; from there on it is judged."""
+    from bnlab.reproductions.daneshmand2020_pretrain import _JUDGE_BN_EPOCHS
+
+    e = get_experiment("daneshmand2020-pretrain-lr")
+    quantity = "pre-trained beats BN at depth 32, best step size each (1 seed)"
+
+    def recs(steps):
+        out = [_pretrain("vanilla", 1.0, [(0.01, 2.3, 1.0)]), _pretrain("pretrain25", 4.0, [(0.01, 0.9, 3.0)]),
+               _pretrain("bn", 7.0, [(0.01, 0.6, 7.0)])]
+        for r in out:
+            r.params.update(steps=steps, batch_size=64, n_train=64 * 100)
+        return out
+
+    short = {r.quantity: r for r in e.compare(recs(int(100 * _JUDGE_BN_EPOCHS) - 1))}
+    assert short[quantity].agrees is None and "not judged" in short[quantity].bnlab
+    assert short["pre-trained beats vanilla at depth 32, best step size each (1 seed)"].agrees is True
+    long = {r.quantity: r for r in e.compare(recs(int(100 * _JUDGE_BN_EPOCHS)))}
+    assert long[quantity].agrees is False and "not judged" not in long[quantity].bnlab
 
 
 def test_fisher_fig2_conv_checks():
