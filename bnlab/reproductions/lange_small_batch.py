@@ -17,7 +17,7 @@ moves the weights about as far at every B).  A batch size "works" when the final
 least 0.9 of the same method's accuracy at mini-batch 8.
 
 Both use MNIST (CIFAR-10 is not available offline; stated in the report).  ``small`` (sized for ``bnlab
-report``'s budget): 250 training images and seeds 0, 1, 2 (batch 1; BN and Batch Renorm, whose cells only
+report``'s budget): 500 training images and seeds 0, 1, 2 (batch 1; BN and Batch Renorm, whose cells only
 record the layer's refusal, at seed 0 alone) / 600 images and seed 0 (min-batch), 1 000 test images;
 ``paper``: the full data set, 5 epochs, 5 seeds.
 """
@@ -40,7 +40,7 @@ _PAPER = "Lange, Helfrich & Ye, Batch Normalization Preconditioning for Neural N
 BN4_WEIGHT_DECAY = 1e-4
 _LR_BATCH1 = {"none": 1e-3, "bnp": 0.1, "bn4": 1e-3}  # Table 3, 5-layer CNN, mini-batch 1
 _SCALES = {
-    "batch1": {"small": dict(train_size=250, test_size=1000, epochs=1, seeds=(0, 1, 2), refusal_seeds=(0,)),
+    "batch1": {"small": dict(train_size=500, test_size=1000, epochs=1, seeds=(0, 1, 2), refusal_seeds=(0,)),
                "paper": dict(train_size=None, test_size=None, epochs=5, seeds=(0, 1, 2, 3, 4))},
     "min_batch": {"small": dict(train_size=600, test_size=1000, epochs=1, seeds=(0,)),
                   "paper": dict(train_size=None, test_size=None, epochs=5, seeds=(0, 1, 2, 3, 4))},
