@@ -107,8 +107,9 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
             rows.append(Comparison(
                 f"α below 0.9 for d > 10, γ = {g:g}, d = {d} (L = {L})",
                 "α < 0.9 for d > 10 (Fig. 8); α < 1 (Lemma 10)",
-                f"α = {a:.4f} ± {se:.4f} (SE)" + ("" if judged else "; d ≤ 10: the figure makes no claim here"),
-                bool(a + 2 * se < _ALPHA_MAX) if judged else None))
+                f"α = {a:.4f} ± {se:.4f} (SE)",
+                bool(a + 2 * se < _ALPHA_MAX) if judged else None,
+                reason="" if judged else f"d = {d} ≤ {_D_MIN}: Fig. 8 makes no claim here"))
         alphas = [r.metrics["alpha"] for r in recs]
         ses = [r.metrics["alpha_stderr"] for r in recs]
         falls = all(a1 - a2 > 2 * math.hypot(s1, s2) for a1, a2, s1, s2 in zip(alphas, alphas[1:], ses, ses[1:]))
