@@ -124,69 +124,90 @@ def _is_batch_statistics_module(module) -> bool:
                                BatchRenorm1d, BatchRenorm2d))
 
 
-class _CurvatureOperator:
-    """The products v ↦ C v of one curvature matrix C on a fixed batch (torch tensors in, out)."""
-
-    def __init__(self, model, inputs, targets, curvature, loss, bn_mode, dtype):
-        torch = _torch()
-        from torch.func import functional_call
-
-        self.curvature = check_choice("curvature", curvature, CURVATURES)
-        self.loss = check_choice("loss", loss, LOSSES)
-        self.bn_mode = check_choice("bn_mode", bn_mode, BN_MODES)
-        if not isinstance(model, torch.nn.Module):
-            raise ValueError(f"model={type(model).__name__} is not allowed: expected a torch.nn.Module")
-        if not any(p.requires_grad for p in model.parameters()):
-            raise ValueError(
-                f"model={type(model).__name__} is not allowed: it has no parameters that require grad"
-            )
-        if not isinstance(inputs, torch.Tensor) or inputs.ndim < 1 or inputs.shape[0] < 1:
-            raise ValueError("inputs is not allowed: expected a tensor with a leading batch dimension >= 1")
-        if inputs.is_floating_point() and not bool(torch.isfinite(inputs).all()):
-            raise ValueError("inputs is not allowed: it contains NaN or infinite entries")
-        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                raise ValueError(
-                    f"model is not allowed: its parameter or buffer {name!r} contains NaN or infinite entries"
-                )
-        has_bn = any(_is_batchnorm(m) or _is_batch_statistics_module(m) for m in model.modules())
-        batch = int(inputs.shape[0])
-        if has_bn and self.bn_mode == "train" and batch < 2:
-            raise ValueError(
-                f"bn_mode='train' with a batch of {batch} is not allowed: BatchNorm's batch variance is "
-                "undefined for one sample; use a batch of >= 2 or bn_mode='eval'"
-            )
-        # the Fisher of Eq. 10 and the MSE GGN do not depend on the targets (ignored if given)
-        needs_targets = self.curvature in ("hessian", "empirical_fisher") or (
-            self.curvature == "ggn" and self.loss == "cross_entropy"
+def _check_model_and_inputs(model, inputs, bn_mode) -> int:
+    """The module (trainable, finite) and the batch (finite, B >= 1; B >= 2 for BN in train mode); returns B."""
+    torch = _torch()
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model={type(model).__name__} is not allowed: expected a torch.nn.Module")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            f"model={type(model).__name__} is not allowed: it has no parameters that require grad"
         )
-        if needs_targets and targets is None:
-            raise ValueError(f"curvature={self.curvature!r} with loss={self.loss!r} needs targets; got None")
+    if not isinstance(inputs, torch.Tensor) or inputs.ndim < 1 or inputs.shape[0] < 1:
+        raise ValueError("inputs is not allowed: expected a tensor with a leading batch dimension >= 1")
+    if inputs.is_floating_point() and not bool(torch.isfinite(inputs).all()):
+        raise ValueError("inputs is not allowed: it contains NaN or infinite entries")
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(
+                f"model is not allowed: its parameter or buffer {name!r} contains NaN or infinite entries"
+            )
+    has_bn = any(_is_batchnorm(m) or _is_batch_statistics_module(m) for m in model.modules())
+    batch = int(inputs.shape[0])
+    if has_bn and bn_mode == "train" and batch < 2:
+        raise ValueError(
+            f"bn_mode='train' with a batch of {batch} is not allowed: BatchNorm's batch variance is "
+            "undefined for one sample; use a batch of >= 2 or bn_mode='eval'"
+        )
+    return batch
 
-        work = copy.deepcopy(model)
-        ref = next(model.parameters())
-        self.dtype = dtype if dtype is not None else ref.dtype
-        work = work.to(dtype=self.dtype)
-        work.eval()
-        if self.bn_mode == "train":
-            for m in work.modules():
-                if _is_batchnorm(m):
-                    m.train()
-                    # batch statistics only, no running-statistics update in the copy
-                    m.track_running_stats = False
-                    m.running_mean = None
-                    m.running_var = None
-                    m.num_batches_tracked = None
+
+def _functional_copy(model, dtype, bn_mode):
+    """A deep copy in ``dtype`` in eval mode, its BN layers in train mode for ``bn_mode="train"``.
+
+    Returns the copy and the running-statistics buffers of bnlab's batch-statistics layers (by
+    qualified name) that each functional call must receive as fresh copies.
+    """
+    work = copy.deepcopy(model).to(dtype=dtype)
+    work.eval()
+    stat_buffers = {}
+    if bn_mode == "train":
+        for m in work.modules():
+            if _is_batchnorm(m):
+                m.train()
+                # batch statistics only, no running-statistics update in the copy
+                m.track_running_stats = False
+                m.running_mean = None
+                m.running_var = None
+                m.num_batches_tracked = None
         # bnlab's batch-statistics layers update their running statistics in place in train mode, which
         # torch.func refuses for a captured tensor; each call gets fresh copies of those buffers, made inside
         # the transformed function (the copy's own buffers are never changed, and every call sees the same)
-        stat_buffers = {}
-        if self.bn_mode == "train":
-            for prefix, m in work.named_modules():
-                if _is_batch_statistics_module(m):
-                    m.train()
-                    for n, b in m.named_buffers(prefix=prefix):
-                        stat_buffers[n] = b
+        for prefix, m in work.named_modules():
+            if _is_batch_statistics_module(m):
+                m.train()
+                for n, b in m.named_buffers(prefix=prefix):
+                    stat_buffers[n] = b
+    return work, stat_buffers
+
+
+class _CurvatureOperator:
+    """The products v ↦ C v of one curvature matrix C on a fixed batch (torch tensors in, out).
+
+    The shared setup of every curvature: validation, the functional copy of the module with its BN
+    layers in the requested mode, the flat <-> dict parameter maps and the target checks. One subclass
+    per curvature (as curvlinops has one ``LinearOperator`` per curvature) keeps the forward pass it
+    needs (:meth:`_linearize`), the quantities it precomputes (:meth:`_prepare`) and its product
+    (:meth:`matvec`); :func:`_operator_class` picks it once from the ``curvature`` and ``loss`` names.
+    """
+
+    curvature: str = ""
+    # the Fisher of Eq. 10 and the MSE GGN do not depend on the targets (ignored if given)
+    needs_targets: bool = True
+
+    def __init__(self, model, inputs, targets, loss, bn_mode, dtype):
+        torch = _torch()
+        from torch.func import functional_call
+
+        self.loss = check_choice("loss", loss, LOSSES)
+        self.bn_mode = check_choice("bn_mode", bn_mode, BN_MODES)
+        batch = _check_model_and_inputs(model, inputs, self.bn_mode)
+        if self.needs_targets and targets is None:
+            raise ValueError(f"curvature={self.curvature!r} with loss={self.loss!r} needs targets; got None")
+
+        ref = next(model.parameters())
+        self.dtype = dtype if dtype is not None else ref.dtype
+        work, stat_buffers = _functional_copy(model, self.dtype, self.bn_mode)
         self.module = work
         self.names = [n for n, p in work.named_parameters() if p.requires_grad]
         # the copy's own parameters, detached: ``work`` is private to this operator, so no second copy
@@ -212,49 +233,48 @@ class _CurvatureOperator:
         self._forward = forward
         self._check_forward(work, x, batch)
         # one forward pass, kept: the pullback (Fisher/GGN/EF) or the gradient graph (Hessian) reuse it
-        if self.curvature in ("fisher", "ggn", "empirical_fisher"):
-            out, self._pullback = torch.func.vjp(forward, self.primals)
-        else:
-            leaves = {n: p.detach().requires_grad_(True) for n, p in self.primals.items()}
-            with torch.enable_grad():
-                out = forward(leaves)
+        out = self._linearize()
         self.num_outputs = int(out.shape[1])
-        if targets is not None and needs_targets:
-            t = targets.detach().to(self.device)
-            if self.loss == "mse":
-                t = t.to(self.dtype).reshape(batch, -1)
-                if t.shape != out.shape:
-                    raise ValueError(f"targets shape {tuple(targets.shape)} does not match outputs {tuple(out.shape)}")
-                if not bool(torch.isfinite(t).all()):
-                    raise ValueError("targets are not allowed: they contain NaN or infinite entries")
-            else:
-                t = t.reshape(-1)
-                if t.is_floating_point() and not bool((torch.isfinite(t) & (t == t.round())).all()):
-                    # .long() would truncate 2.55 to class 2 silently
-                    raise ValueError("targets are not allowed: class indices must be integers (got fractional "
-                                     "or non-finite floats)")
-                t = t.long()
-                if t.shape[0] != batch or int(t.min()) < 0 or int(t.max()) >= self.num_outputs:
-                    raise ValueError(
-                        f"targets are not allowed: expected {batch} class indices in [0, {self.num_outputs})"
-                    )
-            self.targets = t
-        else:
-            self.targets = None
+        self.targets = self._check_targets(targets, out) if targets is not None and self.needs_targets else None
+        self._prepare(out)
 
-        if self.curvature in ("fisher", "ggn", "empirical_fisher"):
-            self._out = out.detach()
-            if self.loss == "cross_entropy":
-                self._probs = torch.softmax(self._out, dim=1)
-            if self.curvature == "empirical_fisher":
-                self._dloss = self._loss_output_grad(self._out)
-        else:
-            # reverse-over-reverse with the gradient's graph built once and retained: each
-            # Hessian-vector product is one backward pass through it (no new forward pass)
-            with torch.enable_grad():
-                loss = self._loss_value(out)
-                self._grads = torch.autograd.grad(loss, [leaves[n] for n in self.names], create_graph=True)
-            self._leaves = [leaves[n] for n in self.names]
+    # -- per-curvature hooks -------------------------------------------------------
+    def _linearize(self):
+        """The batch output (B, outputs) of the one forward pass the products reuse."""
+        raise NotImplementedError
+
+    def _prepare(self, out) -> None:
+        """What the products precompute from that output (after the targets are checked)."""
+        raise NotImplementedError
+
+    def matvec(self, flat):
+        """C v for a flat torch vector v (length num_params)."""
+        raise NotImplementedError
+
+    # -- validation ------------------------------------------------------------------
+    def _check_targets(self, targets, out):
+        """The targets as float (B, outputs) for MSE or as B class indices for cross-entropy."""
+        torch = _torch()
+        batch = self.batch_size
+        t = targets.detach().to(self.device)
+        if self.loss == "mse":
+            t = t.to(self.dtype).reshape(batch, -1)
+            if t.shape != out.shape:
+                raise ValueError(f"targets shape {tuple(targets.shape)} does not match outputs {tuple(out.shape)}")
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError("targets are not allowed: they contain NaN or infinite entries")
+            return t
+        t = t.reshape(-1)
+        if t.is_floating_point() and not bool((torch.isfinite(t) & (t == t.round())).all()):
+            # .long() would truncate 2.55 to class 2 silently
+            raise ValueError("targets are not allowed: class indices must be integers (got fractional "
+                             "or non-finite floats)")
+        t = t.long()
+        if t.shape[0] != batch or int(t.min()) < 0 or int(t.max()) >= self.num_outputs:
+            raise ValueError(
+                f"targets are not allowed: expected {batch} class indices in [0, {self.num_outputs})"
+            )
+        return t
 
     def _check_forward(self, work, x, batch) -> None:
         """One plain forward pass: the output is a finite (B, ...) tensor and no BN variance overflows.
@@ -328,29 +348,6 @@ class _CurvatureOperator:
         torch = _torch()
         return torch.cat([tree[n].reshape(-1) for n in self.names])
 
-    # -- the product -----------------------------------------------------------
-    def matvec(self, flat):
-        """C v for a flat torch vector v (length num_params)."""
-        torch = _torch()
-        self.matvecs += 1
-        tangent = self.unflatten(flat.to(device=self.device, dtype=self.dtype))
-        if self.curvature == "hessian":
-            hv = torch.autograd.grad(
-                self._grads, self._leaves, grad_outputs=[tangent[n] for n in self.names], retain_graph=True
-            )
-            return torch.cat([h.reshape(-1) for h in hv])
-        _, jv = torch.func.jvp(self._forward, (self.primals,), (tangent,))
-        if self.curvature == "fisher" or (self.curvature == "ggn" and self.loss == "mse"):
-            u = jv
-        elif self.curvature == "ggn":
-            p = self._probs
-            u = p * jv - p * (p * jv).sum(dim=1, keepdim=True)
-        else:  # empirical Fisher: Σ_b g_b ⟨g_b, v⟩ = Jᵀ (c_b ∇ℓ_b), c_b = ⟨∇ℓ_b, (J v)_b⟩
-            c = (self._dloss * jv).sum(dim=1, keepdim=True)
-            u = c * self._dloss
-        (g,) = self._pullback(u)
-        return self.flatten(g) / self.batch_size
-
     def param_blocks(self, blocks) -> dict[str, np.ndarray]:
         """Flat index arrays per block: ``"module"`` groups parameters by their owning module."""
         offsets = np.concatenate([[0], np.cumsum(self.sizes)])
@@ -371,6 +368,130 @@ class _CurvatureOperator:
                 f"blocks={blocks!r} is not allowed: expected None, 'module' or a dict name -> [param names]"
             )
         return {k: np.concatenate([index[n] for n in v]) for k, v in groups.items()}
+
+
+class _JacobianCurvature(_CurvatureOperator):
+    """C = (1/B) Jᵀ M J: J v by forward mode, M applied per sample in output space, Jᵀ u by the pullback."""
+
+    def _linearize(self):
+        out, self._pullback = _torch().func.vjp(self._forward, self.primals)
+        return out
+
+    def _prepare(self, out) -> None:
+        pass
+
+    def _output_product(self, jv):
+        """M (J v), (B, outputs) -> (B, outputs)."""
+        raise NotImplementedError
+
+    def matvec(self, flat):
+        """C v for a flat torch vector v (length num_params)."""
+        torch = _torch()
+        self.matvecs += 1
+        tangent = self.unflatten(flat.to(device=self.device, dtype=self.dtype))
+        _, jv = torch.func.jvp(self._forward, (self.primals,), (tangent,))
+        (g,) = self._pullback(self._output_product(jv))
+        return self.flatten(g) / self.batch_size
+
+
+class _FisherOperator(_JacobianCurvature):
+    """The Fisher I = (1/B) Jᵀ J of Eq. 10 of the Fisher paper (Gaussian conditional model): M = I."""
+
+    curvature = "fisher"
+    needs_targets = False
+
+    def _output_product(self, jv):
+        return jv
+
+
+class _MSEGGNOperator(_JacobianCurvature):
+    """The GGN of ℓ = ½‖f − y‖²: H_ℓ = I, so the same matrix as the Fisher of Eq. 10."""
+
+    curvature = "ggn"
+    needs_targets = False
+
+    def _output_product(self, jv):
+        return jv
+
+
+class _CrossEntropyGGNOperator(_JacobianCurvature):
+    """The GGN of softmax cross-entropy: M = diag(p) − ppᵀ per sample (the categorical model's Fisher)."""
+
+    curvature = "ggn"
+
+    def _prepare(self, out) -> None:
+        self._probs = _torch().softmax(out.detach(), dim=1)
+
+    def _output_product(self, jv):
+        p = self._probs
+        return p * jv - p * (p * jv).sum(dim=1, keepdim=True)
+
+
+class _EmpiricalFisherOperator(_JacobianCurvature):
+    """(1/B) Σ_b g_b g_bᵀ = (1/B) Jᵀ (c_b ∇_f ℓ_b), c_b = ⟨∇_f ℓ_b, (J v)_b⟩ (g_b through the coupled batch)."""
+
+    curvature = "empirical_fisher"
+
+    def _prepare(self, out) -> None:
+        self._dloss = self._loss_output_grad(out.detach())
+
+    def _output_product(self, jv):
+        c = (self._dloss * jv).sum(dim=1, keepdim=True)
+        return c * self._dloss
+
+
+class _HessianOperator(_CurvatureOperator):
+    """∇²_θ L by reverse-over-reverse through a gradient graph built once and retained."""
+
+    curvature = "hessian"
+
+    def _linearize(self):
+        torch = _torch()
+        leaves = {n: p.detach().requires_grad_(True) for n, p in self.primals.items()}
+        self._leaves = [leaves[n] for n in self.names]
+        with torch.enable_grad():
+            return self._forward(leaves)
+
+    def _prepare(self, out) -> None:
+        # each Hessian-vector product is then one backward pass through this graph (no new forward pass)
+        torch = _torch()
+        with torch.enable_grad():
+            loss = self._loss_value(out)
+            self._grads = torch.autograd.grad(loss, self._leaves, create_graph=True)
+
+    def matvec(self, flat):
+        """C v for a flat torch vector v (length num_params)."""
+        torch = _torch()
+        self.matvecs += 1
+        tangent = self.unflatten(flat.to(device=self.device, dtype=self.dtype))
+        hv = torch.autograd.grad(
+            self._grads, self._leaves, grad_outputs=[tangent[n] for n in self.names], retain_graph=True
+        )
+        return torch.cat([h.reshape(-1) for h in hv])
+
+
+# the one route from the names to the operator: (curvature, loss) -> class
+_OPERATOR_CLASSES = {
+    ("fisher", "mse"): _FisherOperator,
+    ("fisher", "cross_entropy"): _FisherOperator,
+    ("ggn", "mse"): _MSEGGNOperator,
+    ("ggn", "cross_entropy"): _CrossEntropyGGNOperator,
+    ("hessian", "mse"): _HessianOperator,
+    ("hessian", "cross_entropy"): _HessianOperator,
+    ("empirical_fisher", "mse"): _EmpiricalFisherOperator,
+    ("empirical_fisher", "cross_entropy"): _EmpiricalFisherOperator,
+}
+
+
+def _operator_class(curvature, loss):
+    """The :class:`_CurvatureOperator` subclass for ``curvature`` and ``loss`` (``ValueError`` for others)."""
+    curvature = check_choice("curvature", curvature, CURVATURES)
+    loss = check_choice("loss", loss, LOSSES)
+    return _OPERATOR_CLASSES[(curvature, loss)]
+
+
+def _make_curvature_operator(model, inputs, targets, curvature, loss, bn_mode, dtype):
+    return _operator_class(curvature, loss)(model, inputs, targets, loss, bn_mode, dtype)
 
 
 def _check_spectrum_memory(model, dtype, k, maxiter, method, want_vectors, max_memory_bytes) -> None:
@@ -413,7 +534,7 @@ def curvature_operator(
     from scipy.sparse.linalg import LinearOperator
 
     torch = _torch()
-    core = _CurvatureOperator(model, inputs, targets, curvature, loss, bn_mode, dtype)
+    core = _make_curvature_operator(model, inputs, targets, curvature, loss, bn_mode, dtype)
 
     def mv(v):
         t = torch.as_tensor(np.asarray(v, dtype=np.float64).reshape(-1))
