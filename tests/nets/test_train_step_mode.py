@@ -57,7 +57,7 @@ def _assert_same(a, b):
 @pytest.mark.slow
 @pytest.mark.parametrize("opt", [
     functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=1e-2),
-    functools.partial(torch.optim.Adam, lr=1e-3),
+    functools.partial(torch.optim.Adam, lr=1e-2),  # 1e-3 stays below 0.3 accuracy in 20 steps
 ], ids=["sgd-momentum-weight_decay", "adam"])
 def test_compiled_train_step_equals_eager(opt):
     eager = _train("eager", opt)
