@@ -319,6 +319,30 @@ def classify(case: Case, rc: int | None, out: str, err: str, maxrss: int | None)
     return "clean error" if case.names.lower() in (err + out).lower() else "unclear error"
 
 
+def wait_for_case(p: subprocess.Popen, timeout: float):
+    """Wait for a case's process (the leader of its own session) for at most ``timeout`` seconds.
+
+    Returns (exit code, resource usage), or (None, None) for a hang; a hang, or the driver itself
+    interrupted, ends the case's whole session.  ``os.wait4`` gives the peak resident memory."""
+    deadline = time.monotonic() + timeout
+    rc = rusage = None
+    try:
+        while True:
+            pid, status, rusage = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                rc = p.returncode = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                rusage = None
+                break
+            time.sleep(0.05)
+    finally:
+        if p.returncode is None:
+            os.killpg(p.pid, 9)
+            p.wait()
+    return rc, rusage
+
+
 def run_case(case: Case, root: Path, pythonpath: str, timeout: float = CASE_TIMEOUT) -> tuple[str, str]:
     """Run one case as ``python -m bnlab ...``; return (outcome, last line of stderr)."""
     env = dict(os.environ, PYTHONPATH=pythonpath, OMP_NUM_THREADS="1", BNLAB_RESULTS=str(root / "results"),
@@ -327,23 +351,7 @@ def run_case(case: Case, root: Path, pythonpath: str, timeout: float = CASE_TIME
     with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
         p = subprocess.Popen([sys.executable, "-m", "bnlab", *case.args(root)], stdout=fo, stderr=fe, env=env,
                              cwd=root, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        rusage = None
-        try:
-            while True:
-                pid, status, rusage = os.wait4(p.pid, os.WNOHANG)
-                if pid:
-                    rc = os.waitstatus_to_exitcode(status)
-                    p.returncode = rc
-                    break
-                if time.monotonic() > deadline:
-                    rc = None
-                    break
-                time.sleep(0.05)
-        finally:
-            if p.returncode is None:  # a hang, or the driver itself interrupted: end the case's session
-                os.killpg(p.pid, 9)
-                p.wait()
+        rc, rusage = wait_for_case(p, timeout)
         fo.seek(0)
         fe.seek(0)
         out, err = fo.read(), fe.read()

@@ -536,23 +536,7 @@ def run_case(case: Case, root: Path, pythonpath: str, timeout: float = CASE_TIME
             fi.write(stdin)
             fi.seek(0)
         p = subprocess.Popen(cmd, stdin=fi, stdout=fo, stderr=fe, env=env, cwd=root, preexec_fn=_limit_address_space)
-        deadline = time.monotonic() + timeout
-        rusage = None
-        try:
-            while True:
-                pid, status, rusage = os.wait4(p.pid, os.WNOHANG)
-                if pid:
-                    rc = os.waitstatus_to_exitcode(status)
-                    p.returncode = rc
-                    break
-                if time.monotonic() > deadline:
-                    rc = None
-                    break
-                time.sleep(0.05)
-        finally:
-            if p.returncode is None:
-                os.killpg(p.pid, 9)
-                p.wait()
+        rc, rusage = hc.wait_for_case(p, timeout)
         fo.seek(0)
         fe.seek(0)
         out, err = fo.read(), fe.read()
