@@ -275,13 +275,17 @@ def bsb1_fixed_point(phi, batch_size, *, method: str = "auto", n_samples: int | 
     method = check_choice("method", method, FIXED_POINT_METHODS)
     act = get_activation(phi)
     b = check_batch_size(batch_size)
+    if method == "iterate":
+        # not a quadrature of V_Bφ at a BSB1 Σ but a run of the dynamics from a random Σ⁰ (App. F.1)
+        return _iterate(act, b, seed)
     if method == "montecarlo":
         n_samples = 400_000 if n_samples is None else check_int("n_samples", n_samples, minimum=2)
     return _bsb1_fixed_point(act, b, method, n_samples, seed)
 
 
 def _bsb1_fixed_point(act, b: int, method: str = "auto", n_samples: int = 400_000, seed=None) -> BSB1FixedPoint:
-    """The kernel of :func:`bsb1_fixed_point`: φ resolved, B, the method and n_samples checked."""
+    """The kernel of :func:`bsb1_fixed_point`: φ resolved, B, the method and n_samples checked; V_Bφ of a BSB1 Σ
+    by ``method`` (any of :data:`FIXED_POINT_METHODS` but "iterate", which the public function runs itself)."""
     if method == "auto":
         if act.homogeneity is not None and act.homogeneous_coeffs is not None and act.homogeneity > 0:
             method = "closed"
@@ -299,9 +303,7 @@ def _bsb1_fixed_point(act, b: int, method: str = "auto", n_samples: int = 400_00
         return _fourier(act, b)
     if method == "laplace":
         return _laplace(act, b)
-    if method == "montecarlo":
-        return _montecarlo(act, b, n_samples, seed)
-    return _iterate(act, b, seed)
+    return _montecarlo(act, b, n_samples, seed)
 
 
 def iterate_batch_covariance(phi, Sigma0, depth, *, method: str = "auto", eps: float = 0.0, seed=None) -> np.ndarray:
