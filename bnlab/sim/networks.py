@@ -897,6 +897,8 @@ class _Passes:
 
 
 def _forward_passes(s: _NetworkSpec, x: torch.Tensor, gen, pre, record, record_layers: tuple) -> _Passes:
+    """The chunk's networks layer by layer from the inputs ``x``: h^l = a^{l−1} W^l + b^l (plus the residual
+    branch), Σ^l measured into the buffers, a^l = φ(γ·N(h^l) + β) (Yang et al. 2019, Eq. 7)."""
     n, k, b, width, depth = x.shape[0], s.num_batches, s.batch_size, s.width, s.depth
     # The per-layer measurements are B×B matrices written into buffers during the passes and reduced
     # after them, all layers at once: a layer then costs its products and a few elementwise passes,
