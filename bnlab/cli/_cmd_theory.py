@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from bnlab.cli._common import activation_from_args, add_phi_arguments, print_json, print_table
+from bnlab.cli._common import add_phi_arguments, phi_keywords, print_json, print_table
 
 _ROWS = (
     ("fixed_point_kind", "attracting fixed point (BSB1 or BSB2)"),
@@ -43,8 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from bnlab.theory.analyze import analyze
 
-    act = activation_from_args(args)
-    res = analyze(act, args.batch_size, eps=args.eps, sigma_w2=args.sigma_w2, method=args.method)
+    # φ goes in unresolved: analyze resolves it once (bnlab.activations.get_activation)
+    res = analyze(args.phi, args.batch_size, eps=args.eps, sigma_w2=args.sigma_w2, method=args.method,
+                  **phi_keywords(args))
     if args.json:
         print_json(res.to_dict())
         return 0

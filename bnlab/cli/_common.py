@@ -12,6 +12,7 @@ import numpy as np
 __all__ = [
     "add_phi_arguments",
     "activation_from_args",
+    "phi_keywords",
     "print_json",
     "print_table",
     "to_jsonable",
@@ -223,15 +224,19 @@ def add_phi_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--beta", type=float, default=0.0, help="pre-activation shift: phi(gamma*x + beta)")
 
 
+def phi_keywords(args: argparse.Namespace) -> dict:
+    """The keywords that, with ``args.phi``, name φ(γx + β): ``gamma``, ``beta`` and the family's given parameters.
+
+    For a command that hands φ unresolved to a public function, which resolves it once
+    (:func:`bnlab.activations.get_activation`)."""
+    params = {name: getattr(args, name) for name in ("alpha", "slope") if getattr(args, name) is not None}
+    return dict(gamma=args.gamma, beta=args.beta, **params)
+
+
 def activation_from_args(args: argparse.Namespace):
     from bnlab.activations import get_activation
 
-    params = {}
-    if args.alpha is not None:
-        params["alpha"] = args.alpha
-    if args.slope is not None:
-        params["slope"] = args.slope
-    return get_activation(args.phi, gamma=args.gamma, beta=args.beta, **params)
+    return get_activation(args.phi, **phi_keywords(args))
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -482,6 +482,35 @@ def simulate(
         )
     dev = resolve_device(device)
     dt = resolve_dtype(dtype)
+    _check_normalization_defined(normalization, batch_size, eps, bn_gamma, depth, dt)
+    fixed_inputs, k, d0 = _checked_inputs(inputs, input_dim, normalization=normalization, batch_size=batch_size, k=k,
+                                          width=width, depth=depth, eps=eps, dt=dt, dev=dev)
+    spec = _NetworkSpec(
+        act=act, batch_size=batch_size, num_batches=k, width=width, depth=depth, input_dim=d0,
+        normalization=normalization, init=init, eps=eps, sigma_w2=sigma_w2, sigma_b2=sigma_b2, bn_gamma=bn_gamma,
+        bn_beta=bn_beta, residual_scale=residual_scale, input_correlation=rho0, fixed_inputs=fixed_inputs,
+        grads=bool(measure_gradients), device=dev, dtype=dt,
+    )
+    config = dict(
+        phi=act.to_config() if act.name != "callable" else act.spec,
+        batch_size=batch_size, width=width, depth=depth, networks=networks, norm=normalization,
+        init=init, eps=eps, sigma_w2=sigma_w2, sigma_b2=sigma_b2, bn_gamma=bn_gamma, bn_beta=bn_beta,
+        residual_scale=residual_scale, num_batches=k, input_correlation=rho0, input_dim=d0,
+        fixed_inputs=fixed_inputs is not None, measure_gradients=spec.grads, seed=seed,
+        device=str(dev), dtype=str(dt).replace("torch.", ""),
+    )
+    if weight_sampling == "conditional" and _trace is not None:
+        raise ValueError("_trace records explicit weights: use weight_sampling='explicit'")
+    spec, per_network = _with_weight_route(spec, weight_sampling, max_memory_bytes, _trace is not None, _predraw_weights)
+    config["weight_sampling"] = "conditional" if spec.conditional else "explicit"
+    _check_memory(spec, per_network, networks, max_memory_bytes)
+    parts = _run_chunks(spec, networks, seed, per_network, max_memory_bytes, _trace, record_layers)
+    return _ensemble_result(parts, networks, config)
+
+
+def _check_normalization_defined(normalization: str, batch_size: int, eps: float, bn_gamma: float, depth: int,
+                                 dt: torch.dtype) -> None:
+    """Refuse arguments for which batch normalization would divide by zero or overflow (Yang et al. 2019, Eq. 7)."""
     # B·ε must be finite in the normalization √(‖Gh‖² + Bε) (Yang et al. 2019, Eq. 7), with room for the
     # sum of squares beside it (the theory's own bound: bnlab.theory refuses the same ε)
     eps_max = float(torch.finfo(dt).max) / (batch_size * 1e8)
@@ -500,88 +529,86 @@ def simulate(
             "sample of a batch would be identical after layer 1 and batch normalization divides by "
             "their zero spread; use eps > 0 or bn_gamma != 0"
         )
-    fixed_inputs = None
-    if inputs is not None:
-        arr = np.asarray(inputs, dtype=np.float64)
-        if arr.ndim == 2:
-            arr = arr[None]
-        if arr.ndim != 3 or arr.shape[1] != batch_size or not np.all(np.isfinite(arr)):
-            raise ValueError(
-                f"inputs is not allowed: expected a finite (B, d) or (k, B, d) array with B={batch_size}, "
-                f"got shape {np.shape(inputs)}"
-            )
-        if normalization == "bn" and eps == 0.0 and depth >= 2 and np.any(np.ptp(arr, axis=1).max(-1) == 0):
-            raise ValueError(
-                "inputs is not allowed: a batch whose samples are all identical has zero spread, and "
-                "batch normalization with eps=0 would divide by it; use distinct samples or eps > 0"
-            )
-        if arr.shape[0] != k:
-            if arr.shape[0] == 1:
-                raise ValueError(f"inputs is not allowed: it has 1 batch but num_batches={k}")
-            k = arr.shape[0]
-        fixed_inputs = torch.as_tensor(arr, dtype=dt, device=dev)
-        d0 = arr.shape[2]
-    else:
-        d0 = width if input_dim is None else check_int("input_dim", input_dim, minimum=1)
-    config = dict(
-        phi=act.to_config() if act.name != "callable" else act.spec,
-        batch_size=batch_size, width=width, depth=depth, networks=networks, norm=normalization,
-        init=init, eps=eps, sigma_w2=sigma_w2, sigma_b2=sigma_b2, bn_gamma=bn_gamma, bn_beta=bn_beta,
-        residual_scale=residual_scale, num_batches=k, input_correlation=rho0, input_dim=d0,
-        fixed_inputs=fixed_inputs is not None, measure_gradients=bool(measure_gradients), seed=seed,
-        device=str(dev), dtype=str(dt).replace("torch.", ""),
-    )
 
-    itemsize = torch.finfo(dt).bits // 8
-    rows = k * batch_size
-    grads = bool(measure_gradients)
-    if weight_sampling == "conditional" and _trace is not None:
-        raise ValueError("_trace records explicit weights: use weight_sampling='explicit'")
+
+def _checked_inputs(inputs, input_dim, *, normalization: str, batch_size: int, k: int, width: int, depth: int,
+                    eps: float, dt: torch.dtype, dev: torch.device):
+    """(the fixed inputs as a (k, B, d) tensor or None, the number of batches k, the input dimension d).
+
+    Fixed inputs set k (an array of one batch with ``num_batches`` ≥ 2 is refused) and d; without them
+    d is ``input_dim`` (default: ``width``)."""
+    if inputs is None:
+        return None, k, width if input_dim is None else check_int("input_dim", input_dim, minimum=1)
+    arr = np.asarray(inputs, dtype=np.float64)
+    if arr.ndim == 2:
+        arr = arr[None]
+    if arr.ndim != 3 or arr.shape[1] != batch_size or not np.all(np.isfinite(arr)):
+        raise ValueError(
+            f"inputs is not allowed: expected a finite (B, d) or (k, B, d) array with B={batch_size}, "
+            f"got shape {np.shape(inputs)}"
+        )
+    if normalization == "bn" and eps == 0.0 and depth >= 2 and np.any(np.ptp(arr, axis=1).max(-1) == 0):
+        raise ValueError(
+            "inputs is not allowed: a batch whose samples are all identical has zero spread, and "
+            "batch normalization with eps=0 would divide by it; use distinct samples or eps > 0"
+        )
+    if arr.shape[0] != k:
+        if arr.shape[0] == 1:
+            raise ValueError(f"inputs is not allowed: it has 1 batch but num_batches={k}")
+        k = arr.shape[0]
+    return torch.as_tensor(arr, dtype=dt, device=dev), k, arr.shape[2]
+
+
+def _with_weight_route(spec: "_NetworkSpec", requested: str, max_memory_bytes: int, traced: bool,
+                       predraw_weights: bool | None) -> tuple["_NetworkSpec", int]:
+    """``spec`` with its weight route (conditional or explicit, drawn up front or layer by layer) chosen,
+    and one network's working memory (bytes) on that route."""
+    itemsize = torch.finfo(spec.dtype).bits // 8
     # explicit Gaussian weights on an accelerator, kept for the backward pass anyway: drawn up front
     # (one draw per network, not one per network and layer: _Predrawn)
-    predraw = _predraw_weights if _predraw_weights is not None else dev.type != "cpu"
-    predraw_route = {route: bool(predraw and grads and route == "explicit" and init == "gaussian")
+    predraw = predraw_weights if predraw_weights is not None else spec.device.type != "cpu"
+    predraw_route = {route: bool(predraw and spec.grads and route == "explicit" and spec.init == "gaussian")
                      for route in ("explicit", "conditional")}
-    sizes = dict(b=batch_size, k=k, width=width, depth=depth, d0=d0, grads=grads, itemsize=itemsize)
+    sizes = dict(b=spec.batch_size, k=spec.num_batches, width=spec.width, depth=spec.depth, d0=spec.input_dim,
+                 grads=spec.grads, itemsize=itemsize)
     per_route = {route: _network_bytes(route == "conditional", predraw_route[route], **sizes)
                  for route in ("explicit", "conditional")}
-    weight_sampling = _choose_weight_sampling(
-        weight_sampling, init, rows, width, dev.type, traced=_trace is not None,
-        fits={route: per_route[route] <= max_memory_bytes for route in per_route},
+    route = _choose_weight_sampling(
+        requested, spec.init, spec.rows, spec.width, spec.device.type, traced=traced,
+        fits={r: per_route[r] <= max_memory_bytes for r in per_route},
     )
-    config["weight_sampling"] = weight_sampling
-    conditional = weight_sampling == "conditional"
-    predraw = predraw_route[weight_sampling]
-    per_network = per_route[weight_sampling]
+    return replace(spec, conditional=route == "conditional", predraw=predraw_route[route]), per_route[route]
+
+
+def _run_chunks(spec: "_NetworkSpec", networks: int, seed: int, per_network: int, max_memory_bytes: int,
+                trace: list | None, record_layers: tuple) -> list[dict]:
+    """Simulate the networks in chunks below ``max_memory_bytes``; the chunks' results in network order."""
     # On a multi-core CPU, chunks of networks run concurrently, one per thread with one intra-op
     # thread each: the simulator's many mid-size operations (BN/φ passes, QRs, measurements)
     # scale poorly with intra-op threads, independent networks scale perfectly.  Results do not
     # change: every network has its own generator (chunking invariance, tests/sim).
-    _check_memory(per_network, networks, depth, batch_size, k, width, d0, max_memory_bytes,
-                  conditional, grads, itemsize)
     threads = torch.get_num_threads()
-    workers = min(threads, networks) if dev.type == "cpu" and _trace is None else 1
+    workers = min(threads, networks) if spec.device.type == "cpu" and trace is None else 1
     chunk = max(1, min(-(-networks // workers), max_memory_bytes // (per_network * workers)))
 
     def run_chunk(ci_start):
         ci, start = ci_start
         n = min(chunk, networks - start)
-        gen = _network_generators(seed, start, n, dev)
-        return _simulate_chunk(
-            act, n, batch_size, k, width, depth, d0, normalization, init, eps, sigma_w2, sigma_b2,
-            bn_gamma, bn_beta, residual_scale, rho0, fixed_inputs, grads, gen, dev, dt,
-            _trace, record_layers if ci == 0 else (), conditional, predraw,
-        )
+        gen = _network_generators(seed, start, n, spec.device)
+        return _simulate_chunk(spec, n, gen, trace, record_layers if ci == 0 else ())
 
     starts = list(enumerate(range(0, networks, chunk)))
     if workers > 1 and len(starts) > 1:
         torch.set_num_threads(1)  # process-wide for the duration; restored below
         try:
-            parts = list(_thread_pool(workers, "chunks").map(run_chunk, starts))
+            return list(_thread_pool(workers, "chunks").map(run_chunk, starts))
         finally:
             torch.set_num_threads(threads)
-    else:
-        parts = [run_chunk(cs) for cs in starts]
+    return [run_chunk(cs) for cs in starts]
+
+
+def _ensemble_result(parts: list[dict], networks: int, config: dict) -> EnsembleResult:
+    """The chunks' results joined (in network order) and checked into one :class:`EnsembleResult`."""
     cat = {
         key: np.concatenate([p[key] for p in parts])
         for key in parts[0]
@@ -670,18 +697,19 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.3g} GiB"
 
 
-def _check_memory(per_network, networks, depth, b, k, width, d0, max_memory_bytes, conditional, grads, itemsize):
+def _check_memory(spec: "_NetworkSpec", per_network: int, networks: int, max_memory_bytes: int) -> None:
     """Refuse, before allocating anything, a simulation that cannot fit ``max_memory_bytes``.
 
     Two parts must fit: one network's working memory (networks are processed in chunks,
     but a single network is indivisible) and the results of all networks (per-layer
     statistics and the final B×B covariances, float64).
     """
-    sizes = (f"width={width}, depth={depth}, batch_size={b}, num_batches={k}"
+    width, depth, b, d0 = spec.width, spec.depth, spec.batch_size, spec.input_dim
+    sizes = (f"width={width}, depth={depth}, batch_size={b}, num_batches={spec.num_batches}"
              + (f", input_dim={d0}" if d0 != width else ""))
     limit = f"max_memory_bytes={max_memory_bytes} ({_gib(max_memory_bytes)}; bnlab simulate --max-memory-gb)"
     if per_network > max_memory_bytes:
-        what = "weights and activations kept for the backward pass" if grads else "weights and activations"
+        what = "weights and activations kept for the backward pass" if spec.grads else "weights and activations"
         raise ValueError(
             f"one network with {sizes} needs about {_gib(per_network)} of working memory ({what}), more than "
             f"{limit}; reduce width, depth, batch_size or num_batches, or raise the bound"
@@ -777,132 +805,216 @@ class _Predrawn:
             bias.mul_(math.sqrt(sigma_b2))
 
 
-def _simulate_chunk(
-    act, n, b, k, width, depth, d0, normalization, init, eps, sigma_w2, sigma_b2, bn_gamma, bn_beta,
-    residual_scale, rho0, fixed_inputs, grads, gen, dev, dt, trace, record_layers, conditional, predraw=False,
-) -> dict:
-    rows = k * b
-    pre = (_Predrawn(gen, n, dev, k=k, b=b, width=width, depth=depth, d0=d0, sigma_w2=sigma_w2, sigma_b2=sigma_b2,
-                     inputs=fixed_inputs is None, readout=grads).parts if predraw else None)
-    if fixed_inputs is not None:
-        x = fixed_inputs.reshape(1, rows, d0).expand(n, rows, d0).contiguous()
-    else:
-        if pre is not None:
-            z = pre["inputs"][0].to(dt)
-        else:
-            z = fill_(torch.empty((n, k, b, d0), dtype=torch.float32, device=dev), gen, "normal").to(dt)
-        if k > 1:
-            z[:, 1:] = rho0 * z[:, :1] + math.sqrt(max(0.0, 1.0 - rho0 * rho0)) * z[:, 1:]
-        x = z.reshape(n, rows, d0)
-    record = {"inputs": x.detach().clone(), "weights": [], "biases": []} if trace is not None else None
+@dataclass(frozen=True)
+class _NetworkSpec:
+    """What every network of one :func:`simulate` call shares, checked: φ, the shapes, the laws of the
+    inputs and weights, the normalization, and the route and place of the computation.  Each chunk of
+    networks is simulated from it (:func:`_simulate_chunk`)."""
 
+    act: Any
+    batch_size: int
+    num_batches: int
+    width: int
+    depth: int
+    input_dim: int
+    normalization: str
+    init: str
+    eps: float
+    sigma_w2: float
+    sigma_b2: float
+    bn_gamma: float
+    bn_beta: float
+    residual_scale: float | None
+    input_correlation: float
+    #: (k, B, d) inputs shared by all networks, or None for random ones
+    fixed_inputs: torch.Tensor | None
+    #: whether the readout loss is backpropagated (gradient norms measured)
+    grads: bool
+    device: torch.device
+    dtype: torch.dtype
+    #: weights sampled from their conditional law (:mod:`bnlab.sim.conditional`), not drawn explicitly
+    conditional: bool = False
+    #: every normal number of a network drawn up front (:class:`_Predrawn`)
+    predraw: bool = False
+
+    @property
+    def rows(self) -> int:
+        """k·B: the rows of a layer's input, all batches stacked."""
+        return self.num_batches * self.batch_size
+
+
+def _simulate_chunk(spec: _NetworkSpec, n: int, gen: list[torch.Generator], trace: list | None,
+                    record_layers: tuple) -> dict:
+    """``n`` networks (one generator each in ``gen``) forward and, with ``spec.grads``, backward: their
+    per-layer statistics (:func:`_covariance_statistics`, the gradient norms ``g``, ``wg``) as NumPy arrays,
+    ``hidden`` the recorded pre-activations of the first network.  Appends the drawn weights to ``trace``."""
+    s = spec
+    pre = (_Predrawn(gen, n, s.device, k=s.num_batches, b=s.batch_size, width=s.width, depth=s.depth,
+                     d0=s.input_dim, sigma_w2=s.sigma_w2, sigma_b2=s.sigma_b2, inputs=s.fixed_inputs is None,
+                     readout=s.grads).parts if s.predraw else None)
+    x = _chunk_inputs(s, n, gen, pre)
+    record = {"inputs": x.detach().clone(), "weights": [], "biases": []} if trace is not None else None
+    passes = _forward_passes(s, x, gen, pre, record, record_layers)
+    out = _covariance_statistics(passes.covs, passes.cross, s.width)
+    if s.grads:
+        out["g"], out["wg"] = _gradient_norms(s, passes, gen, pre, record)
+    if record is not None:
+        trace.append(record)
+    out = {key: (None if val is None else val.detach().cpu().numpy()) for key, val in out.items()}
+    out["hidden"] = passes.hidden
+    return out
+
+
+def _chunk_inputs(s: _NetworkSpec, n: int, gen, pre) -> torch.Tensor:
+    """The (n, k·B, d) inputs of the chunk's networks: the fixed inputs, or standard normal batches of which
+    batches 1 … k−1 have correlation ρ₀ (``input_correlation``) with batch 0."""
+    rows, d0 = s.rows, s.input_dim
+    if s.fixed_inputs is not None:
+        return s.fixed_inputs.reshape(1, rows, d0).expand(n, rows, d0).contiguous()
+    if pre is not None:
+        z = pre["inputs"][0].to(s.dtype)
+    else:
+        z = fill_(torch.empty((n, s.num_batches, s.batch_size, d0), dtype=torch.float32, device=s.device),
+                  gen, "normal").to(s.dtype)
+    if s.num_batches > 1:
+        rho0 = s.input_correlation
+        z[:, 1:] = rho0 * z[:, :1] + math.sqrt(max(0.0, 1.0 - rho0 * rho0)) * z[:, 1:]
+    return z.reshape(n, rows, d0)
+
+
+@dataclass
+class _Passes:
+    """What the forward passes of a chunk leave: the per-layer B×B measurement buffers (Σ^l of every batch;
+    batch 0 against the others, or None for k = 1), and for the backward pass the pre-activations ``hs``,
+    the layers' inputs ``ins`` and the conditional layers' Gram matrices; ``hidden`` the recorded h^l."""
+
+    covs: torch.Tensor
+    cross: torch.Tensor | None
+    hs: list
+    ins: list
+    layer_grams: list
+    hidden: dict
+
+
+def _forward_passes(s: _NetworkSpec, x: torch.Tensor, gen, pre, record, record_layers: tuple) -> _Passes:
+    """The chunk's networks layer by layer from the inputs ``x``: h^l = a^{l−1} W^l + b^l (plus the residual
+    branch), Σ^l measured into the buffers, a^l = φ(γ·N(h^l) + β) (Yang et al. 2019, Eq. 7)."""
+    n, k, b, width, depth = x.shape[0], s.num_batches, s.batch_size, s.width, s.depth
     # The per-layer measurements are B×B matrices written into buffers during the passes and reduced
     # after them, all layers at once: a layer then costs its products and a few elementwise passes,
     # not ~40 small reductions (on a GPU, ~40 kernel launches, each longer than the kernel).
-    covs = torch.empty((depth, n, k, b, b), dtype=dt, device=dev)  # Σ^l of every batch
-    cross = torch.empty((depth, n, b, (k - 1) * b), dtype=dt, device=dev) if k > 1 else None  # H₀ H_jᵀ
+    covs = torch.empty((depth, n, k, b, b), dtype=s.dtype, device=s.device)  # Σ^l of every batch
+    cross = torch.empty((depth, n, b, (k - 1) * b), dtype=s.dtype, device=s.device) if k > 1 else None  # H₀ H_jᵀ
     # conditional layers hand over the Gram matrices a aᵀ and δ δᵀ of their factorizations, which
     # the weight-gradient measurement needs (saves two O(rows²·N) products per layer)
-    layer_grams = [{} if (conditional and grads) else None for _ in range(depth)]
-    hs, ins = [], []
-    hidden = {}
-    with torch.set_grad_enabled(grads):
+    passes = _Passes(covs, cross, [], [], [{} if (s.conditional and s.grads) else None for _ in range(depth)], {})
+    with torch.set_grad_enabled(s.grads):
         a = x
         h_prev = None
         for layer in range(depth):
-            d_in = d0 if layer == 0 else width
-            if conditional:
-                w = None
-                # the output feeds only the next layer's mean-subtracting BN (no skip, not the
-                # readout): δ sums to zero per batch, a null space the layer need not factor
-                mean_free = normalization == "bn" and residual_scale is None and layer < depth - 1
-                h = conditional_gaussian_layer(a, width, sigma_w2, gen, grams=layer_grams[layer],
-                                               mean_free_batch=b if mean_free else None)
-            else:
-                if pre is not None:
-                    w = pre["weights"][layer].to(dt)
-                else:
-                    w = _draw(init, n, d_in, width, sigma_w2, gen, dt, dev)
-                h = torch.bmm(a, w)
-            bias = None
-            if sigma_b2 > 0:
-                if pre is not None:
-                    bias = pre["biases"][layer].to(dt)
-                else:
-                    bias = torch.empty((n, 1, width), dtype=torch.float32, device=dev)
-                    bias = fill_(bias, gen, "normal", 0.0, math.sqrt(sigma_b2)).to(dt)
-                h = h + bias
-            if record is not None:
-                record["weights"].append(w.detach().clone())
-                record["biases"].append(None if bias is None else bias.detach().clone())
-            if residual_scale is not None and h_prev is not None:
-                h = h_prev + residual_scale * h
-            if grads and layer == 0:
+            h = _preactivation(s, a, layer, gen, pre, passes.layer_grams[layer], record)
+            if s.residual_scale is not None and h_prev is not None:
+                h = h_prev + s.residual_scale * h
+            if s.grads and layer == 0:
                 h.requires_grad_(True)  # the graph starts at h^1 (the inputs need no gradient)
-            hs.append(h)
-            ins.append(a)
+            passes.hs.append(h)
+            passes.ins.append(a)
             # ---- measurements of Σ^l (no autograd): into the buffers, reduced after the loop ----
             hd = h.detach().view(n, k, b, width)
             if layer + 1 in record_layers:
-                hidden[layer + 1] = hd[0].to(torch.float64).cpu().numpy().copy()
+                passes.hidden[layer + 1] = hd[0].to(torch.float64).cpu().numpy().copy()
             gram(hd, out=covs[layer]).div_(width)  # Σ = H Hᵀ/N (measure.batch_covariance)
             if k > 1:
                 # batch 0 against all k batches in one bmm (a broadcast matmul would copy batch 0 k−1 times)
                 torch.bmm(hd[:, 0], h.detach()[:, b:].transpose(1, 2), out=cross[layer])
             if layer == depth - 1:
                 break
-            u = h if normalization == "none" else _normalize(h, k, normalization, eps)
-            if normalization != "none" and (bn_gamma != 1.0 or bn_beta != 0.0):
-                u = bn_gamma * u + bn_beta
-            a = act.torch(u)
-            h_prev = h if residual_scale is not None else None
-            if not grads:
-                hs.clear()
-                ins.clear()
+            u = h if s.normalization == "none" else _normalize(h, k, s.normalization, s.eps)
+            if s.normalization != "none" and (s.bn_gamma != 1.0 or s.bn_beta != 0.0):
+                u = s.bn_gamma * u + s.bn_beta
+            a = s.act.torch(u)
+            h_prev = h if s.residual_scale is not None else None
+            if not s.grads:
+                passes.hs.clear()
+                passes.ins.clear()
+    return passes
 
-    out = _covariance_statistics(covs, cross, width)
-    if grads:
+
+def _preactivation(s: _NetworkSpec, a: torch.Tensor, layer: int, gen, pre, grams: dict | None, record) -> torch.Tensor:
+    """a W + b of one layer (before the residual branch), with W explicit or sampled from its conditional law."""
+    n = a.shape[0]
+    w = None
+    if s.conditional:
+        # the output feeds only the next layer's mean-subtracting BN (no skip, not the
+        # readout): δ sums to zero per batch, a null space the layer need not factor
+        mean_free = s.normalization == "bn" and s.residual_scale is None and layer < s.depth - 1
+        h = conditional_gaussian_layer(a, s.width, s.sigma_w2, gen, grams=grams,
+                                       mean_free_batch=s.batch_size if mean_free else None)
+    else:
         if pre is not None:
-            v = pre["readout"][0].to(dt)
+            w = pre["weights"][layer].to(s.dtype)
         else:
-            v = fill_(torch.empty((n, rows, width), dtype=torch.float32, device=dev), gen, "normal").to(dt)
-        if record is not None:
-            record["readout"] = v.clone()
-        # loss = Σ v ⊙ h^L: seed the backward pass with ∂L/∂h^L = v directly (no product, no
-        # broadcast of the scalar gradient over (networks, rows, N))
-        deltas = torch.autograd.grad(hs[-1], hs, grad_outputs=v)
-        del hs, v
-        grams_in = torch.empty((depth, n, k, b, b), dtype=dt, device=dev)
-        grams_delta = torch.empty((depth, n, k, b, b), dtype=dt, device=dev)
-        scale_w = torch.empty(depth, dtype=torch.float64)
-        scale_g = torch.empty(depth, dtype=torch.float64)
-        for layer, (delta, a_in) in enumerate(zip(deltas, ins)):
-            # per batch: ‖δ‖² = tr(δδᵀ) and ‖∂L/∂W‖² = ‖aᵀδ‖² = ⟨a aᵀ, δδᵀ⟩ from the B×B Gram matrices
-            # a product, not **: 1e308**2 raises OverflowError, 1e308*1e308 is inf (then refused by _check_finite)
-            r2 = residual_scale * residual_scale if (residual_scale is not None and layer > 0) else 1.0
-            grams = layer_grams[layer]
-            if grams is not None and "delta" in grams:
-                # the conditional layer's own Grams; its δ' = ∂L/∂(a W) = r·δ^l carries r² already
-                grams_in[layer] = _diagonal_blocks(grams["input"], k)
-                grams_delta[layer] = _diagonal_blocks(grams["delta"], k)
-                delta_scale = 1.0 / r2
-            else:
-                gram(a_in.detach().view(n, k, b, a_in.shape[-1]), out=grams_in[layer])
-                gram(delta.view(n, k, b, width), out=grams_delta[layer])
-                delta_scale = 1.0
-            scale_w[layer] = r2 * delta_scale
-            scale_g[layer] = delta_scale
-        del deltas, ins
-        # products in the simulation's dtype, sums accumulated in float64 (no float64 copies)
-        scale_w, scale_g = scale_w.to(dev), scale_g.to(dev)
-        wg = (grams_in * grams_delta).sum((-2, -1), dtype=torch.float64).mean(-1) * scale_w[:, None]
-        g = torch.diagonal(grams_delta, dim1=-2, dim2=-1).sum(-1, dtype=torch.float64).mean(-1) * scale_g[:, None]
-        out["g"], out["wg"] = g.T, wg.T
+            d_in = s.input_dim if layer == 0 else s.width
+            w = _draw(s.init, n, d_in, s.width, s.sigma_w2, gen, s.dtype, s.device)
+        h = torch.bmm(a, w)
+    bias = None
+    if s.sigma_b2 > 0:
+        if pre is not None:
+            bias = pre["biases"][layer].to(s.dtype)
+        else:
+            bias = torch.empty((n, 1, s.width), dtype=torch.float32, device=s.device)
+            bias = fill_(bias, gen, "normal", 0.0, math.sqrt(s.sigma_b2)).to(s.dtype)
+        h = h + bias
     if record is not None:
-        trace.append(record)
-    out = {key: (None if val is None else val.detach().cpu().numpy()) for key, val in out.items()}
-    out["hidden"] = hidden
-    return out
+        record["weights"].append(w.detach().clone())
+        record["biases"].append(None if bias is None else bias.detach().clone())
+    return h
+
+
+def _gradient_norms(s: _NetworkSpec, passes: _Passes, gen, pre, record) -> tuple[torch.Tensor, torch.Tensor]:
+    """(‖∂L/∂h^l‖², ‖∂L/∂W^l‖²) per network and layer, (n, depth) in float64, for the readout loss
+    L = Σ v ⊙ h^L with standard normal v, from the B×B Gram matrices of the layers' inputs and gradients."""
+    n, k, b, width, depth = passes.covs.shape[1], s.num_batches, s.batch_size, s.width, s.depth
+    dt, dev = s.dtype, s.device
+    if pre is not None:
+        v = pre["readout"][0].to(dt)
+    else:
+        v = fill_(torch.empty((n, s.rows, width), dtype=torch.float32, device=dev), gen, "normal").to(dt)
+    if record is not None:
+        record["readout"] = v.clone()
+    # loss = Σ v ⊙ h^L: seed the backward pass with ∂L/∂h^L = v directly (no product, no
+    # broadcast of the scalar gradient over (networks, rows, N))
+    deltas = torch.autograd.grad(passes.hs[-1], passes.hs, grad_outputs=v)
+    passes.hs.clear()
+    del v
+    grams_in = torch.empty((depth, n, k, b, b), dtype=dt, device=dev)
+    grams_delta = torch.empty((depth, n, k, b, b), dtype=dt, device=dev)
+    scale_w = torch.empty(depth, dtype=torch.float64)
+    scale_g = torch.empty(depth, dtype=torch.float64)
+    r = s.residual_scale
+    for layer, (delta, a_in) in enumerate(zip(deltas, passes.ins)):
+        # per batch: ‖δ‖² = tr(δδᵀ) and ‖∂L/∂W‖² = ‖aᵀδ‖² = ⟨a aᵀ, δδᵀ⟩ from the B×B Gram matrices
+        # a product, not **: 1e308**2 raises OverflowError, 1e308*1e308 is inf (then refused by _check_finite)
+        r2 = r * r if (r is not None and layer > 0) else 1.0
+        grams = passes.layer_grams[layer]
+        if grams is not None and "delta" in grams:
+            # the conditional layer's own Grams; its δ' = ∂L/∂(a W) = r·δ^l carries r² already
+            grams_in[layer] = _diagonal_blocks(grams["input"], k)
+            grams_delta[layer] = _diagonal_blocks(grams["delta"], k)
+            delta_scale = 1.0 / r2
+        else:
+            gram(a_in.detach().view(n, k, b, a_in.shape[-1]), out=grams_in[layer])
+            gram(delta.view(n, k, b, width), out=grams_delta[layer])
+            delta_scale = 1.0
+        scale_w[layer] = r2 * delta_scale
+        scale_g[layer] = delta_scale
+    del deltas
+    passes.ins.clear()
+    # products in the simulation's dtype, sums accumulated in float64 (no float64 copies)
+    scale_w, scale_g = scale_w.to(dev), scale_g.to(dev)
+    wg = (grams_in * grams_delta).sum((-2, -1), dtype=torch.float64).mean(-1) * scale_w[:, None]
+    g = torch.diagonal(grams_delta, dim1=-2, dim2=-1).sum(-1, dtype=torch.float64).mean(-1) * scale_g[:, None]
+    return g.T, wg.T
 
 
 def _covariance_statistics(covs: torch.Tensor, cross: torch.Tensor | None, width: int) -> dict:

@@ -108,7 +108,6 @@ class BSB1FixedPoint:
 
 
 def _closed(act: Activation, b: int) -> BSB1FixedPoint:
-    require_homogeneous(act, "method='closed'")
     diag, off = _homogeneous_fixed_point(act, b)
     return BSB1FixedPoint.from_entries(b, diag, off, "closed", 1e-15 * max(abs(diag), abs(off)))
 
@@ -168,7 +167,6 @@ def _fourier(act: Activation, b: int) -> BSB1FixedPoint:
 
 
 def _laplace(act: Activation, b: int) -> BSB1FixedPoint:
-    require_homogeneous(act, "method='laplace'")
     v, err = laplace_transform(act, centering_matrix(b))
     parts = bsb1_parts(v, rtol=1e-9)
     d, o = parts if parts is not None else (float(np.mean(np.diag(v))), float(v[0, 1]))
@@ -275,13 +273,20 @@ def bsb1_fixed_point(phi, batch_size, *, method: str = "auto", n_samples: int | 
     method = check_choice("method", method, FIXED_POINT_METHODS)
     act = get_activation(phi)
     b = check_batch_size(batch_size)
+    if method == "iterate":
+        # not a quadrature of V_Bφ at a BSB1 Σ but a run of the dynamics from a random Σ⁰ (App. F.1)
+        return _iterate(act, b, seed)
+    if method in ("closed", "laplace"):
+        require_homogeneous(act, f"method={method!r}")  # "auto" takes "closed" only for such φ
     if method == "montecarlo":
         n_samples = 400_000 if n_samples is None else check_int("n_samples", n_samples, minimum=2)
     return _bsb1_fixed_point(act, b, method, n_samples, seed)
 
 
 def _bsb1_fixed_point(act, b: int, method: str = "auto", n_samples: int = 400_000, seed=None) -> BSB1FixedPoint:
-    """The kernel of :func:`bsb1_fixed_point`: φ resolved, B, the method and n_samples checked."""
+    """The kernel of :func:`bsb1_fixed_point`: φ resolved, B, the method and n_samples checked (and φ
+    positive-homogeneous for "closed" and "laplace"); V_Bφ of a BSB1 Σ by ``method`` (any of
+    :data:`FIXED_POINT_METHODS` but "iterate", which the public function runs itself)."""
     if method == "auto":
         if act.homogeneity is not None and act.homogeneous_coeffs is not None and act.homogeneity > 0:
             method = "closed"
@@ -299,9 +304,7 @@ def _bsb1_fixed_point(act, b: int, method: str = "auto", n_samples: int = 400_00
         return _fourier(act, b)
     if method == "laplace":
         return _laplace(act, b)
-    if method == "montecarlo":
-        return _montecarlo(act, b, n_samples, seed)
-    return _iterate(act, b, seed)
+    return _montecarlo(act, b, n_samples, seed)
 
 
 def iterate_batch_covariance(phi, Sigma0, depth, *, method: str = "auto", eps: float = 0.0, seed=None) -> np.ndarray:

@@ -68,7 +68,7 @@ from bnlab.activations import Activation, get_activation
 from bnlab.theory._checks import check_batch_size
 from bnlab.theory._quadrature.rules import beta_moment
 from bnlab.theory._quadrature.sphere import angle_rule, pair_nodes
-from bnlab.theory._routes import MAX_MONTECARLO_SECONDS, relu_or_identity
+from bnlab.theory._routes import MAX_MONTECARLO_SECONDS
 from bnlab.theory.batchnorm_map import _montecarlo as _transform_montecarlo
 from bnlab.theory.epsilon import _forward_gap, _is_homogeneous
 from bnlab.theory.forward import _forward_eigenvalues
@@ -211,8 +211,10 @@ def _stability_values(phi: Activation, b: int) -> BSB1Stability:
     if phi.homogeneity is not None and phi.homogeneous_coeffs is not None and b >= 4 and (b - 1) / 2.0 > phi.homogeneity:
         # positive-homogeneous φ: the closed forms (Thm 3.7 for relu/identity, Thm F.33 otherwise).  The
         # sphere sums below cancel like B·1e-16 while 1 − λ_L↑ ≈ 2.27/B for relu (issue 13: relu at
-        # B = 3e8 came out BSB2); the closed forms keep λ_L↑ = 1 − gap correctly rounded to B = 1e12
-        fw = _forward_eigenvalues(phi, b, "closed" if relu_or_identity(phi) else "laplace")
+        # B = 3e8 came out BSB2); the closed forms keep λ_L↑ = 1 − gap correctly rounded to B = 1e12.  Under
+        # this condition the forward route "auto" is exactly these ("closed" for relu/identity, else "laplace":
+        # bnlab.theory._routes.plan_route), so the choice is made there, once
+        fw = _forward_eigenvalues(phi, b, "auto")
         q, qc = _homogeneous_fixed_point(phi, b)  # the closed BSB1 fixed point (Thm F.8)
         return BSB1Stability(batch_size=b, lambda_L=fw.lambda_L, lambda_M=fw.lambda_M, mu_star=float(q) - float(qc))
     a1, e1, e12, a12, b12 = _sphere_terms(phi, b)

@@ -64,3 +64,39 @@ def test_bad_input_exits_2_with_message(capsys, argv, needle):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "error" in err and needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--phi", "tanh", "-B", "8"],
+    ["--phi", "alpha_relu", "--alpha", "1.5", "-B", "8", "--gamma", "2", "--beta", "0.5"],
+])
+def test_the_command_resolves_phi_once(argv, capsys, monkeypatch):
+    # the command hands φ unresolved (name, γ, β, family parameters) to analyze, which resolves it once
+    # (bnlab.activations.get_activation: "resolved once and handed down"); it used to be resolved twice,
+    # by the command and again by analyze.  The count would read 2 if either resolved again.
+    import sys
+
+    import bnlab.activations as activations
+    import bnlab.cli._cmd_theory  # noqa: F401  (load the command and the theory before the counter goes in)
+    import bnlab.theory.analyze  # noqa: F401
+
+    calls = []
+    real = activations.get_activation
+
+    def counting(phi, **kw):
+        calls.append(phi)
+        return real(phi, **kw)
+
+    monkeypatch.setattr(activations, "get_activation", counting)
+    for name, module in list(sys.modules.items()):
+        if name.startswith(("bnlab.theory", "bnlab.cli")) and getattr(module, "get_activation", None) is real:
+            monkeypatch.setattr(module, "get_activation", counting)
+    assert main(["theory", *argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert calls == [argv[1]]
+    assert out["phi"] == real(argv[1], **_phi_keywords(argv)).spec
+
+
+def _phi_keywords(argv):
+    names = {"--alpha": "alpha", "--gamma": "gamma", "--beta": "beta"}
+    return {names[flag]: float(value) for flag, value in zip(argv, argv[1:]) if flag in names}

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import ast
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["single_kink_off_zero", "theta_cuts", "needs_kink_rule", "piecewise_analytic", "analytic"]
+__all__ = ["single_kink_off_zero", "theta_cuts", "needs_kink_rule", "piecewise_analytic", "analytic", "Smoothness",
+           "smoothness"]
 
 
 #: registry families whose base function has a kink (or a jump of a derivative) at 0
@@ -56,6 +58,27 @@ def needs_kink_rule(act, radial_power: float | None = None) -> bool:
     if act.homogeneity is not None:
         return radial_power is not None and radial_power < 0.0
     return bool(act.kinks)
+
+
+@dataclass(frozen=True)
+class Smoothness:
+    """What the choice of a spherical rule needs to know of φ's integrand, asked once (:func:`smoothness`).
+
+    kink_rule: the kink-split rule is needed (:func:`needs_kink_rule`); singular: the integrand is singular at
+    its kink (φ' of relu^α, α < 1); piecewise_analytic, analytic: as :func:`piecewise_analytic`,
+    :func:`analytic`."""
+
+    kink_rule: bool
+    singular: bool
+    piecewise_analytic: bool
+    analytic: bool
+
+
+def smoothness(act, radial_power: float | None = None) -> Smoothness:
+    """The :class:`Smoothness` of the integrand φ·|s|^radial_power (the radial power matters only for a
+    positive-homogeneous φ, see :func:`needs_kink_rule`)."""
+    singular = act.homogeneity is not None and radial_power is not None and radial_power < 0.0
+    return Smoothness(needs_kink_rule(act, radial_power), singular, piecewise_analytic(act), analytic(act))
 
 
 #: registered families that are analytic on either side of each kink (so a panel ending at a kink has an

@@ -63,7 +63,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from bnlab.theory._quadrature.kinks import analytic, needs_kink_rule, piecewise_analytic, single_kink_off_zero
+from bnlab.theory._quadrature.kinks import single_kink_off_zero, smoothness
 from bnlab.theory._quadrature.rules import gauss_legendre_unit, tanh_sinh_rule
 
 __all__ = [
@@ -436,7 +436,7 @@ def sphere_grid_for(act, batch_size: int, radial_power: float) -> SphereGrid:
     """The rule for the spherical integrals of φ = ``act`` at B = ``batch_size`` (radial power: that of the
     integrand for positive-homogeneous φ, ignored otherwise).
 
-    * a kink anywhere (or an integrand singular at one, :func:`needs_kink_rule`): the Cartesian rule cut at
+    * a kink anywhere (or an integrand singular at one; :func:`~bnlab.theory._quadrature.kinks.smoothness`): the Cartesian rule cut at
       every kink (:func:`cartesian_sphere_grid`);
     * analytic φ, 16 ≤ B ≤ 512: the Cartesian rule with Gauss–Legendre panels and no cut
       (:data:`_SMOOTH_GAUSS_NODES`): φ is evaluated once per distinct u_1 (64–256 points) and once per node
@@ -445,13 +445,13 @@ def sphere_grid_for(act, batch_size: int, radial_power: float) -> SphereGrid:
       (s, θ) rule :func:`sphere_grid`, exact in s for homogeneous φ.
     """
     b = int(batch_size)
-    if b >= 4 and needs_kink_rule(act, radial_power):
+    smooth = smoothness(act, radial_power)
+    if b >= 4 and smooth.kink_rule:
         ks = act.kinks or (0.0,)
         scale = math.sqrt(b)
-        singular = act.homogeneity is not None and radial_power < 0.0
-        unit = _kink_unit_rule(b, singular, piecewise_analytic(act))
+        unit = _kink_unit_rule(b, smooth.singular, smooth.piecewise_analytic)
         return cartesian_sphere_grid(b, tuple(sorted({k / scale for k in ks})), unit)
-    unit = _smooth_unit_rule(b) if act.homogeneity is None and analytic(act) else None
+    unit = _smooth_unit_rule(b) if act.homogeneity is None and smooth.analytic else None
     if unit is not None:
         return cartesian_sphere_grid(b, (), unit)
     return sphere_grid(b, float(radial_power) if act.homogeneity is not None else 0.0)
