@@ -214,7 +214,7 @@ def _run_section(
         store=str(path),
         settings=[{"what": s.what, "paper": s.paper, "bnlab": s.at(scale), "why": s.why} for s in exp.settings],
         checks=[{"name": c.name, "meaning": c.meaning} for c in exp.checks],
-        limitations=exp.limitations if scale == "small" and isinstance(exp.limitations, str) else "",
+        limitations=exp.limitations if scale != "paper" and isinstance(exp.limitations, str) else "",
     )
     reused = None
     try:
@@ -284,7 +284,7 @@ def _run_section(
             _write_manifest(figdir, digest, figures)
         except Exception:
             sec.errors.append({"what": "plot() raised.", "text": traceback.format_exc()})
-    if scale == "small" and callable(exp.limitations):
+    if scale != "paper" and callable(exp.limitations):
         # the limitation text is read off the records it describes, so page and table cannot disagree
         try:
             sec.limitations = str(exp.limitations(records))
@@ -559,7 +559,7 @@ def build_report(
     out:
         Output directory (created): ``index.html``, ``report.json`` and ``figures/<name>/``.
     scale:
-        ``"small"`` (default; minutes on 2 cores) or ``"paper"``.
+        ``"small"`` (default; minutes on 2 cores), ``"medium"`` (about an hour) or ``"paper"``.
     results_dir:
         Where the sweeps' stores are (default ``$BNLAB_RESULTS`` or ``bnlab-results``):
         finished cells are reused, missing ones computed.
