@@ -7,11 +7,13 @@ import sys
 
 from bnlab.cli._common import (add_data_dir_argument, add_threads_argument, apply_data_dir, check_cluster_arguments,
                                check_output_dir, print_json, print_table)
+from bnlab.experiments.spec import SCALES
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Where the cells run and which stores are reused: the options ``report`` and ``reproduce`` share."""
-    p.add_argument("--scale", default="small", choices=["small", "paper"], help="grid size (default small)")
+    p.add_argument("--scale", default="small", choices=SCALES,
+                   help="grid size: small (the default, ~10 min on 2 cores), medium (small plus more restarts and the investigations, ~1 h), paper (the papers' sizes, for GPUs)")
     p.add_argument("--results-dir", default=None, help="results stores to reuse (default $BNLAB_RESULTS or bnlab-results)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="an existing Dask cluster")
     p.add_argument("--workers", type=int, default=None, help="worker processes of the local cluster (default: cores)")

@@ -6,10 +6,12 @@ import dataclasses
 import sys
 
 from bnlab.cli._common import add_threads_argument, print_json, print_table
+from bnlab.experiments.spec import SCALES
 
 
 def _add_location(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scale", default="small", choices=["small", "paper"], help="grid size (default small)")
+    p.add_argument("--scale", default="small", choices=SCALES,
+                   help="grid size: small (the default, ~10 min on 2 cores), medium (small plus more restarts and the investigations, ~1 h), paper (the papers' sizes, for GPUs)")
     p.add_argument(
         "--results-dir",
         default=None,

@@ -214,7 +214,7 @@ def _run_section(
         store=str(path),
         settings=[{"what": s.what, "paper": s.paper, "bnlab": s.at(scale), "why": s.why} for s in exp.settings],
         checks=[{"name": c.name, "meaning": c.meaning} for c in exp.checks],
-        limitations=exp.limitations if scale == "small" and isinstance(exp.limitations, str) else "",
+        limitations=exp.limitations if scale != "paper" and isinstance(exp.limitations, str) else "",
     )
     reused = None
     try:
@@ -284,7 +284,7 @@ def _run_section(
             _write_manifest(figdir, digest, figures)
         except Exception:
             sec.errors.append({"what": "plot() raised.", "text": traceback.format_exc()})
-    if scale == "small" and callable(exp.limitations):
+    if scale != "paper" and callable(exp.limitations):
         # the limitation text is read off the records it describes, so page and table cannot disagree
         try:
             sec.limitations = str(exp.limitations(records))
@@ -537,6 +537,49 @@ def _write_ledger_pages(outdir: Path, led: dict[str, Any], scale: str, generated
     return paths
 
 
+#: sweeps of the report in flight at once: the next reproduction's cells queue on the cluster behind the
+#: current one's, so no worker idles while a section's last cells finish or its figures are drawn
+_SWEEPS_IN_FLIGHT = 2
+
+
+def _sections(exps: Sequence[Experiment], scale: str, results_dir, outdir: Path, retry_failed: bool, get_client,
+              serial: bool, progress) -> list[ReportSection]:
+    """Every reproduction's section, in order.  The sweeps run ahead on the cluster, ``_SWEEPS_IN_FLIGHT`` at
+    a time, submitted in the sections' order (Dask runs earlier submissions first); figures, tables and
+    verdicts are made here, in this thread (matplotlib's pyplot is not thread-safe), each once its sweep is
+    done.  A sweep that raised is run again by its section, which reports the error where it belongs."""
+    pending = [] if serial else [
+        e for e in exps if _needs_run(e, scale, store_path(e.name, scale, results_dir), retry_failed)]
+    if len(pending) < 2:
+        return [_section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress) for exp in exps]
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = get_client()  # one cluster, started here (not by two threads at once)
+
+    def sweep(exp: Experiment):
+        try:
+            return run_sweep(exp, scale, store=store_path(exp.name, scale, results_dir), retry_failed=retry_failed,
+                             progress=progress, client=client)
+        except Exception:
+            return None
+
+    pool = ThreadPoolExecutor(max_workers=_SWEEPS_IN_FLIGHT, thread_name_prefix="bnlab-sweep")
+    try:
+        ahead = {e.name: pool.submit(sweep, e) for e in pending}
+        sections = []
+        for exp in exps:
+            summary = ahead[exp.name].result() if exp.name in ahead else None
+            # the sweep above already retried failed cells: the section only reads (a failed cell runs once)
+            sec = _section(exp, scale, results_dir, outdir, retry_failed and summary is None, get_client, serial,
+                           progress)
+            if summary is not None:
+                sec.reused = summary.reused
+            sections.append(sec)
+        return sections
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C: queued sweeps never start
+
+
 def build_report(
     out: str | os.PathLike = "bnlab-report",
     *,
@@ -559,7 +602,7 @@ def build_report(
     out:
         Output directory (created): ``index.html``, ``report.json`` and ``figures/<name>/``.
     scale:
-        ``"small"`` (default; minutes on 2 cores) or ``"paper"``.
+        ``"small"`` (default; minutes on 2 cores), ``"medium"`` (about an hour) or ``"paper"``.
     results_dir:
         Where the sweeps' stores are (default ``$BNLAB_RESULTS`` or ``bnlab-results``):
         finished cells are reused, missing ones computed.
@@ -606,9 +649,7 @@ def build_report(
         get_client = _LazyClient(stack, client, scheduler, workers, threads)
         if serial:
             stack.enter_context(_threads.pinned(threads))
-        sections = [
-            _section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress) for exp in exps
-        ]
+        sections = _sections(exps, scale, results_dir, outdir, retry_failed, get_client, serial, progress)
     _say(progress, "writing the page …")
     report = Report(index=outdir / "index.html", scale=scale, sections=sections, broken_modules=broken,
                     seconds=time.perf_counter() - t0)

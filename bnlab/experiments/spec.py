@@ -19,7 +19,11 @@ __all__ = ["Experiment", "Record", "Comparison", "Setting", "Check", "TaskCost",
 
 #: ``small``: minutes on 2 CPU cores (used by ``bnlab report`` and tests);
 #: ``paper``: the paper's sizes (a GPU or a Dask cluster).
-SCALES = ("small", "paper")
+#: bnlab's scales: ``"small"`` (the default: the whole ``bnlab report`` within 10 minutes on 2 CPU cores),
+#: ``"medium"`` (the small grids plus the restarts and investigations that do not fit that budget — about
+#: an hour on 2 cores; a reproduction that declares no medium grid runs its small one) and ``"paper"``
+#: (the papers' own sizes, for GPUs; see docs/paper-scale.md)
+SCALES = ("small", "medium", "paper")
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,9 @@ VERDICTS = ("reproduced", "partly", "not_reproduced", "skipped", "error")
 class Setting:
     """One line of a reproduction's scale table: what the paper used beside what bnlab uses.
 
-    ``small`` and ``paper_scale`` describe bnlab's two scales (:data:`SCALES`); ``why`` says why
-    a scale deviates from the paper, where it does.
+    ``small`` and ``paper_scale`` describe bnlab's ``small`` and ``paper`` scales (:data:`SCALES`);
+    ``medium``, where the medium scale differs from the small one (more restarts, a longer grid), else
+    ``None``; ``why`` says why a scale deviates from the paper, where it does.
     """
 
     what: str  # e.g. "width", "depth grid", "steps / epochs", "η", "training images", "restarts"
@@ -60,9 +65,15 @@ class Setting:
     small: str
     paper_scale: str
     why: str = ""
+    medium: str | None = None
 
     def at(self, scale: str) -> str:
-        return self.small if scale == "small" else self.paper_scale
+        """This line's value at ``scale`` (one of :data:`SCALES`)."""
+        if scale == "paper":
+            return self.paper_scale
+        if scale == "medium" and self.medium is not None:
+            return self.medium
+        return self.small
 
 
 @dataclass(frozen=True)
@@ -127,7 +138,8 @@ class Experiment:
         the paper claims (shown in the report).
     grid:
         ``grid(scale) -> list[dict]``: the cells of the sweep at ``scale``
-        (one of :data:`SCALES`); every dict is JSON-serializable and carries
+        (one of :data:`SCALES`; ``"medium"`` reaches it only with ``medium_grid``, otherwise
+        ``grid("medium")`` is ``grid("small")``); every dict is JSON-serializable and carries
         its seeds: a ``"seed"`` for a single run, or a ``"seeds"`` list for a
         cell that trains an ensemble (the trainability columns of
         :mod:`bnlab.reproductions.trainability`, which ``records`` expands
@@ -172,6 +184,10 @@ class Experiment:
         storage and resume, and a resumed group trains only its unfinished cells.  ``None`` runs the
         cell alone through ``run_cell``.  ``run_group([p])`` must give the metrics ``run_cell(p)``
         gives, to the rounding of batched products (each reproduction's tests show it).
+    medium_grid:
+        Whether ``grid`` defines a ``medium`` grid of its own (the small grid with more restarts, or
+        an investigation that does not fit the small budget).  Without it the medium scale runs the
+        small grid, so a medium report holds every reproduction.
     cost, shorten:
         For a plan (:func:`bnlab.experiments.plan.plan_experiment`), optional.
         ``cost(cells) -> TaskCost`` says what a task (the cells that run together) costs;
@@ -196,10 +212,24 @@ class Experiment:
     run_group: Callable[[list[dict]], list[dict]] | None = None
     cost: Callable[[list[dict]], TaskCost] | None = None
     shorten: Callable[[list[dict], int], list[dict]] | None = None
+    medium_grid: bool = False
 
     def __post_init__(self) -> None:
         if (self.group is None) != (self.run_group is None):
             raise ValueError(f"experiment {self.name!r}: give both group and run_group, or neither")
+        if not self.medium_grid:
+            # one place decides what "medium" means for a grid that knows only small and paper
+            object.__setattr__(self, "grid", _SmallAtMedium(self.grid))
+
+
+@dataclass(frozen=True)
+class _SmallAtMedium:
+    """``grid`` of an experiment without a medium grid: ``"medium"`` → the small grid."""
+
+    small_and_paper: Callable[[str], list[dict]]
+
+    def __call__(self, scale: str) -> list[dict]:
+        return self.small_and_paper("small" if scale == "medium" else scale)
 
 
 def cell_tasks(experiment: Experiment, cells: Sequence[Mapping[str, Any]], scale: str) -> list[list[int]]:

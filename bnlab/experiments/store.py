@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from bnlab._validation import check_path
-from bnlab.experiments.spec import Record
+from bnlab.experiments.spec import SCALES, Record
 
 __all__ = ["ResultsStore", "CellRow", "cell_key", "grid_hash", "canonical_json", "STATUSES", "salvage_store"]
 
@@ -520,7 +520,7 @@ class ResultsStore:
             info["versions"] = json.loads(info["versions"])
         except (TypeError, ValueError):
             raise _Damaged("the sweep row's versions are not valid JSON") from None
-        if not isinstance(info["experiment"], str) or info["scale"] not in ("small", "paper"):
+        if not isinstance(info["experiment"], str) or info["scale"] not in SCALES:
             raise _Damaged(f"the sweep row names experiment {info['experiment']!r} at scale {info['scale']!r}")
         return info
 
@@ -718,7 +718,7 @@ def salvage_store(source: str | os.PathLike, target: str | os.PathLike) -> dict:
             info = conn.execute("SELECT experiment, scale, module, versions FROM sweep WHERE id = 1").fetchone()
         except sqlite3.Error as exc:
             raise ValueError(f"{str(src)!r}: the sweep row cannot be read ({exc}); nothing to salvage") from None
-        if info is None or info["scale"] not in ("small", "paper"):
+        if info is None or info["scale"] not in SCALES:
             raise ValueError(f"{str(src)!r}: no readable sweep row; nothing to salvage")
         good: list[CellRow] = []
         unreadable = 0

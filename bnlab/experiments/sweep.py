@@ -392,7 +392,7 @@ def run_sweep(
         An :class:`~bnlab.experiments.spec.Experiment`, a registered name, or
         ``"package.module:NAME"`` (see :func:`~bnlab.experiments.registry.get_experiment`).
     scale:
-        ``"small"`` or ``"paper"``.
+        One of :data:`~bnlab.experiments.spec.SCALES`: ``"small"``, ``"medium"``, ``"paper"``.
     results_dir, store:
         The store file is ``store`` if given, else
         ``<results_dir>/<name>-<scale>.sqlite`` (``results_dir`` defaults to

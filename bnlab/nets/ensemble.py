@@ -361,9 +361,11 @@ class _VmapStack:
         """Copies of the buffers before a step (the modules' BN layers update them in the forward)."""
         return {k: v.clone() for k, v in buffers.items()}
 
-    def update_stats(self, buffers: dict, batch_stats, saved: dict, active: torch.Tensor) -> None:
+    def update_stats(self, buffers: dict, batch_stats, saved: dict, active: torch.Tensor | None) -> None:
         """The modules' BN layers updated the buffers in the forward: those of networks not ``active``
-        get their saved values back."""
+        get their saved values back (``active=None``: every network is active)."""
+        if active is None:
+            return
         for k, v in buffers.items():
             v.copy_(torch.where(active.view(-1, *([1] * (v.ndim - 1))), v, saved[k]))
 
@@ -497,8 +499,9 @@ class _GroupedStack:
     def save_stats(self, stats: list) -> list:
         return [g.save_stats(b) for (g, _), b in zip(self.groups, stats)]
 
-    def update_stats(self, stats: list, batch_stats, saved: list, active: torch.Tensor) -> None:
-        for (g, _), b, sv, a in zip(self.groups, stats, saved, self._split_rows(active)):
+    def update_stats(self, stats: list, batch_stats, saved: list, active: torch.Tensor | None) -> None:
+        parts = self._split_rows(active) if active is not None else [None] * len(self.groups)
+        for (g, _), b, sv, a in zip(self.groups, stats, saved, parts):
             g.update_stats(b, None, sv, a)
 
     def forward(self, x: torch.Tensor, training: bool, update_stats: bool = True) -> torch.Tensor:

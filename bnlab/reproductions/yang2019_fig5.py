@@ -74,16 +74,34 @@ _PANELS: dict[str, dict[str, Any]] = {
               # β = 2 puts 16ξ ≥ 330 at every ε: no affordable depth grid could contradict the claim (every
               # row agreed by construction).  β = 0.5 keeps ReLU shifted but puts 16ξ = 63 → 88 → ∞ over
               # ε = 1e-3 … 1 inside a grid reaching 120 = 1.9·16ξ, where the claim can fail.
-              small_fixed=dict(beta=0.5), small_depths=[10, 20, 40, 80, 120]),
+              small_fixed=dict(beta=0.5), small_depths=[10, 20, 40, 80, 120],
+              # medium: the paper's β = 2 with a grid that reaches past 2·16ξ (16ξ = 333, 340, 430, ∞ at
+              # ε = 1e-3 … 1, B = 32): depth 160 < 16ξ/2 must train, 720 > 2·16ξ must fail for ε ≤ 1e-2 (at ε = 0.1
+              # 720 is past the window's 1.6·16ξ = 688)
+              medium_fixed=dict(beta=2.0), medium_depths=[40, 160, 320, 480, 720]),
 }
 _SMALL_DEPTHS = [5, 10, 20, 40, 60]
 _PAPER_DEPTHS = [2, 5, 10, 15, 20, 30, 40, 50, 60, 80, 100, 150, 200]
 
 
 def _fixed(letter: str, scale: str) -> dict:
-    """The hyperparameters a panel holds fixed at ``scale``."""
+    """The hyperparameters a panel holds fixed at ``scale`` (medium: its own, else the small ones)."""
     p = _PANELS[letter]
-    return {**p["fixed"], **(p.get("small_fixed", {}) if scale == "small" else {})}
+    if scale == "paper":
+        return dict(p["fixed"])
+    if scale == "medium" and "medium_fixed" in p:
+        return {**p["fixed"], **p["medium_fixed"]}
+    return {**p["fixed"], **p.get("small_fixed", {})}
+
+
+def _depths(letter: str, scale: str) -> list[int]:
+    """The depth grid of a panel at ``scale`` (medium: its own, else the small one)."""
+    p = _PANELS[letter]
+    if scale == "paper":
+        return _PAPER_DEPTHS
+    if scale == "medium" and "medium_depths" in p:
+        return p["medium_depths"]
+    return p.get("small_depths", _SMALL_DEPTHS)
 
 
 def _fixed_of(letter: str, records) -> dict:
@@ -149,8 +167,8 @@ def _grid(scale: str, *, letter: str) -> list[dict]:
 
     check_choice("scale", scale, SCALES)
     p = _PANELS[letter]
-    small = scale == "small"
-    depths = p.get("small_depths", _SMALL_DEPTHS) if small else _PAPER_DEPTHS
+    small = scale != "paper"  # medium: the small budget per network, with the panel's medium grid if it has one
+    depths = _depths(letter, scale)
     cells = []
     for x in p["small"] if small else p["paper"]:
         for d in depths:
@@ -208,29 +226,44 @@ _HISTORY = {
 }
 
 
+# the medium scale's Fig. 5d runs the paper's β = 2; what it changes is the budget per network
+_HISTORY_D_MEDIUM = (
+    "Medium scale: the paper's β = 2 with depths to 720, past 2·16ξ for ε ≤ 0.01; each network trains the small "
+    "scale's 150 SGD steps at 1e-3·B (the paper: 10 epochs at 1e-5·B), so a boundary below 16ξ can be the short "
+    "training rather than the gradient explosion (as in Fig. 3a's measurement at a fixed η·steps).  "
+)
+
+
 def _limitations(records, *, letter: str) -> str:
     """This run's boundaries (read off the records) and what earlier runs measured (with their commits)."""
     fixed = _fixed_of(letter, records)
     text = boundary_summary(records, xkey=_PANELS[letter]["key"], xname=_SYMBOL[_PANELS[letter]["key"]],
                             theory_at=functools.partial(_theory_at, letter, fixed=fixed))
-    return text + "  " + _HISTORY[letter] + (_EPS_MEASUREMENT if letter in "cd" else "")
+    history = _HISTORY[letter]
+    if letter == "d" and fixed.get("beta") == _PANELS["d"]["medium_fixed"]["beta"]:
+        history = _HISTORY_D_MEDIUM
+    return text + "  " + history + (_EPS_MEASUREMENT if letter in "cd" else "")
 
 
 def _scale_table(letter: str) -> list[Setting]:
     p = _PANELS[letter]
     small = describe_grid(_grid("small", letter=letter))
+    medium = describe_grid(_grid("medium", letter=letter)) if "medium_fixed" in p else None
     paper = describe_grid(_grid("paper", letter=letter))
     swept = {"small": ", ".join(f"{v:g}" for v in p["small"]), "paper": ", ".join(f"{v:g}" for v in p["paper"])}
     fixed_s = ", ".join(f"{_SYMBOL[k]} = {v:g}" for k, v in _fixed(letter, "small").items())
     fixed_p = ", ".join(f"{_SYMBOL[k]} = {v:g}" for k, v in _fixed(letter, "paper").items())
+    fixed_m = ", ".join(f"{_SYMBOL[k]} = {v:g}" for k, v in _fixed(letter, "medium").items())
     paper_fixed = fixed_p + (" (β = 2 for ReLU: locally linear at 0)" if letter == "d" else "")
     return [
         Setting(f"{_SYMBOL[p['key']]} grid", "not listed in the text", swept["small"], swept["paper"]),
         Setting("fixed", paper_fixed, fixed_s, fixed_p,
-                "puts 16ξ inside an affordable depth grid (see below)" if "small_fixed" in p else ""),
+                "small: puts 16ξ inside an affordable depth grid (see below); medium: the paper's β with depths "
+                "beyond 2·16ξ" if "small_fixed" in p else "", medium=fixed_m if medium else None),
         Setting("batch size B", "not stated", str(_B), str(_B), "the 16ξ line is computed at the same B"),
         Setting("width N", "not stated (Fig. 3: 384)", small["width"], paper["width"], "2 CPU cores"),
-        Setting("depth grid", "not listed in the text", small["depths"], paper["depths"]),
+        Setting("depth grid", "not listed in the text", small["depths"], paper["depths"],
+                medium=medium["depths"] if medium else None),
         Setting("training length", "not stated (Fig. 3: 10 epochs)", small["length"], paper["length"],
                 "hours per cell at the paper's budget; see Fig. 3"),
         Setting("learning rate η", "not stated (Fig. 3: 1e-5·B)", small["lr"], paper["lr"],
@@ -257,6 +290,7 @@ def _make(letter: str) -> Experiment:
                "d": "for ReLU with β = 2 as ε grows, with a transition near ε ~ 1."}[letter]
         ),
         grid=functools.partial(_grid, letter=letter),
+        medium_grid="medium_fixed" in p,
         run_cell=run_trainability_cell,
         plot=functools.partial(_plot, letter=letter),
         compare=functools.partial(_compare, letter=letter),

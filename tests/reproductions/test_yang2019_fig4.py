@@ -31,8 +31,9 @@ def test_grid():
         json.dumps(cells)
         assert all(c["steps"] == 10 and "seed" in c for c in cells)
         assert len({c["depth"] for c in cells}) >= 4
+    assert EXP.grid("medium") == EXP.grid("small")  # no medium grid of its own
     with pytest.raises(ValueError, match="scale"):
-        EXP.grid("medium")
+        EXP.grid("huge")
 
 
 def test_run_cell_metrics(records):
