@@ -70,6 +70,9 @@ class StepConfig:
     diverge_above: float | None
     shared_order: bool
     num_networks: int  # M, the width of the loss history (the caller's order)
+    # the eager step on the CPU may read a value (a sync costs nothing there; never on a GPU, nor in a
+    # compiled or captured step): set by train_ensemble for that route only
+    host_reads: bool = False
 
 
 def per_network_loss(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -147,10 +150,10 @@ def build_step(stack: Any, cfg: StepConfig, grad_route: str) -> Callable[[dict],
             ok = ok & (lf <= cfg.diverge_above)
         s["first_bad"].copy_(torch.where(active & ~ok, t, s["first_bad"]))
         active.logical_and_(ok)
-        # The eager step on the CPU may read a value (a sync costs nothing there): while every network is
+        # With host_reads (the eager step on the CPU, where a sync costs nothing): while every network is
         # active — nearly always — the masks below change nothing and are skipped (a broadcast
-        # masked_fill_ costs ~4× the update itself on the CPU).  The compiled and captured steps never read one.
-        all_active = grad_route == "autograd" and active.device.type == "cpu" and bool(active.all())
+        # masked_fill_ costs ~4× the update itself on the CPU).  Every other step never reads a value.
+        all_active = cfg.host_reads and grad_route == "autograd" and bool(active.all())
         # a stopped network keeps the running statistics it had before its bad step, as its parameters
         stack.update_stats(s["stats"], aux, saved, None if all_active else active)
         s["losses"].index_copy_(0, s["row_ids"] + t * m_count, lf)

@@ -831,7 +831,8 @@ def train_ensemble(
     chance = 1.0 / k_out
     cfg = StepConfig(loss=loss_kind, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
                      rmsprop_alpha=rmsprop_alpha, rmsprop_eps=rmsprop_eps, diverge_above=diverge_above,
-                     shared_order=len(set(seed_list)) == 1, num_networks=m_count)
+                     shared_order=len(set(seed_list)) == 1, num_networks=m_count,
+                     host_reads=route == "eager" and x_tr.device.type == "cpu")
     run = _EnsembleRun(stack, cfg, route, x_tr, y_tr, lrs=lrs, seeds=seed_list, batch_size=batch_size, steps=steps,
                        check_every=check_every)
     while run.done < steps:

@@ -401,6 +401,24 @@ def test_the_step_never_waits_for_the_device():
     assert any(op.startswith("aten._local_scalar_dense") for op in rec.ops)
 
 
+def test_host_reads_change_nothing_but_the_syncs():
+    # the eager CPU step's shortcut (host_reads: the stop masks skipped while every network is active) must
+    # give the same numbers, bit for bit, also across the step where network 1 (lr 1e10) stops
+    runs = [_small_run(host_reads=h) for h in (False, True)]
+    for _ in range(12):
+        for r in runs:
+            r.step()
+    a, b = (r.state for r in runs)
+    assert torch.equal(a["active"], b["active"]) and not bool(a["active"].all())  # a network did stop
+    assert torch.equal(a["first_bad"], b["first_bad"])
+    assert torch.equal(a["losses"].nan_to_num(7.0), b["losses"].nan_to_num(7.0))
+    for p, q in zip(a["params"], b["params"]):
+        assert torch.equal(p.nan_to_num(7.0), q.nan_to_num(7.0))
+    with _Recorder() as rec:
+        _small_run(host_reads=True).step()
+    assert any(op.startswith("aten._local_scalar_dense") for op in rec.ops)  # it does read (and only here)
+
+
 def test_the_step_tensors_are_rewritten_in_place():
     # a CUDA graph replays on the buffers it captured: the step must update its state in place and never
     # rebind it (same tensors, same storage, before and after a step)
