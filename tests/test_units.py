@@ -44,7 +44,6 @@ ALLOWED: dict[str, str] = {
     "bnlab/sim/networks.py:_simulate_chunk": _ELSEWHERE,
     "bnlab/sim/networks.py:_check_memory": _ELSEWHERE,
     # this branch (units-fisher-rank) splits these in its next commits
-    "bnlab/nets/train.py:train": _THIS_BRANCH,
     "bnlab/rank/invariant.py:_run": _THIS_BRANCH,
     # not owned by any branch today
     "bnlab/advice/_probe.py:Probe._observe": _NOT_YET,
