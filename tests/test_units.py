@@ -21,6 +21,7 @@ Run as a script to print every function over either limit:
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,10 +123,16 @@ def units(source: str, path: str) -> list[Unit]:
 
 
 def package_units() -> list[Unit]:
+    """Every function under ``PKG`` (parsed once per session: two tests read it)."""
+    return list(_package_units(PKG, ROOT))
+
+
+@functools.lru_cache(maxsize=4)
+def _package_units(pkg: Path, root: Path) -> tuple[Unit, ...]:
     out: list[Unit] = []
-    for path in sorted(PKG.rglob("*.py")):
-        out.extend(units(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix()))
-    return out
+    for path in sorted(pkg.rglob("*.py")):
+        out.extend(units(path.read_text(encoding="utf-8"), path.relative_to(root).as_posix()))
+    return tuple(out)
 
 
 def over_limit(all_units: list[Unit]) -> list[Unit]:
