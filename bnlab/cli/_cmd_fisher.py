@@ -79,15 +79,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bnlab._validation import check_device, check_int, check_max_memory_gb, check_real, check_seed
     from bnlab.fisher import fisher_order_parameters, parse_arch
 
     arch = parse_arch(args.arch)
-    gamma = args.gamma
     kwargs = dict(
         norm=args.norm,
         phi=args.phi,
-        gamma=gamma,
+        gamma=args.gamma,
         beta=args.beta,
         sigma_w2=args.sigma_w2,
         sigma_b2=args.sigma_b2,
@@ -97,82 +95,8 @@ def run(args: argparse.Namespace) -> int:
     )
     out: dict = {}
     if args.measure:
-        import torch
-
-        from bnlab.data import load_dataset, standardize
-        from bnlab.fisher import build_model, calibrate_batchnorm_, curvature_spectrum
-
-        device = check_device("--device", args.device)
-        batch = check_int("--batch-size", args.batch_size, minimum=1)
-        seed = check_seed("--seed", args.seed)
-        check_real("--tol", args.tol, minimum=0.0)
-        max_bytes = check_max_memory_gb("max_memory_gb", args.max_memory_gb)
-        _check_measure_memory(arch, batch, max_bytes)
-        if args.norm == "bn" and args.bn_mode == "train" and batch < 2:
-            raise ValueError(
-                f"--batch-size={batch} with --bn-mode train is not allowed: BatchNorm's batch variance is "
-                "undefined for one sample (use >= 2 or --bn-mode eval)"
-            )
-        data = load_dataset(args.dataset, "train", data_dir=args.data_dir)
-        n_in = 1
-        for d in data.image_shape:
-            n_in *= d
-        if len(arch.input_shape) == 1 and arch.input_shape[0] != n_in:
-            raise ValueError(
-                f"--arch={args.arch!r} is not allowed with --dataset {args.dataset}: the input dimension "
-                f"{arch.input_shape[0]} differs from the data's {n_in} = {'x'.join(map(str, data.image_shape))}"
-            )
-        if len(arch.input_shape) == 3 and tuple(arch.input_shape) != tuple(data.image_shape):
-            raise ValueError(
-                f"--arch={args.arch!r} is not allowed with --dataset {args.dataset}: input shape "
-                f"{arch.input_shape} differs from the data's {data.image_shape}"
-            )
-        if batch > len(data):
-            raise ValueError(
-                f"--batch-size={batch} is not allowed with --dataset {args.dataset}: its training split has "
-                f"{len(data)} samples"
-            )
-        # the batch is standardized with its own per-channel statistics (cheap; the theory's input
-        # order parameters are taken from this same batch below)
-        sub = standardize(data.subset(batch, seed=seed))
-        x = sub.x.to(torch.float64)
-        if len(arch.input_shape) == 1:
-            x = x.reshape(x.shape[0], -1)
-        flat = x.reshape(x.shape[0], -1)
-        # the data's own input order parameters (Claim 6.1's base case for this batch)
-        kwargs["input_q"] = float((flat**2).sum(1).mean() / flat.shape[1])
-        kwargs["input_q_xy"] = float((flat.mean(0) ** 2).sum() / flat.shape[1])
-        model = build_model(
-            arch,
-            norm=args.norm,
-            phi=args.phi,
-            gamma=gamma,
-            beta=args.beta,
-            sigma_w2=args.sigma_w2,
-            sigma_b2=args.sigma_b2,
-            seed=seed,
-            dtype=torch.float64,
-            max_memory_bytes=max_bytes,
-        )
-        model, x = model.to(device), x.to(device)
-        calibrate_batchnorm_(model, x)  # eval mode = the batch's own statistics (the theory's population)
-        loss = "mse" if args.curvature == "fisher" else "cross_entropy"
-        spec = curvature_spectrum(
-            model, x, sub.y, curvature=args.curvature, loss=loss, bn_mode=args.bn_mode, tol=args.tol,
-            max_memory_bytes=max_bytes,
-        )
-        out_measure = {
-            "lambda_max_measured": spec.lambda_max,
-            "bn_mode": args.bn_mode,
-            "curvature": args.curvature,
-            "device": str(device),
-            "dataset": args.dataset,
-            "batch_size": spec.batch_size,
-            "num_params": spec.num_params,
-            "matvecs": spec.matvecs,
-            "tol": spec.tol,
-            "seconds": spec.seconds,
-        }
+        input_order_parameters, out_measure = _measure(args, arch)
+        kwargs.update(input_order_parameters)
     res = fisher_order_parameters(arch, **kwargs)
     out.update(res.to_dict())
     if args.measure:
@@ -183,6 +107,107 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
         return 0
+    _print_text(args, res, out)
+    return 0
+
+
+def _measure(args: argparse.Namespace, arch) -> tuple[dict, dict]:
+    """--measure: λmax of a random network of ``arch`` on a standardized batch of the dataset.
+
+    Returns the batch's own input order parameters (``input_q``, ``input_q_xy``: Claim 6.1's base case for
+    this batch, handed to the theory) and the measurement's output keys.
+    """
+    import torch
+
+    from bnlab._validation import check_device, check_int, check_max_memory_gb, check_real, check_seed
+    from bnlab.fisher import build_model, calibrate_batchnorm_, curvature_spectrum
+
+    device = check_device("--device", args.device)
+    batch = check_int("--batch-size", args.batch_size, minimum=1)
+    seed = check_seed("--seed", args.seed)
+    check_real("--tol", args.tol, minimum=0.0)
+    max_bytes = check_max_memory_gb("max_memory_gb", args.max_memory_gb)
+    _check_measure_memory(arch, batch, max_bytes)
+    if args.norm == "bn" and args.bn_mode == "train" and batch < 2:
+        raise ValueError(
+            f"--batch-size={batch} with --bn-mode train is not allowed: BatchNorm's batch variance is "
+            "undefined for one sample (use >= 2 or --bn-mode eval)"
+        )
+    x, y = _standardized_batch(args, arch, batch, seed)
+    flat = x.reshape(x.shape[0], -1)
+    # the data's own input order parameters (Claim 6.1's base case for this batch)
+    input_order_parameters = {"input_q": float((flat**2).sum(1).mean() / flat.shape[1]),
+                              "input_q_xy": float((flat.mean(0) ** 2).sum() / flat.shape[1])}
+    model = build_model(
+        arch,
+        norm=args.norm,
+        phi=args.phi,
+        gamma=args.gamma,
+        beta=args.beta,
+        sigma_w2=args.sigma_w2,
+        sigma_b2=args.sigma_b2,
+        seed=seed,
+        dtype=torch.float64,
+        max_memory_bytes=max_bytes,
+    )
+    model, x = model.to(device), x.to(device)
+    calibrate_batchnorm_(model, x)  # eval mode = the batch's own statistics (the theory's population)
+    loss = "mse" if args.curvature == "fisher" else "cross_entropy"
+    spec = curvature_spectrum(
+        model, x, y, curvature=args.curvature, loss=loss, bn_mode=args.bn_mode, tol=args.tol,
+        max_memory_bytes=max_bytes,
+    )
+    return input_order_parameters, {
+        "lambda_max_measured": spec.lambda_max,
+        "bn_mode": args.bn_mode,
+        "curvature": args.curvature,
+        "device": str(device),
+        "dataset": args.dataset,
+        "batch_size": spec.batch_size,
+        "num_params": spec.num_params,
+        "matvecs": spec.matvecs,
+        "tol": spec.tol,
+        "seconds": spec.seconds,
+    }
+
+
+def _standardized_batch(args: argparse.Namespace, arch, batch: int, seed: int):
+    """``batch`` samples of the dataset's training split drawn with ``seed`` (float64, flattened for an FC
+    ``arch``), refused if ``arch``'s input does not match the data or the split is smaller than ``batch``."""
+    import torch
+
+    from bnlab.data import load_dataset, standardize
+
+    data = load_dataset(args.dataset, "train", data_dir=args.data_dir)
+    n_in = 1
+    for d in data.image_shape:
+        n_in *= d
+    if len(arch.input_shape) == 1 and arch.input_shape[0] != n_in:
+        raise ValueError(
+            f"--arch={args.arch!r} is not allowed with --dataset {args.dataset}: the input dimension "
+            f"{arch.input_shape[0]} differs from the data's {n_in} = {'x'.join(map(str, data.image_shape))}"
+        )
+    if len(arch.input_shape) == 3 and tuple(arch.input_shape) != tuple(data.image_shape):
+        raise ValueError(
+            f"--arch={args.arch!r} is not allowed with --dataset {args.dataset}: input shape "
+            f"{arch.input_shape} differs from the data's {data.image_shape}"
+        )
+    if batch > len(data):
+        raise ValueError(
+            f"--batch-size={batch} is not allowed with --dataset {args.dataset}: its training split has "
+            f"{len(data)} samples"
+        )
+    # the batch is standardized with its own per-channel statistics (cheap; the theory's input
+    # order parameters are taken from this same batch)
+    sub = standardize(data.subset(batch, seed=seed))
+    x = sub.x.to(torch.float64)
+    if len(arch.input_shape) == 1:
+        x = x.reshape(x.shape[0], -1)
+    return x, sub.y
+
+
+def _print_text(args: argparse.Namespace, res, out: dict) -> None:
+    """The human-readable report: the per-layer order parameters, the bound, η* and the measurement."""
     print(f"arch {res.arch}  norm={res.norm}  phi={res.phi}  formula={res.formula}  bn_mode={res.bn_mode}")
     rows = [
         (d["layer"], d["kind"], d["fan_in"], d["positions"], d["q"], d["q_hat_xy"], d["q_tilde_xy"], d["f"])
@@ -200,7 +225,6 @@ def run(args: argparse.Namespace) -> int:
             f"{args.dataset} batch of {out['batch_size']}, {out['matvecs']} products, {out['seconds']:.2f} s); "
             f"measured/bound = {'-' if ratio is None else format(ratio, '.3f')}"
         )
-    return 0
 
 
 def _check_measure_memory(arch, batch: int, max_bytes: int) -> None:

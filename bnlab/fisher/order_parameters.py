@@ -306,6 +306,40 @@ def fisher_order_parameters(
         BN with population statistics (the paper's model) or with batch statistics (the layers
         followed by BN drop out of the bound; module docstring). Ignored for ``norm="none"``.
     """
+    inputs = _check_inputs(arch, norm=norm, phi=phi, gamma=gamma, beta=beta, sigma_w2=sigma_w2, sigma_b2=sigma_b2,
+                           momentum=momentum, formula=formula, input_q=input_q, input_q_xy=input_q_xy,
+                           bn_mode=bn_mode)
+    try:
+        return _fisher_order_parameters(inputs)
+    except OverflowError:
+        raise ValueError(_overflow_message()) from None
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """The validated arguments of :func:`fisher_order_parameters` (per-layer lists expanded)."""
+
+    architecture: Architecture
+    norm: str
+    phi: Activation
+    gamma: list  # L − 1 values
+    beta: list  # L − 1 values
+    sigma_w2: list  # L values
+    sigma_b2: list  # L values
+    momentum: float
+    formula: str
+    input_q: float
+    input_q_xy: float
+    bn_mode: str
+
+    @property
+    def measured(self) -> bool:
+        return self.formula == "measured"
+
+
+def _check_inputs(arch, *, norm, phi, gamma, beta, sigma_w2, sigma_b2, momentum, formula, input_q, input_q_xy,
+                  bn_mode) -> _Inputs:
+    """Validate :func:`fisher_order_parameters`' arguments (each refusal names the argument and the layer)."""
     architecture = _as_arch(arch)
     norm = check_choice("norm", canonical_value("norm", norm, NORM_ALIASES), NORMS)
     formula = check_choice("formula", formula, FORMULAS)
@@ -332,13 +366,7 @@ def fisher_order_parameters(
         raise ValueError(
             f"input_q_xy={q0xy!r} is not allowed: ‖E x‖²/N0 cannot exceed E‖x‖²/N0 = input_q={q0!r}"
         )
-    base = get_activation(phi)
-    measured = formula == "measured"
-    try:
-        return _fisher_order_parameters(architecture, norm, base, gam, bet, sw2, sb2, mu, formula, q0, q0xy,
-                                        bn_mode, measured)
-    except OverflowError:
-        raise ValueError(_overflow_message()) from None
+    return _Inputs(architecture, norm, get_activation(phi), gam, bet, sw2, sb2, mu, formula, q0, q0xy, bn_mode)
 
 
 def _overflow_message(where: str = "") -> str:
@@ -346,60 +374,103 @@ def _overflow_message(where: str = "") -> str:
             "sigma_b2 or input_q (the forward variances grow like σ_w²·q̂ per layer, q̂ ∝ γ² with BN)")
 
 
-def _fisher_order_parameters(architecture, norm, base, gam, bet, sw2, sb2, mu, formula, q0, q0xy, bn_mode,
-                             measured) -> FisherTheoryResult:
-    L = architecture.depth
-    geos = architecture.geometry()
+@dataclass
+class _Forward:
+    """The forward order parameters per layer (Claims 6.1, 6.3, 6.5) and the backward gains.
 
-    # ---------------- forward (Claims 6.1, 6.3, 6.5) ----------------
-    qh, qh_xy, qh_ab = [q0], [q0xy], [q0xy]  # h^0: independent samples => cross-position = cross-sample
-    q, q_xy, q_ab, s2 = [], [], [], []
-    chi, chi_xy, chi_ab = [], [], []  # backward gains E φ'φ' (× 1/s² with BN) per hidden layer
+    ``q*[l-1]``: the pre-activation z^l of layer l = 1..L; ``qh*[l]``: its input h^l (``qh*[0]`` the data);
+    ``s2[l-1]``: the BN scale of layer l (None without BN and for the output layer); ``chi*[l-1]``:
+    E φ'φ' (× 1/s² with BN) of hidden layer l, same sample, same position in two samples, two positions.
+    """
+
+    q: list = field(default_factory=list)
+    q_xy: list = field(default_factory=list)
+    q_ab: list = field(default_factory=list)
+    s2: list = field(default_factory=list)
+    qh: list = field(default_factory=list)
+    qh_xy: list = field(default_factory=list)
+    qh_ab: list = field(default_factory=list)
+    chi: list = field(default_factory=list)
+    chi_xy: list = field(default_factory=list)
+    chi_ab: list = field(default_factory=list)
+
+
+def _fisher_order_parameters(inputs: _Inputs) -> FisherTheoryResult:
+    geos = inputs.architecture.geometry()
+    fwd = _forward(inputs, geos)
+    bt, bt_xy, bt_ab = _backward(inputs, geos, fwd)
+    f, layers = _bound_terms(inputs, geos, fwd, bt, bt_xy, bt_ab)
+    return _result(inputs, fwd, bt_xy, f, layers)
+
+
+def _forward(inputs: _Inputs, geos: list) -> _Forward:
+    """The forward recursion (Claims 6.1, 6.3, 6.5; Errata E1–E3) from the data's q̂⁰, q̂⁰_xy."""
+    L = inputs.architecture.depth
+    fwd = _Forward(qh=[inputs.input_q], qh_xy=[inputs.input_q_xy],
+                   qh_ab=[inputs.input_q_xy])  # h^0: independent samples => cross-position = cross-sample
+    sw2, sb2 = inputs.sigma_w2, inputs.sigma_b2
     for l in range(1, L + 1):
-        geo = geos[l - 1]
-        rho = _geometry_factors(geo)[0] if measured else 1.0
-        q.append(sb2[l - 1] + sw2[l - 1] * rho * qh[-1])
-        q_xy.append(sb2[l - 1] + sw2[l - 1] * rho * qh_xy[-1])
-        q_ab.append(sb2[l - 1] + sw2[l - 1] * rho * qh_ab[-1])
-        if not (math.isfinite(q[-1]) and math.isfinite(q_xy[-1]) and math.isfinite(q_ab[-1])):
-            raise ValueError(_overflow_message(f" at layer {l} (q = {q[-1]:g})"))
+        rho = _geometry_factors(geos[l - 1])[0] if inputs.measured else 1.0
+        fwd.q.append(sb2[l - 1] + sw2[l - 1] * rho * fwd.qh[-1])
+        fwd.q_xy.append(sb2[l - 1] + sw2[l - 1] * rho * fwd.qh_xy[-1])
+        fwd.q_ab.append(sb2[l - 1] + sw2[l - 1] * rho * fwd.qh_ab[-1])
+        if not (math.isfinite(fwd.q[-1]) and math.isfinite(fwd.q_xy[-1]) and math.isfinite(fwd.q_ab[-1])):
+            raise ValueError(_overflow_message(f" at layer {l} (q = {fwd.q[-1]:g})"))
         if l == L:
-            s2.append(None)
+            fwd.s2.append(None)
             break
-        if norm == "bn":
-            act = base.with_affine(gam[l - 1], bet[l - 1])
-            # u = (z − μ)/s is N(0, 1) per unit; different samples independent (Eqs. 56–60)
-            m2, m11 = _pair(act, 1.0, 0.0)
-            d2, d11 = _derivative_pair(act, 1.0, 0.0)
-            var = (q[-1] - q_xy[-1]) if measured else q[-1]  # Errata E2
-            if not var > 0:
-                raise ValueError(
-                    f"layer {l}: the data variance of the pre-activations s² = {var:g} is not positive "
-                    "(BN is undefined); check sigma_w2 and the input order parameters"
-                )
-            s2.append(var)
-            qh.append(m2)
-            qh_xy.append(m11)
-            qh_ab.append(m11)
-            chi.append(d2 / var)
-            chi_xy.append(d11 / var)
-            chi_ab.append(d11 / var)
+        if inputs.norm == "bn":
+            _forward_bn_layer(inputs, fwd, l)
         else:
-            m2, m11 = _pair(base, q[-1], q_xy[-1])
-            _, m11ab = _pair(base, q[-1], q_ab[-1])
-            d2, d11 = _derivative_pair(base, q[-1], q_xy[-1])
-            _, d11ab = _derivative_pair(base, q[-1], q_ab[-1])
-            s2.append(None)
-            qh.append(m2)
-            qh_xy.append(m11)
-            qh_ab.append(m11ab)
-            chi.append(d2)
-            chi_xy.append(d11)
-            chi_ab.append(d11ab)
+            _forward_vanilla_layer(inputs.phi, fwd)
+    return fwd
 
-    # ---------------- backward (Claims 6.2, 6.4, 6.6) ----------------
-    # measured: totals over positions Q̃ = Σ_α E‖δ_α‖², D̃ = Σ_α E⟨δ_α(x), δ_α(y)⟩,
-    # T̃ = Σ_{α≠β} E⟨δ_α(x), δ_β(y)⟩ (Errata E3, E4); paper: per-position values as printed.
+
+def _forward_bn_layer(inputs: _Inputs, fwd: _Forward, l: int) -> None:
+    """Append h^l and the backward gains of hidden layer l followed by BN (Eqs. 56–60; Errata E2)."""
+    act = inputs.phi.with_affine(inputs.gamma[l - 1], inputs.beta[l - 1])
+    # u = (z − μ)/s is N(0, 1) per unit; different samples independent (Eqs. 56–60)
+    m2, m11 = _pair(act, 1.0, 0.0)
+    d2, d11 = _derivative_pair(act, 1.0, 0.0)
+    var = (fwd.q[-1] - fwd.q_xy[-1]) if inputs.measured else fwd.q[-1]  # Errata E2
+    if not var > 0:
+        raise ValueError(
+            f"layer {l}: the data variance of the pre-activations s² = {var:g} is not positive "
+            "(BN is undefined); check sigma_w2 and the input order parameters"
+        )
+    fwd.s2.append(var)
+    fwd.qh.append(m2)
+    fwd.qh_xy.append(m11)
+    fwd.qh_ab.append(m11)
+    fwd.chi.append(d2 / var)
+    fwd.chi_xy.append(d11 / var)
+    fwd.chi_ab.append(d11 / var)
+
+
+def _forward_vanilla_layer(phi: Activation, fwd: _Forward) -> None:
+    """Append h^l and the backward gains of a hidden layer without BN (Eqs. 20–22, 34–38)."""
+    q, q_xy, q_ab = fwd.q[-1], fwd.q_xy[-1], fwd.q_ab[-1]
+    m2, m11 = _pair(phi, q, q_xy)
+    _, m11ab = _pair(phi, q, q_ab)
+    d2, d11 = _derivative_pair(phi, q, q_xy)
+    _, d11ab = _derivative_pair(phi, q, q_ab)
+    fwd.s2.append(None)
+    fwd.qh.append(m2)
+    fwd.qh_xy.append(m11)
+    fwd.qh_ab.append(m11ab)
+    fwd.chi.append(d2)
+    fwd.chi_xy.append(d11)
+    fwd.chi_ab.append(d11ab)
+
+
+def _backward(inputs: _Inputs, geos: list, fwd: _Forward) -> tuple[list, list, list]:
+    """The backward recursion (Claims 6.2, 6.4, 6.6): q̃, q̃_xy, q̃_αβ,xy of δ^l for l = 1..L.
+
+    measured: totals over positions Q̃ = Σ_α E‖δ_α‖², D̃ = Σ_α E⟨δ_α(x), δ_α(y)⟩,
+    T̃ = Σ_{α≠β} E⟨δ_α(x), δ_β(y)⟩ (Errata E3, E4); paper: per-position values as printed.
+    """
+    L = inputs.architecture.depth
+    measured = inputs.measured
     bt = [0.0] * L
     bt_xy = [0.0] * L
     bt_ab = [0.0] * L
@@ -407,19 +478,24 @@ def _fisher_order_parameters(architecture, norm, base, gam, bet, sw2, sb2, mu, f
     bt_ab[L - 1] = 0.0 if measured else 1.0
     for l in range(L - 1, 0, -1):  # layer l (1-based) receives from layer l+1
         nxt = geos[l]  # geometry of layer l+1
-        g = sw2[l]  # σ_w² of layer l+1
+        g = inputs.sigma_w2[l]  # σ_w² of layer l+1
         i = l - 1
         if measured:
             rho, rho2 = _geometry_factors(nxt)
-            bt[i] = g * chi[i] * rho * bt[l]
-            bt_xy[i] = g * chi_xy[i] * rho * bt_xy[l]
-            bt_ab[i] = g * chi_ab[i] * rho2 * bt_ab[l] if nxt["kind"] == "conv" else 0.0
+            bt[i] = g * fwd.chi[i] * rho * bt[l]
+            bt_xy[i] = g * fwd.chi_xy[i] * rho * bt_xy[l]
+            bt_ab[i] = g * fwd.chi_ab[i] * rho2 * bt_ab[l] if nxt["kind"] == "conv" else 0.0
         else:
-            bt[i] = g * chi[i] * bt[l]
-            bt_xy[i] = g * chi_xy[i] * bt_xy[l]
-            bt_ab[i] = g * chi_ab[i] * bt_ab[l]
+            bt[i] = g * fwd.chi[i] * bt[l]
+            bt_xy[i] = g * fwd.chi_xy[i] * bt_xy[l]
+            bt_ab[i] = g * fwd.chi_ab[i] * bt_ab[l]
+    return bt, bt_xy, bt_ab
 
-    # ---------------- the bound (Claim 3.1, Eqs. 44–45; Errata E5) ----------------
+
+def _bound_terms(inputs: _Inputs, geos: list, fwd: _Forward, bt: list, bt_xy: list,
+                 bt_ab: list) -> tuple[list, list]:
+    """Each layer's term f_l of the bound (Claim 3.1, Eqs. 44–45; Errata E5) and its order parameters."""
+    L = inputs.architecture.depth
     f = []
     layers = []
     for l in range(1, L + 1):
@@ -427,56 +503,67 @@ def _fisher_order_parameters(architecture, norm, base, gam, bet, sw2, sb2, mu, f
         K = geo["positions"]
         n_in = geo["fan_in"] if geo["kind"] == "conv" else geo["in_units"]
         i = l - 1
-        if measured:
+        if inputs.measured:
             rho, rho2 = _geometry_factors(geo)
-            fl = n_in * qh_xy[i] * (rho * bt_xy[i] + rho2 * bt_ab[i])
+            fl = n_in * fwd.qh_xy[i] * (rho * bt_xy[i] + rho2 * bt_ab[i])
             per_pos = (bt[i] / K, bt_xy[i] / K, bt_ab[i] / (K * (K - 1)) if K > 1 else 0.0)
         else:
             if geo["kind"] == "conv":
-                fl = n_in * ((K - 1) * bt_ab[i] + bt_xy[i]) * ((K - 1) * qh_ab[i] + qh_xy[i])
+                fl = n_in * ((K - 1) * bt_ab[i] + bt_xy[i]) * ((K - 1) * fwd.qh_ab[i] + fwd.qh_xy[i])
             else:
-                fl = n_in * qh_xy[i] * bt_xy[i]
+                fl = n_in * fwd.qh_xy[i] * bt_xy[i]
             per_pos = (bt[i], bt_xy[i], bt_ab[i] if K > 1 else 0.0)
-        if norm == "bn" and bn_mode == "train" and l < L:
+        if inputs.norm == "bn" and inputs.bn_mode == "train" and l < L:
             fl = 0.0  # Σ_b δ^l(x_b) = 0 in train mode (module docstring)
         f.append(float(fl))
-        layers.append(
-            dict(
-                layer=l,
-                kind=geo["kind"],
-                fan_in=int(geo["fan_in"]),
-                positions=int(K),
-                q=q[i],
-                q_xy=q_xy[i],
-                q_ab=q_ab[i] if K > 1 or geo["kind"] == "conv" else None,
-                q_hat=qh[i],
-                q_hat_xy=qh_xy[i],
-                q_hat_ab=qh_ab[i],
-                q_tilde=per_pos[0],
-                q_tilde_xy=per_pos[1],
-                q_tilde_ab=per_pos[2],
-                s2=s2[i],
-                f=float(fl),
-            )
-        )
+        layers.append(_layer_record(l, geo, fwd, per_pos, float(fl)))
+    return f, layers
+
+
+def _layer_record(l: int, geo: dict, fwd: _Forward, per_pos: tuple, fl: float) -> dict:
+    """One entry of :attr:`FisherTheoryResult.layers` (its docstring names the keys)."""
+    i = l - 1
+    K = geo["positions"]
+    return dict(
+        layer=l,
+        kind=geo["kind"],
+        fan_in=int(geo["fan_in"]),
+        positions=int(K),
+        q=fwd.q[i],
+        q_xy=fwd.q_xy[i],
+        q_ab=fwd.q_ab[i] if K > 1 or geo["kind"] == "conv" else None,
+        q_hat=fwd.qh[i],
+        q_hat_xy=fwd.qh_xy[i],
+        q_hat_ab=fwd.qh_ab[i],
+        q_tilde=per_pos[0],
+        q_tilde_xy=per_pos[1],
+        q_tilde_ab=per_pos[2],
+        s2=fwd.s2[i],
+        f=fl,
+    )
+
+
+def _result(inputs: _Inputs, fwd: _Forward, bt_xy: list, f: list, layers: list) -> FisherTheoryResult:
+    """The bound Σ_l f_l (refused unless finite and ≥ 0), η* (Eq. 7) and the result record."""
     bound = float(sum(f))
     if not (math.isfinite(bound) and bound >= 0):
         raise ValueError(f"the bound is {bound!r}: not a finite non-negative number for these parameters")
-    note = None if bound > 0 else _zero_bound_note(norm, bn_mode, qh_xy, bt_xy, L)
-    eta = 2.0 * (1.0 + mu) / bound if bound > 0 else math.inf
+    L = inputs.architecture.depth
+    note = None if bound > 0 else _zero_bound_note(inputs.norm, inputs.bn_mode, fwd.qh_xy, bt_xy, L)
+    eta = 2.0 * (1.0 + inputs.momentum) / bound if bound > 0 else math.inf
     return FisherTheoryResult(
-        arch=architecture.to_spec(),
-        norm=norm,
-        phi=base.spec,
-        formula=formula,
-        bn_mode=bn_mode if norm == "bn" else "none",
-        momentum=mu,
-        gamma=tuple(gam),
-        beta=tuple(bet),
-        sigma_w2=tuple(sw2),
-        sigma_b2=tuple(sb2),
-        input_q=q0,
-        input_q_xy=q0xy,
+        arch=inputs.architecture.to_spec(),
+        norm=inputs.norm,
+        phi=inputs.phi.spec,
+        formula=inputs.formula,
+        bn_mode=inputs.bn_mode if inputs.norm == "bn" else "none",
+        momentum=inputs.momentum,
+        gamma=tuple(inputs.gamma),
+        beta=tuple(inputs.beta),
+        sigma_w2=tuple(inputs.sigma_w2),
+        sigma_b2=tuple(inputs.sigma_b2),
+        input_q=inputs.input_q,
+        input_q_xy=inputs.input_q_xy,
         lambda_max_bound=bound,
         eta_star=eta,
         per_layer_f=tuple(f),

@@ -546,7 +546,8 @@ def curvature_operator(
     return op
 
 
-def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device, stop="residual", vec_dtype=None, start=None):
+def _lanczos(matvec, n, *, k, tol, seed, want_vectors, max_steps, device, stop="residual", vec_dtype=None,
+             start=None):
     """Top-k eigenpairs of a symmetric operator by Lanczos with full reorthogonalization (float64 torch).
 
     Stops after the first step at which each of the top-k Ritz pairs (θ_i, y_i) has residual
@@ -570,82 +571,32 @@ def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device, stop="res
     # are made (measured ≈ 25 % of a step's time for a 1e6-parameter MLP on CPU). The stored basis of
     # full reorthogonalization stays float64 (its orthogonality is what it is for).
     vdt = torch.float64 if (full or vec_dtype is None) else vec_dtype
-    gen = torch.Generator().manual_seed(seed)
-    if start is None:
-        q = torch.randn(n, generator=gen, dtype=vdt).to(device)
-    else:
-        q = start.detach().to(device=device, dtype=vdt).clone()
-    q /= float(torch.dot(q, q)) ** 0.5
-
-    # inner products by BLAS dot (blocked accumulation: ≈1e-7 relative in float32 for P ≈ 1e6,
-    # measured, below the products' own rounding); the norm as sqrt(dot) because torch's float32
-    # vector_norm was measured 60× less accurate (8e-6) at that size
-    def _dot(a, b):
-        return float(torch.dot(a, b))
-
-    def _norm(a):
-        return float(torch.dot(a, a)) ** 0.5
-
-    capacity = min(max_steps, 16) if full else 0
-    Q = torch.empty((capacity, n), dtype=torch.float64, device=device)  # one basis vector per row
+    q = _lanczos_start(n, seed, start, vdt, device)
+    basis = _KrylovBasis(n, max_steps, device) if full else None
+    rule = _RitzStoppingRule(stop, k, tol)
     alphas, betas = [], []
     converged = False
     theta = s_vecs = None
     steps = 0
     q_prev = None
-    prev_top = None
     history = []  # the largest Ritz value after each product
     for j in range(max_steps):
         if full:
-            if j == capacity:
-                capacity = min(max_steps, 2 * capacity)
-                grown = torch.empty((capacity, n), dtype=torch.float64, device=device)
-                grown[:j] = Q[:j]
-                Q = grown
-            Q[j] = q
+            basis.append(q)
         steps = j + 1
         w = matvec(q).to(vdt)
         alpha = _dot(q, w)
         alphas.append(alpha)
         if full:
-            basis = Q[: j + 1]
-            before = float(torch.linalg.norm(w))
-            w = torch.addmv(w, basis.T, basis @ w, alpha=-1.0)  # full reorthogonalization (CGS) ...
-            beta = float(torch.linalg.norm(w))
-            if beta < 0.7 * before:  # ... repeated once after strong cancellation (Kahan–Parlett "twice")
-                w = torch.addmv(w, basis.T, basis @ w, alpha=-1.0)
-                beta = float(torch.linalg.norm(w))
+            w, beta = basis.orthogonalize(w)
         else:
-            w.add_(q, alpha=-alpha)
-            if q_prev is not None:
-                w.add_(q_prev, alpha=-betas[-1])
-            beta = _norm(w)
+            w, beta = _three_term_residual(w, q, alpha, q_prev, betas)
         T = np.diag(alphas) + np.diag(betas, 1) + np.diag(betas, -1)
         theta, s_vecs = np.linalg.eigh(T)
         top = np.argsort(theta)[::-1][: min(k, j + 1)]
         history.append(float(theta[top[0]]))
-        resid = np.abs(beta * s_vecs[-1, top])
         scale = max(abs(theta[top[0]]), np.finfo(np.float64).tiny)
-        if stop == "residual":
-            done = np.all(resid <= tol * scale)
-        elif stop == "gap":
-            # Kato–Temple-type estimate: a Ritz value with residual r is within r²/δ of an eigenvalue,
-            # δ its distance to the rest of the spectrum, estimated by the distance to the other Ritz
-            # values (an estimate, not a bound: a Ritz value may not yet resolve an eigenvalue between)
-            if j == 0:
-                done = False
-            else:
-                gaps = np.array([np.min(np.abs(np.delete(theta, i) - theta[i])) for i in top])
-                est = np.minimum(resid, resid**2 / np.maximum(gaps, np.finfo(np.float64).tiny))
-                done = np.all(est <= tol * scale)
-        elif stop == "maxiter":
-            done = False
-        else:
-            current = theta[top]
-            done = prev_top is not None and len(prev_top) == len(current) and np.all(
-                np.abs(current - prev_top) <= tol * scale
-            )
-            prev_top = current
+        done = rule.done(j, theta, s_vecs, beta, top, scale)
         if j + 1 >= k and done:
             converged = True
             break
@@ -657,12 +608,107 @@ def _lanczos(matvec, n, k, tol, seed, want_vectors, max_steps, device, stop="res
     if stop == "maxiter":
         converged = steps >= k
     top = np.argsort(theta)[::-1][:k]
-    vals = theta[top]
-    vecs = None
-    if want_vectors:
-        Q = Q[:steps].T
-        vecs = (Q @ torch.as_tensor(s_vecs[:, top], dtype=torch.float64, device=Q.device)).cpu().numpy()
-    return vals, vecs, converged, history
+    vecs = basis.ritz_vectors(steps, s_vecs[:, top]) if want_vectors else None
+    return theta[top], vecs, converged, history
+
+
+# inner products by BLAS dot (blocked accumulation: ≈1e-7 relative in float32 for P ≈ 1e6,
+# measured, below the products' own rounding); the norm as sqrt(dot) because torch's float32
+# vector_norm was measured 60× less accurate (8e-6) at that size
+def _dot(a, b) -> float:
+    return float(_torch().dot(a, b))
+
+
+def _norm(a) -> float:
+    return float(_torch().dot(a, a)) ** 0.5
+
+
+def _lanczos_start(n, seed, start, dtype, device):
+    """Lanczos' unit start vector: ``start`` normalized, or a Gaussian drawn from a generator seeded ``seed``."""
+    torch = _torch()
+    gen = torch.Generator().manual_seed(seed)
+    if start is None:
+        q = torch.randn(n, generator=gen, dtype=dtype).to(device)
+    else:
+        q = start.detach().to(device=device, dtype=dtype).clone()
+    q /= float(torch.dot(q, q)) ** 0.5
+    return q
+
+
+def _three_term_residual(w, q, alpha, q_prev, betas):
+    """w − α q − β_{j−1} q_{j−1} in place (the plain Lanczos recurrence) and its norm β_j."""
+    w.add_(q, alpha=-alpha)
+    if q_prev is not None:
+        w.add_(q_prev, alpha=-betas[-1])
+    return w, _norm(w)
+
+
+class _KrylovBasis:
+    """Lanczos vectors q_0..q_j, one float64 row each, grown by doubling up to ``max_steps`` rows."""
+
+    def __init__(self, n, max_steps, device):
+        torch = _torch()
+        self.n, self.max_steps, self.device = n, max_steps, device
+        self.capacity = min(max_steps, 16)
+        self.rows = torch.empty((self.capacity, n), dtype=torch.float64, device=device)  # one vector per row
+        self.size = 0
+
+    def append(self, q) -> None:
+        torch = _torch()
+        j = self.size
+        if j == self.capacity:
+            self.capacity = min(self.max_steps, 2 * self.capacity)
+            grown = torch.empty((self.capacity, self.n), dtype=torch.float64, device=self.device)
+            grown[:j] = self.rows[:j]
+            self.rows = grown
+        self.rows[j] = q
+        self.size = j + 1
+
+    def orthogonalize(self, w):
+        """w minus its projection on the basis (classical Gram–Schmidt, repeated once after strong
+        cancellation: Kahan–Parlett "twice is enough") and its norm β_j."""
+        torch = _torch()
+        basis = self.rows[: self.size]
+        before = float(torch.linalg.norm(w))
+        w = torch.addmv(w, basis.T, basis @ w, alpha=-1.0)
+        beta = float(torch.linalg.norm(w))
+        if beta < 0.7 * before:
+            w = torch.addmv(w, basis.T, basis @ w, alpha=-1.0)
+            beta = float(torch.linalg.norm(w))
+        return w, beta
+
+    def ritz_vectors(self, steps, coefficients):
+        """The Ritz vectors Q s_i of the first ``steps`` basis vectors (an n × k NumPy array)."""
+        torch = _torch()
+        Q = self.rows[:steps].T
+        return (Q @ torch.as_tensor(coefficients, dtype=torch.float64, device=Q.device)).cpu().numpy()
+
+
+class _RitzStoppingRule:
+    """Lanczos' stopping rules (``stop`` of :func:`curvature_spectrum`) on the top-k Ritz pairs of a step."""
+
+    def __init__(self, stop, k, tol):
+        self.stop, self.k, self.tol = stop, k, tol
+        self.prev_top = None  # the "change" rule's top-k Ritz values of the previous step
+
+    def done(self, j, theta, s_vecs, beta, top, scale) -> bool:
+        resid = np.abs(beta * s_vecs[-1, top])
+        if self.stop == "residual":
+            return np.all(resid <= self.tol * scale)
+        if self.stop == "gap":
+            # Kato–Temple-type estimate: a Ritz value with residual r is within r²/δ of an eigenvalue,
+            # δ its distance to the rest of the spectrum, estimated by the distance to the other Ritz
+            # values (an estimate, not a bound: a Ritz value may not yet resolve an eigenvalue between)
+            if j == 0:
+                return False
+            gaps = np.array([np.min(np.abs(np.delete(theta, i) - theta[i])) for i in top])
+            est = np.minimum(resid, resid**2 / np.maximum(gaps, np.finfo(np.float64).tiny))
+            return np.all(est <= self.tol * scale)
+        if self.stop == "maxiter":
+            return False
+        current = theta[top]
+        prev, self.prev_top = self.prev_top, current
+        return prev is not None and len(prev) == len(current) and np.all(np.abs(current - prev) <= self.tol * scale)
 
 
 def _start_vector(core, seed):
@@ -682,20 +728,19 @@ def _start_vector(core, seed):
 
 
 def _top_eigenvalues(
-    op, n, k, tol, seed, want_vectors, maxiter, method="arpack", torch_matvec=None, device=None, stop="residual",
+    op, n, k, *, tol, seed, want_vectors, maxiter, method="arpack", torch_matvec=None, device=None, stop="residual",
     vec_dtype=None, start=None,
 ):
+    """The top-k eigenvalues (and eigenvectors) of ``op`` (n × n) and Lanczos' Ritz history (empty otherwise):
+    dense for small n, else ``method`` ("lanczos" on ``torch_matvec``, or ARPACK on ``op``)."""
     from scipy.sparse.linalg import eigsh
 
     if n < max(2 * k + 1, 16):
-        dense = np.column_stack([op.matvec(e) for e in np.eye(n)])
-        dense = 0.5 * (dense + dense.T)
-        w, v = np.linalg.eigh(dense)
-        order = np.argsort(w)[::-1][:k]
-        return w[order], (v[:, order] if want_vectors else None), ()
+        return _dense_top_eigenpairs(op, n, k, want_vectors)
     if method == "lanczos":
         vals, vecs, converged, history = _lanczos(
-            torch_matvec, n, k, tol, seed, want_vectors, maxiter or min(n, 300), device, stop, vec_dtype, start
+            torch_matvec, n, k=k, tol=tol, seed=seed, want_vectors=want_vectors, max_steps=maxiter or min(n, 300),
+            device=device, stop=stop, vec_dtype=vec_dtype, start=start,
         )
         if not converged:
             raise RuntimeError(
@@ -710,6 +755,50 @@ def _top_eigenvalues(
         order = np.argsort(w)[::-1]
         return w[order], v[:, order], ()
     return np.sort(out)[::-1], None, ()
+
+
+def _dense_top_eigenpairs(op, n, k, want_vectors):
+    """The top k of a small operator from its dense matrix (n products; symmetrized against rounding)."""
+    dense = np.column_stack([op.matvec(e) for e in np.eye(n)])
+    dense = 0.5 * (dense + dense.T)
+    w, v = np.linalg.eigh(dense)
+    order = np.argsort(w)[::-1][:k]
+    return w[order], (v[:, order] if want_vectors else None), ()
+
+
+def _block_eigenvalues(op, core, blocks, *, k, tol, seed, maxiter, method, stop) -> dict[str, tuple]:
+    """The top-k eigenvalues of each diagonal block of the curvature (``blocks`` of :func:`curvature_spectrum`):
+    the block's products are the full products of vectors zero outside it, restricted to it."""
+    from scipy.sparse.linalg import LinearOperator
+
+    torch = _torch()
+    n = core.num_params
+    block_eigs: dict[str, tuple] = {}
+    for name, idx in core.param_blocks(blocks).items():
+        nb = len(idx)
+
+        def mv(v, idx=idx):
+            full = np.zeros(n)
+            full[idx] = np.asarray(v, dtype=np.float64).reshape(-1)
+            return op.matvec(full)[idx]
+
+        bop = LinearOperator((nb, nb), matvec=mv, rmatvec=mv, dtype=np.float64)
+        idx_t = torch.as_tensor(idx, device=core.device)
+
+        def tmv(v, idx_t=idx_t):
+            full = torch.zeros(n, dtype=torch.float64, device=core.device)
+            full[idx_t] = v
+            return core.matvec(full).detach().to(torch.float64)[idx_t]
+
+        kb = min(k, nb - 1) if nb > 1 else 1
+        bmethod = method if kb == 1 or method == "arpack" else "arpack"
+        if nb == 1:
+            bw = np.array([float(mv(np.ones(1))[0])])
+        else:
+            bw, _, _ = _top_eigenvalues(bop, nb, kb, tol=tol, seed=seed, want_vectors=False, maxiter=maxiter,
+                                        method=bmethod, torch_matvec=tmv, device=core.device, stop=stop)
+        block_eigs[name] = tuple(float(x) for x in bw)
+    return block_eigs
 
 
 def curvature_spectrum(
@@ -781,7 +870,6 @@ def curvature_spectrum(
     Non-finite parameters, buffers, inputs or targets, an output that is not one finite tensor with a
     leading batch dimension, and a BN batch variance that overflows the dtype are ``ValueError``.
     """
-    torch = _torch()
     k = check_int("k", k, minimum=1)
     tol = check_real("tol", tol, minimum=0.0)
     seed = check_seed("seed", seed)
@@ -814,36 +902,13 @@ def curvature_spectrum(
 
     use_gradient = start == "gradient"
     w, vecs, history = _top_eigenvalues(
-        op, n, k, tol, seed, return_eigenvectors, maxiter, method, torch_mv, core.device, stop, core.dtype,
-        _start_vector(core, seed) if use_gradient else None,
+        op, n, k, tol=tol, seed=seed, want_vectors=return_eigenvectors, maxiter=maxiter, method=method,
+        torch_matvec=torch_mv, device=core.device, stop=stop, vec_dtype=core.dtype,
+        start=_start_vector(core, seed) if use_gradient else None,
     )
-    block_eigs: dict[str, tuple] = {}
-    if blocks is not None:
-        from scipy.sparse.linalg import LinearOperator
-
-        for name, idx in core.param_blocks(blocks).items():
-            nb = len(idx)
-
-            def mv(v, idx=idx):
-                full = np.zeros(n)
-                full[idx] = np.asarray(v, dtype=np.float64).reshape(-1)
-                return op.matvec(full)[idx]
-
-            bop = LinearOperator((nb, nb), matvec=mv, rmatvec=mv, dtype=np.float64)
-            idx_t = torch.as_tensor(idx, device=core.device)
-
-            def tmv(v, idx_t=idx_t):
-                full = torch.zeros(n, dtype=torch.float64, device=core.device)
-                full[idx_t] = v
-                return core.matvec(full).detach().to(torch.float64)[idx_t]
-
-            kb = min(k, nb - 1) if nb > 1 else 1
-            bmethod = method if kb == 1 or method == "arpack" else "arpack"
-            if nb == 1:
-                bw = np.array([float(mv(np.ones(1))[0])])
-            else:
-                bw, _, _ = _top_eigenvalues(bop, nb, kb, tol, seed, False, maxiter, bmethod, tmv, core.device, stop)
-            block_eigs[name] = tuple(float(x) for x in bw)
+    block_eigs = {} if blocks is None else _block_eigenvalues(
+        op, core, blocks, k=k, tol=tol, seed=seed, maxiter=maxiter, method=method, stop=stop
+    )
     return SpectrumResult(
         curvature=core.curvature,
         bn_mode=core.bn_mode,

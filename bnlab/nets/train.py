@@ -367,6 +367,52 @@ def train(
     Same model initialization, optimizer, ``seed`` and device → the same numbers (CPU kernels are
     deterministic for a fixed thread count; on CUDA cuBLAS may reorder sums).
     """
+    run = _check_train_args(
+        model, train_data, batch_size=batch_size, steps=steps, epochs=epochs, loss_fn=loss_fn, test_data=test_data,
+        hooks=hooks, callbacks=callbacks, eval_every_epoch=eval_every_epoch, seed=seed, device=device,
+        check_every=check_every, eval_batch_size=eval_batch_size, transform=transform, diverge_above=diverge_above,
+        test_bn_mode=test_bn_mode, step_mode=step_mode,
+    )
+    model.to(run.device).train()
+    opt = _build_optimizer(optimizer, model)
+    _check_hyperparameters(opt, run.dtype)
+    progress = _train_steps(model, opt, run)
+    return _train_result(model, run, progress)
+
+
+@dataclass(frozen=True)
+class _TrainRun:
+    """The validated arguments of :func:`train`: the data on the device, the length in steps, the options."""
+
+    device: torch.device
+    dtype: torch.dtype
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    test: tuple | None  # (x, y) on the device
+    batch_size: int
+    steps: int
+    per_epoch: int  # steps per epoch, ⌊n/batch_size⌋
+    seed: int
+    check_every: int
+    eval_batch_size: int
+    loss_fn: Callable
+    transform: Callable | None
+    diverge_above: float | None
+    test_bn_mode: str
+    hooks: tuple
+    callbacks: tuple
+    eval_every_epoch: bool
+    step_mode: str
+
+    def evaluate(self, model: nn.Module) -> tuple[float, bool, float]:
+        """:func:`_evaluate` on the test data (accuracy, all logits finite, mean loss)."""
+        return _evaluate(model, self.test[0], self.test[1], self.eval_batch_size, self.loss_fn, self.test_bn_mode)
+
+
+def _check_train_args(model, train_data, *, batch_size, steps, epochs, loss_fn, test_data, hooks, callbacks,
+                      eval_every_epoch, seed, device, check_every, eval_batch_size, transform, diverge_above,
+                      test_bn_mode, step_mode) -> _TrainRun:
+    """Validate :func:`train`'s arguments (before the model is moved or an optimizer built)."""
     dev = resolve_device(device)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model={type(model).__name__} is not allowed: expected a torch.nn.Module")
@@ -402,77 +448,113 @@ def train(
     callbacks = _callables("callbacks", callbacks)
     if eval_every_epoch and test is None:
         raise ValueError("eval_every_epoch=True is not allowed without test_data")
-
     step_mode = check_choice("step_mode", step_mode, TRAIN_STEP_MODES)
-    model.to(dev).train()
-    opt = _build_optimizer(optimizer, model)
-    _check_hyperparameters(opt, dtype)
-    step_fns = _StepFunctions(model, loss_fn, opt, step_mode)
-    gen = torch.Generator().manual_seed(seed)
-    losses = torch.empty(steps, device=dev)
-    diverged_at = None
-    stopped = False
-    epoch_rows: list[dict] = []
-    chance: float | None = None
-    done = 0
+    return _TrainRun(dev, dtype, x_tr, y_tr, test, batch_size, steps, per_epoch, seed, check_every, eval_batch_size,
+                     loss_fn, transform, diverge_above, test_bn_mode, hooks, callbacks, eval_every_epoch, step_mode)
+
+
+@dataclass
+class _TrainProgress:
+    """What the step loop of :func:`train` leaves behind."""
+
+    losses: torch.Tensor  # (steps,) on the device; the first ``done`` are filled
+    done: int = 0  # steps taken
+    diverged_at: int | None = None
+    stopped: bool = False  # by a callback
+    chance: float | None = None  # 1/classes, known after the first forward pass (None: not a classifier)
+    epoch_rows: list = field(default_factory=list)
     # (steps done, _evaluate's result) of the latest end-of-epoch test pass: when training ends there,
     # the model is the one just evaluated, and the final result reuses that pass instead of a second one
-    epoch_eval: tuple[int, tuple] | None = None
-    for step, idx in enumerate(_batches(n, batch_size, steps, gen, dev)):
+    epoch_eval: tuple | None = None
+
+
+def _train_steps(model: nn.Module, opt: torch.optim.Optimizer, run: _TrainRun) -> _TrainProgress:
+    """The step loop: batch, loss, backward, hooks, optimizer step, callbacks, divergence checks, epoch tests."""
+    step_fns = _StepFunctions(model, run.loss_fn, opt, run.step_mode)
+    gen = torch.Generator().manual_seed(run.seed)
+    progress = _TrainProgress(losses=torch.empty(run.steps, device=run.device))
+    x_tr, y_tr = run.x_train, run.y_train
+    for step, idx in enumerate(_batches(x_tr.shape[0], run.batch_size, run.steps, gen, run.device)):
         xb = x_tr[idx]
-        xb = xb if transform is None else transform(xb)
+        xb = xb if run.transform is None else run.transform(xb)
         if step == 0:  # eager: the labels are checked against the outputs before the loss sees them
             out = model(xb)
-            chance = _check_targets_once(out, y_tr, test)
-            loss = loss_fn(out, y_tr[idx])
+            progress.chance = _check_targets_once(out, y_tr, run.test)
+            loss = run.loss_fn(out, y_tr[idx])
         else:
             loss = step_fns.loss(xb, y_tr[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        for hook in hooks:
+        for hook in run.hooks:
             hook(model)
         step_fns.optimizer_step()
-        losses[step] = loss.detach()
-        done = step + 1
-        if callbacks:
-            info = StepInfo(step=step, loss=loss.detach(), model=model, optimizer=opt, epoch=step // per_epoch)
-            for cb in callbacks:
-                ret = cb(info)
-                if ret is not None and bool(ret):
-                    stopped = True
-        last = done == steps or stopped
-        end_of_epoch = done % per_epoch == 0
-        if done % check_every == 0 or last or (eval_every_epoch and end_of_epoch):
-            window = losses[done - min(check_every, done) : done]
-            bad_mask = ~torch.isfinite(window)
-            if diverge_above is not None:
-                bad_mask |= window > diverge_above
-            if bad_mask.any():
-                bad = bad_mask.nonzero()[0].item()
-                diverged_at = done - window.numel() + bad
+        progress.losses[step] = loss.detach()
+        progress.done = done = step + 1
+        if run.callbacks and _callbacks_stop(run.callbacks, StepInfo(
+                step=step, loss=loss.detach(), model=model, optimizer=opt, epoch=step // run.per_epoch)):
+            progress.stopped = True
+        last = done == run.steps or progress.stopped
+        end_of_epoch = done % run.per_epoch == 0
+        if done % run.check_every == 0 or last or (run.eval_every_epoch and end_of_epoch):
+            progress.diverged_at = _first_bad_step(progress.losses, done, run.check_every, run.diverge_above)
+            if progress.diverged_at is not None:
                 break
-        if eval_every_epoch and end_of_epoch:
-            acc, finite, test_loss = (_evaluate(model, test[0], test[1], eval_batch_size, loss_fn, test_bn_mode)
-                                      if chance is not None else (None, True, None))
-            epoch_eval = (done, (acc, finite, test_loss))
-            epoch_rows.append({"epoch": done // per_epoch,
-                               "train_loss": float(losses[done - per_epoch : done].mean().item()),
-                               "test_accuracy": acc if finite else None})
-        if stopped:
+        if run.eval_every_epoch and end_of_epoch:
+            _test_epoch(model, run, progress)
+        if progress.stopped:
             break
-    history = losses[:done].cpu().tolist()
-    if diverged_at is not None:
-        return TrainResult(None if test is None else chance, True, diverged_at, done, float("nan"), chance,
-                           history, epoch_rows, stopped)
+    return progress
+
+
+def _callbacks_stop(callbacks: tuple, info: StepInfo) -> bool:
+    """Call every callback (all of them, even after one asked to stop); True if any returned true."""
+    stop = False
+    for cb in callbacks:
+        ret = cb(info)
+        if ret is not None and bool(ret):
+            stop = True
+    return stop
+
+
+def _first_bad_step(losses: torch.Tensor, done: int, check_every: int, diverge_above: float | None) -> int | None:
+    """The first step among the last ≤ ``check_every`` whose loss is non-finite or above ``diverge_above``
+    (one host sync), or None."""
+    window = losses[done - min(check_every, done) : done]
+    bad_mask = ~torch.isfinite(window)
+    if diverge_above is not None:
+        bad_mask |= window > diverge_above
+    if bad_mask.any():
+        bad = bad_mask.nonzero()[0].item()
+        return done - window.numel() + bad
+    return None
+
+
+def _test_epoch(model: nn.Module, run: _TrainRun, progress: _TrainProgress) -> None:
+    """The end-of-epoch row of ``eval_every_epoch``: the epoch's mean training loss and the test accuracy."""
+    done, per_epoch = progress.done, run.per_epoch
+    acc, finite, test_loss = run.evaluate(model) if progress.chance is not None else (None, True, None)
+    progress.epoch_eval = (done, (acc, finite, test_loss))
+    progress.epoch_rows.append({"epoch": done // per_epoch,
+                                "train_loss": float(progress.losses[done - per_epoch : done].mean().item()),
+                                "test_accuracy": acc if finite else None})
+
+
+def _train_result(model: nn.Module, run: _TrainRun, progress: _TrainProgress) -> TrainResult:
+    """The :class:`TrainResult` of a finished loop (the final test pass unless the last epoch's is reusable)."""
+    done, chance, epoch_rows, stopped = progress.done, progress.chance, progress.epoch_rows, progress.stopped
+    history = progress.losses[:done].cpu().tolist()
+    if progress.diverged_at is not None:
+        return TrainResult(None if run.test is None else chance, True, progress.diverged_at, done, float("nan"),
+                           chance, history, epoch_rows, stopped)
     final = float(np.mean(history[-50:]))
-    if test is None:
+    if run.test is None:
         return TrainResult(None, False, None, done, final, chance, history, epoch_rows, stopped)
     if chance is None:  # not a classifier (floating targets): no accuracy to report
         return TrainResult(None, False, None, done, final, chance, history, epoch_rows, stopped)
-    if epoch_eval is not None and epoch_eval[0] == done:
-        acc, finite, test_loss = epoch_eval[1]
+    if progress.epoch_eval is not None and progress.epoch_eval[0] == done:
+        acc, finite, test_loss = progress.epoch_eval[1]
     else:
-        acc, finite, test_loss = _evaluate(model, test[0], test[1], eval_batch_size, loss_fn, test_bn_mode)
+        acc, finite, test_loss = run.evaluate(model)
     if not finite:
         return TrainResult(chance, True, None, done, final, chance, history, epoch_rows, stopped)
     return TrainResult(acc, False, None, done, final, chance, history, epoch_rows, stopped, test_loss)

@@ -319,6 +319,59 @@ def run_chain(
     variance shrinks every layer by ~1/√eps, and the chain would read as rank 0 once it underflows)
     raises ``FloatingPointError`` naming the layer, as a non-finite one does.
     """
+    cfg = _check_chain_args(width, batch_size, depth, chains=chains, norm=norm, phi=phi, placement=placement,
+                            residual_gamma=residual_gamma, init=init, tau=tau, seed=seed, dtype=dtype, device=device,
+                            eps=eps, block_size=block_size, measure_every=measure_every,
+                            max_memory_bytes=max_memory_bytes, max_seconds=max_seconds, inputs_given=inputs is not None)
+    layers = _recorded_layers(cfg, record_layers)
+    gen = torch.Generator(device=cfg.device)
+    gen.manual_seed(cfg.seed)
+    h = _chain_inputs(cfg, inputs, gen)
+    meter = _ChainMeter(cfg, layers)
+    meter.measure(h.unsqueeze(0), [0])
+    _run_layers(cfg, h, gen, meter)
+    return meter.result()
+
+
+@dataclass(frozen=True)
+class _ChainConfig:
+    """The validated arguments of :func:`run_chain` (``block_size`` already lowered to fit the memory bound)."""
+
+    width: int
+    batch_size: int
+    depth: int
+    chains: int
+    norm: str
+    activation: str
+    placement: str
+    gamma: float
+    init: str
+    tau: float
+    seed: int
+    dtype: torch.dtype
+    device: torch.device
+    eps: float
+    block_size: int
+    measure_every: int
+    max_memory_bytes: int
+    inputs_given: bool
+
+    def to_dict(self) -> dict:
+        """:attr:`ChainResult.config`."""
+        return {
+            "width": self.width, "batch_size": self.batch_size, "depth": self.depth, "chains": self.chains,
+            "norm": self.norm, "phi": self.activation, "placement": self.placement,
+            "residual_gamma": "inf" if math.isinf(self.gamma) else self.gamma, "init": self.init, "tau": self.tau,
+            "seed": self.seed, "dtype": str(self.dtype).replace("torch.", ""), "device": str(self.device),
+            "eps": self.eps, "block_size": self.block_size, "measure_every": self.measure_every,
+            "inputs": "given" if self.inputs_given else "gaussian",
+        }
+
+
+def _check_chain_args(width, batch_size, depth, *, chains, norm, phi, placement, residual_gamma, init, tau, seed,
+                      dtype, device, eps, block_size, measure_every, max_memory_bytes, max_seconds,
+                      inputs_given) -> _ChainConfig:
+    """Validate :func:`run_chain`'s arguments, refuse a chain over ``max_seconds`` and fit ``block_size``."""
     d = check_int("width", width, minimum=1)
     n = check_int("batch_size", batch_size, minimum=1)
     depth = check_int("depth", depth, minimum=1)
@@ -337,15 +390,27 @@ def run_chain(
     dt = _resolve_dtype(dtype)
     dev = _resolve_device(device)
     if max_seconds is not None:
-        max_seconds = check_real("max_seconds", max_seconds, minimum=0.0, strict_minimum=True)
-        secs = chain_seconds(d, n, depth, chains, dev.type)
-        if secs > max_seconds:
-            raise ValueError(
-                f"depth={depth} is not allowed with width={d}, batch_size={n}, chains={chains} on {dev.type}: "
-                f"the chain would take about {secs:.3g} s ({secs / 86400:.3g} days), more than max_seconds="
-                f"{max_seconds:g}; use a smaller depth (at most about {int(depth * max_seconds / secs)}) or "
-                "raise max_seconds"
-            )
+        _check_chain_time(d, n, depth, chains, dev, max_seconds)
+    block_size = _fit_block_size(d, n, chains, dt, block_size, max_memory_bytes)
+    return _ChainConfig(d, n, depth, chains, norm, activation, placement, gamma, init, tau, seed, dt, dev, eps,
+                        block_size, measure_every, max_memory_bytes, inputs_given)
+
+
+def _check_chain_time(d: int, n: int, depth: int, chains: int, dev: torch.device, max_seconds) -> None:
+    """Refuse, before it starts, a chain whose estimated time (:func:`chain_seconds`) exceeds ``max_seconds``."""
+    max_seconds = check_real("max_seconds", max_seconds, minimum=0.0, strict_minimum=True)
+    secs = chain_seconds(d, n, depth, chains, dev.type)
+    if secs > max_seconds:
+        raise ValueError(
+            f"depth={depth} is not allowed with width={d}, batch_size={n}, chains={chains} on {dev.type}: "
+            f"the chain would take about {secs:.3g} s ({secs / 86400:.3g} days), more than max_seconds="
+            f"{max_seconds:g}; use a smaller depth (at most about {int(depth * max_seconds / secs)}) or "
+            "raise max_seconds"
+        )
+
+
+def _fit_block_size(d: int, n: int, chains: int, dt: torch.dtype, block_size: int, max_memory_bytes: int) -> int:
+    """The largest block of layers ≤ ``block_size`` whose working memory fits ``max_memory_bytes``."""
     itemsize = torch.finfo(dt).bits // 8
     # per layer of a block: its weights (d²), its representation (dN) and SVD workspace (~ 3·d·N)
     per_layer = chains * (d * d + 4 * d * n) * itemsize
@@ -355,41 +420,97 @@ def run_chain(
             f"width={d}, batch_size={n}, chains={chains} is not allowed: one layer needs "
             f"{(per_layer + fixed) / 2**30:.3g} GiB, more than max_memory_bytes={max_memory_bytes} "
             f"({max_memory_bytes / 2**30:.3g} GiB); reduce width, batch_size or chains, or raise the bound")
-    block_size = max(1, min(block_size, (max_memory_bytes - fixed) // per_layer))
+    return max(1, min(block_size, (max_memory_bytes - fixed) // per_layer))
+
+
+def _recorded_layers(cfg: _ChainConfig, record_layers) -> np.ndarray:
+    """The sorted layer indices to keep per-layer values for, refused if their values overflow the memory bound."""
     if record_layers is None:
-        layers = default_record_layers(depth)
+        layers = default_record_layers(cfg.depth)
     else:
-        layers = np.unique(np.asarray([check_int("record_layers", v, minimum=0, maximum=depth)
+        layers = np.unique(np.asarray([check_int("record_layers", v, minimum=0, maximum=cfg.depth)
                                        for v in record_layers], dtype=np.int64))
-    recorded_bytes = len(layers) * chains * (5 + min(d, n)) * 8
-    if recorded_bytes > max_memory_bytes:
+    recorded_bytes = len(layers) * cfg.chains * (5 + min(cfg.width, cfg.batch_size)) * 8
+    if recorded_bytes > cfg.max_memory_bytes:
         raise ValueError(
-            f"record_layers is not allowed: {len(layers)} recorded layers of {chains} chains need "
-            f"{recorded_bytes / 2**30:.3g} GiB, more than max_memory_bytes={max_memory_bytes}; record fewer layers")
-    gen = torch.Generator(device=dev)
-    gen.manual_seed(seed)
+            f"record_layers is not allowed: {len(layers)} recorded layers of {cfg.chains} chains need "
+            f"{recorded_bytes / 2**30:.3g} GiB, more than max_memory_bytes={cfg.max_memory_bytes}; record fewer "
+            "layers")
+    return layers
+
+
+def _chain_inputs(cfg: _ChainConfig, inputs, gen: torch.Generator) -> torch.Tensor:
+    """H_0, (chains, d, N): ``inputs`` (one shared (d, N) matrix or one per chain) or standard Gaussian draws."""
+    d, n, chains = cfg.width, cfg.batch_size, cfg.chains
     if inputs is None:
-        h = torch.randn((chains, d, n), generator=gen, dtype=dt, device=dev)
-    else:
-        x = as_representation(inputs, "inputs").to(dtype=dt, device=dev)
-        if x.ndim == 2:
-            x = x.expand(chains, -1, -1)
-        if tuple(x.shape) != (chains, d, n):
-            raise ValueError(
-                f"inputs is not allowed: expected shape ({d}, {n}) or ({chains}, {d}, {n}), got {tuple(x.shape)}")
-        h = x.clone()
+        return torch.randn((chains, d, n), generator=gen, dtype=cfg.dtype, device=cfg.device)
+    x = as_representation(inputs, "inputs").to(dtype=cfg.dtype, device=cfg.device)
+    if x.ndim == 2:
+        x = x.expand(chains, -1, -1)
+    if tuple(x.shape) != (chains, d, n):
+        raise ValueError(
+            f"inputs is not allowed: expected shape ({d}, {n}) or ({chains}, {d}, {n}), got {tuple(x.shape)}")
+    return x.clone()
 
-    k = min(d, n)
-    underflow = math.sqrt(torch.finfo(dt).tiny)
-    rec_pos = {int(l): i for i, l in enumerate(layers)}
-    out = {name: np.zeros((chains, len(layers))) for name in
-           ("soft_rank", "rank_lower_bound", "numerical_rank", "stable_rank", "effective_rank")}
-    sv_out = np.zeros((chains, len(layers), k))
-    sums = {name: torch.zeros(chains, dtype=torch.float64, device=dev) for name in ("sr", "sr2", "r", "nr")}
-    final = {}
 
-    def measure(buf: torch.Tensor, layer_ids: list[int]) -> None:
-        # buf: (b, chains, d, n) — the layers layer_ids, one SVD call.
+def _run_layers(cfg: _ChainConfig, h: torch.Tensor, gen: torch.Generator, meter: "_ChainMeter") -> None:
+    """Layers 1..depth, ``block_size`` at a time: draw a block's weights, step, and measure the layers kept."""
+    done = 0
+    buf = torch.empty((cfg.block_size, cfg.chains, cfg.width, cfg.batch_size), dtype=cfg.dtype, device=cfg.device)
+    with torch.no_grad():
+        while done < cfg.depth:
+            b = min(cfg.block_size, cfg.depth - done)
+            weights = draw_weights((b, cfg.chains, cfg.width, cfg.width), cfg.init, gen, cfg.dtype, cfg.device)
+            kept: list[int] = []
+            for j in range(b):
+                h = _step(h, weights[j], cfg.gamma, cfg.norm, cfg.activation, cfg.placement, cfg.eps)
+                layer = done + j + 1
+                if layer % cfg.measure_every == 0 or layer in meter.rec_pos or layer == cfg.depth:
+                    buf[len(kept)] = h
+                    kept.append(layer)
+            if kept:
+                meter.measure(buf[: len(kept)], kept)
+            done += b
+
+
+class _ChainMeter:
+    """The rank measures of a chain's layers: recorded per layer, summed for the means, and the last layer's."""
+
+    def __init__(self, cfg: _ChainConfig, layers: np.ndarray):
+        self.cfg = cfg
+        self.layers = layers
+        self.rec_pos = {int(l): i for i, l in enumerate(layers)}
+        self.underflow = math.sqrt(torch.finfo(cfg.dtype).tiny)
+        self.out = {name: np.zeros((cfg.chains, len(layers))) for name in
+                    ("soft_rank", "rank_lower_bound", "numerical_rank", "stable_rank", "effective_rank")}
+        self.sv_out = np.zeros((cfg.chains, len(layers), min(cfg.width, cfg.batch_size)))
+        self.sums = {name: torch.zeros(cfg.chains, dtype=torch.float64, device=cfg.device)
+                     for name in ("sr", "sr2", "r", "nr")}
+        self.final: dict = {}
+
+    def measure(self, buf: torch.Tensor, layer_ids: list[int]) -> None:
+        """Measure the layers ``layer_ids`` held in ``buf`` (b, chains, d, n) with one batched SVD."""
+        self._check_finite(buf, layer_ids)
+        if self.cfg.eps > 0 and self.cfg.norm != "none":
+            self._check_underflow(buf, layer_ids)
+        d, n = self.cfg.width, self.cfg.batch_size
+        fro2 = buf.pow(2).sum(dim=(-2, -1))
+        sv = torch.linalg.svdvals(buf)
+        # Read the soft rank at the scale tr M = d: λ_i = σ_i² · (dN/‖H‖_F²) / N.
+        scale = torch.where(fro2 > 0, d * n / torch.where(fro2 > 0, fro2, torch.ones_like(fro2)),
+                            torch.zeros_like(fro2))
+        sv_scaled = sv * scale.sqrt().unsqueeze(-1)
+        sr = (sv_scaled.pow(2) / n >= self.cfg.tau).sum(-1).to(torch.float64)
+        r = _lower_bound_from_sv(sv).to(torch.float64)
+        nr = _numerical_rank_from_sv(sv, d, n, None).to(torch.float64)
+        idx = torch.tensor(layer_ids)
+        self._accumulate(idx, sr, r, nr)
+        self._record(idx, sv, sv_scaled, sr, r, nr)
+        if layer_ids[-1] == self.cfg.depth:
+            self.final.update(sr=sr[-1].cpu().numpy(), r=r[-1].cpu().numpy(), nr=nr[-1].cpu().numpy())
+
+    @staticmethod
+    def _check_finite(buf: torch.Tensor, layer_ids: list[int]) -> None:
         if not bool(torch.isfinite(buf).all()):
             pos = int((~torch.isfinite(buf)).flatten(1).any(1).nonzero()[0, 0])
             lo = layer_ids[pos - 1] + 1 if pos > 0 else 1
@@ -397,87 +518,61 @@ def run_chain(
             raise FloatingPointError(
                 f"{where} produced non-finite values (under BN with eps=0 a row of zeros has no scale); "
                 "use eps > 0")
-        if eps > 0 and norm != "none":
-            peak = buf.abs().amax(dim=(-2, -1))  # (b, chains)
-            low = peak < underflow
-            if bool(low.any()):
-                pos = int(low.any(1).nonzero()[0, 0])
-                raise FloatingPointError(
-                    f"layer {layer_ids[pos]} underflows: its largest entry is {float(peak[low].max()):.3g}, below "
-                    f"{underflow:.3g}; eps={eps:g} dominates the variance, so every layer shrinks the "
-                    "representation by ~1/sqrt(eps) and it would read as rank 0 (use a smaller --eps)")
-        fro2 = buf.pow(2).sum(dim=(-2, -1))
-        sv = torch.linalg.svdvals(buf)
-        # Read the soft rank at the scale tr M = d: λ_i = σ_i² · (dN/‖H‖_F²) / N.
-        scale = torch.where(fro2 > 0, d * n / torch.where(fro2 > 0, fro2, torch.ones_like(fro2)),
-                            torch.zeros_like(fro2))
-        sv_scaled = sv * scale.sqrt().unsqueeze(-1)
-        sr = (sv_scaled.pow(2) / n >= tau).sum(-1).to(torch.float64)
-        r = _lower_bound_from_sv(sv).to(torch.float64)
-        nr = _numerical_rank_from_sv(sv, d, n, None).to(torch.float64)
-        idx = torch.tensor(layer_ids)
-        counted = ((idx >= 1) & (idx % measure_every == 0)).to(dev)
+
+    def _check_underflow(self, buf: torch.Tensor, layer_ids: list[int]) -> None:
+        peak = buf.abs().amax(dim=(-2, -1))  # (b, chains)
+        low = peak < self.underflow
+        if bool(low.any()):
+            pos = int(low.any(1).nonzero()[0, 0])
+            raise FloatingPointError(
+                f"layer {layer_ids[pos]} underflows: its largest entry is {float(peak[low].max()):.3g}, below "
+                f"{self.underflow:.3g}; eps={self.cfg.eps:g} dominates the variance, so every layer shrinks the "
+                "representation by ~1/sqrt(eps) and it would read as rank 0 (use a smaller --eps)")
+
+    def _accumulate(self, idx: torch.Tensor, sr, r, nr) -> None:
+        """Add the layers ℓ ≥ 1 with ℓ % measure_every == 0 to the running sums of the means."""
+        counted = ((idx >= 1) & (idx % self.cfg.measure_every == 0)).to(self.cfg.device)
         w = counted.to(torch.float64).unsqueeze(-1)
-        sums["sr"] += (sr * w).sum(0)
-        sums["sr2"] += (sr * sr * w).sum(0)
-        sums["r"] += (r * w).sum(0)
-        sums["nr"] += (nr * w).sum(0)
-        wanted = [(j, rec_pos[int(l)]) for j, l in enumerate(idx.tolist()) if int(l) in rec_pos]
-        if wanted:
-            js = torch.tensor([j for j, _ in wanted], device=dev)
-            ps = [p for _, p in wanted]
-            out["soft_rank"][:, ps] = sr[js].T.cpu().numpy()
-            out["rank_lower_bound"][:, ps] = r[js].T.cpu().numpy()
-            out["numerical_rank"][:, ps] = nr[js].T.cpu().numpy()
-            out["stable_rank"][:, ps] = _stable_rank_from_sv(sv[js]).T.to(torch.float64).cpu().numpy()
-            out["effective_rank"][:, ps] = _effective_rank_from_sv(sv[js]).T.to(torch.float64).cpu().numpy()
-            sv_out[:, ps, :] = sv_scaled[js].transpose(0, 1).to(torch.float64).cpu().numpy()
-        if layer_ids[-1] == depth:
-            final.update(sr=sr[-1].cpu().numpy(), r=r[-1].cpu().numpy(), nr=nr[-1].cpu().numpy())
+        self.sums["sr"] += (sr * w).sum(0)
+        self.sums["sr2"] += (sr * sr * w).sum(0)
+        self.sums["r"] += (r * w).sum(0)
+        self.sums["nr"] += (nr * w).sum(0)
 
-    measure(h.unsqueeze(0), [0])
-    done = 0
-    buf = torch.empty((block_size, chains, d, n), dtype=dt, device=dev)
-    with torch.no_grad():
-        while done < depth:
-            b = min(block_size, depth - done)
-            weights = draw_weights((b, chains, d, d), init, gen, dt, dev)
-            kept: list[int] = []
-            for j in range(b):
-                h = _step(h, weights[j], gamma, norm, activation, placement, eps)
-                layer = done + j + 1
-                if layer % measure_every == 0 or layer in rec_pos or layer == depth:
-                    buf[len(kept)] = h
-                    kept.append(layer)
-            if kept:
-                measure(buf[: len(kept)], kept)
-            done += b
+    def _record(self, idx: torch.Tensor, sv, sv_scaled, sr, r, nr) -> None:
+        """Keep the per-layer values of the recorded layers among ``idx``."""
+        wanted = [(j, self.rec_pos[int(l)]) for j, l in enumerate(idx.tolist()) if int(l) in self.rec_pos]
+        if not wanted:
+            return
+        out = self.out
+        js = torch.tensor([j for j, _ in wanted], device=self.cfg.device)
+        ps = [p for _, p in wanted]
+        out["soft_rank"][:, ps] = sr[js].T.cpu().numpy()
+        out["rank_lower_bound"][:, ps] = r[js].T.cpu().numpy()
+        out["numerical_rank"][:, ps] = nr[js].T.cpu().numpy()
+        out["stable_rank"][:, ps] = _stable_rank_from_sv(sv[js]).T.to(torch.float64).cpu().numpy()
+        out["effective_rank"][:, ps] = _effective_rank_from_sv(sv[js]).T.to(torch.float64).cpu().numpy()
+        self.sv_out[:, ps, :] = sv_scaled[js].transpose(0, 1).to(torch.float64).cpu().numpy()
 
-    n_counted = depth // measure_every
-    mean_sr = (sums["sr"] / n_counted).cpu().numpy()
-    var_sr = np.maximum((sums["sr2"] / n_counted).cpu().numpy() - mean_sr**2, 0.0)
-    config = {
-        "width": d, "batch_size": n, "depth": depth, "chains": chains, "norm": norm, "phi": activation,
-        "placement": placement,
-        "residual_gamma": "inf" if math.isinf(gamma) else gamma, "init": init, "tau": tau, "seed": seed,
-        "dtype": str(dt).replace("torch.", ""), "device": str(dev), "eps": eps, "block_size": block_size,
-        "measure_every": measure_every,
-        "inputs": "gaussian" if inputs is None else "given",
-    }
-    return ChainResult(
-        config=config,
-        layers=layers,
-        soft_rank=out["soft_rank"],
-        rank_lower_bound=out["rank_lower_bound"],
-        numerical_rank=out["numerical_rank"],
-        stable_rank=out["stable_rank"],
-        effective_rank=out["effective_rank"],
-        singular_values=sv_out,
-        mean_soft_rank=mean_sr,
-        std_soft_rank=np.sqrt(var_sr),
-        mean_rank_lower_bound=(sums["r"] / n_counted).cpu().numpy(),
-        mean_numerical_rank=(sums["nr"] / n_counted).cpu().numpy(),
-        final_soft_rank=final["sr"],
-        final_rank_lower_bound=final["r"],
-        final_numerical_rank=final["nr"],
-    )
+    def result(self) -> ChainResult:
+        """The :class:`ChainResult` once every layer has been measured."""
+        sums, out, final = self.sums, self.out, self.final
+        n_counted = self.cfg.depth // self.cfg.measure_every
+        mean_sr = (sums["sr"] / n_counted).cpu().numpy()
+        var_sr = np.maximum((sums["sr2"] / n_counted).cpu().numpy() - mean_sr**2, 0.0)
+        return ChainResult(
+            config=self.cfg.to_dict(),
+            layers=self.layers,
+            soft_rank=out["soft_rank"],
+            rank_lower_bound=out["rank_lower_bound"],
+            numerical_rank=out["numerical_rank"],
+            stable_rank=out["stable_rank"],
+            effective_rank=out["effective_rank"],
+            singular_values=self.sv_out,
+            mean_soft_rank=mean_sr,
+            std_soft_rank=np.sqrt(var_sr),
+            mean_rank_lower_bound=(sums["r"] / n_counted).cpu().numpy(),
+            mean_numerical_rank=(sums["nr"] / n_counted).cpu().numpy(),
+            final_soft_rank=final["sr"],
+            final_rank_lower_bound=final["r"],
+            final_numerical_rank=final["nr"],
+        )

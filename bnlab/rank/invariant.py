@@ -193,12 +193,13 @@ def invariant_moments(
         # slower with 2 threads on a loaded 2-core machine); restored below.
         torch.set_num_threads(1)
     try:
-        return _run(d, n, depth, chains, gamma, init, burn_in, tau, batches, seed, dt, dev, block_size, gen)
+        return _run(d, n, depth, chains=chains, gamma=gamma, init=init, burn_in=burn_in, tau=tau, batches=batches,
+                    seed=seed, dt=dt, dev=dev, block_size=block_size, gen=gen)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(d, n, depth, chains, gamma, init, burn_in, tau, batches, seed, dt, dev, block_size, gen):
+def _run(d, n, depth, *, chains, gamma, init, burn_in, tau, batches, seed, dt, dev, block_size, gen):
     h = torch.randn((chains, d, n), generator=gen, dtype=dt, device=dev)
     sums = torch.zeros((len(_KEYS), chains, batches), dtype=torch.float64, device=dev)
     counts = torch.zeros((chains, batches), dtype=torch.float64, device=dev)
