@@ -9,7 +9,7 @@ from bnlab.experiments.sweep import _gpu_resources
 
 
 def test_scales_and_backward_compatible_defaults(helpers):
-    assert SCALES == ("small", "paper")
+    assert SCALES == ("small", "medium", "paper")
     exp = Experiment(name="n", paper="p", figure="f", title="t", claim="c", grid=helpers.grid,
                      run_cell=helpers.run_cell, plot=helpers.plot)
     assert exp.compare([]) == [] and exp.uses_gpu is False
