@@ -141,8 +141,8 @@ CLAIMS = [
           "explained by the paper's own argument (issue #23 item 6, docs/fisher.md 'Fisher Fig. 4: why'): at "
           "η = 0.1 the stand-ins' η/η*(γ) runs from far below ½ (γ = 0.1) to beyond 1 (γ = 2), so the argument "
           "predicts a fastest γ near η ≈ η*/2, with the smaller γ under-stepping, not a monotone law; the rise "
-          "with γ holds among the γ with η ≥ η*/2 of the loss trained (cross-entropy Hessian), and at a rate "
-          "below every γ's η*/2 (medium scale) the order reverses. The Fisher's η* (the squared loss') lies "
+          "with γ mostly holds among the γ with η ≥ η*/2 of the loss trained (cross-entropy Hessian), and at a "
+          "rate below every γ's η*/2 (medium scale) the order reverses. The Fisher's η* (the squared loss') lies "
           "below the cross-entropy one and places the fastest γ wrongly; BN nets beyond η* slow down instead of "
           "diverging"),
     Claim("fisher/abstract-flattening", "Abstract, §1, §5", "BatchNorm flattens the loss landscape, as quantified "

@@ -265,7 +265,8 @@ def _stability_rows(grp: dict, gammas: list, means: list) -> list[Comparison]:
     η ≥ η*/2 (the γ whose η* the rate reaches) the mean training loss rises with γ."""
     eta, margins = grp["lr"], grp["margins"]
     if eta is None or any(g not in margins for g in gammas):
-        return [Comparison(f"η/η* per γ, {grp['label']}", "η* = 2(1+μ)/λmax (Eq. 7), λmax ∝ γ²", "not measured",
+        return [Comparison(f"η/η* per γ, {grp['label']}", "η* = 2(1+μ)/λmax (Eq. 7), λmax ∝ γ²",
+                           "not measured",
                            None, "the cells carry no stability margins (recorded before they were measured)")]
     ratios = {key: [eta / margins[g][key] for g in gammas] for key, _ in _ETA_STARS}
     bound = [eta / margins[g]["eta_star_bound"] if margins[g]["eta_star_bound"] else 0.0 for g in gammas]
