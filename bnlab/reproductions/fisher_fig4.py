@@ -21,10 +21,12 @@ argument rests on, per γ, on the seed-0 network at initialization (BN in train 
 ``batch`` images): η* = 2(1+μ)/λmax (Eq. 7) from the Fisher's λmax (Eq. 10, measured with
 :func:`bnlab.fisher.curvature_spectrum`; the paper's quantity), from the λmax of the Hessian of the
 cross-entropy the stand-ins are trained on, and from the corrected mean-field bound (Claim 3.1,
-:func:`bnlab.fisher.fisher_order_parameters`, train mode).  The rows put η/η* beside the speed and check
-whether the γ for which η lies beyond η* are the slow ones — the mechanism's own prediction.  The
-``medium`` scale adds cells whose learning rate the cell picks from its measured Fisher η*
-(:data:`LR_RULES`): all γ below η*, η* split between the γ, only the smallest γ below η*.
+:func:`bnlab.fisher.fisher_order_parameters`, train mode).  The rows put η/η* beside the speed and judge
+the argument's own predictions at the cell's η, once with each measured η*: the fastest γ is the one whose
+η is nearest η*/2 (the paper's best rate, footnote 1 and Fig. 2's band), and among the γ with η ≥ η*/2
+the smaller γ is faster.  The ``medium`` scale adds cells whose learning rate the cell picks from its
+measured Fisher η* (:data:`LR_RULES`): every γ at or below η*/2, η* splitting the γ, only the smallest γ
+below η* (docs/fisher.md, "Fisher Fig. 4: why").
 """
 from __future__ import annotations
 
@@ -55,10 +57,10 @@ _LR, _MOMENTUM, _WEIGHT_DECAY = 0.1, 0.9, 5e-4
 _WINDOW = 20
 _SIGMA_W2, _SIGMA_B2 = 2.0, 0.5
 
-#: The medium scale's learning rates, each picked by the cell from its measured Fisher η*(γ) (seed 0): the
-#: mechanism predicts no stability difference at the first (every γ below η*), slow or diverging large γ at the
-#: second (η* of half the γ below η, of the other half above) and only the smallest γ training at the third
-#: (the paper's best rate η*/2 for it, every other γ far beyond its η*).
+#: The medium scale's learning rates, each picked by the cell from its measured Fisher η*(γ) (seed 0): at the
+#: first every γ is at or below η*/2 (the argument predicts the largest γ fastest), at the second η* splits the
+#: γ (slow or diverging large γ), at the third only the smallest γ is below its η* (the paper's best rate η*/2
+#: for it, every other γ far beyond its η*).
 LR_RULES = {
     "half_eta_star_of_largest_gamma": "η*(largest γ)/2",
     "geometric_mean_eta_star": "√(η*(smallest γ)·η*(largest γ))",
