@@ -230,7 +230,7 @@ def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
             mean = np.nanmean(curves, axis=0)
             smooth = np.convolve(mean, np.ones(_WINDOW) / _WINDOW, mode="valid")
             m = grp["margins"].get(g)
-            extra = f", η/η* (Fisher) = {grp["lr"] / m["eta_star_fisher"]:.2g}" if m and grp["lr"] else ""
+            extra = f", η/η* (Fisher) = {grp['lr'] / m['eta_star_fisher']:.2g}" if m and grp["lr"] else ""
             ax.plot(np.arange(_WINDOW, len(mean) + 1), smooth, label=f"γ = {g:g}{extra}")
         ax.set(xlabel="step", ylabel=f"training loss (running mean of {_WINDOW})", yscale="log",
                title=f"Fig. 4 stand-in: {grp['label']}")
