@@ -172,7 +172,8 @@ CLAIMS = [
           checks=["lange-fig5: mini-batch 2: BNP − BN", "lange-fig5: mini-batch 2: BNP − Batch Renorm",
                   "lange-fig5: mini-batch 2: BNP − BN w/ 4 things", "lange-fig5: mini-batch 2: BN w/ 4 things above BN"],
           strength="small-scale stand-in",
-          note="BN with 4 Things ('bn4', Adam at Table 3's 1e-4) at medium scale only, seeds 0-2 as BN's there"),
+          note="BN with 4 Things ('bn4', Adam at Table 3's 1e-4) at medium scale only, seeds 0-2 as BN's there; "
+          "there bnlab's BN with 4 Things is ahead of BNP, not behind (docs/optim.md)"),
     Claim("lange/smallest-batch", "§5 'Convolutional Neural Networks'", "on the CNN, BN and Batch Renorm work well "
           "for mini-batches as small as 4 and 3", "headline",
           checks=["lange-cnn-min-batch: smallest mini-batch at which BN works",
@@ -187,7 +188,8 @@ CLAIMS = [
                   "lange-fig5: mini-batch 2: BNP − BN w/ 4 things"],
           strength="small-scale stand-in",
           note="mini-batches 128 and 2 at lange-fig5's medium scale only (the small grid is sized for bnlab "
-          "report's 10 minutes); mini-batch 1 in lange-cnn-batch1"),
+          "report's 10 minutes); mini-batch 1 in lange-cnn-batch1; bnlab's BN with 4 things (its reading of the "
+          "paper's one-sentence description, with Adam) does not fall behind BNP at 2 or 1 (docs/optim.md)"),
     Claim("lange/fig6-cifar10", "§5, Fig. 6 (left)", "ResNet-110 on CIFAR-10: BNP+GN converges faster than BN before "
           "the first decay, is comparable after; BN and BNP+GN beat GN; BNP alone gains little at the decay", "figure",
           checks=["lange-fig6: trains", "lange-fig6: pre-decay speed", "lange-fig6: final accuracy",

@@ -235,9 +235,17 @@ def _limitations(records: Sequence[Record]) -> str:
     if lrs and "bnp" in lrs and "bn" in lrs and lrs["bn"] != lrs["bnp"]:
         text += (f"  At mini-batch 2 each method trains at its Table 3 rate: BN at {lrs['bn']:g}, "
                  f"{lrs['bnp'] / lrs['bn']:g}× smaller than BNP's {lrs['bnp']:g}"
-                 + (f" (Batch Renorm {lrs['brn']:g})" if "brn" in lrs else "")
-                 + (f" (BN with 4 things: Adam at {lrs['bn4']:g})" if "bn4" in lrs else "")
+                 + (" (" + "; ".join(([f"Batch Renorm {lrs['brn']:g}"] if "brn" in lrs else [])
+                                     + ([f"BN with 4 things {lrs['bn4']:g}, with Adam"] if "bn4" in lrs else []))
+                    + ")" if "brn" in lrs or "bn4" in lrs else "")
                  + " — part of BNP's lead there is that rate, which the paper found best for each method.")
+    bn4 = sorted({r.metrics.get("optimizer") or "sgd" for r in records if r.params["norm"] == "bn4"})
+    if bn4:
+        text += (f"  BN with 4 things trains with {'/'.join(o.title() for o in bn4)} (App. B: the paper's choice for "
+                 "it), the other methods with SGD; its layer (bnlab.nets 'bn4') is bnlab's reading of the paper's "
+                 "one-sentence description of Summers & Dinneen's four things (their paper is not in this "
+                 "repository; docs/nets.md), with weight decay on γ, β of "
+                 f"{BN4_WEIGHT_DECAY:g} (the paper gives no value).")
     return text
 
 

@@ -127,7 +127,12 @@ def test_fig5_settings_are_read_off_the_grid():
                                  (2, "bn", 1000, 1e-3))]
     text = exp.limitations(recs)
     assert "93 steps at mini-batch 128 and 1000 at mini-batch 2" in text and "paper scale" in text
-    assert "BN at 0.001, 10× smaller than BNP's 0.01" in text
+    assert "BN at 0.001, 10× smaller than BNP's 0.01" in text and "4 things" not in text
+    # with BN with 4 things (medium scale): its rate and optimizer, read off its records
+    bn4 = Record(dict(batch_size=2, norm="bn4", seed=0), dict(trainable=True, test_accuracy=0.9, diverged=False,
+                                                             steps=1000, learning_rate=1e-4, optimizer="adam", epochs=[]))
+    text = exp.limitations(recs + [bn4])
+    assert "(BN with 4 things 0.0001, with Adam)" in text and "BN with 4 things trains with Adam" in text
 
 
 def test_fig5_small_grid_is_unchanged_and_medium_adds_bn4_at_bns_seeds():
