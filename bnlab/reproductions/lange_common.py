@@ -24,8 +24,9 @@ __all__ = ["LABEL", "CHUNKED", "training_grid", "extra_seed_cells", "train_cell"
 CHUNKED = "per_chunk"
 
 #: The legend name of every method a Lange figure trains.
-LABEL = {"none": "vanilla", "bn": "BN", "brn": "Batch Renorm", "ln": "LN", "bnp": "BNP"}
-_COLORS = {"none": "tab:gray", "bn": "tab:blue", "brn": "tab:purple", "ln": "tab:green", "bnp": "tab:red"}
+LABEL = {"none": "vanilla", "bn": "BN", "brn": "Batch Renorm", "ln": "LN", "bnp": "BNP", "bn4": "BN w/ 4 things"}
+_COLORS = {"none": "tab:gray", "bn": "tab:blue", "brn": "tab:purple", "ln": "tab:green", "bnp": "tab:red",
+           "bn4": "tab:orange"}
 
 
 def training_grid(scales: Mapping[str, dict], methods: Mapping[int, Sequence[str]], scale: str,

@@ -138,6 +138,49 @@ def test_fig5_batch2_a_mean_lead_with_an_interval_reaching_zero_fails():
     assert _row(exp, recs, "mini-batch 2: BNP − BN").agrees is False
 
 
+# ------------------------------------------------------------------ lange-fig5: BN with 4 things (medium scale)
+def _fig5_records(accs, batch):
+    return [Record(dict(batch_size=batch, norm=n, seed=s), dict(trainable=True, test_accuracy=a, diverged=False,
+                                                               steps=93 if batch == 128 else 1000, epochs=[]))
+            for n, v in accs.items() for s, a in enumerate(v)]
+
+
+def test_fig5_bn4_far_from_bn_at_128_is_not_comparable():
+    exp = lange_fig5.EXPERIMENTS[0]
+    check = "mini-batch 128: BN w/ 4 things comparable to BN"
+    near = _fig5_records({"none": [0.87], "bn": [0.956], "bn4": [0.950]}, 128)
+    assert _row(exp, near, check).agrees is True and "1 seed" in _row(exp, near, check).bnlab
+    far = _fig5_records({"none": [0.87], "bn": [0.956], "bn4": [0.90]}, 128)  # 0.056 below BN: not "comparable"
+    assert _row(exp, far, check).agrees is False
+    above = _fig5_records({"none": [0.87], "bn": [0.90], "bn4": [0.956]}, 128)  # far above BN is not comparable either
+    assert _row(exp, above, check).agrees is False
+    under_vanilla = _fig5_records({"none": [0.96], "bn": [0.956], "bn4": [0.950]}, 128)  # "all outperform vanilla"
+    assert _row(exp, under_vanilla, check).agrees is False
+    # with seeds, the whole interval: a mean difference of −0.01 (the one-seed criterion passes it) whose
+    # 95 % interval reaches −0.07 is not shown comparable
+    spread = {"none": [0.87, 0.87, 0.87], "bn": [0.95, 0.95, 0.95], "bn4": [0.96, 0.91, 0.95]}
+    assert abs(np.mean(spread["bn4"]) - np.mean(spread["bn"])) <= 0.02
+    assert _row(exp, _fig5_records(spread, 128), check).agrees is False
+    tight = {"none": [0.87, 0.87, 0.87], "bn": [0.95, 0.95, 0.96], "bn4": [0.945, 0.948, 0.952]}
+    assert _row(exp, _fig5_records(tight, 128), check).agrees is True
+
+
+def test_fig5_bn4_at_batch2_bnp_significantly_ahead_and_bn_worst():
+    exp = lange_fig5.EXPERIMENTS[0]
+    ahead = {"bnp": [0.78, 0.80, 0.79], "bn": [0.41, 0.45, 0.40], "bn4": [0.55, 0.60, 0.52]}
+    recs = _fig5_records(ahead, 2)
+    assert _row(exp, recs, "mini-batch 2: BNP − BN w/ 4 things").agrees is True
+    assert _row(exp, recs, "mini-batch 2: BN w/ 4 things above BN").agrees is True
+    # a mean lead whose interval reaches 0 is not "significantly outperforms"
+    noisy = dict(ahead, bn4=[0.79, 0.50, 0.81])
+    assert np.mean(noisy["bnp"]) > np.mean(noisy["bn4"])
+    assert _row(exp, _fig5_records(noisy, 2), "mini-batch 2: BNP − BN w/ 4 things").agrees is False
+    worst = dict(ahead, bn4=[0.40, 0.38, 0.41])  # BN w/ 4 things below BN: BN is not the worst
+    assert _row(exp, _fig5_records(worst, 2), "mini-batch 2: BN w/ 4 things above BN").agrees is False
+    one = _row(exp, _fig5_records({"bnp": [0.8], "bn4": [0.5]}, 2), "mini-batch 2: BNP − BN w/ 4 things")
+    assert one.agrees is None and "one seed" in one.reason
+
+
 # ------------------------------------------------------------------ fisher-fig1: the corrected crossing is judged
 def test_fisher_fig1_judges_both_formulas_and_the_eta_ratio():
     exp = fisher_fig1.EXPERIMENTS[0]

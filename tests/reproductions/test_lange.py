@@ -116,6 +116,10 @@ def test_fig5_settings_are_read_off_the_grid():
         per = {b: len({c["seed"] for c in cells if c["batch_size"] == b}) for b in (128, 2)}
         assert rows["seeds"].at(scale) == (str(per[128]) if per[128] == per[2] else
                                            f"{per[128]} at 128, {per[2]} at 2 (BNP, BN, Batch Renorm at 2)")
+    # medium: BN with 4 things trains at BN's seeds, so the batch-2 line names it with the restarted methods
+    assert rows["seeds"].at("medium") == "1 at 128, 3 at 2 (BNP, BN, Batch Renorm, BN w/ 4 things at 2)"
+    assert "Adam, 0.005 at 128 and 0.0001 at 2" in rows["BN with 4 things"].at("medium")
+    assert rows["BN with 4 things"].at("small") == rows["BN with 4 things"].at("paper") == "not run"
     # the limitation text is read off the records it describes: their steps and learning rates
     recs = [Record(dict(batch_size=b, norm=n, seed=0), dict(trainable=True, test_accuracy=0.9, diverged=False,
                                                            steps=st, learning_rate=lr, epochs=[]))
@@ -123,4 +127,61 @@ def test_fig5_settings_are_read_off_the_grid():
                                  (2, "bn", 1000, 1e-3))]
     text = exp.limitations(recs)
     assert "93 steps at mini-batch 128 and 1000 at mini-batch 2" in text and "paper scale" in text
-    assert "BN at 0.001, 10× smaller than BNP's 0.01" in text
+    assert "BN at 0.001, 10× smaller than BNP's 0.01" in text and "4 things" not in text
+    # with BN with 4 things (medium scale): its rate and optimizer, read off its records
+    bn4 = Record(dict(batch_size=2, norm="bn4", seed=0), dict(trainable=True, test_accuracy=0.9, diverged=False,
+                                                             steps=1000, learning_rate=1e-4, optimizer="adam", epochs=[]))
+    text = exp.limitations(recs + [bn4])
+    assert "(BN with 4 things 0.0001, with Adam)" in text and "BN with 4 things trains with Adam" in text
+
+
+def test_fig5_small_grid_is_unchanged_and_medium_adds_bn4_at_bns_seeds():
+    """The small grid is sized for bnlab report's 10 minutes: its cells are pinned (keys as the store's).  BN
+    with 4 things joins at medium scale only, at exactly the (batch size, seed) pairs BN has there, with BN's
+    data (train/test size, epochs)."""
+    from bnlab.experiments.store import cell_key
+    from bnlab.reproductions import lange_fig5
+
+    exp = lange_fig5.EXPERIMENTS[0]
+    small = exp.grid("small")
+    want = [dict(dataset="mnist", batch_size=b, norm=n, epochs={128: 3, 2: 2}[b], train_size={128: 4000, 2: 1000}[b],
+                 test_size=2000, seed=0) for b, norms in ((128, ("none", "bn", "bnp")), (2, ("none", "bn", "brn", "bnp")))
+            for n in norms]
+    assert sorted(cell_key(c) for c in small) == sorted(cell_key(c) for c in want)
+    assert not any(c["norm"] == "bn4" for c in exp.grid("paper"))
+    medium = exp.grid("medium")
+    assert {cell_key(c) for c in small} < {cell_key(c) for c in medium}
+    bn = {(c["batch_size"], c["seed"]): c for c in medium if c["norm"] == "bn"}
+    bn4 = {(c["batch_size"], c["seed"]): c for c in medium if c["norm"] == "bn4"}
+    assert set(bn4) == set(bn) == {(128, 0), (2, 0), (2, 1), (2, 2)}
+    assert all(dict(bn4[k], norm="bn") == bn[k] for k in bn)
+
+
+def test_fig5_bn4_cell_trains_with_adam_at_table3_and_the_batch1_reproductions_layers(tmp_path):
+    """A tiny BN-with-4-things cell: Table 3's Adam rate, per-epoch rows for the figure, and the same layer
+    configuration as lange-cnn-batch1's BN with 4 things (ghost batches at 128, channel groups at 2)."""
+    from bnlab.nets import BatchNorm4Things2d
+    from bnlab.reproductions import lange_fig5, lange_small_batch
+
+    exp = lange_fig5.EXPERIMENTS[0]
+    for b in (2, 128):
+        kw = lange_fig5._bn4_norm_kwargs(b)
+        theirs = [m for m in lange_small_batch._bn4_model((1, 28, 28), 10, b, 0).modules()
+                  if isinstance(m, BatchNorm4Things2d)]
+        assert theirs
+        for m in theirs:
+            assert (m.num_groups, m.ghost_batch_size, m.example_weight) == (
+                kw.get("num_groups") or m.num_features, kw.get("ghost_batch_size"), kw["example_weight"])
+    base = dict(dataset="mnist", epochs=2, train_size=16, test_size=50, seed=0, batch_size=2, norm="bn4")
+    m = lange_fig5.run_cell(base)
+    assert m["trainable"] and not m["diverged"] and m["steps"] == 16
+    assert m["learning_rate"] == 1e-4 and m["optimizer"] == "adam"
+    assert [r["epoch"] for r in m["epochs"]] == [1, 2] and m["epochs"][-1]["test_accuracy"] == m["test_accuracy"]
+    with pytest.raises(ValueError, match="batch_size=6"):
+        lange_fig5.run_cell(dict(base, batch_size=6))
+    # its curve is drawn: the legend names it (matplotlib's SVG keeps each text as a comment)
+    bn = lange_fig5.run_cell(dict(base, norm="bn"))
+    paths = exp.plot([Record(base, m), Record(dict(base, norm="bn"), bn)], tmp_path)
+    svg = next(p for p in paths if p.suffix == ".svg").read_text()
+    assert "BN w/ 4 things" in svg and "BN w/ 4 things" in exp.compare(
+        [Record(base, m), Record(dict(base, norm="bn"), bn)])[-1].quantity
