@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -753,113 +754,168 @@ def train_ensemble(
     models = _check_models(models)
     m_count = len(models)
     dev = resolve_device(device)
-    optimizer = check_choice("optimizer", optimizer, ENSEMBLE_OPTIMIZERS)
-    lrs = _per_network("lr", lr, m_count, minimum=0.0, strict=True)
-    seed_list = [check_seed(f"seeds[{i}]", s) for i, s in enumerate(_per_network("seeds", seeds, m_count, minimum=0,
-                                                                                   integer=True))]
-    rmsprop_alpha = check_real("rmsprop_alpha", rmsprop_alpha, minimum=0.0, maximum=1.0)
-    rmsprop_eps = check_real("rmsprop_eps", rmsprop_eps, minimum=0.0)
-    momentum = check_real("momentum", momentum, minimum=0.0)
-    if momentum >= 1.0:
-        raise ValueError(f"momentum={momentum!r} is not allowed: expected 0 <= momentum < 1")
-    weight_decay = check_real("weight_decay", weight_decay, minimum=0.0)
-    loss_kind = check_choice("loss", loss, ENSEMBLE_LOSSES)
-    if diverge_above is not None:
-        diverge_above = check_real("diverge_above", diverge_above)
-    test_bn_mode = check_choice("test_bn_mode", test_bn_mode, TEST_BN_MODES)
-    check_every = check_int("check_every", check_every, minimum=1)
-    eval_batch_size = check_int("eval_batch_size", eval_batch_size, minimum=1)
-
-    from bnlab.nets.models import BNMLP
-
-    is_bnmlp = all(isinstance(m, BNMLP) for m in models)
-    dtypes = {p.dtype for m in models for p in m.parameters() if p.is_floating_point()}
-    if len(dtypes) > 1:
-        raise ValueError(f"models is not allowed: their parameters have different dtypes ({sorted(map(str, dtypes))}); "
-                         "an ensemble trains in one dtype")
-    dtype = models[0].readout.weight.dtype if is_bnmlp else next(models[0].parameters()).dtype
-    x_tr, y_tr = _as_tensors("train_data", train_data, dev, dtype)
-    test = None if test_data is None else _as_tensors("test_data", test_data, dev, dtype)
-    if test is not None:
-        _test_chunks(test[0].shape[0], eval_batch_size, test_bn_mode)  # refuses a 1-sample test set in train mode
-    if y_tr.is_floating_point():
-        raise ValueError("train_data is not allowed: train_ensemble trains classifiers (integer labels)")
-    n = x_tr.shape[0]
-    batch_size = check_int("batch_size", batch_size, minimum=2 if is_bnmlp else 1)
-    if batch_size > n:
-        raise ValueError(f"batch_size={batch_size} is not allowed: the training set has only {n} samples")
-    if (epochs is None) == (steps is None):
-        raise ValueError(f"epochs={epochs!r}, steps={steps!r} is not allowed: give exactly one of them")
-    if epochs is not None:
-        epochs = check_real("epochs", epochs, minimum=0.0, strict_minimum=True)
-        steps = max(1, int(round(epochs * (n // batch_size))))
-    steps = check_int("steps", steps, minimum=1)
-    if is_bnmlp:
-        x_tr = x_tr.reshape(n, -1)
-        test = None if test is None else (test[0].reshape(test[0].shape[0], -1), test[1])
-        if x_tr.shape[1] != models[0].in_features:
-            raise ValueError(f"train_data with {x_tr.shape[1]} features is not allowed: the models expect "
-                             f"{models[0].in_features}")
-        sb = models[0].sub_batch_size
-        if sb is not None and batch_size % sb:
-            raise ValueError(f"batch_size={batch_size} is not allowed: it must be a multiple of the models' "
-                             f"sub_batch_size={sb}")
-        if sb is not None and test_bn_mode == "train":
-            raise ValueError("test_bn_mode='train' is not allowed for BN-MLPs with a sub_batch_size (test "
-                             "batches are not multiples of it)")
-        stack: Any = _BNMLPStack(models, dev)
-    else:
-        # one vmap stack per structure (class, repr, parameter/buffer shapes): networks of different
-        # depths or widths train in the same step without padding to the largest
-        by_structure: dict[tuple, list[int]] = {}
-        for i, m in enumerate(models):
-            by_structure.setdefault(_structure(m), []).append(i)
-        if len(by_structure) == 1:
-            stack = _VmapStack(models, dev)
-        else:
-            stack = _GroupedStack([(_VmapStack([models[i] for i in idx], dev), idx) for idx in by_structure.values()])
-        stack._data_ndim = x_tr.ndim
-    route = resolve_step_mode(step_mode, dev, steps)
+    opts = _EnsembleOptions.checked(m_count, optimizer=optimizer, lr=lr, seeds=seeds, rmsprop_alpha=rmsprop_alpha,
+                                    rmsprop_eps=rmsprop_eps, momentum=momentum, weight_decay=weight_decay,
+                                    loss=loss, diverge_above=diverge_above, test_bn_mode=test_bn_mode,
+                                    check_every=check_every, eval_batch_size=eval_batch_size)
+    data = _EnsembleData.checked(models, train_data, test_data, dev, opts, batch_size=batch_size, steps=steps,
+                                 epochs=epochs)
+    stack = _make_stack(models, dev, data, opts)
+    route = resolve_step_mode(step_mode, dev, data.steps)
     for m in models:
         m.to(dev).train()
-
     # labels against the number of outputs, before any step (a bad label would fail inside the step)
-    k_out = stack.num_outputs(x_tr[:batch_size])
-    for y in [y_tr] + ([] if test is None else [test[1]]):
+    k_out = stack.num_outputs(data.x[:data.batch_size])
+    for y in [data.y] + ([] if data.test is None else [data.test[1]]):
         if int(y.min()) < 0 or int(y.max()) >= k_out:
             raise ValueError(f"labels are not allowed: they must lie in [0, {k_out}) for models with {k_out} outputs")
-    chance = 1.0 / k_out
-    cfg = StepConfig(loss=loss_kind, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
-                     rmsprop_alpha=rmsprop_alpha, rmsprop_eps=rmsprop_eps, diverge_above=diverge_above,
-                     shared_order=len(set(seed_list)) == 1, num_networks=m_count,
-                     host_reads=route == "eager" and x_tr.device.type == "cpu")
-    run = _EnsembleRun(stack, cfg, route, x_tr, y_tr, lrs=lrs, seeds=seed_list, batch_size=batch_size, steps=steps,
-                       check_every=check_every)
-    while run.done < steps:
+    cfg = StepConfig(loss=opts.loss, optimizer=opts.optimizer, momentum=opts.momentum,
+                     weight_decay=opts.weight_decay, rmsprop_alpha=opts.rmsprop_alpha, rmsprop_eps=opts.rmsprop_eps,
+                     diverge_above=opts.diverge_above, shared_order=len(set(opts.seeds)) == 1, num_networks=m_count,
+                     host_reads=route == "eager" and data.x.device.type == "cpu")
+    run = _EnsembleRun(stack, cfg, route, data.x, data.y, lrs=opts.lrs, seeds=opts.seeds,
+                       batch_size=data.batch_size, steps=data.steps, check_every=opts.check_every)
+    while run.done < data.steps:
         run.step()
-        if run.done % check_every == 0 and run.done < steps and not run.check():
+        if run.done % opts.check_every == 0 and run.done < data.steps and not run.check():
             break  # every network has diverged: nothing left to train
-    done = run.done
-
     stack.write_back()
+    return _ensemble_results(run, stack, data, opts, chance=1.0 / k_out)
+
+
+@dataclass(frozen=True)
+class _EnsembleOptions:
+    """train_ensemble's optimizer, loss and bookkeeping options, checked (per-network values expanded)."""
+
+    optimizer: str
+    lrs: list[float]
+    seeds: list[int]
+    rmsprop_alpha: float
+    rmsprop_eps: float
+    momentum: float
+    weight_decay: float
+    loss: str
+    diverge_above: float | None
+    test_bn_mode: str
+    check_every: int
+    eval_batch_size: int
+
+    @classmethod
+    def checked(cls, m_count: int, *, optimizer, lr, seeds, rmsprop_alpha, rmsprop_eps, momentum, weight_decay, loss,
+                diverge_above, test_bn_mode, check_every, eval_batch_size) -> "_EnsembleOptions":
+        optimizer = check_choice("optimizer", optimizer, ENSEMBLE_OPTIMIZERS)
+        lrs = _per_network("lr", lr, m_count, minimum=0.0, strict=True)
+        seed_list = [check_seed(f"seeds[{i}]", s)
+                     for i, s in enumerate(_per_network("seeds", seeds, m_count, minimum=0, integer=True))]
+        rmsprop_alpha = check_real("rmsprop_alpha", rmsprop_alpha, minimum=0.0, maximum=1.0)
+        rmsprop_eps = check_real("rmsprop_eps", rmsprop_eps, minimum=0.0)
+        momentum = check_real("momentum", momentum, minimum=0.0)
+        if momentum >= 1.0:
+            raise ValueError(f"momentum={momentum!r} is not allowed: expected 0 <= momentum < 1")
+        weight_decay = check_real("weight_decay", weight_decay, minimum=0.0)
+        loss_kind = check_choice("loss", loss, ENSEMBLE_LOSSES)
+        if diverge_above is not None:
+            diverge_above = check_real("diverge_above", diverge_above)
+        return cls(optimizer=optimizer, lrs=lrs, seeds=seed_list, rmsprop_alpha=rmsprop_alpha, rmsprop_eps=rmsprop_eps,
+                   momentum=momentum, weight_decay=weight_decay, loss=loss_kind, diverge_above=diverge_above,
+                   test_bn_mode=check_choice("test_bn_mode", test_bn_mode, TEST_BN_MODES),
+                   check_every=check_int("check_every", check_every, minimum=1),
+                   eval_batch_size=check_int("eval_batch_size", eval_batch_size, minimum=1))
+
+
+@dataclass(frozen=True)
+class _EnsembleData:
+    """The training (and test) tensors on the device, the batch size and the number of steps, checked."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    test: tuple[torch.Tensor, torch.Tensor] | None
+    batch_size: int
+    steps: int
+    is_bnmlp: bool
+
+    @classmethod
+    def checked(cls, models, train_data, test_data, dev: torch.device, opts: _EnsembleOptions, *, batch_size, steps,
+                epochs) -> "_EnsembleData":
+        from bnlab.nets.models import BNMLP
+
+        is_bnmlp = all(isinstance(m, BNMLP) for m in models)
+        dtypes = {p.dtype for m in models for p in m.parameters() if p.is_floating_point()}
+        if len(dtypes) > 1:
+            raise ValueError(f"models is not allowed: their parameters have different dtypes "
+                             f"({sorted(map(str, dtypes))}); an ensemble trains in one dtype")
+        dtype = models[0].readout.weight.dtype if is_bnmlp else next(models[0].parameters()).dtype
+        x_tr, y_tr = _as_tensors("train_data", train_data, dev, dtype)
+        test = None if test_data is None else _as_tensors("test_data", test_data, dev, dtype)
+        if test is not None:
+            _test_chunks(test[0].shape[0], opts.eval_batch_size, opts.test_bn_mode)  # a 1-sample test set in train mode
+        if y_tr.is_floating_point():
+            raise ValueError("train_data is not allowed: train_ensemble trains classifiers (integer labels)")
+        n = x_tr.shape[0]
+        batch_size = check_int("batch_size", batch_size, minimum=2 if is_bnmlp else 1)
+        if batch_size > n:
+            raise ValueError(f"batch_size={batch_size} is not allowed: the training set has only {n} samples")
+        if (epochs is None) == (steps is None):
+            raise ValueError(f"epochs={epochs!r}, steps={steps!r} is not allowed: give exactly one of them")
+        if epochs is not None:
+            epochs = check_real("epochs", epochs, minimum=0.0, strict_minimum=True)
+            steps = max(1, int(round(epochs * (n // batch_size))))
+        steps = check_int("steps", steps, minimum=1)
+        if is_bnmlp:
+            x_tr = x_tr.reshape(n, -1)
+            test = None if test is None else (test[0].reshape(test[0].shape[0], -1), test[1])
+        return cls(x=x_tr, y=y_tr, test=test, batch_size=batch_size, steps=steps, is_bnmlp=is_bnmlp)
+
+
+def _make_stack(models, dev: torch.device, data: _EnsembleData, opts: _EnsembleOptions) -> Any:
+    """The stacked networks: one BN-MLP stack (depths share a prefix), or one vmap stack per structure."""
+    if data.is_bnmlp:
+        if data.x.shape[1] != models[0].in_features:
+            raise ValueError(f"train_data with {data.x.shape[1]} features is not allowed: the models expect "
+                             f"{models[0].in_features}")
+        sb = models[0].sub_batch_size
+        if sb is not None and data.batch_size % sb:
+            raise ValueError(f"batch_size={data.batch_size} is not allowed: it must be a multiple of the models' "
+                             f"sub_batch_size={sb}")
+        if sb is not None and opts.test_bn_mode == "train":
+            raise ValueError("test_bn_mode='train' is not allowed for BN-MLPs with a sub_batch_size (test "
+                             "batches are not multiples of it)")
+        return _BNMLPStack(models, dev)
+    # one vmap stack per structure (class, repr, parameter/buffer shapes): networks of different
+    # depths or widths train in the same step without padding to the largest
+    by_structure: dict[tuple, list[int]] = {}
+    for i, m in enumerate(models):
+        by_structure.setdefault(_structure(m), []).append(i)
+    if len(by_structure) == 1:
+        stack: Any = _VmapStack(models, dev)
+    else:
+        stack = _GroupedStack([(_VmapStack([models[i] for i in idx], dev), idx) for idx in by_structure.values()])
+    stack._data_ndim = data.x.ndim
+    return stack
+
+
+def _ensemble_results(run: "_EnsembleRun", stack, data: _EnsembleData, opts: _EnsembleOptions, *,
+                      chance: float) -> list[TrainResult]:
+    """One TrainResult per network in the caller's order: what train() would report for it."""
+    m_count, steps, done = len(opts.lrs), data.steps, run.done
     first_bad_l = run.first_bad()
     hist = run.history()
     accs = test_losses = None
-    if test is not None:
+    if data.test is not None:
         # the networks still stacked (every one that has not diverged, in row order)
-        acc_rows, loss_rows = _ensemble_evaluate(stack, test, len(stack.rows), eval_batch_size, loss_kind,
-                                                 test_bn_mode)
+        acc_rows, loss_rows = _ensemble_evaluate(stack, data.test, len(stack.rows), opts.eval_batch_size, opts.loss,
+                                                 opts.test_bn_mode)
         accs, test_losses = [None] * m_count, [None] * m_count
         for pos, i in enumerate(stack.rows):
             accs[i], test_losses[i] = acc_rows[pos], loss_rows[pos]
     results = []
     for i in range(m_count):
         if first_bad_l[i] < steps:
-            taken = _reported_steps(first_bad_l[i], check_every, steps)
+            taken = _reported_steps(first_bad_l[i], opts.check_every, steps)
             # train() goes on with non-finite weights after the bad step: its later losses are NaN
             h = [float(v) if t <= first_bad_l[i] else float("nan") for t, v in enumerate(hist[:taken, i])]
-            results.append(TrainResult(None if test is None else chance, True, first_bad_l[i], taken, float("nan"),
-                                       chance, h, [], False))
+            results.append(TrainResult(None if data.test is None else chance, True, first_bad_l[i], taken,
+                                       float("nan"), chance, h, [], False))
             continue
         h = hist[:done, i].tolist()
         final = float(np.mean(h[-50:]))
