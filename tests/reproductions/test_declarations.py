@@ -20,8 +20,9 @@ def test_scale_table_and_checks_are_declared(name):
     for s in e.settings:
         assert s.what and s.paper and s.small and s.paper_scale, s
         assert s.at("small") == s.small and s.at("paper") == s.paper_scale
+        assert s.at("medium") == (s.small if s.medium is None else s.medium)
     assert e.checks and all(isinstance(c, Check) and c.name and c.meaning for c in e.checks)
-    assert set(SCALES) == {"small", "paper"}
+    assert set(SCALES) == {"small", "medium", "paper"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPS))
