@@ -79,7 +79,9 @@ _SMALL_GHOST = dict(steps=300, lr_per_b=3e-3)
 _PAPER = dict(width=384, n_train=60_000, n_test=10_000, lr_per_b=1e-5)
 _SMALL_DEPTHS = [4, 8, 12, 16, 24, 32, 48, 64]
 _PAPER_DEPTHS = [2, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 60, 70, 80, 90, 100, 120]
-_SMALL_B = [8, 16, 32, 64, 128]
+# small: three B columns spanning the range (bnlab report's 10 minutes on 2 cores); medium: all five
+_SMALL_B = [8, 32, 128]
+_MEDIUM_B = [8, 16, 32, 64, 128]
 _PAPER_B = [4, 8, 16, 32, 64, 128, 256, 512]
 
 
@@ -92,10 +94,11 @@ def _grid(scale: str, *, dataset: str, optimizer: str, ghost: bool) -> list[dict
     small = scale != "paper"  # medium: the small grid with a second restart of Fig. 3a's cells
     cfg = _SMALL if small else _PAPER
     depths = _SMALL_DEPTHS if small else _PAPER_DEPTHS
-    bs = _SMALL_B if small else _PAPER_B
+    bs = _PAPER_B if not small else _MEDIUM_B if scale == "medium" else _SMALL_B
     if ghost:
         # the paper's fixed batch of 1000 needs sub-batch sizes that divide it
-        bs = [4, 8, 16, 32, 64] if small else [4, 5, 8, 10, 20, 25, 40, 50, 100, 125, 200, 250, 500]
+        bs = ([4, 8, 16, 32, 64] if scale == "medium" else [4, 16, 64]) if small else \
+            [4, 5, 8, 10, 20, 25, 40, 50, 100, 125, 200, 250, 500]
         depths = [4, 8, 16, 24, 32, 48] if small else depths
     fixed_batch = (128 if small else 1000) if ghost else None
     if optimizer == "rmsprop" and small:
@@ -183,17 +186,23 @@ def _settings(dataset: str, optimizer: str, ghost: bool) -> list[Setting]:
     medium = describe_grid(_grid("medium", dataset=dataset, optimizer=optimizer, ghost=ghost))
     paper = describe_grid(_grid("paper", dataset=dataset, optimizer=optimizer, ghost=ghost))
     epochs = "50 epochs" if dataset == "cifar10" else "10 epochs"
+
+    def med(key):  # the medium value where it differs from the small one
+        return medium[key] if medium[key] != small[key] else None
+
     rows = [
-        Setting("width N", "384", small["width"], paper["width"], "2 CPU cores"),
-        Setting("depth grid", "not listed in the text", small["depths"], paper["depths"]),
-        Setting("BN batch B", "not listed in the text", small["bn_batch"], paper["bn_batch"]),
-        Setting("training length", epochs, small["length"], paper["length"], _BUDGET),
+        Setting("width N", "384", small["width"], paper["width"], "2 CPU cores", medium=med("width")),
+        Setting("depth grid", "not listed in the text", small["depths"], paper["depths"], medium=med("depths")),
+        Setting("BN batch B", "not listed in the text", small["bn_batch"], paper["bn_batch"],
+                "small: three columns across the range (bnlab report's 10 minutes on 2 cores)"
+                if med("bn_batch") else "", medium=med("bn_batch")),
+        Setting("training length", epochs, small["length"], paper["length"], _BUDGET, medium=med("length")),
         Setting("learning rate η", "1e-5·B", small["lr"], paper["lr"],
                 "RMSProp steps are ≈ η per coordinate whatever the gradient scale, so no SGD compensation"
-                if optimizer == "rmsprop" else "keeps the paper's η ∝ B; larger so that a few hundred steps suffice"),
+                if optimizer == "rmsprop" else "keeps the paper's η ∝ B; larger so that a few hundred steps suffice",
+                medium=med("lr")),
         Setting("training images", "50 000" if dataset == "cifar10" else "60 000", small["n_train"], paper["n_train"]),
-        Setting("restarts per cell", "not stated", small["seeds"], paper["seeds"],
-                medium=medium["seeds"] if medium["seeds"] != small["seeds"] else None),
+        Setting("restarts per cell", "not stated", small["seeds"], paper["seeds"], medium=med("seeds")),
     ]
     if ghost:
         rows.insert(3, Setting("training batch", "1000", small["batch_size"], paper["batch_size"]))
