@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from bnlab.experiments.cells import Cell
+
 __all__ = ["Experiment", "Record", "Comparison", "Setting", "Check", "TaskCost", "SCALES", "VERDICTS", "cell_device",
            "cell_tasks", "library_versions", "check_for"]
 
@@ -172,6 +174,13 @@ class Experiment:
         storage and resume, and a resumed group trains only its unfinished cells.  ``None`` runs the
         cell alone through ``run_cell``.  ``run_group([p])`` must give the metrics ``run_cell(p)``
         gives, to the rounding of batched products (each reproduction's tests show it).
+    cell:
+        The declared kind of this experiment's cells (a :class:`~bnlab.experiments.cells.Cell` subclass),
+        optional.  With it the engine parses each cell's dict once, where it hands the cell over, and
+        ``run_cell`` / ``run_group`` receive :class:`~bnlab.experiments.cells.Cell` objects (a bad cell is
+        recorded ``failed`` with a ``ValueError`` naming the experiment, the key, the value and what is
+        allowed); without it they receive the dicts.  Either way the store keeps the dicts, so cell keys
+        do not depend on it.
     cost, shorten:
         For a plan (:func:`bnlab.experiments.plan.plan_experiment`), optional.
         ``cost(cells) -> TaskCost`` says what a task (the cells that run together) costs;
@@ -196,10 +205,13 @@ class Experiment:
     run_group: Callable[[list[dict]], list[dict]] | None = None
     cost: Callable[[list[dict]], TaskCost] | None = None
     shorten: Callable[[list[dict], int], list[dict]] | None = None
+    cell: type[Cell] | None = None
 
     def __post_init__(self) -> None:
         if (self.group is None) != (self.run_group is None):
             raise ValueError(f"experiment {self.name!r}: give both group and run_group, or neither")
+        if self.cell is not None and not (isinstance(self.cell, type) and issubclass(self.cell, Cell)):
+            raise ValueError(f"experiment {self.name!r}: cell={self.cell!r} is not allowed: expected a Cell subclass")
 
 
 def cell_tasks(experiment: Experiment, cells: Sequence[Mapping[str, Any]], scale: str) -> list[list[int]]:

@@ -321,7 +321,7 @@ def _run_serial(experiment: Experiment, tasks, store: ResultsStore, progress: Sw
     for members, run_group in tasks:
         store.mark_submitted([r.key for r in members])
         outcomes = execute_task(experiment.run_cell, run_group, [r.params for r in members], False,
-                                experiment.uses_gpu)
+                                experiment.uses_gpu, experiment.cell, experiment.name)
         _commit_task(store, members, outcomes, progress)
         executed += len(members)
     return executed
@@ -342,6 +342,8 @@ def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: Swee
         [[r.params for r in members] for members, _ in tasks],
         [True] * len(tasks),
         [experiment.uses_gpu] * len(tasks),
+        [experiment.cell] * len(tasks),
+        [experiment.name] * len(tasks),
         key=[f"bnlab-{experiment.name}-{members[0].key}{'-group' if len(members) > 1 else ''}-{tag}"
              for members, _ in tasks],
         pure=False,
