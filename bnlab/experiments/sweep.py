@@ -330,7 +330,7 @@ def _run_serial(experiment: Experiment, tasks, store: ResultsStore, progress: Sw
 
 
 def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: SweepProgress, client, retries: int) -> int:
-    from distributed import as_completed
+    from distributed import KilledWorker, as_completed
 
     resources = _gpu_resources(client, experiment)
     store.mark_submitted([r.key for members, _ in tasks for r in members])
@@ -360,7 +360,7 @@ def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: Swee
             members = futures.pop(fut)
             if fut.status == "error":  # the task itself failed: KilledWorker, unpicklable cell, ...
                 exc = result[1]
-                hint = f"\n{_KILLED_HINT}" if type(exc).__name__ == "KilledWorker" else ""
+                hint = f"\n{_KILLED_HINT}" if isinstance(exc, KilledWorker) else ""
                 outcomes = [{"ok": False, "error": f"{type(exc).__name__}: {exc}{hint}"}] * len(members)
             else:
                 outcomes = result
