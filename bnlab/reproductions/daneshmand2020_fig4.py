@@ -18,7 +18,7 @@ import numpy as np
 
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record
 from bnlab.reproductions.plotting import pyplot, save_figure
-from bnlab.reproductions.daneshmand2020_fig6 import CHUNKED, cost, group, run_cell, run_group, shorten
+from bnlab.reproductions.daneshmand2020_fig6 import CHUNKED, ChunkCell, cost, group, run_cell, run_group, shorten
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
@@ -156,6 +156,7 @@ EXPERIMENTS = [
         "the slow-down with depth is much less severe than for vanilla networks.",
         grid=_grid,
         run_cell=run_cell,
+        cell=ChunkCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,
