@@ -24,7 +24,8 @@ Declaring a kind::
             ...
 
 Field types: ``int``, ``float``, ``str``, ``bool``, ``Literal[...]`` (the allowed values),
-``tuple[int, ...]`` / ``tuple[float, ...]`` (a JSON list), and ``X | None`` (a key that may be absent).
+``tuple[int, ...]`` / ``tuple[float, ...]`` (a JSON list), and ``X | None`` (a key that may be absent);
+``cell_param(choices=NAMES)`` restricts a ``str`` to a library's names.
 A field without a default is required.  ``cell.params`` is the dict the cell was parsed from, exactly as
 stored.
 """
@@ -36,7 +37,7 @@ import math
 import numbers
 import types
 import typing
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 __all__ = ["Cell", "cell_param", "parse_cell"]
 
@@ -44,12 +45,15 @@ _MISSING = dataclasses.MISSING
 
 
 def cell_param(default: Any = _MISSING, *, minimum: float | None = None, maximum: float | None = None,
-               strict_minimum: bool = False) -> Any:
-    """A cell field with bounds (inclusive; ``strict_minimum`` makes the lower one exclusive).
+               strict_minimum: bool = False, choices: Sequence[str] | None = None) -> Any:
+    """A cell field with bounds (inclusive; ``strict_minimum`` makes the lower one exclusive), or, for a
+    ``str`` field, the values it may take (``choices``: a library's tuple of names, where ``Literal[...]``
+    would copy it).
 
     Without ``default`` the parameter is required.  Bounds apply to a number and to every entry of a tuple.
     """
-    meta = {"minimum": minimum, "maximum": maximum, "strict_minimum": strict_minimum}
+    meta = {"minimum": minimum, "maximum": maximum, "strict_minimum": strict_minimum,
+            "choices": None if choices is None else tuple(choices)}
     if default is _MISSING:
         return dataclasses.field(metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -110,6 +114,10 @@ def _schema(cls: type) -> tuple[_Field, ...]:
     out = []
     for f in dataclasses.fields(cls):
         kind, optional, choices = _kind_of(cls, f.name, hints[f.name])
+        if f.metadata.get("choices") is not None:
+            if kind != "str":
+                raise TypeError(f"{cls.__name__}.{f.name}: choices= applies to a str field, not {kind}")
+            kind, choices = "choice", f.metadata["choices"]
         required = f.default is _MISSING and f.default_factory is _MISSING
         out.append(_Field(f.name, kind, optional, required, choices, f.metadata.get("minimum"),
                           f.metadata.get("maximum"), bool(f.metadata.get("strict_minimum", False))))

@@ -170,3 +170,20 @@ def test_trainability_cell_refuses_with_the_experiment_name():
         with pytest.raises(ValueError) as info:
             parse_cell(TrainabilityCell, bad, experiment="yang2019-fig3a")
         assert str(info.value).startswith("experiment 'yang2019-fig3a': ") and needle in str(info.value)
+
+
+def test_choices_from_a_library_tuple():
+    from bnlab.reproductions.daneshmand2020_fig5 import ARCHS, ConvRankCell
+
+    good = list_experiments()["daneshmand2020-fig5"].grid("small")[0]
+    with pytest.raises(ValueError) as info:
+        parse_cell(ConvRankCell, dict(good, arch="vgg12"), experiment="daneshmand2020-fig5")
+    assert "cell parameter 'arch'='vgg12' is not allowed: expected one of " + ", ".join(map(repr, ARCHS)) \
+        in str(info.value)
+
+    @dataclass(frozen=True)
+    class Bad(Cell):
+        width: int = cell_param(1, choices=("a",))
+
+    with pytest.raises(TypeError, match="choices= applies to a str field"):
+        parse_cell(Bad, {})
