@@ -47,7 +47,7 @@ from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting, TaskCost
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "ChunkCell", "KINDS", "run_cell", "run_group", "group", "cost", "shorten", "build_mlp", "CHUNKED"]
+__all__ = ["EXPERIMENTS", "ChunkCell", "KINDS", "check_kind", "run_cell", "run_group", "group", "cost", "shorten", "build_mlp", "CHUNKED"]
 
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 _KINDS = ("vanilla", "pretrain25", "pretrain75", "bn", "bn_asym", "bn_nomean")
@@ -163,10 +163,15 @@ class ChunkCell(Cell):
     device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
 
     def check(self) -> None:
-        pre = self.kind[len("pretrain"):] if self.kind.startswith("pretrain") else None
-        if self.kind not in KINDS[:-1] and not (pre and pre.isdigit() and int(pre) >= 1):
-            raise ValueError(f"cell parameter kind={self.kind!r} is not allowed: expected one of "
-                             f"{', '.join(KINDS)} (N ≥ 1 rank pre-training steps)")
+        check_kind(self.kind)
+
+
+def check_kind(kind: str) -> None:
+    """``ValueError`` unless ``kind`` is one of :data:`KINDS` ("pretrain<N>" with N ≥ 1)."""
+    pre = kind[len("pretrain"):] if kind.startswith("pretrain") else None
+    if kind not in KINDS[:-1] and not (pre and pre.isdigit() and int(pre) >= 1):
+        raise ValueError(f"cell parameter kind={kind!r} is not allowed: expected one of {', '.join(KINDS)} "
+                         f"(N ≥ 1 rank pre-training steps)")
 
 
 def _load(cell: ChunkCell):
