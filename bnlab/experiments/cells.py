@@ -24,7 +24,8 @@ Declaring a kind::
             ...
 
 Field types: ``int``, ``float``, ``str``, ``bool``, ``Literal[...]`` (the allowed values),
-``tuple[int, ...]`` / ``tuple[float, ...]`` (a JSON list), and ``X | None`` (a key that may be absent);
+``tuple[int, ...]`` / ``tuple[float, ...]`` (a JSON list), ``float | Literal["inf"]`` (a number or named
+values, as JSON cannot hold ∞), and ``X | None`` (a key that may be absent);
 ``cell_param(choices=NAMES)`` restricts a ``str`` to a library's names.
 A field without a default is required.  ``cell.params`` is the dict the cell was parsed from, exactly as
 stored.
@@ -65,7 +66,7 @@ class _Field:
     kind: str  # "int", "float", "str", "bool", "choice", "tuple[int]", "tuple[float]"
     optional: bool  # None allowed (the key may be absent)
     required: bool
-    choices: tuple = ()
+    choices: tuple = ()  # kind "choice": the values; a number: named values it may also take ("inf")
     minimum: float | None = None
     maximum: float | None = None
     strict_minimum: bool = False
@@ -84,6 +85,8 @@ class _Field:
         if bounds:
             what += (" (each " if self.kind.startswith("tuple") else " ") + " and ".join(bounds) + \
                     (")" if self.kind.startswith("tuple") else "")
+        if self.choices and self.kind != "choice":
+            what += " or " + " or ".join(map(repr, self.choices))
         return what
 
 
@@ -92,10 +95,17 @@ def _kind_of(cls: type, name: str, hint: Any) -> tuple[str, bool, tuple]:
     optional = False
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) != 1 or len(typing.get_args(hint)) != 2:
-            raise TypeError(f"{cls.__name__}.{name}: a cell field is one type or 'X | None', not {hint!r}")
-        optional, hint, origin = True, args[0], typing.get_origin(args[0])
+        args = typing.get_args(hint)
+        optional = type(None) in args
+        literals = [a for a in args if typing.get_origin(a) is Literal]
+        rest = [a for a in args if a is not type(None) and typing.get_origin(a) is not Literal]
+        if len(rest) == 1 and len(literals) == 1 and rest[0] in (int, float):
+            return rest[0].__name__, optional, tuple(typing.get_args(literals[0]))  # a number or named values
+        if len(rest) + len(literals) != 1:
+            raise TypeError(f"{cls.__name__}.{name}: a cell field is one type, 'X | None', or 'float | "
+                            f"Literal[...]' (a number or named values), not {hint!r}")
+        hint = (rest or literals)[0]
+        origin = typing.get_origin(hint)
     if origin is Literal:
         return "choice", optional, tuple(typing.get_args(hint))
     if origin is tuple:
@@ -152,6 +162,8 @@ def _convert(field: _Field, value: Any) -> Any:
     if kind == "bool":
         return value if isinstance(value, bool) else _MISSING
     if kind in ("int", "float"):
+        if isinstance(value, str) and value in field.choices:
+            return value
         x = _number(field, value, kind == "int")
         return x if x is not None and _in_bounds(field, x) else _MISSING
     # tuple[int] / tuple[float]: a JSON list (a tuple from Python code is accepted too)

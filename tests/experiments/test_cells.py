@@ -22,6 +22,7 @@ class ToyCell(Cell):
     depths: tuple[int, ...] | None = cell_param(None, minimum=1)
     steps: int | None = None
     epochs: float | None = None
+    gamma: float | Literal["inf"] | None = cell_param(None, minimum=0.0, strict_minimum=True)
 
     def check(self) -> None:
         if self.steps is not None and self.epochs is not None:
@@ -43,6 +44,8 @@ GOOD = {"width": 8, "lr": 0.1, "seed": 3}
     (dict(GOOD, depths=[2, 0]), "'depths'=[2, 0]", "a list of integers (each >= 1)"),
     (dict(GOOD, depths=4), "'depths'=4", "a list of integers"),
     (dict(GOOD, steps=3, epochs=1.0), "steps=3 and epochs=1.0", "not allowed together"),  # check()
+    (dict(GOOD, gamma="infinite"), "'gamma'='infinite'", "a finite real number > 0 or 'inf' or null"),
+    (dict(GOOD, gamma=-1.0), "'gamma'=-1.0", "a finite real number > 0 or 'inf'"),
 ])
 def test_a_bad_cell_is_refused_naming_experiment_key_value_and_what_is_allowed(bad, key, allowed):
     with pytest.raises(ValueError) as info:
@@ -55,6 +58,7 @@ def test_a_bad_cell_is_refused_naming_experiment_key_value_and_what_is_allowed(b
 def test_a_good_cell_is_typed_and_keeps_its_dict():
     params = dict(GOOD, depths=[2, 4], lr=1)  # an int where a float is declared: accepted as 1.0
     cell = ToyCell.parse(params, experiment="toy-exp")
+    assert ToyCell.parse(dict(GOOD, gamma="inf")).gamma == "inf" and ToyCell.parse(dict(GOOD, gamma=2)).gamma == 2.0
     assert (cell.width, cell.lr, cell.depths, cell.optimizer, cell.steps) == (8, 1.0, (2, 4), "sgd", None)
     assert isinstance(cell.lr, float) and isinstance(cell.depths, tuple)
     # the stored dict comes back exactly (an int stays an int: the key would change otherwise)
