@@ -25,9 +25,9 @@ from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Settin
 from bnlab.reproductions.lange_common import LABEL as _LABEL
 from bnlab.reproductions.lange_common import final_accuracies as _finals
 from bnlab.reproductions.lange_common import mean as _mean
-from bnlab.reproductions.lange_common import (cell_cost, chunked_group, extra_seed_cells, paired_difference,
-                                              plot_training_curves, run_chunked_cells, seeds_text, shorten_cells,
-                                              train_cell, training_grid)
+from bnlab.reproductions.lange_common import (LangeCell, cell_cost, chunked_group, extra_seed_cells,
+                                              paired_difference, plot_training_curves, run_chunked_cells, seeds_text,
+                                              shorten_cells, train_cell, training_grid)
 
 __all__ = ["EXPERIMENTS", "run_cell", "run_group", "cost"]
 
@@ -65,7 +65,7 @@ def _seeds_text(scale: str) -> str:
     return ", ".join(f"{n} at {b}" for b, n in per.items()) + " (BNP, BN, Batch Renorm at 2)"
 
 
-def run_group(cells: list[dict]) -> list[dict]:
+def run_group(cells: list[LangeCell | dict]) -> list[dict]:
     """The chunked cells of one (batch size, method) — its seeds — trained together
     (:func:`bnlab.reproductions.lange_common.run_chunked_cells`)."""
     return run_chunked_cells("cnn", cells)
@@ -96,8 +96,9 @@ def _settings() -> list[Setting]:
     ]
 
 
-def run_cell(params: dict) -> dict:
-    """Train one (batch size, method, seed) of the 5-layer CNN."""
+def run_cell(params: LangeCell | dict) -> dict:
+    """Train one (batch size, method, seed) of the 5-layer CNN (``params``: a
+    :class:`~bnlab.reproductions.lange_common.LangeCell`, what the engine hands over, or its dict)."""
     return train_cell("cnn", params)
 
 
@@ -208,6 +209,7 @@ EXPERIMENTS = [
         "and Batch Renorm at mini-batch 2 (§5, Fig. 5).  Run on MNIST (CIFAR-10 is not available offline).",
         grid=_grid,
         run_cell=run_cell,
+        cell=LangeCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,
