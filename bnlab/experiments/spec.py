@@ -136,7 +136,8 @@ class Experiment:
         back into one record per seed and depth).
     run_cell:
         ``run_cell(params) -> dict``: runs one cell and returns its metrics
-        (JSON-serializable; deterministic given ``params``).  It must be a
+        (JSON-serializable; deterministic given ``params``).  ``params`` is the cell parsed as
+        :attr:`cell` declares it, or the cell's dict where the experiment declares no ``cell``.  It must be a
         module-level function (picklable for Dask workers).  A cell that
         cannot run on this machine for a legitimate reason (a dataset that is
         not present) returns ``{"skipped": True, "skip_reason": "..."}``; the
