@@ -9,6 +9,8 @@ from bnlab.experiments import ResultsStore, run_sweep
 
 def test_a_cell_whose_worker_keeps_dying_is_failed_with_the_hint(tmp_path, test_env, helpers, monkeypatch):
     import dask
+    import distributed  # noqa: F401  (its defaults loaded first: leaving the config.set below then restores
+    # only the one key, instead of dropping the whole "distributed" section it would otherwise have created)
 
     from bnlab.experiments.sweep import _KILLED_HINT, open_client
 
