@@ -27,13 +27,11 @@ import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
-from bnlab.experiments.cells import cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
-from bnlab.optim.training import TRAIN_NORMS
 from bnlab.reproductions.lange_common import LangeCell
 from bnlab.reproductions.plotting import pyplot, save_figure
 
@@ -85,7 +83,7 @@ class SmallBatchCell(LangeCell):
     """A small-batch cell of the 5-layer CNN: a :class:`~bnlab.reproductions.lange_common.LangeCell` whose
     ``norm`` may also be ``"bn4"`` (BN with Adam and decayed affine parameters, the paper's batch-1 baseline)."""
 
-    norm: str = cell_param(choices=TRAIN_NORMS + ("bn4",))
+    norm: Literal["bnp", "bnp_gn", "none", "bn", "brn", "ln", "gn", "bn4"]  # TRAIN_NORMS and bn4
 
 
 def run_cell(params: SmallBatchCell | dict) -> dict:

@@ -158,6 +158,17 @@ def test_trainability_cell_choices_match_the_library():
     assert set(typing.get_args(hints["optimizer"])) == set(OPTIMIZER_NAMES)
 
 
+def test_spelled_out_choices_match_the_library():
+    """Choices a reproduction spells out (importing the library's tuple at module level would import torch
+    when the registry discovers the reproductions) agree with the library's."""
+    from bnlab.optim.training import TRAIN_NORMS
+    from bnlab.reproductions.lange_common import LangeCell
+    from bnlab.reproductions.lange_small_batch import SmallBatchCell
+
+    assert set(typing.get_args(typing.get_type_hints(LangeCell)["norm"])) == set(TRAIN_NORMS)
+    assert set(typing.get_args(typing.get_type_hints(SmallBatchCell)["norm"])) == set(TRAIN_NORMS) | {"bn4"}
+
+
 def test_trainability_cell_refuses_with_the_experiment_name():
     from bnlab.reproductions.trainability import TrainabilityCell
 
@@ -191,3 +202,18 @@ def test_choices_from_a_library_tuple():
 
     with pytest.raises(TypeError, match="choices= applies to a str field"):
         parse_cell(Bad, {})
+
+
+def test_discovering_the_declared_reproductions_imports_no_torch():
+    """Cell kinds are declared at module level, so what they import is paid by every registry lookup (and by
+    each plan's child process): discovering every reproduction must not import torch."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom bnlab.experiments import list_experiments\nfrom bnlab.experiments.registry import "
+            "discovery_errors\nexps = list_experiments()\nassert not discovery_errors(), discovery_errors()\n"
+            "print(sum(e.cell is not None for e in exps.values()), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ), check=True).stdout.split()
+    assert int(out[0]) > 0 and out[1] == "False"
