@@ -12,7 +12,7 @@ front, as ``torch.optim`` checks its hyper-parameters in the constructor), and t
 
 Declaring a kind::
 
-    @dataclass(frozen=True)
+    @dataclass(frozen=True, kw_only=True)
     class MyCell(Cell):
         width: int = cell_param(minimum=1)
         optimizer: Literal["sgd", "adam"] = "sgd"
@@ -25,10 +25,10 @@ Declaring a kind::
 
 Field types: ``int``, ``float``, ``str``, ``bool``, ``Literal[...]`` (the allowed values),
 ``tuple[int, ...]`` / ``tuple[float, ...]`` (a JSON list), ``float | Literal["inf"]`` (a number or named
-values, as JSON cannot hold ∞), and ``X | None`` (a key that may be absent);
-``cell_param(choices=NAMES)`` restricts a ``str`` to a library's names.
-A field without a default is required.  ``cell.params`` is the dict the cell was parsed from, exactly as
-stored.
+values, as JSON cannot hold ∞), and ``X | None`` (null allowed); ``cell_param(choices=NAMES)`` restricts a
+``str`` to a library's names.  A field without a default is required (its key must be present), one with
+a default may be absent.  ``cell.params`` is the dict the cell was parsed from: the stored dict, plus the
+``device`` the engine adds for a GPU experiment.
 """
 from __future__ import annotations
 
