@@ -20,7 +20,7 @@ import textwrap
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -32,7 +32,6 @@ __all__ = [
     "CIFAR_MISSING",
     "METRIC_KEYS",
     "load_dataset_subset",
-    "require_params",
     "TrainabilityCell",
     "OPTIMIZER_NAMES",
     "optimizer_factory",
@@ -103,14 +102,6 @@ def load_dataset_subset(dataset: str, n_train: int, n_test: int):
     xtr = tr.x[:n_train].reshape(n_train, -1).contiguous()
     xte = te.x[:n_test].reshape(n_test, -1).contiguous()
     return (xtr, tr.y[:n_train].clone()), (xte, te.y[:n_test].clone()), tr.num_classes
-
-
-def require_params(params: Any, keys: Sequence[str]) -> None:
-    if not isinstance(params, dict):
-        raise ValueError(f"params={params!r} is not allowed: expected a dict")
-    missing = [k for k in keys if k not in params]
-    if missing:
-        raise ValueError(f"params is missing {', '.join(map(repr, missing))} (got keys {sorted(params)})")
 
 
 @dataclass(frozen=True, kw_only=True)
