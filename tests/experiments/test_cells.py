@@ -217,3 +217,9 @@ def test_discovering_the_declared_reproductions_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ), check=True).stdout.split()
     assert int(out[0]) > 0 and out[1] == "False"
+
+
+def test_validation_cell_kinds_match_the_cells_it_runs():
+    from bnlab.reproductions.advise_validation import CELLS, ValidationCell
+
+    assert set(typing.get_args(typing.get_type_hints(ValidationCell)["cell"])) == set(CELLS)
