@@ -560,6 +560,10 @@ def activation_from_callable(
     )
 
 
+class _NotElementwise(ValueError):
+    """A callable φ whose output shape differs from its input's (refused; not a reason to try torch)."""
+
+
 def _wrap_callable(fn, probe: np.ndarray):
     """(φ on float64 arrays, φ' or None, torch φ or None, whether φ' is exact) for a NumPy or torch callable."""
     numpy_error: Exception | None = None
@@ -568,14 +572,12 @@ def _wrap_callable(fn, probe: np.ndarray):
         if type(out).__module__.split(".")[0] != "torch":
             arr = np.asarray(out, dtype=np.float64)
             if arr.shape != probe.shape:
-                raise ValueError(
+                raise _NotElementwise(
                     f"phi callable must act elementwise: input shape {probe.shape} gave output shape {arr.shape}"
                 )
             return (lambda x: np.asarray(fn(x), dtype=np.float64)), None, None, False
-    except ValueError as exc:
-        if "elementwise" in str(exc):
-            raise
-        numpy_error = exc
+    except _NotElementwise:
+        raise
     except Exception as exc:  # the user's function failed on an array: try torch next
         numpy_error = exc
     t = _torch()

@@ -61,3 +61,17 @@ def test_declared_kinks_and_homogeneity_of_a_callable():
     lin = activation_from_callable(lambda x: 2 * x, homogeneity=1.0, homogeneous_coeffs=(2.0, 2.0))
     assert lin.kinks == ()
     assert activation_from_callable(np.tanh, kinks=[0.5, -1]).kinks == (-1.0, 0.5)
+
+
+def test_a_numpy_error_that_mentions_elementwise_still_tries_torch():
+    """Only bnlab's own shape refusal stops the NumPy attempt (caught by its type, not by its text): a
+    user's NumPy error whose message says "elementwise" falls through to the torch attempt as any other."""
+
+    def torch_only(x):
+        if not torch.is_tensor(x):
+            raise ValueError("elementwise ops are defined on tensors only")
+        return torch.tanh(x)
+
+    act = activation_from_callable(torch_only)
+    xs = np.linspace(-2.0, 2.0, 9)
+    np.testing.assert_allclose(act(xs), np.tanh(xs), rtol=1e-12)

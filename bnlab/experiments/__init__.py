@@ -11,6 +11,7 @@ starting it with :func:`plan_experiments` (``--plan``; ``docs/paper-scale.md``).
 """
 from __future__ import annotations
 
+from bnlab.experiments.cells import Cell, cell_param, parse_cell
 from bnlab.experiments.registry import get_experiment, list_experiments, register_experiment
 from bnlab.experiments.report import build_report
 from bnlab.experiments.plan import ExperimentPlan, Plan, format_plan, plan_experiment, plan_experiments
@@ -28,6 +29,9 @@ from bnlab.experiments.sweep import (
 
 __all__ = [
     "Experiment",
+    "Cell",
+    "cell_param",
+    "parse_cell",
     "Record",
     "Comparison",
     "SCALES",

@@ -111,8 +111,19 @@ def _worker_name() -> str:
     return f"pid{os.getpid()}"
 
 
+def _typed(cell: type | None, experiment: str, params: dict) -> Any:
+    """``params`` parsed as the experiment's declared cell kind (:mod:`bnlab.experiments.cells`), or the
+    dict itself for an experiment that declares none."""
+    if cell is None:
+        return params
+    from bnlab.experiments.cells import parse_cell
+
+    return parse_cell(cell, params, experiment=experiment)
+
+
 def execute_cell(
-    run_cell: Callable[[dict], dict], params: dict, limit_threads: bool = True, uses_gpu: bool = False
+    run_cell: Callable[[Any], dict], params: dict, limit_threads: bool = True, uses_gpu: bool = False,
+    cell: type | None = None, experiment: str = "",
 ) -> dict:
     """Run ``run_cell(params)`` and return the outcome; exceptions become ``{"ok": False, "error": traceback}``.
 
@@ -120,6 +131,10 @@ def execute_cell(
     ``run_cell`` gets ``params["device"] = cell_device()`` (CUDA when present,
     else CPU); the device is not part of the cell's identity (its key) and is
     recorded in ``versions["device"]``.
+
+    With ``cell`` (the experiment's declared :class:`~bnlab.experiments.cells.Cell` kind) the dict is
+    parsed here, once, and ``run_cell`` gets the typed cell; a refused cell (its ``ValueError`` names
+    ``experiment``, the key, the value and what is allowed) is a failed outcome like any exception.
 
     The returned dict has ``ok``, ``metrics`` or ``error``, ``started``,
     ``finished`` (ISO-8601 UTC), ``duration`` (seconds, monotonic clock),
@@ -137,7 +152,7 @@ def execute_cell(
             from bnlab.experiments.spec import cell_device
 
             call_params["device"] = versions["device"] = cell_device()
-        metrics = jsonable_metrics(run_cell(call_params))
+        metrics = jsonable_metrics(run_cell(_typed(cell, experiment, call_params)))
         out = {"ok": True, "metrics": metrics, "error": None}
     except Exception:  # a failing cell is a result, not a crash of the sweep
         out = {"ok": False, "metrics": None, "error": traceback.format_exc()}
@@ -155,15 +170,16 @@ def execute_cell(
 
 
 def execute_group(
-    run_group: Callable[[list[dict]], list[dict]], cells: list[dict], limit_threads: bool = True,
-    uses_gpu: bool = False,
+    run_group: Callable[[list[Any]], list[dict]], cells: list[dict], limit_threads: bool = True,
+    uses_gpu: bool = False, cell: type | None = None, experiment: str = "",
 ) -> list[dict]:
     """Run ``run_group(cells)`` (cells trained together) and return one outcome per cell, in order.
 
     Each outcome is :func:`execute_cell`'s dict.  Every cell of the group gets the group's ``started``,
     ``finished``, worker and versions, and an equal share of its duration (so the durations of a
     sweep's cells still add up to the time spent).  When ``run_group`` raises, or returns anything but
-    one metrics dict per cell, every cell of the group fails with that error.
+    one metrics dict per cell, every cell of the group fails with that error.  With ``cell`` the dicts
+    are parsed as in :func:`execute_cell` (one refused cell fails the group with its message).
     """
     if limit_threads:
         _limit_threads()
@@ -180,7 +196,7 @@ def execute_group(
             for p in call_cells:
                 if "device" not in p:
                     p["device"] = versions["device"] = device
-        results = run_group(call_cells)
+        results = run_group([_typed(cell, experiment, p) for p in call_cells])
         if not isinstance(results, (list, tuple)) or len(results) != n:
             raise TypeError(f"run_group must return a list of {n} metrics dicts (one per cell), returned "
                             f"{type(results).__name__}" + (f" of length {len(results)}"
@@ -199,13 +215,14 @@ def execute_group(
 
 
 def execute_task(
-    run_cell: Callable[[dict], dict], run_group: Callable[[list[dict]], list[dict]] | None, cells: list[dict],
-    limit_threads: bool = True, uses_gpu: bool = False,
+    run_cell: Callable[[Any], dict], run_group: Callable[[list[Any]], list[dict]] | None, cells: list[dict],
+    limit_threads: bool = True, uses_gpu: bool = False, cell: type | None = None, experiment: str = "",
 ) -> list[dict]:
     """One task of a sweep: ``run_group(cells)`` for a group (:func:`execute_group`), else ``run_cell`` of its
-    one cell (:func:`execute_cell`); a list of one outcome per cell either way."""
+    one cell (:func:`execute_cell`); a list of one outcome per cell either way.  ``cell`` and ``experiment``:
+    the experiment's declared cell kind and its name (:attr:`bnlab.experiments.spec.Experiment.cell`)."""
     if run_group is None:
         if len(cells) != 1:
             raise ValueError(f"a task without run_group holds one cell, not {len(cells)}")
-        return [execute_cell(run_cell, cells[0], limit_threads, uses_gpu)]
-    return execute_group(run_group, cells, limit_threads, uses_gpu)
+        return [execute_cell(run_cell, cells[0], limit_threads, uses_gpu, cell, experiment)]
+    return execute_group(run_group, cells, limit_threads, uses_gpu, cell, experiment)

@@ -214,7 +214,7 @@ def _run_task(exp: Experiment, cells: list[dict], grouped: bool, device: str, li
         now = _CLOCKS[clock]
         t0 = now()
         outcomes = execute_task(exp.run_cell, exp.run_group if grouped else None, cells, limit_threads,
-                                exp.uses_gpu)
+                                exp.uses_gpu, exp.cell, exp.name)
         if cuda:
             torch.cuda.synchronize(device)
         seconds = now() - t0

@@ -34,7 +34,7 @@ from bnlab._validation import check_choice
 from bnlab.experiments.registry import discovery_errors, get_experiment, list_experiments
 from bnlab.experiments.spec import SCALES, VERDICTS, Comparison, Experiment, library_versions
 from bnlab.experiments.store import ResultsStore, cell_key
-from bnlab.experiments.sweep import open_client, run_sweep, set_client_threads, store_path
+from bnlab.experiments.sweep import grid_cells, open_client, run_grid, set_client_threads, store_path
 
 __all__ = ["build_report", "reproduce", "verdict", "ledger", "Report", "ReportSection", "VERDICTS"]
 
@@ -177,18 +177,24 @@ def _data_uri(path: Path) -> str:
     return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
 
 
-def _needs_run(exp: Experiment, scale: str, path: Path, retry_failed: bool) -> bool:
-    """Whether the store lacks a committed outcome for some cell of the current grid (cheap check, read-only)."""
+def _stored_rows(path: Path, keys: Sequence[str]) -> list | None:
+    """The store's rows of ``keys`` (read-only, no lock taken), or None when there is no readable store
+    (the sweep then opens it for writing and says what is wrong with it, if anything)."""
     if not path.is_file():
-        return True
-    keys = {cell_key(p) for p in exp.grid(scale)}
+        return None
     try:
         with ResultsStore(path, readonly=True) as st:
-            rows = st.cells(keys=list(keys))
+            return st.cells(keys=list(keys))
     except ValueError:
+        return None
+
+
+def _needs_run(rows: list | None, keys: Sequence[str], retry_failed: bool) -> bool:
+    """Whether ``rows`` (:func:`_stored_rows`) lack a committed outcome for some cell of ``keys``."""
+    if rows is None:
         return True
     finished = {"done", "failed"} if not retry_failed else {"done"}
-    return len(rows) < len(keys) or any(r.status not in finished for r in rows)
+    return len(rows) < len(set(keys)) or any(r.status not in finished for r in rows)
 
 
 def _section(
@@ -216,16 +222,19 @@ def _run_section(
         checks=[{"name": c.name, "meaning": c.meaning} for c in exp.checks],
         limitations=exp.limitations if scale != "paper" and isinstance(exp.limitations, str) else "",
     )
-    reused = None
     try:
-        if _needs_run(exp, scale, path, retry_failed):
+        # the grid and its keys once; the store opened once: read-only when every cell has an outcome,
+        # else for writing by the sweep, whose final rows come back through that same handle (a store
+        # that exists but lacks cells is looked at read-only first, then opened for the run)
+        cells = grid_cells(exp, scale)
+        keys = [cell_key(p) for p in cells]
+        rows = _stored_rows(path, keys)
+        if _needs_run(rows, keys, retry_failed):
             kwargs = {"serial": True} if serial else {"client": get_client()}
-            summary = run_sweep(exp, scale, store=path, retry_failed=retry_failed, progress=progress, **kwargs)
-            reused = summary.reused
-        keys = [cell_key(p) for p in exp.grid(scale)]
-        with ResultsStore(path, readonly=True) as st:
-            rows = st.cells(keys=keys)
-        sec.reused = reused if reused is not None else sum(r.status == "done" for r in rows)
+            summary, rows = run_grid(exp, scale, cells, path, retry_failed=retry_failed, progress=progress, **kwargs)
+            sec.reused = summary.reused
+        else:
+            sec.reused = sum(r.status == "done" for r in rows)
     except KeyboardInterrupt:
         raise
     except (ValueError, OSError) as exc:

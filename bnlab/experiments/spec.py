@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from bnlab.experiments.cells import Cell
+
 __all__ = ["Experiment", "Record", "Comparison", "Setting", "Check", "TaskCost", "SCALES", "VERDICTS", "cell_device",
            "cell_tasks", "library_versions", "check_for"]
 
@@ -146,7 +148,8 @@ class Experiment:
         back into one record per seed and depth).
     run_cell:
         ``run_cell(params) -> dict``: runs one cell and returns its metrics
-        (JSON-serializable; deterministic given ``params``).  It must be a
+        (JSON-serializable; deterministic given ``params``).  ``params`` is the cell parsed as
+        :attr:`cell` declares it, or the cell's dict where the experiment declares no ``cell``.  It must be a
         module-level function (picklable for Dask workers).  A cell that
         cannot run on this machine for a legitimate reason (a dataset that is
         not present) returns ``{"skipped": True, "skip_reason": "..."}``; the
@@ -188,6 +191,13 @@ class Experiment:
         Whether ``grid`` defines a ``medium`` grid of its own (the small grid with more restarts, or
         an investigation that does not fit the small budget).  Without it the medium scale runs the
         small grid, so a medium report holds every reproduction.
+    cell:
+        The declared kind of this experiment's cells (a :class:`~bnlab.experiments.cells.Cell` subclass),
+        optional.  With it the engine parses each cell's dict once, where it hands the cell over, and
+        ``run_cell`` / ``run_group`` receive :class:`~bnlab.experiments.cells.Cell` objects (a bad cell is
+        recorded ``failed`` with a ``ValueError`` naming the experiment, the key, the value and what is
+        allowed); without it they receive the dicts.  Either way the store keeps the dicts, so cell keys
+        do not depend on it.
     cost, shorten:
         For a plan (:func:`bnlab.experiments.plan.plan_experiment`), optional.
         ``cost(cells) -> TaskCost`` says what a task (the cells that run together) costs;
@@ -213,10 +223,13 @@ class Experiment:
     cost: Callable[[list[dict]], TaskCost] | None = None
     shorten: Callable[[list[dict], int], list[dict]] | None = None
     medium_grid: bool = False
+    cell: type[Cell] | None = None
 
     def __post_init__(self) -> None:
         if (self.group is None) != (self.run_group is None):
             raise ValueError(f"experiment {self.name!r}: give both group and run_group, or neither")
+        if self.cell is not None and not (isinstance(self.cell, type) and issubclass(self.cell, Cell)):
+            raise ValueError(f"experiment {self.name!r}: cell={self.cell!r} is not allowed: expected a Cell subclass")
         if not self.medium_grid:
             # one place decides what "medium" means for a grid that knows only small and paper
             object.__setattr__(self, "grid", _SmallAtMedium(self.grid))

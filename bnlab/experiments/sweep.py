@@ -38,7 +38,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterator, Sequence
 
 from bnlab import _threads
 from bnlab._validation import atomic_output_path, check_choice, check_int, check_path
@@ -50,6 +50,8 @@ from bnlab.experiments.store import ResultsStore
 
 __all__ = [
     "run_sweep",
+    "run_grid",
+    "grid_cells",
     "resume_sweep",
     "sweep_status",
     "export_sweep",
@@ -321,14 +323,14 @@ def _run_serial(experiment: Experiment, tasks, store: ResultsStore, progress: Sw
     for members, run_group in tasks:
         store.mark_submitted([r.key for r in members])
         outcomes = execute_task(experiment.run_cell, run_group, [r.params for r in members], False,
-                                experiment.uses_gpu)
+                                experiment.uses_gpu, experiment.cell, experiment.name)
         _commit_task(store, members, outcomes, progress)
         executed += len(members)
     return executed
 
 
 def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: SweepProgress, client, retries: int) -> int:
-    from distributed import as_completed
+    from distributed import KilledWorker, as_completed
 
     resources = _gpu_resources(client, experiment)
     store.mark_submitted([r.key for members, _ in tasks for r in members])
@@ -342,6 +344,8 @@ def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: Swee
         [[r.params for r in members] for members, _ in tasks],
         [True] * len(tasks),
         [experiment.uses_gpu] * len(tasks),
+        [experiment.cell] * len(tasks),
+        [experiment.name] * len(tasks),
         key=[f"bnlab-{experiment.name}-{members[0].key}{'-group' if len(members) > 1 else ''}-{tag}"
              for members, _ in tasks],
         pure=False,
@@ -356,7 +360,7 @@ def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: Swee
             members = futures.pop(fut)
             if fut.status == "error":  # the task itself failed: KilledWorker, unpicklable cell, ...
                 exc = result[1]
-                hint = f"\n{_KILLED_HINT}" if type(exc).__name__ == "KilledWorker" else ""
+                hint = f"\n{_KILLED_HINT}" if isinstance(exc, KilledWorker) else ""
                 outcomes = [{"ok": False, "error": f"{type(exc).__name__}: {exc}{hint}"}] * len(members)
             else:
                 outcomes = result
@@ -443,10 +447,29 @@ def run_sweep(
         scheduler = check_scheduler_address(scheduler)
     if serial and (client is not None or scheduler is not None):
         raise ValueError("serial=True runs in this process; do not also give client= or scheduler=")
+    cells = grid_cells(exp, scale)
+    path = Path(store) if store is not None else store_path(exp.name, scale, results_dir)
+    summary, _ = run_grid(exp, scale, cells, path, client=client, scheduler=scheduler, workers=workers, serial=serial,
+                          retries=retries, retry_failed=retry_failed, progress=progress, threads=threads)
+    return summary
+
+
+def grid_cells(exp: Experiment, scale: str) -> list[dict]:
+    """``exp.grid(scale)``, checked to be a list of dicts (``ValueError`` otherwise)."""
     cells = exp.grid(scale)
     if not isinstance(cells, (list, tuple)) or not all(isinstance(c, dict) for c in cells):
         raise ValueError(f"{exp.name}.grid({scale!r}) must return a list of dicts, got {type(cells).__name__}")
-    path = Path(store) if store is not None else store_path(exp.name, scale, results_dir)
+    return list(cells)
+
+
+def run_grid(
+    exp: Experiment, scale: str, cells: Sequence[dict], path: Path, *, client: Any = None,
+    scheduler: str | None = None, workers: int | None = None, serial: bool = False, retries: int = 0,
+    retry_failed: bool = False, progress: bool | IO = True, threads: int | None = None,
+) -> tuple[SweepSummary, list]:
+    """:func:`run_sweep` for a grid already computed (``cells``, from :func:`grid_cells`) and a store path,
+    arguments already checked; returns the summary and the grid's rows (``CellRow``, in grid order) read
+    through the same open store, so a caller that needs both (the report) opens the store once."""
     t0 = time.perf_counter()
     connection = contextlib.ExitStack()
     if scheduler is not None and client is None:
@@ -490,7 +513,8 @@ def run_sweep(
         finally:
             bar.close()
         after = st.counts(keys)
-    return SweepSummary(
+        final = st.cells(keys=keys)
+    summary = SweepSummary(
         experiment=exp.name,
         scale=scale,
         store=path,
@@ -502,6 +526,7 @@ def run_sweep(
         reused=before["done"],
         wall_time=time.perf_counter() - t0,
     )
+    return summary, final
 
 
 def _read_info(path: Path) -> dict:

@@ -28,12 +28,14 @@ say the same.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 
-__all__ = ["EXPERIMENTS", "run_cell", "CASES", "CELLS"]
+__all__ = ["EXPERIMENTS", "ValidationCell", "run_cell", "CASES", "CELLS"]
 
 _PAPER = "bnlab.advise (the four papers' predictions for a user's network)"
 #: row -> (paper, what the advice predicts)
@@ -94,30 +96,46 @@ def _row(case: str, predicted: bool, prediction: str, observed: bool, observatio
                 observation=observation, agrees=bool(predicted) == bool(observed), **extra)
 
 
-def _depth(params, tr, te, gen):
+@dataclass(frozen=True, kw_only=True)
+class ValidationCell(Cell):
+    """The parameters of an advise-validation cell: which pair of networks (``cell``, a key of :data:`CELLS`),
+    the MNIST subsets and seed, and the training length of each kind of cell."""
+
+    cell: Literal["depth", "rank", "learning-rate", "batch-1"]  # the keys of CELLS
+    seed: int = cell_param(minimum=0)
+    n_train: int = cell_param(minimum=1)
+    n_test: int = cell_param(minimum=1)
+    depths: tuple[int, ...] = cell_param(minimum=1)
+    depth_steps: int = cell_param(minimum=1)
+    rank_steps: int = cell_param(minimum=1)
+    lr_steps: int = cell_param(minimum=1)
+    b1_steps: int = cell_param(minimum=1)
+
+
+def _depth(cell: ValidationCell, tr, te, gen):
     import torch
 
     from bnlab.advice import advise
     from bnlab.nets import BNMLP, train_ensemble
 
-    b, seed = 8, int(params["seed"])
-    models = [BNMLP(784, 10, depth=d, width=128, eps=1e-3, seed=seed) for d in params["depths"]]
+    b, seed = 8, cell.seed
+    models = [BNMLP(784, 10, depth=d, width=128, eps=1e-3, seed=seed) for d in cell.depths]
     idx = torch.randperm(tr[0].shape[0], generator=gen)[:b]
     advice = [advise(m, (tr[0][idx], tr[1][idx]), lr=1e-3 * b, skip=("learning_rate", "rank", "batch_size"),
                      seed=seed).gradients for m in models]
-    results = train_ensemble(models, tr, lr=1e-3 * b, batch_size=b, steps=params["depth_steps"], test_data=te,
+    results = train_ensemble(models, tr, lr=1e-3 * b, batch_size=b, steps=cell.depth_steps, test_data=te,
                              seeds=seed)
     rows = []
-    for case, d, g, res in zip(CELLS["depth"], params["depths"], advice, results):
+    for case, d, g, res in zip(CELLS["depth"], cell.depths, advice, results):
         acc = 0.1 if res.diverged else float(res.test_accuracy)
         rows.append(_row(case, g.trainable, g.verdict, acc >= _ACCURACY,
-                         f"depth {d}: test accuracy {acc:.3f} after {params['depth_steps']} SGD steps", depth=d,
+                         f"depth {d}: test accuracy {acc:.3f} after {cell.depth_steps} SGD steps", depth=d,
                          max_depth=g.max_depth_theory if g.theory_basis == "theorem" else g.max_depth_measured,
                          measured_rate=g.rate, theory_rate=g.theory_rate, accuracy=acc, history=res.history[::10]))
     return rows
 
 
-def _rank(params, tr, te, gen):
+def _rank(cell: ValidationCell, tr, te, gen):
     import functools
 
     import torch
@@ -125,23 +143,23 @@ def _rank(params, tr, te, gen):
     from bnlab.advice import advise
     from bnlab.nets import MLP, train
 
-    b, seed = 128, int(params["seed"])
+    b, seed = 128, cell.seed
     rows = []
     for case, norm in zip(CELLS["rank"], ("none", "bn")):
         model = MLP(784, [128] * 16, 10, norm=norm, init="torch_default", seed=seed)
         idx = torch.randperm(tr[0].shape[0], generator=gen)[:b]
         r = advise(model, (tr[0][idx], tr[1][idx]), skip=("gradients", "learning_rate", "batch_size"), seed=seed).rank
         res = train(model, tr, optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=b,
-                    steps=params["rank_steps"], seed=seed, diverge_above=1e6)
+                    steps=cell.rank_steps, seed=seed, diverge_above=1e6)
         acc = 0.1 if res.diverged else _accuracy(model, (tr[0][:5000], tr[1][:5000]))
         rows.append(_row(case, not r.collapsed, r.verdict, acc >= _ACCURACY,
                          f"{'BN' if norm == 'bn' else 'vanilla'}: training accuracy {acc:.3f} after "
-                         f"{params['rank_steps']} SGD steps", r_last=r.r_bound[-1], soft_rank_last=r.soft_rank[-1],
+                         f"{cell.rank_steps} SGD steps", r_last=r.r_bound[-1], soft_rank_last=r.soft_rank[-1],
                          accuracy=acc, history=res.history[::5]))
     return rows
 
 
-def _learning_rate(params, tr, te, gen):
+def _learning_rate(cell: ValidationCell, tr, te, gen):
     import functools
 
     import torch
@@ -149,7 +167,7 @@ def _learning_rate(params, tr, te, gen):
     from bnlab.advice import advise
     from bnlab.nets import MLP, half_squared_error, train
 
-    b, seed = 64, int(params["seed"])
+    b, seed = 64, cell.seed
     idx = torch.randperm(tr[0].shape[0], generator=gen)[:b]
     measured = advise(MLP(784, [128] * 4, 10, norm="bn", seed=seed), (tr[0][idx], tr[1][idx]), loss="mse",
                       momentum=0.9, skip=("gradients", "rank", "batch_size"), seed=seed).learning_rate
@@ -158,7 +176,7 @@ def _learning_rate(params, tr, te, gen):
         at = measured.at(factor * measured.limit)
         model = MLP(784, [128] * 4, 10, norm="bn", seed=seed)
         res = train(model, tr, optimizer=functools.partial(torch.optim.SGD, lr=at.lr, momentum=0.9), batch_size=b,
-                    steps=params["lr_steps"], seed=seed, loss_fn=half_squared_error, diverge_above=1e4)
+                    steps=cell.lr_steps, seed=seed, loss_fn=half_squared_error, diverge_above=1e4)
         first = res.history[0] if res.history else math.nan
         ok = (not res.diverged) and res.final_train_loss < 0.5 * first
         seen = (f"diverged at step {res.diverged_at_step}" if res.diverged else
@@ -170,7 +188,7 @@ def _learning_rate(params, tr, te, gen):
     return rows
 
 
-def _batch_one(params, tr, te, gen):
+def _batch_one(cell: ValidationCell, tr, te, gen):
     import functools
 
     import torch
@@ -180,7 +198,7 @@ def _batch_one(params, tr, te, gen):
     from bnlab.nets import MLP, train
     from bnlab.optim import BNPreconditioner
 
-    seed = int(params["seed"])
+    seed = cell.seed
     model = MLP(784, [64] * 3, 10, norm="bn", seed=seed)
     bs = advise(model, (tr[0][:1], tr[1][:1]), skip=("gradients", "learning_rate", "rank"), measure_bnp=True,
                 seed=seed).batch_size
@@ -194,27 +212,29 @@ def _batch_one(params, tr, te, gen):
     plain, _ = without_batch_norm(model)
     pre = BNPreconditioner(plain)
     res = train(plain, tr, optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=1,
-                steps=params["b1_steps"], seed=seed, hooks=[lambda m: pre.step()], test_data=te)
+                steps=cell.b1_steps, seed=seed, hooks=[lambda m: pre.step()], test_data=te)
     acc = 0.1 if res.diverged else float(res.test_accuracy)
     rows.append(_row("batch1-bnp", bs.bnp_supported > 0, bs.verdict, acc >= _ACCURACY,
-                     f"BNP without BN at batch 1: test accuracy {acc:.3f} after {params['b1_steps']} steps",
+                     f"BNP without BN at batch 1: test accuracy {acc:.3f} after {cell.b1_steps} steps",
                      overhead=bs.bnp_overhead, accuracy=acc, history=res.history[::30]))
     return rows
 
 
-def run_cell(params: dict) -> dict:
-    """Advise, then train, for the two networks of one cell: ``{"rows": [prediction, observation, agrees, …]}``."""
+def run_cell(params: ValidationCell | dict) -> dict:
+    """Advise, then train, for the two networks of one cell: ``{"rows": [prediction, observation, agrees, …]}``
+    (``params``: a :class:`ValidationCell`, what the engine hands over, or its dict)."""
     import torch
 
     from bnlab.data import DatasetNotFoundError
 
+    cell = ValidationCell.parse(params)
     try:
-        tr, te = _mnist(params["n_train"], params["n_test"], int(params["seed"]))
+        tr, te = _mnist(cell.n_train, cell.n_test, cell.seed)
     except (DatasetNotFoundError, OSError) as exc:
         return {"skipped": True, "skip_reason": f"MNIST not available: {exc}"}
-    gen = torch.Generator().manual_seed(int(params["seed"]))
-    run = {"depth": _depth, "rank": _rank, "learning-rate": _learning_rate, "batch-1": _batch_one}[params["cell"]]
-    return {"rows": run(params, tr, te, gen)}
+    gen = torch.Generator().manual_seed(cell.seed)
+    run = {"depth": _depth, "rank": _rank, "learning-rate": _learning_rate, "batch-1": _batch_one}[cell.cell]
+    return {"rows": run(cell, tr, te, gen)}
 
 
 def _rows(records: Sequence[Record]) -> list[tuple[int, dict]]:
@@ -297,6 +317,7 @@ EXPERIMENTS = [
         "without and with BN, a BN-MLP at 0.7 and 2 η*, and a BN-MLP at batch 1 with BN and with BNP.",
         grid=_grid,
         run_cell=run_cell,
+        cell=ValidationCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=False,

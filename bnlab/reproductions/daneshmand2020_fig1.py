@@ -17,15 +17,18 @@ one batched ensemble (:func:`run_group`, :func:`bnlab.nets.train_ensemble`).  Mo
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, TaskCost
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell", "group", "run_group"]
+__all__ = ["EXPERIMENTS", "RankCell", "run_cell", "group", "run_group"]
 
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 _DEPTHS = [1, 2, 4, 8, 16, 32]
@@ -65,18 +68,45 @@ def _data(n: int):
     return x, data.y[:n]
 
 
-def _model_at_init(params: dict, x):
+@dataclass(frozen=True, kw_only=True)
+class RankCell(Cell):
+    """The parameters of a Fig. 1 cell: one MLP (BN or none) whose rank is probed at initialization and
+    which then trains with SGD for ``steps`` or ``epochs`` (exactly one of them)."""
+
+    depth: int = cell_param(minimum=1)
+    width: int = cell_param(minimum=1)
+    norm: Literal["bn", "none"]
+    lr: float = cell_param(minimum=0.0, strict_minimum=True)
+    batch_size: int = cell_param(minimum=2)
+    n_train: int = cell_param(minimum=1)
+    n_eval: int = cell_param(minimum=1)
+    seed: int = cell_param(minimum=0)
+    steps: int | None = cell_param(None, minimum=1)
+    epochs: float | None = cell_param(None, minimum=0.0, strict_minimum=True)
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+    def check(self) -> None:
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError(f"cell parameters steps={self.steps!r}, epochs={self.epochs!r} are not allowed: give "
+                             f"exactly one of 'steps' and 'epochs'")
+
+    @property
+    def length(self) -> dict:
+        """``{"steps": …}`` or ``{"epochs": …}``: how long the cell trains."""
+        return {"steps": self.steps} if self.steps is not None else {"epochs": self.epochs}
+
+
+def _model_at_init(cell: RankCell, x):
     """The cell's MLP and its rank metrics at initialization (BN's running statistics reset after the probe)."""
     import torch
 
     from bnlab.nets import MLP
     from bnlab.rank import last_linear_name, rank_measures, record_representations, rescale_to_unit_trace
 
-    model = MLP(784, [params["width"]] * params["depth"], 10, norm=params["norm"], init="torch_default",
-                seed=params["seed"])
+    model = MLP(784, [cell.width] * cell.depth, 10, norm=cell.norm, init="torch_default", seed=cell.seed)
     name = last_linear_name(model)
     with torch.no_grad(), record_representations(model, name, capture="input") as reps:
-        model(x[: params["batch_size"]])
+        model(x[: cell.batch_size])
     h = reps[name]
     m = rank_measures(h)
     out = dict(rank_init=int(m.numerical_rank), r_init=float(m.rank_lower_bound),
@@ -88,39 +118,36 @@ def _model_at_init(params: dict, x):
     return model, out
 
 
-def _after_training(model, res, params: dict, x, y, out: dict) -> dict:
+def _after_training(model, res, cell: RankCell, x, y, out: dict) -> dict:
     import torch
 
     model.eval()
     with torch.no_grad():
-        ne = params["n_eval"]
+        ne = cell.n_eval
         xe = x[:ne].to(next(model.parameters()).device)
         acc = float((model(xe).argmax(1).cpu() == y[:ne]).float().mean()) if not res.diverged else 0.1
     out.update(train_accuracy=acc, diverged=bool(res.diverged), final_train_loss=float(res.final_train_loss))
     return out
 
 
-def _length(params: dict) -> dict:
-    return {"steps": params["steps"]} if "steps" in params else {"epochs": params["epochs"]}
-
-
-def run_cell(params: dict) -> dict:
-    """Rank of H_L at initialization, then training accuracy after the budget."""
+def run_cell(params: RankCell | dict) -> dict:
+    """Rank of H_L at initialization, then training accuracy after the budget (``params``: a
+    :class:`RankCell`, what the engine hands over, or its dict)."""
     import functools
 
     import torch
 
     from bnlab.nets import train as train_net
 
-    data = _data(params["n_train"])
+    cell = RankCell.parse(params)
+    data = _data(cell.n_train)
     if isinstance(data, dict):
         return data
     x, y = data
-    model, out = _model_at_init(params, x)
-    res = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=params["lr"]),
-                    batch_size=params["batch_size"], seed=params["seed"], device=params.get("device", "cpu"),
-                    **_length(params))
-    return _after_training(model, res, params, x, y, out)
+    model, out = _model_at_init(cell, x)
+    res = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=cell.lr),
+                    batch_size=cell.batch_size, seed=cell.seed, device=cell.device, **cell.length)
+    return _after_training(model, res, cell, x, y, out)
 
 
 def group(params: dict, scale: str) -> str | None:
@@ -130,22 +157,25 @@ def group(params: dict, scale: str) -> str | None:
     return repr(sorted((k, v) for k, v in params.items() if k not in ("lr", "seed", "device")))
 
 
-def run_group(cells: list[dict]) -> list[dict]:
+def run_group(cells: list[RankCell | dict]) -> list[dict]:
     """The cells of one (norm, depth) trained together (:func:`bnlab.nets.train_ensemble`, one step size and
     data order per network): each cell's :func:`run_cell` metrics, to the rounding of batched products."""
     from bnlab.nets import train_ensemble
 
-    base = {k: v for k, v in cells[0].items() if k not in ("lr", "seed")}
-    if any({k: v for k, v in c.items() if k not in ("lr", "seed")} != base for c in cells):
-        raise ValueError(f"cells={cells!r} are not allowed as one group: they differ in more than lr and seed")
-    data = _data(base["n_train"])
+    cells = [RankCell.parse(c) for c in cells]
+    if not cells:
+        raise ValueError("cells=[] is not allowed: a group holds at least one cell")
+    base = cells[0]
+    if any(dataclasses.replace(c, lr=base.lr, seed=base.seed) != base for c in cells):
+        raise ValueError(f"cells={[c.params for c in cells]!r} are not allowed as one group: they differ in more "
+                         f"than lr and seed")
+    data = _data(base.n_train)
     if isinstance(data, dict):
         return [dict(data) for _ in cells]
     x, y = data
     models, outs = zip(*(_model_at_init(c, x) for c in cells))
-    results = train_ensemble(list(models), (x, y), lr=[float(c["lr"]) for c in cells], batch_size=base["batch_size"],
-                             seeds=[int(c["seed"]) for c in cells], device=base.get("device", "cpu"),
-                             **_length(base))
+    results = train_ensemble(list(models), (x, y), lr=[c.lr for c in cells], batch_size=base.batch_size,
+                             seeds=[c.seed for c in cells], device=base.device, **base.length)
     return [_after_training(m, r, c, x, y, o) for m, r, c, o in zip(models, results, cells, outs)]
 
 
@@ -263,6 +293,7 @@ EXPERIMENTS = [
         grid=_grid,
         medium_grid=True,
         run_cell=run_cell,
+        cell=RankCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

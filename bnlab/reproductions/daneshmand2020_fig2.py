@@ -15,15 +15,17 @@ an L-layer network is the rank of the chain's layer ℓ.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell"]
+__all__ = ["EXPERIMENTS", "Fig2Cell", "run_cell"]
 
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 _D = 32
@@ -49,13 +51,28 @@ def _ci95(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return m, m - half, m + half
 
 
-def run_cell(params: dict) -> dict:
-    """One (norm, activation): per-layer numerical and soft rank over ``chains`` chains."""
+@dataclass(frozen=True, kw_only=True)
+class Fig2Cell(Cell):
+    """The parameters of a Fig. 2 cell: ``chains`` chains of ``depth`` layers (``norm``, ``activation``)."""
+
+    width: int = cell_param(minimum=1)
+    batch_size: int = cell_param(minimum=2)
+    depth: int = cell_param(minimum=1)
+    chains: int = cell_param(minimum=1)
+    norm: Literal["bn", "none"]
+    activation: Literal["linear", "relu"]
+    seed: int = cell_param(minimum=0)
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def run_cell(params: Fig2Cell | dict) -> dict:
+    """One (norm, activation): per-layer numerical and soft rank over ``chains`` chains (``params``: a
+    :class:`Fig2Cell`, what the engine hands over, or its dict)."""
     from bnlab.rank import run_chain
 
-    res = run_chain(params["width"], params["batch_size"], params["depth"], chains=params["chains"],
-                    norm=params["norm"], phi=params["activation"], seed=params["seed"],
-                    device=params.get("device", "cpu"))
+    cell = Fig2Cell.parse(params)
+    res = run_chain(cell.width, cell.batch_size, cell.depth, chains=cell.chains, norm=cell.norm,
+                    phi=cell.activation, seed=cell.seed, device=cell.device)
     out = {"layers": res.layers.tolist()}
     for key, arr in (("numerical_rank", res.numerical_rank), ("soft_rank", res.soft_rank)):
         m, lo, hi = _ci95(arr)
@@ -135,6 +152,7 @@ EXPERIMENTS = [
         "batch normalization keeps it above √d, for linear and ReLU MLPs.",
         grid=_grid,
         run_cell=run_cell,
+        cell=Fig2Cell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

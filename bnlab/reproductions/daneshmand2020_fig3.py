@@ -21,15 +21,17 @@ Scales: ``small`` d ∈ {8, 16, 32, 64, 128}, depth 2 000 (every 2nd layer avera
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell_3a", "run_cell_3b", "fit_exponent"]
+__all__ = ["EXPERIMENTS", "Fig3aCell", "Fig3bCell", "run_cell_3a", "run_cell_3b", "fit_exponent"]
 
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 _SCALES = {
@@ -51,13 +53,29 @@ def _grid_3a(scale: str) -> list[dict]:
                  residual_gamma=g, seed=300 + w) for g in s["gammas"] for w in s["widths"]]
 
 
-def run_cell_3a(params: dict) -> dict:
-    """One (d, γ): rank_½ and r(H) averaged over the depth, per chain."""
+@dataclass(frozen=True, kw_only=True)
+class Fig3aCell(Cell):
+    """The parameters of a Fig. 3a cell: ``chains`` chains of a residual BN-without-mean network of width d."""
+
+    width: int = cell_param(minimum=1)
+    batch_size: int = cell_param(minimum=2)
+    depth: int = cell_param(minimum=1)
+    chains: int = cell_param(minimum=1)
+    measure_every: int = cell_param(minimum=1)
+    residual_gamma: float | Literal["inf"] = cell_param(minimum=0.0, strict_minimum=True)  # "inf": no residual branch
+    seed: int = cell_param(minimum=0)
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def run_cell_3a(params: Fig3aCell | dict) -> dict:
+    """One (d, γ): rank_½ and r(H) averaged over the depth, per chain (``params``: a :class:`Fig3aCell`, what
+    the engine hands over, or its dict)."""
     from bnlab.rank import run_chain
 
-    res = run_chain(params["width"], params["batch_size"], params["depth"], chains=params["chains"],
-                    norm="bn_nomean", residual_gamma=params["residual_gamma"], seed=params["seed"],
-                    measure_every=params["measure_every"], record_layers=[0], device=params.get("device", "cpu"))
+    cell = Fig3aCell.parse(params)
+    res = run_chain(cell.width, cell.batch_size, cell.depth, chains=cell.chains, norm="bn_nomean",
+                    residual_gamma=cell.residual_gamma, seed=cell.seed, measure_every=cell.measure_every,
+                    record_layers=[0], device=cell.device)
     return dict(mean_soft_rank=float(res.mean_soft_rank.mean()), per_chain_mean_soft_rank=res.mean_soft_rank.tolist(),
                 std_soft_rank=float(res.std_soft_rank.mean()),
                 mean_r_lower_bound=float(res.mean_rank_lower_bound.mean()))
@@ -160,19 +178,33 @@ def _grid_3b(scale: str) -> list[dict]:
             for seed in s["seeds"] for norm in ("bn_nomean", "none")]
 
 
-def run_cell_3b(params: dict) -> dict:
-    """Top-10 singular values of H_ℓ (at tr M = d) along one chain from nearly collinear inputs."""
+@dataclass(frozen=True, kw_only=True)
+class Fig3bCell(Cell):
+    """The parameters of a Fig. 3b cell: one chain from inputs ``delta``-close to collinear."""
+
+    width: int = cell_param(minimum=1)
+    batch_size: int = cell_param(minimum=2)
+    depth: int = cell_param(minimum=1)
+    delta: float = cell_param(minimum=0.0)
+    norm: Literal["bn_nomean", "none"]
+    seed: int = cell_param(minimum=0)
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def run_cell_3b(params: Fig3bCell | dict) -> dict:
+    """Top-10 singular values of H_ℓ (at tr M = d) along one chain from nearly collinear inputs (``params``: a
+    :class:`Fig3bCell`, what the engine hands over, or its dict)."""
     import torch
 
     from bnlab.rank import run_chain
 
-    d, n = params["width"], params["batch_size"]
-    gen = torch.Generator().manual_seed(params["seed"])
+    cell = Fig3bCell.parse(params)
+    d, n = cell.width, cell.batch_size
+    gen = torch.Generator().manual_seed(cell.seed)
     u = torch.randn(d, 1, generator=gen, dtype=torch.float64)
-    x = u @ torch.ones(1, n, dtype=torch.float64) + params["delta"] * torch.randn(d, n, generator=gen,
-                                                                                  dtype=torch.float64)
-    res = run_chain(d, n, params["depth"], inputs=x, norm=params["norm"], seed=params["seed"],
-                    record_layers=range(params["depth"] + 1), device=params.get("device", "cpu"))
+    x = u @ torch.ones(1, n, dtype=torch.float64) + cell.delta * torch.randn(d, n, generator=gen, dtype=torch.float64)
+    res = run_chain(d, n, cell.depth, inputs=x, norm=cell.norm, seed=cell.seed, record_layers=range(cell.depth + 1),
+                    device=cell.device)
     return dict(layers=res.layers.tolist(), top_singular_values=res.singular_values[0, :, :10].tolist())
 
 
@@ -234,6 +266,7 @@ EXPERIMENTS = [
         "wide range of residual strengths γ including γ = ∞ (no skip connection).",
         grid=_grid_3a,
         run_cell=run_cell_3a,
+        cell=Fig3aCell,
         plot=_plot_3a,
         compare=_compare_3a,
         uses_gpu=True,
@@ -251,6 +284,7 @@ EXPERIMENTS = [
         "reducing the largest one.",
         grid=_grid_3b,
         run_cell=run_cell_3b,
+        cell=Fig3bCell,
         plot=_plot_3b,
         compare=_compare_3b,
         uses_gpu=False,

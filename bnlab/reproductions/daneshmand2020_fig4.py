@@ -18,7 +18,7 @@ import numpy as np
 
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record
 from bnlab.reproductions.plotting import pyplot, save_figure
-from bnlab.reproductions.daneshmand2020_fig6 import CHUNKED, cost, group, run_cell, run_group, shorten
+from bnlab.reproductions.daneshmand2020_fig6 import CHUNKED, ChunkCell, cost, group, run_cell, run_group, shorten
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
@@ -159,6 +159,7 @@ EXPERIMENTS = [
         grid=_grid,
         medium_grid=True,
         run_cell=run_cell,
+        cell=ChunkCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

@@ -27,15 +27,17 @@ skip with the download command when CIFAR-10 is absent) but not run by the repor
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell", "build_net", "KINDS", "ARCHS"]
+__all__ = ["EXPERIMENTS", "ConvRankCell", "run_cell", "build_net", "KINDS", "ARCHS"]
 
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 #: the three networks of Fig. 5
@@ -192,10 +194,31 @@ def _accuracy(model, x, y, *, batch_statistics: bool, batch: int = 500) -> float
     return correct / max(1, len(x))
 
 
-def run_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class ConvRankCell(Cell):
+    """The parameters of a Fig. 5 cell: one network of ``kind`` and ``arch`` trained by SGD for ``steps``,
+    its accuracy and the rank of H_L recorded at ``checkpoints``."""
+
+    kind: str = cell_param(choices=KINDS)
+    arch: str = cell_param(choices=ARCHS)
+    width_multiplier: float = cell_param(minimum=0.0, strict_minimum=True)
+    dataset: Literal["mnist", "fashion_mnist", "cifar10", "cifar100", "digits"]  # bnlab.data.DATASET_NAMES
+    n_train: int = cell_param(minimum=1)
+    n_eval: int = cell_param(minimum=1)
+    n_test: int = cell_param(minimum=1)
+    n_probe: int = cell_param(minimum=2)
+    steps: int = cell_param(minimum=1)
+    batch_size: int = cell_param(minimum=2)
+    lr: float = cell_param(minimum=0.0, strict_minimum=True)
+    checkpoints: tuple[int, ...] = cell_param(minimum=0)
+    seed: int = cell_param(minimum=0)
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def run_cell(params: ConvRankCell | dict) -> dict:
     """Build one network of Fig. 5, measure the rank of H_L, train it by SGD; accuracy and rank through training.
 
-    ``params``: ``kind`` (:data:`KINDS`), ``arch`` (:data:`ARCHS`), ``width_multiplier``, ``dataset``,
+    ``params``: a :class:`ConvRankCell` (what the engine hands over) or its dict — ``kind`` (:data:`KINDS`), ``arch`` (:data:`ARCHS`), ``width_multiplier``, ``dataset``,
     ``n_train``, ``n_eval`` (training images the accuracy is read on), ``n_test``, ``n_probe`` (the
     fixed batch H_L is measured on), ``steps``, ``batch_size``, ``lr``, ``checkpoints`` (steps at which
     the accuracy on the ``n_eval`` images and the rank are recorded), ``seed``; optional ``device``.
@@ -216,22 +239,20 @@ def run_cell(params: dict) -> dict:
     import torch
 
     from bnlab.nets import train as train_net
-    from bnlab.reproductions.trainability import require_params
 
-    require_params(params, ("kind", "arch", "width_multiplier", "dataset", "n_train", "n_eval", "n_test", "n_probe",
-                            "steps", "batch_size", "lr", "checkpoints", "seed"))
-    data = _load(str(params["dataset"]), int(params["n_train"]), int(params["n_test"]))
+    cell = ConvRankCell.parse(params)
+    data = _load(cell.dataset, cell.n_train, cell.n_test)
     if isinstance(data, dict):
         return data
     (x, y), (xt, yt), classes = data
-    device = torch.device(params.get("device", "cpu"))
-    steps, seed = int(params["steps"]), int(params["seed"])
-    checkpoints = sorted({int(c) for c in params["checkpoints"] if 0 <= int(c) <= steps})
-    model = build_net(params["kind"], params["arch"], in_channels=x.shape[1], num_classes=classes,
-                      width_multiplier=float(params["width_multiplier"]), seed=seed).to(device)
+    device = torch.device(cell.device)
+    steps, seed = cell.steps, cell.seed
+    checkpoints = sorted({c for c in cell.checkpoints if c <= steps})
+    model = build_net(cell.kind, cell.arch, in_channels=x.shape[1], num_classes=classes,
+                      width_multiplier=cell.width_multiplier, seed=seed).to(device)
     x, y = x.to(device), y.to(device)
-    probe = x[: int(params["n_probe"])]
-    x_eval, y_eval = x[: int(params["n_eval"])], y[: int(params["n_eval"])]
+    probe = x[: cell.n_probe]
+    x_eval, y_eval = x[: cell.n_eval], y[: cell.n_eval]
     init = _rank_of_last_hidden(model, probe)
     out = {"rank_init": init["numerical_rank"], "r_init": init["r"], "soft_rank_init": init["soft_rank"],
            "effective_rank_init": init["effective_rank"], "hidden_width": int(model[-1].in_features)}
@@ -249,8 +270,8 @@ def run_cell(params: dict) -> dict:
         if info.step + 1 in checkpoints and bool(torch.isfinite(info.loss)):
             record(info.step + 1)
 
-    result = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=float(params["lr"])),
-                       batch_size=int(params["batch_size"]), steps=steps, callbacks=[on_step], seed=10_000 + seed,
+    result = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=cell.lr),
+                       batch_size=cell.batch_size, steps=steps, callbacks=[on_step], seed=10_000 + seed,
                        device=device)
     if result.diverged:
         out["diverged_at_step"] = result.diverged_at_step
@@ -419,6 +440,7 @@ EXPERIMENTS = [
         grid=_grid,
         medium_grid=True,
         run_cell=run_cell,
+        cell=ConvRankCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

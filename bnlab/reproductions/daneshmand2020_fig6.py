@@ -37,15 +37,17 @@ between the tracked steps (:func:`run_group`, :mod:`bnlab.reproductions.chunked`
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting, TaskCost
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell", "run_group", "group", "cost", "shorten", "build_mlp", "CHUNKED"]
+__all__ = ["EXPERIMENTS", "ChunkCell", "KINDS", "check_kind", "run_cell", "run_group", "group", "cost", "shorten", "build_mlp", "CHUNKED"]
 
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 _KINDS = ("vanilla", "pretrain25", "pretrain75", "bn", "bn_asym", "bn_nomean")
@@ -135,7 +137,44 @@ def _last_r(model, x) -> float:
     return float(rank_lower_bound(reps[name]))
 
 
-def _load(params: dict):
+#: the kinds of network a chunk cell trains (Daneshmand et al. 2020, Figs. 4, 6, 10): vanilla, BN, BN with the
+#: asymmetric initialization, BN without mean subtraction, and vanilla pre-trained for N rank steps ("pretrain<N>")
+KINDS = ("vanilla", "bn", "bn_asym", "bn_nomean", "pretrain<N>")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkCell(Cell):
+    """The parameters of a Figs. 4/6/10 cell: one MLP of ``kind`` trained with SGD for ``steps``, its
+    r(H_L), gradient alignment and accuracy tracked at ``track_steps`` (default: a quarter, half, the end).
+    ``data_order="per_chunk"`` (the ``paper`` grids) trains in chunks between the tracked steps."""
+
+    kind: str
+    depth: int = cell_param(minimum=1)
+    width: int = cell_param(minimum=1)
+    lr: float = cell_param(minimum=0.0, strict_minimum=True)
+    batch_size: int = cell_param(minimum=2)
+    steps: int = cell_param(minimum=1)
+    n_train: int = cell_param(minimum=1)
+    n_eval: int = cell_param(minimum=1)
+    n_test: int = cell_param(minimum=1)
+    seed: int = cell_param(minimum=0)
+    track_steps: tuple[int, ...] | None = cell_param(None, minimum=0)
+    data_order: Literal["per_chunk"] | None = None
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+    def check(self) -> None:
+        check_kind(self.kind)
+
+
+def check_kind(kind: str) -> None:
+    """``ValueError`` unless ``kind`` is one of :data:`KINDS` ("pretrain<N>" with N ≥ 1)."""
+    pre = kind[len("pretrain"):] if kind.startswith("pretrain") else None
+    if kind not in KINDS[:-1] and not (pre and pre.isdigit() and int(pre) >= 1):
+        raise ValueError(f"cell parameter kind={kind!r} is not allowed: expected one of {', '.join(KINDS)} "
+                         f"(N ≥ 1 rank pre-training steps)")
+
+
+def _load(cell: ChunkCell):
     """``(x, y, x_test, y_test)``: the cell's Fashion-MNIST images (flat, standardized by the training
     subset's mean and deviation), or the skip metrics when the data set is not present."""
     from bnlab.data import DatasetNotFoundError, load_dataset
@@ -145,15 +184,15 @@ def _load(params: dict):
         test = load_dataset("fashion_mnist", "test")
     except (DatasetNotFoundError, OSError) as exc:
         return {"skipped": True, "skip_reason": f"Fashion-MNIST not available: {exc}"}
-    n = params["n_train"]
+    n = cell.n_train
     x = train.x[:n].reshape(n, -1).float()
     mu, sd = x.mean(), x.std()
     x = (x - mu) / sd
-    xt = ((test.x[: params["n_test"]].reshape(params["n_test"], -1).float()) - mu) / sd
-    return x, train.y[:n], xt, test.y[: params["n_test"]]
+    xt = ((test.x[: cell.n_test].reshape(cell.n_test, -1).float()) - mu) / sd
+    return x, train.y[:n], xt, test.y[: cell.n_test]
 
 
-def _prepare(params: dict, x, y):
+def _prepare(cell: ChunkCell, x, y):
     """Build the cell's network, pre-train it where its kind says so; the metrics at the start of training."""
     import functools
 
@@ -161,8 +200,8 @@ def _prepare(params: dict, x, y):
 
     from bnlab.rank import gradient_alignment, rank_pretrain
 
-    kind, seed = params["kind"], params["seed"]
-    model = build_mlp(kind, params["depth"], params["width"], seed=seed)
+    kind, seed = cell.kind, cell.seed
+    model = build_mlp(kind, cell.depth, cell.width, seed=seed)
     probe = x[:64]
     out = {"r_init": _last_r(model, probe)}  # probe: the first 64 images; pre-training draws its own
     if kind.startswith("pretrain"):
@@ -176,11 +215,12 @@ def _prepare(params: dict, x, y):
     return model, out
 
 
-def _track_steps(params: dict) -> list[int]:
+def _track_steps(cell: ChunkCell) -> list[int]:
     """The steps of r(H_L), the gradient alignment and the training accuracy (Figs. 6 and 10); without
     ``track_steps`` (fig4's cells) a quarter, half and the end of training."""
-    steps = params["steps"]
-    return sorted({int(t) for t in params.get("track_steps", (steps // 4, steps // 2, steps)) if 0 < int(t) <= steps})
+    steps = cell.steps
+    given = cell.track_steps if cell.track_steps is not None else (steps // 4, steps // 2, steps)
+    return sorted({int(t) for t in given if 0 < int(t) <= steps})
 
 
 class _Tracker:
@@ -205,14 +245,14 @@ class _Tracker:
         self.acc.append([step, _batch_stat_accuracy(model, self.x_curve.to(dev), self.y_curve.to(dev))])
 
 
-def _finish(params: dict, model, out: dict, tracker: _Tracker, losses: list[float], diverged_at: int | None,
+def _finish(cell: ChunkCell, model, out: dict, tracker: _Tracker, losses: list[float], diverged_at: int | None,
             x, y, xt, yt) -> dict:
     """The metrics after training: the curves, the final alignment, training and test accuracy, the loss curve."""
     import torch
 
     from bnlab.rank import gradient_alignment
 
-    steps = params["steps"]
+    steps = cell.steps
     dev = next(model.parameters()).device
     if diverged_at is not None:
         out["diverged_at_step"] = diverged_at
@@ -225,7 +265,7 @@ def _finish(params: dict, model, out: dict, tracker: _Tracker, losses: list[floa
     out["accuracy_through_training"] = tracker.acc
     model.eval()
     with torch.no_grad():
-        ne = params["n_eval"]
+        ne = cell.n_eval
         out["train_accuracy"] = float((model(x[:ne].to(dev)).argmax(1).cpu() == y[:ne]).float().mean())
         out["test_accuracy"] = float((model(xt.to(dev)).argmax(1).cpu() == yt).float().mean())
     out["r_through_training"] = tracker.r
@@ -239,8 +279,9 @@ def _finish(params: dict, model, out: dict, tracker: _Tracker, losses: list[floa
 CHUNKED = "per_chunk"
 
 
-def run_cell(params: dict) -> dict:
-    """Build, (pre-train), train one network; accuracies, r(H_L) and gradient alignment.
+def run_cell(params: ChunkCell | dict) -> dict:
+    """Build, (pre-train), train one network; accuracies, r(H_L) and gradient alignment (``params``: a
+    :class:`ChunkCell`, what the engine hands over, or its dict).
 
     A cell with ``data_order="per_chunk"`` (the ``paper`` grid) trains in chunks between its tracked
     steps (:func:`bnlab.reproductions.chunked.train_in_chunks`), one network at a time — the procedure
@@ -251,28 +292,29 @@ def run_cell(params: dict) -> dict:
 
     import torch
 
-    if params.get("data_order") == CHUNKED:
-        return _run_chunked([params], ensemble=False)[0]
-    data = _load(params)
+    cell = ChunkCell.parse(params)
+    if cell.data_order == CHUNKED:
+        return _run_chunked([cell], ensemble=False)[0]
+    data = _load(cell)
     if isinstance(data, dict):
         return data
     x, y, xt, yt = data
-    model, out = _prepare(params, x, y)
+    model, out = _prepare(cell, x, y)
     from bnlab.nets import train as train_net
 
-    steps = params["steps"]
-    track = _track_steps(params)
+    steps = cell.steps
+    track = _track_steps(cell)
     tracker = _Tracker(out, model, x, y)
 
     def track_training(info) -> None:
         if info.step + 1 in track and bool(torch.isfinite(info.loss)):
             tracker.measure(info.model, info.step + 1)
 
-    result = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=params["lr"]),
-                       batch_size=params["batch_size"], steps=steps, callbacks=[track_training],
-                       seed=10_000 + params["seed"], device=params.get("device", "cpu"))
+    result = train_net(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=cell.lr),
+                       batch_size=cell.batch_size, steps=steps, callbacks=[track_training],
+                       seed=10_000 + cell.seed, device=cell.device)
     losses = [float(v) for v in result.history]
-    return _finish(params, model, out, tracker, losses, result.diverged_at_step if result.diverged else None,
+    return _finish(cell, model, out, tracker, losses, result.diverged_at_step if result.diverged else None,
                    x, y, xt, yt)
 
 
@@ -291,21 +333,23 @@ def group(params: dict, scale: str) -> str | None:
     return repr([("family", _family(params["kind"]))] + rest)
 
 
-def run_group(cells: list[dict]) -> list[dict]:
+def run_group(cells: list[ChunkCell | dict]) -> list[dict]:
     """The chunked cells of one :func:`group` trained as one ensemble between the tracked steps: each cell's
     :func:`run_cell` metrics, to the rounding of batched products."""
-    return _run_chunked(cells, ensemble=True)
+    return _run_chunked([ChunkCell.parse(c) for c in cells], ensemble=True)
 
 
-def _run_chunked(cells: list[dict], ensemble: bool) -> list[dict]:
+def _run_chunked(cells: list[ChunkCell], ensemble: bool) -> list[dict]:
     from bnlab.reproductions.chunked import train_in_chunks
 
+    if not cells:
+        raise ValueError("cells=[] is not allowed: a group holds at least one cell")
     first = cells[0]
     shared = ("n_train", "n_test", "n_eval", "steps", "batch_size", "lr", "depth", "width", "track_steps")
-    if any(c.get(k) != first.get(k) for c in cells for k in shared) or any(c.get("data_order") != CHUNKED
-                                                                             for c in cells):
-        raise ValueError(f"cells={cells!r} are not allowed as one group: they differ in {', '.join(shared)} "
-                         "or are not chunked")
+    if any(getattr(c, k) != getattr(first, k) for c in cells for k in shared) or any(c.data_order != CHUNKED
+                                                                                     for c in cells):
+        raise ValueError(f"cells={[c.params for c in cells]!r} are not allowed as one group: they differ in "
+                         f"{', '.join(shared)} or are not chunked")
     data = _load(first)
     if isinstance(data, dict):
         return [dict(data) for _ in cells]
@@ -313,10 +357,10 @@ def _run_chunked(cells: list[dict], ensemble: bool) -> list[dict]:
     models, outs = zip(*(_prepare(c, x, y) for c in cells))
     trackers = [_Tracker(o, m, x, y) for o, m in zip(outs, models)]
     track = _track_steps(first)
-    bounds = sorted(set(track) | {int(first["steps"])})
-    results = train_in_chunks(list(models), (x, y), bounds, lrs=[c["lr"] for c in cells],
-                              seeds=[10_000 + c["seed"] for c in cells], batch_size=first["batch_size"],
-                              device=first.get("device", "cpu"), ensemble=ensemble,
+    bounds = sorted(set(track) | {int(first.steps)})
+    results = train_in_chunks(list(models), (x, y), bounds, lrs=[c.lr for c in cells],
+                              seeds=[10_000 + c.seed for c in cells], batch_size=first.batch_size,
+                              device=first.device, ensemble=ensemble,
                               after_chunk=lambda k, step: trackers[k].measure(models[k], step) if step in track else None)
     return [_finish(c, m, o, t, r.history, r.diverged_at_step, x, y, xt, yt)
             for c, m, o, t, r in zip(cells, models, outs, trackers, results)]
@@ -534,6 +578,7 @@ EXPERIMENTS = [
         "the rank's order of magnitude through training; rank-collapsed nets have aligned last-layer gradients.",
         grid=_grid,
         run_cell=run_cell,
+        cell=ChunkCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

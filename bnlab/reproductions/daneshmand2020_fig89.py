@@ -14,15 +14,17 @@ Scales: ``small`` d ∈ {8, 16, 32, 64}, γ ∈ {1, 0.1}, 2 000 layers after 100
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell"]
+__all__ = ["EXPERIMENTS", "MomentsCell", "run_cell"]
 
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 _SCALES = {
@@ -41,12 +43,26 @@ def _grid(scale: str) -> list[dict]:
             for g in s["gammas"] for d in s["widths"]]
 
 
-def run_cell(params: dict) -> dict:
-    """One (d, γ): the ergodic averages of :func:`bnlab.rank.invariant_moments` and the bounds at its α."""
+@dataclass(frozen=True, kw_only=True)
+class MomentsCell(Cell):
+    """The parameters of a Figs. 8/9 cell: the ergodic averages of one chain of width d, γ, after ``burn_in``."""
+
+    width: int = cell_param(minimum=1)
+    depth: int = cell_param(minimum=1)
+    residual_gamma: float = cell_param(minimum=0.0, strict_minimum=True)
+    burn_in: int = cell_param(minimum=0)
+    seed: int = cell_param(minimum=0)
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def run_cell(params: MomentsCell | dict) -> dict:
+    """One (d, γ): the ergodic averages of :func:`bnlab.rank.invariant_moments` and the bounds at its α
+    (``params``: a :class:`MomentsCell`, what the engine hands over, or its dict)."""
     from bnlab.rank import invariant_moments
 
-    res = invariant_moments(params["width"], params["depth"], residual_gamma=params["residual_gamma"],
-                            burn_in=params["burn_in"], seed=params["seed"], device=params.get("device", "cpu"))
+    cell = MomentsCell.parse(params)
+    res = invariant_moments(cell.width, cell.depth, residual_gamma=cell.residual_gamma, burn_in=cell.burn_in,
+                            seed=cell.seed, device=cell.device)
     return res.to_dict()
 
 
@@ -163,6 +179,7 @@ EXPERIMENTS = [
         "E‖M‖²_F ≤ d^{3/2}/√(1 − α) (Lemma 13), and the ergodic E‖M‖²_F follows d^{1.5} (Fig. 9).",
         grid=_grid,
         run_cell=run_cell,
+        cell=MomentsCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=False,

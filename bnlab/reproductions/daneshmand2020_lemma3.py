@@ -11,15 +11,17 @@ Scales: ``small`` depth 3 000, 4 chains; ``paper`` depth 100 000, 10 chains.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell"]
+__all__ = ["EXPERIMENTS", "Lemma3Cell", "run_cell"]
 
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 _SCALES = {"small": dict(depth=3_000, chains=4), "paper": dict(depth=100_000, chains=10)}
@@ -34,13 +36,29 @@ def _grid(scale: str) -> list[dict]:
             for i, init in enumerate(("gaussian", "uniform")) for j, g in enumerate((0.1, 0.5, 1.0, "inf"))]
 
 
-def run_cell(params: dict) -> dict:
-    """One (init, γ): per-layer σ_2/σ_1 and r(H̃) − 1 (log-spaced layers), final ranks."""
+@dataclass(frozen=True, kw_only=True)
+class Lemma3Cell(Cell):
+    """The parameters of a Lemma 3 cell: ``chains`` chains of a residual network without normalization
+    (``init``, ``residual_gamma``), ``depth`` layers of ``width`` × ``batch_size`` representations."""
+
+    width: int = cell_param(minimum=1)
+    batch_size: int = cell_param(minimum=2)
+    depth: int = cell_param(minimum=1)
+    chains: int = cell_param(minimum=1)
+    init: Literal["gaussian", "uniform"]
+    residual_gamma: float | Literal["inf"] = cell_param(minimum=0.0, strict_minimum=True)  # "inf": no residual branch
+    seed: int = cell_param(minimum=0)
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def run_cell(params: Lemma3Cell | dict) -> dict:
+    """One (init, γ): per-layer σ_2/σ_1 and r(H̃) − 1 (log-spaced layers), final ranks (``params``: a
+    :class:`Lemma3Cell`, what the engine hands over, or its dict)."""
     from bnlab.rank import run_chain
 
-    res = run_chain(params["width"], params["batch_size"], params["depth"], chains=params["chains"], norm="none",
-                    init=params["init"], residual_gamma=params["residual_gamma"], seed=params["seed"],
-                    device=params.get("device", "cpu"))
+    cell = Lemma3Cell.parse(params)
+    res = run_chain(cell.width, cell.batch_size, cell.depth, chains=cell.chains, norm="none", init=cell.init,
+                    residual_gamma=cell.residual_gamma, seed=cell.seed, device=cell.device)
     sv = res.singular_values
     ratio = sv[..., 1] / sv[..., 0]
     # the layer where σ_2/σ_1 first drops below 1e-8 in every chain (None if never)
@@ -110,6 +128,7 @@ EXPERIMENTS = [
         "linear residual network converges to a rank-one matrix: skip connections do not prevent rank collapse.",
         grid=_grid,
         run_cell=run_cell,
+        cell=Lemma3Cell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

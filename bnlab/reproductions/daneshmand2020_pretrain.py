@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
+from bnlab.reproductions.daneshmand2020_fig6 import check_kind
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell"]
+__all__ = ["EXPERIMENTS", "PretrainCell", "run_cell"]
 
 _PAPER = "Daneshmand et al. 2020 (NeurIPS), Batch normalization provably avoids rank collapse"
 _SCALES = {
@@ -86,8 +89,29 @@ def _last_r(model, x) -> float:
     return float(rank_lower_bound(reps[name]))
 
 
-def run_cell(params: dict) -> dict:
-    """Build (and pre-train) one network, then train a copy of it at every step size of ``lrs``."""
+@dataclass(frozen=True, kw_only=True)
+class PretrainCell(Cell):
+    """The parameters of a pre-training cell: one network of ``kind`` (:data:`~bnlab.reproductions.
+    daneshmand2020_fig6.KINDS`), then a copy of it trained by SGD for ``steps`` at every step size of ``lrs``."""
+
+    kind: str
+    depth: int = cell_param(minimum=1)
+    width: int = cell_param(minimum=1)
+    batch_size: int = cell_param(minimum=2)
+    steps: int = cell_param(minimum=1)
+    n_train: int = cell_param(minimum=64)  # the rank probe reads the first 64 images
+    lrs: tuple[float, ...] = cell_param(minimum=0.0, strict_minimum=True)
+    seed: int = cell_param(minimum=0)
+
+    def check(self) -> None:
+        check_kind(self.kind)
+        if not self.lrs:
+            raise ValueError("cell parameter lrs=[] is not allowed: give at least one step size")
+
+
+def run_cell(params: PretrainCell | dict) -> dict:
+    """Build (and pre-train) one network, then train a copy of it at every step size of ``lrs`` (``params``:
+    a :class:`PretrainCell`, what the engine hands over, or its dict)."""
     import functools
 
     import torch
@@ -97,17 +121,18 @@ def run_cell(params: dict) -> dict:
     from bnlab.rank import rank_pretrain
     from bnlab.reproductions.daneshmand2020_fig6 import build_mlp
 
+    cell = PretrainCell.parse(params)
     torch.set_num_threads(1)  # sweep cells run side by side, one per core
     try:
         data = load_dataset("fashion_mnist", "train")
     except (DatasetNotFoundError, OSError) as exc:
         return {"skipped": True, "skip_reason": f"Fashion-MNIST not available: {exc}"}
-    n = params["n_train"]
+    n = cell.n_train
     x = data.x[:n].reshape(n, -1).float()
     x = (x - x.mean()) / x.std()
     y = data.y[:n]
-    kind, seed = params["kind"], params["seed"]
-    model = build_mlp(kind, params["depth"], params["width"], seed=seed)
+    kind, seed = cell.kind, cell.seed
+    model = build_mlp(kind, cell.depth, cell.width, seed=seed)
     probe = x[:64]
     out: dict = {"r_init": _last_r(model, probe)}
     if kind.startswith("pretrain"):
@@ -115,10 +140,10 @@ def run_cell(params: dict) -> dict:
                       optimizer=functools.partial(torch.optim.SGD, lr=1e-2), seed=seed)
     out["r_start"] = _last_r(model, probe)
     runs = []
-    for lr in params["lrs"]:
+    for lr in cell.lrs:
         net = copy.deepcopy(model)
         res = train_net(net, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=lr),
-                        batch_size=params["batch_size"], steps=params["steps"], seed=10_000 + seed)
+                        batch_size=cell.batch_size, steps=cell.steps, seed=10_000 + seed)
         hist = [float(v) for v in res.history]
         tail = hist[-max(1, len(hist) // 10):]
         final = float(np.mean(tail)) if not res.diverged and all(math.isfinite(v) for v in tail) else None
@@ -255,6 +280,7 @@ EXPERIMENTS = [
         "MLPs, and SGD preserves the order of magnitude of the initial rank r(H_L) throughout optimization.",
         grid=_grid,
         run_cell=run_cell,
+        cell=PretrainCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=False,

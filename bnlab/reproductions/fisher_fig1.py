@@ -18,14 +18,16 @@ Scales. ``fisher-fig1`` is pure theory (both scales: 25 γ values in [0.05, 5]; 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record
 
-__all__ = ["EXPERIMENTS", "run_theory_cell", "run_measure_cell"]
+__all__ = ["TheoryCell", "MeasureCell", "EXPERIMENTS", "run_theory_cell", "run_measure_cell"]
 
 _PAPER = "Mean-field analysis of batch normalization (the Fisher paper), Fig. 1 and §4"
 _ARCHS = {
@@ -57,13 +59,29 @@ def _theory_grid(scale: str) -> list[dict]:
     return cells
 
 
-def run_theory_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class TheoryCell(Cell):
+    """The parameters of a Fig. 1 theory cell: one (architecture, norm, formula, γ) of the λ̄max bound."""
+
+    net: Literal["fc", "conv"]
+    arch: str  # an architecture string of bnlab.fisher.parse_arch (checked there)
+    norm: Literal["bn", "none"]
+    formula: Literal["measured", "paper"]
+    gamma: float = cell_param(minimum=0.0, strict_minimum=True)
+    seed: int = cell_param(minimum=0)
+    sigma_w2: float = cell_param(minimum=0.0, strict_minimum=True)
+    sigma_b2: float = cell_param(minimum=0.0)
+    momentum: float = cell_param(minimum=0.0, maximum=1.0)
+
+
+def run_theory_cell(params: TheoryCell | dict) -> dict:
     """λ̄max bound, η* and per-layer terms of one (architecture, norm, formula, γ)."""
     from bnlab.fisher import fisher_order_parameters
 
+    cell = TheoryCell.parse(params)
     r = fisher_order_parameters(
-        params["arch"], norm=params["norm"], formula=params["formula"], gamma=params["gamma"],
-        sigma_w2=params["sigma_w2"], sigma_b2=params["sigma_b2"], momentum=params["momentum"],
+        cell.arch, norm=cell.norm, formula=cell.formula, gamma=cell.gamma,
+        sigma_w2=cell.sigma_w2, sigma_b2=cell.sigma_b2, momentum=cell.momentum,
     )
     return dict(lambda_max_bound=r.lambda_max_bound, eta_star=r.eta_star, per_layer_f=list(r.per_layer_f))
 
@@ -177,7 +195,24 @@ def _measure_grid(scale: str) -> list[dict]:
     return cells
 
 
-def run_measure_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class MeasureCell(Cell):
+    """The parameters of a measured-λmax cell: one random network (BN in ``bn_mode``) on ``batch`` MNIST images."""
+
+    net: Literal["fc", "conv"]
+    arch: str  # an architecture string of bnlab.fisher.parse_arch (checked there)
+    norm: Literal["bn", "none"]
+    bn_mode: Literal["eval", "train"]
+    batch: int = cell_param(minimum=2)
+    gamma: float = cell_param(minimum=0.0, strict_minimum=True)
+    seed: int = cell_param(minimum=0)
+    sigma_w2: float = cell_param(minimum=0.0, strict_minimum=True)
+    sigma_b2: float = cell_param(minimum=0.0)
+    momentum: float = cell_param(minimum=0.0, maximum=1.0)
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def run_measure_cell(params: MeasureCell | dict) -> dict:
     """λmax of the Fisher (Eq. 10) of one random network on an MNIST batch, and the bound for it."""
     import torch
 
@@ -185,33 +220,34 @@ def run_measure_cell(params: dict) -> dict:
     from bnlab.fisher import (build_model, calibrate_batchnorm_, curvature_spectrum, fisher_order_parameters,
                               parse_arch)
 
+    cell = MeasureCell.parse(params)
     try:
         data = load_dataset("mnist", "train")
     except DatasetNotFoundError as exc:
         return {"skipped": True, "skip_reason": str(exc)}
-    arch = parse_arch(params["arch"])
-    sub = standardize(data.subset(int(params["batch"]), seed=int(params["seed"])))
+    arch = parse_arch(cell.arch)
+    sub = standardize(data.subset(cell.batch, seed=cell.seed))
     x = sub.x.to(torch.float64)
     if len(arch.input_shape) == 1:
         x = x.reshape(x.shape[0], -1)
     flat = x.reshape(x.shape[0], -1)
     q0 = float((flat**2).sum(1).mean() / flat.shape[1])
     q0xy = float((flat.mean(0) ** 2).sum() / flat.shape[1])
-    common = dict(norm=params["norm"], gamma=params["gamma"], sigma_w2=params["sigma_w2"],
-                  sigma_b2=params["sigma_b2"])
-    model = build_model(arch, seed=int(params["seed"]), dtype=torch.float64, **common)
+    common = dict(norm=cell.norm, gamma=cell.gamma, sigma_w2=cell.sigma_w2,
+                  sigma_b2=cell.sigma_b2)
+    model = build_model(arch, seed=cell.seed, dtype=torch.float64, **common)
     calibrate_batchnorm_(model, x)
-    device = params.get("device", "cpu")
-    spec = curvature_spectrum(model.to(device), x.to(device), bn_mode=params["bn_mode"], tol=1e-4)
+    device = cell.device
+    spec = curvature_spectrum(model.to(device), x.to(device), bn_mode=cell.bn_mode, tol=1e-4)
     out = dict(skipped=False, lambda_max_measured=spec.lambda_max, matvecs=spec.matvecs)
     for formula in ("measured", "paper"):
-        r = fisher_order_parameters(arch, formula=formula, momentum=params["momentum"], input_q=q0,
-                                    input_q_xy=q0xy, bn_mode=params["bn_mode"] if params["norm"] == "bn" else "eval",
+        r = fisher_order_parameters(arch, formula=formula, momentum=cell.momentum, input_q=q0,
+                                    input_q_xy=q0xy, bn_mode=cell.bn_mode if cell.norm == "bn" else "eval",
                                     **common)
         out[f"bound_{formula}"] = r.lambda_max_bound
-    if params["norm"] == "bn" and params["bn_mode"] == "train":
+    if cell.norm == "bn" and cell.bn_mode == "train":
         out["bound_eval_model"] = fisher_order_parameters(
-            arch, formula="measured", momentum=params["momentum"], input_q=q0, input_q_xy=q0xy, **common
+            arch, formula="measured", momentum=cell.momentum, input_q=q0, input_q_xy=q0xy, **common
         ).lambda_max_bound
     return out
 
@@ -293,6 +329,7 @@ EXPERIMENTS = [
         "by orders of magnitude for small γ (§4, Fig. 1).",
         grid=_theory_grid,
         run_cell=run_theory_cell,
+        cell=TheoryCell,
         plot=_plot_theory,
         compare=_compare_theory,
         uses_gpu=False,
@@ -319,6 +356,7 @@ EXPERIMENTS = [
         claim="λ̄max ≥ Σ_l f_l (Claim 3.1) for wide networks, with and without BN.",
         grid=_measure_grid,
         run_cell=run_measure_cell,
+        cell=MeasureCell,
         plot=_plot_measure,
         compare=_compare_measure,
         uses_gpu=True,

@@ -38,14 +38,16 @@ and the middle of the paper's range, so η* spans 2.5 decades).  ``paper``: fc:7
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting, TaskCost
 
-__all__ = ["EXPERIMENTS", "run_phase_cell", "train_phase_cell", "train_phase_row", "divergence_boundary", "DIVERGE_ABOVE",
+__all__ = ["PhaseCell", "GammaRowCell", "EXPERIMENTS", "run_phase_cell", "train_phase_cell", "train_phase_row", "divergence_boundary", "DIVERGE_ABOVE",
            "quarter_decades", "phase_cost", "phase_shorten"]
 
 _PAPER = "Mean-field analysis of batch normalization (the Fisher paper), Fig. 2"
@@ -185,7 +187,37 @@ def eta_init(arch: str, train, *, norm: str, gamma: float, sigma_w2: float, sigm
     return 2 * (1 + _MOMENTUM) / spec.lambda_max
 
 
-def train_phase_cell(params: dict, **model_kw) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class PhaseCell(Cell):
+    """What every row of the Figs. 2/3 phase diagrams gives: the network (``arch``, ``loss``), the MNIST
+    subsets, the training length and batch, the step sizes ``etas`` and restarts ``seeds`` trained as one
+    ensemble, and the data seed.  :class:`GammaRowCell` and ``fisher_fig3.SigmaRowCell`` add the row's γ / σ_w."""
+
+    arch: str  # an architecture string of bnlab.fisher.parse_arch (checked there)
+    n_train: int = cell_param(minimum=1)
+    n_test: int = cell_param(minimum=1)
+    steps: int = cell_param(minimum=1)
+    batch: int = cell_param(minimum=2)
+    etas: tuple[float, ...] = cell_param(minimum=0.0, strict_minimum=True)
+    seeds: tuple[int, ...] = cell_param(minimum=0)
+    seed: int = cell_param(minimum=0)
+    loss: Literal["mse", "cross_entropy"] = "mse"  # bnlab.fisher.spectrum.LOSSES
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+    def check(self) -> None:
+        if not self.etas or not self.seeds:
+            raise ValueError(f"cell parameters etas={list(self.etas)!r}, seeds={list(self.seeds)!r} are not "
+                             f"allowed: give at least one of each")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GammaRowCell(PhaseCell):
+    """A Fig. 2 row: BN networks with BN scale ``gamma``."""
+
+    gamma: float = cell_param(minimum=0.0, strict_minimum=True)
+
+
+def train_phase_cell(cell: PhaseCell, **model_kw) -> dict:
     """The shared body of the Fig. 2 and Fig. 3 cells: the cell's MNIST subsets (a skip record when MNIST
     is absent), one :func:`train_phase_row` over its η and seeds, and ``eta_init`` (η from λmax measured at
     initialization); ``model_kw`` are :func:`train_phase_row`'s network and loss arguments."""
@@ -193,31 +225,32 @@ def train_phase_cell(params: dict, **model_kw) -> dict:
     from bnlab.reproductions.fisher_data import mnist_subsets
 
     try:
-        tr, te = mnist_subsets(int(params["n_train"]), int(params["n_test"]))
+        tr, te = mnist_subsets(cell.n_train, cell.n_test)
     except DatasetNotFoundError as exc:
         return {"skipped": True, "skip_reason": str(exc)}
     train = (tr.x.reshape(len(tr), -1), tr.y)
     test = (te.x.reshape(len(te), -1), te.y)
-    out = dict(skipped=False, **train_phase_row(params["arch"], params["etas"], params["seeds"], train, test,
-                                                 steps=int(params["steps"]), batch=int(params["batch"]),
-                                                 data_seed=int(params["seed"]),
-                                                 device=params.get("device", "cpu"), **model_kw))
-    out["eta_init"] = eta_init(params["arch"], train, **model_kw)
+    out = dict(skipped=False, **train_phase_row(cell.arch, cell.etas, cell.seeds, train, test,
+                                                 steps=cell.steps, batch=cell.batch,
+                                                 data_seed=cell.seed,
+                                                 device=cell.device, **model_kw))
+    out["eta_init"] = eta_init(cell.arch, train, **model_kw)
     return out
 
 
-def run_phase_cell(params: dict) -> dict:
+def run_phase_cell(params: GammaRowCell | dict) -> dict:
     """Train the (η, seed) ensemble of one γ row; test losses, explosions, the boundaries, η* and η_init."""
     from bnlab.fisher import fisher_order_parameters
 
-    kw = dict(norm="bn", gamma=float(params["gamma"]), sigma_w2=2.0, sigma_b2=0.5, loss=params.get("loss", "mse"))
-    out = train_phase_cell(params, **kw)
+    cell = GammaRowCell.parse(params)
+    kw = dict(norm="bn", gamma=cell.gamma, sigma_w2=2.0, sigma_b2=0.5, loss=cell.loss)
+    out = train_phase_cell(cell, **kw)
     if out["skipped"]:
         return out
     for key, fkw in (("eta_star_measured_eval", dict(formula="measured", bn_mode="eval")),
                      ("eta_star_measured_train", dict(formula="measured", bn_mode="train")),
                      ("eta_star_paper", dict(formula="paper", bn_mode="eval"))):
-        out[key] = fisher_order_parameters(params["arch"], gamma=params["gamma"], sigma_w2=2.0, sigma_b2=0.5,
+        out[key] = fisher_order_parameters(cell.arch, gamma=cell.gamma, sigma_w2=2.0, sigma_b2=0.5,
                                            momentum=_MOMENTUM, **fkw).eta_star
     return out
 
@@ -303,6 +336,7 @@ EXPERIMENTS = [
         "from the mean-field bound falls on the measured boundary over three decades of η.",
         grid=_grid,
         run_cell=run_phase_cell,
+        cell=GammaRowCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
-from bnlab.reproductions.fisher_fig2 import eta_init, quarter_decades, train_phase_row
+from bnlab.reproductions.fisher_fig2 import GammaRowCell, eta_init, quarter_decades, train_phase_row
 
 __all__ = ["EXPERIMENTS", "run_cell"]
 
@@ -45,7 +45,7 @@ def _grid(scale: str) -> list[dict]:
     return [dict(gamma=g, seed=0, **{k: v for k, v in s.items() if k != "gammas"}) for g in s["gammas"]]
 
 
-def run_cell(params: dict) -> dict:
+def run_cell(params: GammaRowCell | dict) -> dict:
     """One γ row: the (η, seed) ensemble on images of shape (1, 28, 28), its boundaries, the three η* and η_init."""
     import torch
 
@@ -53,23 +53,24 @@ def run_cell(params: dict) -> dict:
     from bnlab.fisher import fisher_order_parameters
     from bnlab.reproductions.fisher_data import mnist_subsets
 
+    cell = GammaRowCell.parse(params)
     torch.set_num_threads(1)
     try:
-        tr, te = mnist_subsets(int(params["n_train"]), int(params["n_test"]))
+        tr, te = mnist_subsets(cell.n_train, cell.n_test)
     except DatasetNotFoundError as exc:
         return {"skipped": True, "skip_reason": str(exc)}
     shape = (1, 28, 28)
     train = (tr.x.reshape((len(tr),) + shape), tr.y)
     test = (te.x.reshape((len(te),) + shape), te.y)
-    kw = dict(norm="bn", gamma=float(params["gamma"]), sigma_w2=2.0, sigma_b2=0.5, loss=params.get("loss", "mse"))
-    out = dict(skipped=False, **train_phase_row(params["arch"], params["etas"], params["seeds"], train, test,
-                                                 steps=int(params["steps"]), batch=int(params["batch"]),
-                                                 data_seed=int(params["seed"]), **kw))
-    out["eta_init"] = eta_init(params["arch"], train, **kw)
+    kw = dict(norm="bn", gamma=cell.gamma, sigma_w2=2.0, sigma_b2=0.5, loss=cell.loss)
+    out = dict(skipped=False, **train_phase_row(cell.arch, cell.etas, cell.seeds, train, test,
+                                                 steps=cell.steps, batch=cell.batch,
+                                                 data_seed=cell.seed, **kw))
+    out["eta_init"] = eta_init(cell.arch, train, **kw)
     for key, fkw in (("eta_star_measured_eval", dict(formula="measured", bn_mode="eval")),
                      ("eta_star_measured_train", dict(formula="measured", bn_mode="train")),
                      ("eta_star_paper", dict(formula="paper", bn_mode="eval"))):
-        out[key] = fisher_order_parameters(params["arch"], gamma=params["gamma"], sigma_w2=2.0, sigma_b2=0.5,
+        out[key] = fisher_order_parameters(cell.arch, gamma=cell.gamma, sigma_w2=2.0, sigma_b2=0.5,
                                            momentum=_MOMENTUM, **fkw).eta_star
     return out
 
@@ -153,6 +154,7 @@ EXPERIMENTS = [
         "magnitude of η (§4, Fig. 2).",
         grid=_grid,
         run_cell=run_cell,
+        cell=GammaRowCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=False,

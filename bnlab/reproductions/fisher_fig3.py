@@ -14,16 +14,18 @@ initializations, which is what is swept here.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 
-from .fisher_fig2 import phase_cost, phase_shorten, quarter_decades, train_phase_cell
+from .fisher_fig2 import PhaseCell, phase_cost, phase_shorten, quarter_decades, train_phase_cell
 
-__all__ = ["EXPERIMENTS", "run_sigma_cell"]
+__all__ = ["SigmaRowCell", "EXPERIMENTS", "run_sigma_cell"]
 
 _PAPER = "Mean-field analysis of batch normalization (the Fisher paper), Fig. 3 (§6.4)"
 _SCALES = {
@@ -42,16 +44,24 @@ def _grid(scale: str) -> list[dict]:
     return [dict(sigma_w=w, seed=0, **{k: v for k, v in s.items() if k != "sigma_ws"}) for w in s["sigma_ws"]]
 
 
-def run_sigma_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class SigmaRowCell(PhaseCell):
+    """A Fig. 3 row: networks without BN at weight scale ``sigma_w`` (σ_w² = ``sigma_w``²)."""
+
+    sigma_w: float = cell_param(minimum=0.0, strict_minimum=True)
+
+
+def run_sigma_cell(params: SigmaRowCell | dict) -> dict:
     """Train the (η, seed) ensemble of one σ_w row; test losses, explosions, the boundaries, η* and η_init."""
     from bnlab.fisher import fisher_order_parameters
 
-    sw2 = float(params["sigma_w"]) ** 2
-    kw = dict(norm="none", gamma=1.0, sigma_w2=sw2, sigma_b2=0.5, loss=params.get("loss", "mse"))
-    out = train_phase_cell(params, **kw)
+    cell = SigmaRowCell.parse(params)
+    sw2 = cell.sigma_w ** 2
+    kw = dict(norm="none", gamma=1.0, sigma_w2=sw2, sigma_b2=0.5, loss=cell.loss)
+    out = train_phase_cell(cell, **kw)
     if out["skipped"]:
         return out
-    bound = fisher_order_parameters(params["arch"], norm="none", sigma_w2=sw2, sigma_b2=0.5, momentum=0.9)
+    bound = fisher_order_parameters(cell.arch, norm="none", sigma_w2=sw2, sigma_b2=0.5, momentum=0.9)
     out.update(lambda_max_bound=bound.lambda_max_bound, eta_star=bound.eta_star)
     return out
 
@@ -150,6 +160,7 @@ EXPERIMENTS = [
         "larger σ_w gives a larger λmax of the Fisher and a smaller maximal stable η (§6.4, Fig. 3).",
         grid=_grid,
         run_cell=run_sigma_cell,
+        cell=SigmaRowCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

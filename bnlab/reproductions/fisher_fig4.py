@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
-from bnlab.reproductions.fisher_data import mnist_subsets
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting, TaskCost
+from bnlab.reproductions.fisher_data import mnist_subsets
 
-__all__ = ["EXPERIMENTS", "LR_RULES", "run_curve_cell", "stability_margins", "steps_to_threshold"]
+__all__ = ["CurveCell", "EXPERIMENTS", "LR_RULES", "run_curve_cell", "stability_margins", "steps_to_threshold"]
 
 _PAPER = "Mean-field analysis of batch normalization (the Fisher paper), Fig. 4 (§6.5)"
 _NETS = {
@@ -132,7 +134,32 @@ def steps_to_threshold(losses: Sequence[float], threshold: float, window: int = 
     return int(hit[0] + window)
 
 
-def run_curve_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class CurveCell(Cell):
+    """The parameters of a Fig. 4 cell: every (γ, seed) network of one kind (``net``, ``arch``) trained together."""
+
+    net: Literal["mlp", "cnn"]
+    arch: str  # an architecture string of bnlab.fisher.parse_arch (checked there)
+    steps: int = cell_param(minimum=1)
+    gammas: tuple[float, ...] = cell_param(minimum=0.0, strict_minimum=True)
+    seeds: tuple[int, ...] = cell_param(minimum=0)
+    seed: int = cell_param(minimum=0)
+    n_train: int = cell_param(minimum=1)
+    n_test: int = cell_param(minimum=1)
+    batch: int = cell_param(minimum=2)
+    loss_threshold: float = cell_param(minimum=0.0, strict_minimum=True)
+    # a learning rate, or a rule of LR_RULES that picks it from the η* measured in the cell (medium scale)
+    lr: float | Literal["half_eta_star_of_largest_gamma", "geometric_mean_eta_star",
+                        "half_eta_star_of_smallest_gamma"] = 0.1
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+    def check(self) -> None:
+        if not self.gammas or not self.seeds:
+            raise ValueError(f"cell parameters gammas={list(self.gammas)!r}, seeds={list(self.seeds)!r} are not "
+                             f"allowed: give at least one of each")
+
+
+def run_curve_cell(params: CurveCell | dict) -> dict:
     """Train every (γ, seed) network of one kind together; per network its per-step training loss, final
     test accuracy (eval mode) and speed: ``{"networks": [{"gamma", "seed", "train_loss", ...}], ...}``."""
     from bnlab.data import DatasetNotFoundError
@@ -141,23 +168,24 @@ def run_curve_cell(params: dict) -> dict:
 
     from bnlab.nets import train, train_ensemble
 
+    cell = CurveCell.parse(params)
     try:
-        tr, te = mnist_subsets(int(params["n_train"]), int(params["n_test"]))
+        tr, te = mnist_subsets(cell.n_train, cell.n_test)
     except DatasetNotFoundError as exc:
         return {"skipped": True, "skip_reason": str(exc)}
-    flat = len(parse_arch(params["arch"]).input_shape) == 1
+    flat = len(parse_arch(cell.arch).input_shape) == 1
     x = tr.x.reshape(len(tr), -1) if flat else tr.x
     xt = te.x.reshape(len(te), -1) if flat else te.x
     # the stability margins on the first `batch` training images, as many as one SGD step sees (128: ≈ 4 s of
     # CPU for both kinds and four γ, against ≈ 7 s on 256; η* moved by < 30 % between the two)
-    nb = int(params["batch"])
-    margins = stability_margins(params["arch"], params["gammas"], x[:nb], tr.y[:nb])
-    lr = _resolve_lr(params.get("lr", _LR), margins)
-    nets = [(float(g), int(seed)) for g in params["gammas"] for seed in params["seeds"]]
-    models = [build_model(params["arch"], norm="bn", gamma=g, sigma_w2=2.0, sigma_b2=0.5, seed=seed)
+    nb = cell.batch
+    margins = stability_margins(cell.arch, list(cell.gammas), x[:nb], tr.y[:nb])
+    lr = _resolve_lr(cell.lr, margins)
+    nets = [(g, seed) for g in cell.gammas for seed in cell.seeds]
+    models = [build_model(cell.arch, norm="bn", gamma=g, sigma_w2=2.0, sigma_b2=0.5, seed=seed)
               for g, seed in nets]
-    device = params.get("device", "cpu")
-    kw = dict(batch_size=int(params["batch"]), steps=int(params["steps"]), test_data=(xt, te.y), device=device)
+    device = cell.device
+    kw = dict(batch_size=cell.batch, steps=cell.steps, test_data=(xt, te.y), device=device)
     if flat or str(device).startswith("cuda"):  # on a GPU the conv nets too (one batched call, not 25 launch-bound ones)
         results = train_ensemble(models, (x, tr.y), lr=lr, momentum=_MOMENTUM, weight_decay=_WEIGHT_DECAY,
                                  seeds=[seed for _, seed in nets], **kw)
@@ -173,7 +201,7 @@ def run_curve_cell(params: dict) -> dict:
         finite = not r.diverged and bool(np.all(np.isfinite(losses)))
         rows.append(dict(gamma=g, seed=seed, train_loss=losses, test_accuracy=r.test_accuracy,
                          mean_train_loss=float(np.mean(losses)) if finite else None,
-                         steps_to_threshold=steps_to_threshold(losses, float(params["loss_threshold"]))))
+                         steps_to_threshold=steps_to_threshold(losses, cell.loss_threshold)))
     return {"skipped": False, "lr": lr, "stability": margins, "networks": rows}
 
 
@@ -354,6 +382,7 @@ EXPERIMENTS = [
         "rate (0.1, momentum 0.9) converge faster (§6.5, Fig. 4).",
         grid=_grid,
         run_cell=run_curve_cell,
+        cell=CurveCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

@@ -8,14 +8,18 @@ scales, cell runner and paper comparisons.  This module declares no experiment.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Record
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["LABEL", "CHUNKED", "training_grid", "extra_seed_cells", "train_cell", "chunked_group", "run_chunked_cells",
+__all__ = ["LangeCell", "LABEL", "CHUNKED",
+           "training_grid", "extra_seed_cells", "train_cell", "chunked_group", "run_chunked_cells",
            "cell_cost", "shorten_cells", "final_accuracies", "finals_by_seed", "paired_difference", "seeds_text",
            "plot_training_curves", "mean"]
 
@@ -64,19 +68,40 @@ def extra_seed_cells(cells: Sequence[dict], pairs, seeds: Sequence[int]) -> list
     return out
 
 
-def train_cell(model: str, params: dict) -> dict:
-    """Train ``model`` ("fc" or "cnn") on one grid cell (:func:`training_grid`) with
-    :func:`bnlab.optim.training.train_network`; the cell's metrics, or skipped ones when the data set is missing."""
+@dataclass(frozen=True, kw_only=True)
+class LangeCell(Cell):
+    """The parameters of a Lange et al. training cell (:func:`training_grid`): one network with ``norm`` trained
+    on ``dataset`` at mini-batch ``batch_size`` for ``epochs`` (fractional allowed), on the first
+    ``train_size`` / ``test_size`` images drawn with ``seed`` (all when null).  ``data_order="per_chunk"``
+    (the ``paper`` grids) trains one epoch per chunk (:func:`run_chunked_cells`)."""
+
+    dataset: Literal["mnist", "fashion_mnist", "cifar10", "cifar100", "digits"]  # bnlab.data.DATASET_NAMES
+    batch_size: int = cell_param(minimum=1)
+    # bnlab.optim.training.TRAIN_NORMS, spelled out: importing it would import torch when the registry
+    # discovers the reproductions (tests/experiments/test_cells.py checks that the two agree)
+    norm: Literal["bnp", "bnp_gn", "none", "bn", "brn", "ln", "gn"]
+    epochs: float = cell_param(minimum=0.0, strict_minimum=True)
+    train_size: int | None = cell_param(minimum=1)
+    test_size: int | None = cell_param(minimum=1)
+    seed: int = cell_param(minimum=0)
+    data_order: Literal["per_chunk"] | None = None
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def train_cell(model: str, params: LangeCell | dict) -> dict:
+    """Train ``model`` ("fc" or "cnn") on one grid cell (:func:`training_grid`; a :class:`LangeCell` or its
+    dict) with :func:`bnlab.optim.training.train_network`; the cell's metrics, or skipped ones when the data
+    set is missing."""
     from bnlab.data import DatasetNotFoundError
     from bnlab.optim.training import train_network
 
-    if params.get("data_order") == CHUNKED:
-        return run_chunked_cells(model, [params], ensemble=False)[0]
+    cell = LangeCell.parse(params)
+    if cell.data_order == CHUNKED:
+        return run_chunked_cells(model, [cell], ensemble=False)[0]
     try:
-        res = train_network(model=model, norm=params["norm"], dataset=params["dataset"],
-                            batch_size=params["batch_size"], epochs=params["epochs"],
-                            train_size=params["train_size"], test_size=params["test_size"], seed=params["seed"],
-                            device=params.get("device", "cpu"))
+        res = train_network(model=model, norm=cell.norm, dataset=cell.dataset, batch_size=cell.batch_size,
+                            epochs=cell.epochs, train_size=cell.train_size, test_size=cell.test_size, seed=cell.seed,
+                            device=cell.device)
     except DatasetNotFoundError as exc:
         return {"skipped": True, "skip_reason": str(exc)}
     return {"trainable": True, "epochs": res.epochs, "test_accuracy": res.test_accuracy,
@@ -94,7 +119,7 @@ def chunked_group(params: dict, scale: str) -> str | None:
     return repr(sorted((k, v) for k, v in params.items() if k not in drop))
 
 
-def run_chunked_cells(model: str, cells: Sequence[dict], ensemble: bool = True) -> list[dict]:
+def run_chunked_cells(model: str, cells: Sequence[LangeCell | dict], ensemble: bool = True) -> list[dict]:
     """Train the chunked cells of one :func:`chunked_group` — the network of
     :func:`bnlab.optim.training.train_network` with its learning rate, one epoch per chunk
     (:func:`bnlab.reproductions.chunked.train_in_chunks`), a test pass after each — and return each cell's
@@ -108,30 +133,32 @@ def run_chunked_cells(model: str, cells: Sequence[dict], ensemble: bool = True) 
     from bnlab.optim.training import build_network, default_learning_rate
     from bnlab.reproductions.chunked import train_in_chunks
 
-    first = dict(cells[0])
-    if any({k: v for k, v in c.items() if k != "seed"} != {k: v for k, v in first.items() if k != "seed"}
-           for c in cells) or first.get("data_order") != CHUNKED:
-        raise ValueError(f"cells={list(cells)!r} are not allowed as one group: they differ in more than the seed "
-                         "or are not chunked")
+    cells = [LangeCell.parse(c) for c in cells]
+    if not cells:
+        raise ValueError("cells=[] is not allowed: a group holds at least one cell")
+    first = cells[0]
+    if any(dataclasses.replace(c, seed=first.seed) != first for c in cells) or first.data_order != CHUNKED:
+        raise ValueError(f"cells={[c.params for c in cells]!r} are not allowed as one group: they differ in more "
+                         f"than the seed or are not chunked")
     try:
-        train = load_dataset(first["dataset"], "train")
-        test = load_dataset(first["dataset"], "test")
+        train = load_dataset(first.dataset, "train")
+        test = load_dataset(first.dataset, "test")
     except DatasetNotFoundError as exc:
         return [{"skipped": True, "skip_reason": str(exc)} for _ in cells]
-    if first.get("train_size") is not None:  # seeded draws, as train_network's (one seed per group then)
-        train = train.subset(int(first["train_size"]), seed=int(first["seed"]))
-    if first.get("test_size") is not None:
-        test = test.subset(int(first["test_size"]), seed=int(first["seed"]))
-    b, norm = int(first["batch_size"]), first["norm"]
+    if first.train_size is not None:  # seeded draws, as train_network's (one seed per group then)
+        train = train.subset(first.train_size, seed=first.seed)
+    if first.test_size is not None:
+        test = test.subset(first.test_size, seed=first.seed)
+    b, norm = first.batch_size, first.norm
     lr = default_learning_rate(model, norm, b)
-    nets = [build_network(model, norm, tuple(train.x.shape[1:]), train.num_classes, seed=int(c["seed"])) for c in cells]
+    nets = [build_network(model, norm, tuple(train.x.shape[1:]), train.num_classes, seed=c.seed) for c in cells]
     per_epoch = len(train.y) // b
-    total = max(1, int(round(float(first["epochs"]) * per_epoch)))
+    total = max(1, int(round(first.epochs * per_epoch)))
     bounds = sorted({per_epoch * e for e in range(1, total // per_epoch + 1)} | {total})
-    device = first.get("device", "cpu")
+    device = first.device
     together = ensemble and (model == "fc" or str(device).startswith("cuda"))
     t0 = time.perf_counter()
-    results = train_in_chunks(nets, train, bounds, lrs=[lr] * len(cells), seeds=[int(c["seed"]) for c in cells],
+    results = train_in_chunks(nets, train, bounds, lrs=[lr] * len(cells), seeds=[c.seed for c in cells],
                               batch_size=b, device=device, ensemble=together, test_data=test)
     seconds = time.perf_counter() - t0
     out = []

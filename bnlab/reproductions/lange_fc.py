@@ -28,9 +28,9 @@ from bnlab.experiments.spec import Check, Comparison, Experiment, Record
 from bnlab.reproductions.lange_common import LABEL as _LABEL
 from bnlab.reproductions.lange_common import final_accuracies as _finals
 from bnlab.reproductions.lange_common import mean as _mean
-from bnlab.reproductions.lange_common import (cell_cost, chunked_group, extra_seed_cells, paired_difference,
-                                              plot_training_curves, run_chunked_cells, seeds_text, shorten_cells,
-                                              train_cell, training_grid)
+from bnlab.reproductions.lange_common import (LangeCell, cell_cost, chunked_group, extra_seed_cells,
+                                              paired_difference, plot_training_curves, run_chunked_cells, seeds_text,
+                                              shorten_cells, train_cell, training_grid)
 
 __all__ = ["EXPERIMENTS", "run_cell", "run_group", "cost"]
 
@@ -67,7 +67,7 @@ def _grid(scale: str) -> list[dict]:
     return cells
 
 
-def run_group(cells: list[dict]) -> list[dict]:
+def run_group(cells: list[LangeCell | dict]) -> list[dict]:
     """The chunked cells of one (batch size, method) — its seeds — trained together
     (:func:`bnlab.reproductions.lange_common.run_chunked_cells`)."""
     return run_chunked_cells("fc", cells)
@@ -78,24 +78,26 @@ def cost(cells: list[dict]):
     return cell_cost("fc", cells)
 
 
-def run_cell(params: dict) -> dict:
-    """Train one (batch size, method, seed); BN/BRN at batch 1 record the error of a real first step."""
+def run_cell(params: LangeCell | dict) -> dict:
+    """Train one (batch size, method, seed); BN/BRN at batch 1 record the error of a real first step
+    (``params``: a :class:`~bnlab.reproductions.lange_common.LangeCell`, what the engine hands over, or its dict)."""
     from bnlab.optim.training import build_network
 
-    b, norm = params["batch_size"], params["norm"]
+    cell = LangeCell.parse(params)
+    b, norm = cell.batch_size, cell.norm
     if b == 1 and norm in ("bn", "brn"):
         import torch
         from bnlab.nets import train
 
-        net = build_network("fc", norm, (1, 28, 28), 10, seed=params["seed"])
-        x = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(params["seed"]))
+        net = build_network("fc", norm, (1, 28, 28), 10, seed=cell.seed)
+        x = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(cell.seed))
         y = torch.arange(4) % 10
         try:
             train(net, (x, y), optimizer=lambda p: torch.optim.SGD(p, lr=0.01), batch_size=1, steps=1)
         except (ValueError, RuntimeError) as exc:
             return {"trainable": False, "error": str(exc).splitlines()[0][:300]}
         return {"trainable": True, "error": None}
-    return train_cell("fc", params)
+    return train_cell("fc", cell)
 
 
 def _plot(records: Sequence[Record], outdir: Path) -> list[Path]:
@@ -187,6 +189,7 @@ EXPERIMENTS = [
         grid=_grid,
         medium_grid=True,
         run_cell=run_cell,
+        cell=LangeCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

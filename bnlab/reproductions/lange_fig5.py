@@ -24,16 +24,17 @@ batched ensemble, one epoch per chunk with a fresh data order per chunk (:mod:`b
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 from bnlab.reproductions.lange_common import LABEL as _LABEL
 from bnlab.reproductions.lange_common import final_accuracies as _finals
 from bnlab.reproductions.lange_common import mean as _mean
-from bnlab.reproductions.lange_common import (cell_cost, chunked_group, extra_seed_cells, paired_difference,
-                                              plot_training_curves, run_chunked_cells, seeds_text, shorten_cells,
-                                              train_cell, training_grid)
+from bnlab.reproductions.lange_common import (LangeCell, cell_cost, chunked_group, extra_seed_cells,
+                                              paired_difference, plot_training_curves, run_chunked_cells, seeds_text,
+                                              shorten_cells, train_cell, training_grid)
 from bnlab.reproductions.lange_small_batch import BN4_WEIGHT_DECAY
 
 __all__ = ["EXPERIMENTS", "run_cell", "run_group", "cost"]
@@ -85,7 +86,7 @@ def _seeds_text(scale: str) -> str:
     return ", ".join(f"{n} at {b}" for b, n in per.items()) + f" ({', '.join(_LABEL[n] for n in most)} at 2)"
 
 
-def run_group(cells: list[dict]) -> list[dict]:
+def run_group(cells: list[LangeCell | dict]) -> list[dict]:
     """The chunked cells of one (batch size, method) — its seeds — trained together
     (:func:`bnlab.reproductions.lange_common.run_chunked_cells`)."""
     return run_chunked_cells("cnn", cells)
@@ -123,10 +124,20 @@ def _settings() -> list[Setting]:
     ]
 
 
-def run_cell(params: dict) -> dict:
-    """Train one (batch size, method, seed) of the 5-layer CNN."""
-    if params["norm"] == "bn4":
-        return _train_bn4_cell(params)
+@dataclass(frozen=True, kw_only=True)
+class Fig5Cell(LangeCell):
+    """A :class:`~bnlab.reproductions.lange_common.LangeCell` that may also name lange-fig5's own method
+    ``"bn4"`` (BN with 4 Things, trained by :func:`_train_bn4_cell`; medium scale)."""
+
+    norm: Literal["bnp", "bnp_gn", "none", "bn", "brn", "ln", "gn", "bn4"]
+
+
+def run_cell(params: Fig5Cell | dict) -> dict:
+    """Train one (batch size, method, seed) of the 5-layer CNN (``params``: a :class:`Fig5Cell`, what the
+    engine hands over, or its dict)."""
+    cell = Fig5Cell.parse(params, experiment="lange-fig5")
+    if cell.norm == "bn4":
+        return _train_bn4_cell(cell.params)
     return train_cell("cnn", params)
 
 
@@ -347,6 +358,7 @@ EXPERIMENTS = [
         grid=_grid,
         medium_grid=True,
         run_cell=run_cell,
+        cell=Fig5Cell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

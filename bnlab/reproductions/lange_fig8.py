@@ -19,13 +19,15 @@ steps, three seeds.  ``paper``: 50 000 / 10 000, 20 epochs, a probe every 50 ste
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, TaskCost
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell"]
+__all__ = ["ConditioningCell", "EXPERIMENTS", "run_cell"]
 
 _PAPER = "Lange, Helfrich & Ye, Batch Normalization Preconditioning for Neural Network Training (JMLR)"
 _SCALES = {
@@ -46,7 +48,26 @@ def _grid(scale: str) -> list[dict]:
             for m in ("none", "bnp") for seed in s["seeds"]]
 
 
-def run_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class ConditioningCell(Cell):
+    """The parameters of a Fig. 8 cell: an MLP of ``widths`` trained with ``method`` ("none" or "bnp"), the
+    conditioning logged every ``log_every`` steps."""
+
+    dataset: Literal["mnist", "fashion_mnist", "cifar10", "cifar100", "digits"]  # bnlab.data.DATASET_NAMES
+    method: Literal["none", "bnp"]
+    batch_size: int = cell_param(minimum=1)
+    widths: tuple[int, ...] = cell_param(minimum=1)
+    epochs: float = cell_param(minimum=0.0, strict_minimum=True)
+    train_size: int | None = cell_param(minimum=1)
+    test_size: int | None = cell_param(minimum=1)
+    log_every: int = cell_param(minimum=1)
+    seed: int = cell_param(minimum=0)
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def run_cell(params: ConditioningCell | dict) -> dict:
+    """Train one (method, seed) MLP, logging κ of the Hessian (and, for BNP, of the preconditioned Hessian)
+    (``params``: a :class:`ConditioningCell`, what the engine hands over, or its dict)."""
     import math
 
     import torch
@@ -55,34 +76,35 @@ def run_cell(params: dict) -> dict:
     from bnlab.nets import MLP, train
     from bnlab.optim import BNPreconditioner, ConditioningLogger
 
+    cell = ConditioningCell.parse(params)
     try:
-        tr = load_dataset(params["dataset"], "train")
-        te = load_dataset(params["dataset"], "test")
+        tr = load_dataset(cell.dataset, "train")
+        te = load_dataset(cell.dataset, "test")
     except DatasetNotFoundError as exc:
         return {"skipped": True, "skip_reason": str(exc)}
-    seed = params["seed"]
-    if params["train_size"]:
-        tr = tr.subset(params["train_size"], seed=seed)
-    if params["test_size"]:
-        te = te.subset(params["test_size"], seed=seed)
+    seed = cell.seed
+    if cell.train_size:
+        tr = tr.subset(cell.train_size, seed=seed)
+    if cell.test_size:
+        te = te.subset(cell.test_size, seed=seed)
     n_in = math.prod(tr.x.shape[1:])
-    model = MLP(n_in, params["widths"], tr.num_classes, phi="relu", norm="none", placement="post",
+    model = MLP(n_in, cell.widths, tr.num_classes, phi="relu", norm="none", placement="post",
                 init="glorot_uniform", seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
-    probe = torch.randperm(len(tr.y), generator=g)[: params["batch_size"]]
+    probe = torch.randperm(len(tr.y), generator=g)[: cell.batch_size]
     px, py = tr.x[probe], tr.y[probe]
     hooks, callbacks, loggers = [], [], {}
-    if params["method"] == "bnp":
+    if cell.method == "bnp":
         pre = BNPreconditioner(model)
         hooks.append(lambda _m: pre.step())
         loggers["running"] = ConditioningLogger(model, model.readout, px, py, preconditioner=pre,
-                                                statistics="running", every=params["log_every"])
+                                                statistics="running", every=cell.log_every)
         loggers["batch"] = ConditioningLogger(model, model.readout, px, py, statistics="batch",
-                                              every=params["log_every"])
+                                              every=cell.log_every)
         callbacks = list(loggers.values())
-    res = train(model, tr, optimizer=lambda p: torch.optim.SGD(p, lr=_LR[params["method"]]),
-                batch_size=params["batch_size"], epochs=params["epochs"], test_data=te, hooks=hooks,
-                callbacks=callbacks, eval_every_epoch=True, seed=seed, device=params.get("device", "cpu"))
+    res = train(model, tr, optimizer=lambda p: torch.optim.SGD(p, lr=_LR[cell.method]),
+                batch_size=cell.batch_size, epochs=cell.epochs, test_data=te, hooks=hooks,
+                callbacks=callbacks, eval_every_epoch=True, seed=seed, device=cell.device)
     out = {"epochs": res.epochs, "test_accuracy": res.test_accuracy, "diverged": res.diverged, "steps": res.steps}
     if loggers:
         run, bat = loggers["running"].records, loggers["batch"].records
@@ -260,6 +282,7 @@ EXPERIMENTS = [
         "weights and bias by roughly κ(D)² (Theorem 4, §5.1); κ(D) is 10²–10⁵ in a small network.",
         grid=_grid,
         run_cell=run_cell,
+        cell=ConditioningCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=False,

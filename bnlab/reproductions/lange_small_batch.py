@@ -25,15 +25,17 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
+from bnlab.reproductions.lange_common import LangeCell
 from bnlab.reproductions.plotting import pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell", "BN4_WEIGHT_DECAY"]
+__all__ = ["EXPERIMENTS", "SmallBatchCell", "run_cell", "BN4_WEIGHT_DECAY"]
 
 _PAPER = "Lange, Helfrich & Ye, Batch Normalization Preconditioning for Neural Network Training (JMLR)"
 #: weight decay on the normalization layers' γ and β for "BN with 4 things" (the paper gives no value)
@@ -76,9 +78,17 @@ def _bn4_model(in_shape, num_classes, batch_size: int, seed: int):
     return BNPCNN(tuple(in_shape), num_classes, norm="bn4", norm_kwargs=kw, seed=seed)
 
 
-def run_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class SmallBatchCell(LangeCell):
+    """A small-batch cell of the 5-layer CNN: a :class:`~bnlab.reproductions.lange_common.LangeCell` whose
+    ``norm`` may also be ``"bn4"`` (BN with Adam and decayed affine parameters, the paper's batch-1 baseline)."""
+
+    norm: Literal["bnp", "bnp_gn", "none", "bn", "brn", "ln", "gn", "bn4"]  # TRAIN_NORMS and bn4
+
+
+def run_cell(params: SmallBatchCell | dict) -> dict:
     """Train one (method, batch size, seed) of the 5-layer CNN; BN / Batch Renorm at batch 1 record that
-    they cannot train."""
+    they cannot train (``params``: a :class:`SmallBatchCell`, what the engine hands over, or its dict)."""
     import time
 
     import torch
@@ -88,17 +98,18 @@ def run_cell(params: dict) -> dict:
     from bnlab.optim import BNPreconditioner
     from bnlab.optim.training import build_network, default_learning_rate
 
+    cell = SmallBatchCell.parse(params)
     torch.set_num_threads(1)  # sweep cells run side by side, one per core
-    norm, b, seed = params["norm"], params["batch_size"], params["seed"]
+    norm, b, seed = cell.norm, cell.batch_size, cell.seed
     try:
-        train_data = load_dataset(params["dataset"], "train")
-        test_data = load_dataset(params["dataset"], "test")
+        train_data = load_dataset(cell.dataset, "train")
+        test_data = load_dataset(cell.dataset, "test")
     except DatasetNotFoundError as exc:
         return {"skipped": True, "skip_reason": str(exc)}
-    if params["train_size"] is not None:
-        train_data = train_data.subset(params["train_size"], seed=seed)
-    if params["test_size"] is not None:
-        test_data = test_data.subset(params["test_size"], seed=seed)
+    if cell.train_size is not None:
+        train_data = train_data.subset(cell.train_size, seed=seed)
+    if cell.test_size is not None:
+        test_data = test_data.subset(cell.test_size, seed=seed)
     shape, classes = tuple(train_data.x.shape[1:]), train_data.num_classes
     hooks = []
     if norm == "bn4":
@@ -120,8 +131,8 @@ def run_cell(params: dict) -> dict:
         make_opt = lambda p: torch.optim.SGD(p, lr=lr)
     t0 = time.perf_counter()
     try:
-        res = train(net, train_data, optimizer=make_opt, batch_size=b, epochs=params["epochs"], test_data=test_data,
-                    hooks=hooks, eval_every_epoch=False, seed=seed, device=params.get("device", "cpu"))
+        res = train(net, train_data, optimizer=make_opt, batch_size=b, epochs=cell.epochs, test_data=test_data,
+                    hooks=hooks, eval_every_epoch=False, seed=seed, device=cell.device)
     except ValueError as exc:
         if norm in ("bn", "brn") and b == 1:
             return {"trainable": False, "reason": str(exc), "learning_rate": lr}
@@ -297,6 +308,7 @@ EXPERIMENTS = [
         "than the vanilla CNN, while BN with 4 Things significantly underperforms (§5, Fig. 4 right).",
         grid=functools.partial(_grid, which="batch1"),
         run_cell=run_cell,
+        cell=SmallBatchCell,
         plot=functools.partial(_plot, which="batch1"),
         compare=_compare_batch1,
         uses_gpu=False,
@@ -326,6 +338,7 @@ EXPERIMENTS = [
         claim="BN and Batch Renorm work well for batch sizes as small as 4 and 3 respectively (§5, 5-layer CNN).",
         grid=functools.partial(_grid, which="min_batch"),
         run_cell=run_cell,
+        cell=SmallBatchCell,
         plot=functools.partial(_plot, which="min_batch"),
         compare=_compare_min_batch,
         uses_gpu=False,

@@ -13,15 +13,18 @@ depth that is trainable (:func:`measured_max_depth`).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import textwrap
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Record, TaskCost
 from bnlab.reproductions.plotting import grid_ticks, pyplot, save_figure
 
@@ -29,7 +32,7 @@ __all__ = [
     "CIFAR_MISSING",
     "METRIC_KEYS",
     "load_dataset_subset",
-    "require_params",
+    "TrainabilityCell",
     "OPTIMIZER_NAMES",
     "optimizer_factory",
     "run_trainability_cell",
@@ -101,51 +104,101 @@ def load_dataset_subset(dataset: str, n_train: int, n_test: int):
     return (xtr, tr.y[:n_train].clone()), (xte, te.y[:n_test].clone()), tr.num_classes
 
 
-def require_params(params: Any, keys: Sequence[str]) -> None:
-    if not isinstance(params, dict):
-        raise ValueError(f"params={params!r} is not allowed: expected a dict")
-    missing = [k for k in keys if k not in params]
-    if missing:
-        raise ValueError(f"params is missing {', '.join(map(repr, missing))} (got keys {sorted(params)})")
+@dataclass(frozen=True, kw_only=True)
+class TrainabilityCell(Cell):
+    """The parameters of a trainability cell (:attr:`bnlab.experiments.spec.Experiment.cell`), parsed once.
+
+    One BN-MLP (Yang et al. 2019, Eq. 7) of ``depth`` hidden layers initialized with ``seed``, or a whole
+    column: every (depth, seed) of ``depths`` × ``seeds`` trained as one ensemble
+    (:func:`run_trainability_ensemble`).  ``bn_batch`` is B of the BN statistics, ``batch_size`` the
+    training batch (a multiple of ``bn_batch``; larger means ghost batches, Fig. 3b); the cell trains for
+    ``steps`` or ``epochs`` (exactly one of them).
+    """
+
+    dataset: Literal["mnist", "fashion_mnist", "cifar10", "cifar100", "digits"]  # bnlab.data.DATASET_NAMES
+    width: int = cell_param(minimum=1)
+    bn_batch: int = cell_param(minimum=2)
+    batch_size: int = cell_param(minimum=2)
+    lr: float = cell_param(minimum=0.0, strict_minimum=True)
+    n_train: int = cell_param(minimum=1)
+    n_test: int = cell_param(minimum=1)
+    depth: int | None = cell_param(None, minimum=1)
+    seed: int | None = cell_param(None, minimum=0)
+    depths: tuple[int, ...] | None = cell_param(None, minimum=1)
+    seeds: tuple[int, ...] | None = cell_param(None, minimum=0)
+    steps: int | None = cell_param(None, minimum=1)
+    epochs: float | None = cell_param(None, minimum=0.0, strict_minimum=True)
+    phi: str = "relu"
+    gamma: float = 1.0
+    beta: float = 0.0
+    eps: float = cell_param(1e-3, minimum=0.0)
+    sigma_w2: float = cell_param(1.0, minimum=0.0, strict_minimum=True)
+    optimizer: Literal["sgd", "rmsprop"] = "sgd"  # OPTIMIZER_NAMES
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+    def check(self) -> None:
+        single = self.depth is not None or self.seed is not None
+        column = self.depths is not None or self.seeds is not None
+        if single == column:
+            raise ValueError(f"cell parameters depth={self.depth!r}, seed={self.seed!r}, depths={self.depths!r}, "
+                             f"seeds={self.seeds!r} are not allowed: give depth and seed (one network) or depths "
+                             f"and seeds (a column)")
+        if single and (self.depth is None or self.seed is None):
+            raise ValueError(f"cell parameters depth={self.depth!r}, seed={self.seed!r} are not allowed: a "
+                             f"single-network cell gives both")
+        if column and not (self.depths and self.seeds):
+            raise ValueError(f"cell parameters depths={self.depths!r}, seeds={self.seeds!r} are not allowed: a "
+                             f"column gives at least one of each")
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError(f"cell parameters steps={self.steps!r}, epochs={self.epochs!r} are not allowed: give "
+                             f"exactly one of 'steps' and 'epochs'")
+        if self.batch_size % self.bn_batch:
+            raise ValueError(f"cell parameter batch_size={self.batch_size} is not allowed: expected a multiple of "
+                             f"bn_batch={self.bn_batch} (the BN statistics are taken over sub-batches of bn_batch)")
+
+    @property
+    def networks(self) -> list[tuple[int, int]]:
+        """The ``(depth, seed)`` of every network the cell trains (a column: seeds outer, depths inner)."""
+        if self.depths is None:
+            return [(self.depth, self.seed)]
+        return [(d, s) for s in self.seeds for d in self.depths]
+
+    @property
+    def length(self) -> dict:
+        """``{"steps": …}`` or ``{"epochs": …}``: how long the cell trains (:func:`bnlab.nets.train`)."""
+        return {"steps": self.steps} if self.steps is not None else {"epochs": self.epochs}
 
 
-def _cell_data(params: dict):
+def _cell_data(cell: TrainabilityCell):
     """``(train, test, num_classes)`` of a cell, or its skipped metrics when the data set is missing.
 
     (The cell's thread count is its worker's share of the cores, lowered for small work by the
     training entry points: bnlab._threads, docs/experiments.md "Threads".)
     """
+    from bnlab.data import DatasetNotFoundError
+
     try:
-        return load_dataset_subset(params["dataset"], int(params["n_train"]), int(params["n_test"]))
-    except Exception as exc:  # DatasetNotFoundError: report, don't fail the sweep
-        if type(exc).__name__ != "DatasetNotFoundError":
-            raise
-        reason = CIFAR_MISSING if params["dataset"] == "cifar10" else f"{params['dataset']} not present: {exc}"
+        return load_dataset_subset(cell.dataset, cell.n_train, cell.n_test)
+    except DatasetNotFoundError as exc:  # report, don't fail the sweep
+        reason = CIFAR_MISSING if cell.dataset == "cifar10" else f"{cell.dataset} not present: {exc}"
         return {"skipped": True, "skip_reason": reason}
 
 
-def _training_length(params: dict) -> dict:
-    """``{"steps": …}`` or ``{"epochs": …}``; a ValueError unless exactly one of them is given."""
-    if ("steps" in params) == ("epochs" in params):
-        raise ValueError(f"params={params!r} is not allowed: give exactly one of 'steps' and 'epochs'")
-    return {"steps": int(params["steps"])} if "steps" in params else {"epochs": float(params["epochs"])}
-
-
-def _bn_mlp(params: dict, in_features: int, num_classes: int, *, depth: int, seed: int):
-    """The cell's BN-MLP of ``depth`` hidden layers initialized with ``seed`` (the other settings from ``params``)."""
+def _bn_mlp(cell: TrainabilityCell, in_features: int, num_classes: int, *, depth: int, seed: int):
+    """The cell's BN-MLP of ``depth`` hidden layers initialized with ``seed`` (the other settings from ``cell``)."""
     from bnlab.nets import BNMLP
 
-    bn_batch, batch_size = int(params["bn_batch"]), int(params["batch_size"])
-    return BNMLP(in_features, num_classes, depth=depth, width=int(params["width"]), phi=params.get("phi", "relu"),
-                 gamma=float(params.get("gamma", 1.0)), beta=float(params.get("beta", 0.0)),
-                 eps=float(params.get("eps", 1e-3)), sub_batch_size=None if bn_batch == batch_size else bn_batch,
-                 sigma_w2=float(params.get("sigma_w2", 1.0)), seed=seed)
+    return BNMLP(in_features, num_classes, depth=depth, width=cell.width, phi=cell.phi, gamma=cell.gamma,
+                 beta=cell.beta, eps=cell.eps,
+                 sub_batch_size=None if cell.bn_batch == cell.batch_size else cell.bn_batch,
+                 sigma_w2=cell.sigma_w2, seed=seed)
 
 
-def run_trainability_cell(params: dict) -> dict:
+def run_trainability_cell(params: TrainabilityCell | dict) -> dict:
     """Train one BN-MLP of a trainability sweep and return its test accuracy.
 
-    ``params`` keys: ``dataset``, ``phi``, ``gamma``, ``beta``, ``eps``, optional ``sigma_w2`` (default 1),
+    ``params``: a :class:`TrainabilityCell` (what the engine hands over), or its dict, parsed here —
+    keys ``dataset``, ``phi``, ``gamma``, ``beta``, ``eps``, optional ``sigma_w2`` (default 1),
     ``depth``, ``width``, ``bn_batch`` (B of the BN statistics),
     ``batch_size`` (training batch, a multiple of ``bn_batch``),
     ``optimizer``, ``lr``, ``steps`` or ``epochs``, ``n_train``, ``n_test``,
@@ -161,36 +214,35 @@ def run_trainability_cell(params: dict) -> dict:
     """
     from bnlab.nets import train_classifier
 
-    if isinstance(params, dict) and "depths" in params:
-        return run_trainability_ensemble(params)
-    require_params(params, ("dataset", "depth", "width", "bn_batch", "batch_size", "lr", "n_train", "n_test", "seed"))
-    length = _training_length(params)
-    data = _cell_data(params)
+    cell = TrainabilityCell.parse(params)
+    if cell.depths is not None:
+        return run_trainability_ensemble(cell)
+    data = _cell_data(cell)
     if isinstance(data, dict):
         return data
     train, test, num_classes = data
-    batch_size = int(params["batch_size"])
-    model = _bn_mlp(params, train[0].shape[1], num_classes, depth=int(params["depth"]), seed=int(params["seed"]))
+    model = _bn_mlp(cell, train[0].shape[1], num_classes, depth=cell.depth, seed=cell.seed)
     result = train_classifier(
         model,
         train,
         test,
-        optimizer=optimizer_factory(params.get("optimizer", "sgd"), float(params["lr"])),
-        batch_size=batch_size,
-        seed=int(params["seed"]),
-        device=params.get("device", "cpu"),
-        **length,
+        optimizer=optimizer_factory(cell.optimizer, cell.lr),
+        batch_size=cell.batch_size,
+        seed=cell.seed,
+        device=cell.device,
+        **cell.length,
     )
     out = result.to_dict()
     out["skipped"] = False
     return out
 
 
-def run_trainability_ensemble(params: dict) -> dict:
+def run_trainability_ensemble(params: TrainabilityCell | dict) -> dict:
     """Train every (depth, seed) of one trainability column together (:func:`bnlab.nets.train_ensemble`).
 
-    ``params``: the keys of :func:`run_trainability_cell` with ``depths`` (a list) in place of ``depth``
-    and ``seeds`` (a list) in place of ``seed``.  Network (depth d, seed s) is initialized with seed s
+    ``params``: a column :class:`TrainabilityCell` (or its dict) — the keys of :func:`run_trainability_cell`
+    with ``depths`` (a list) in place of ``depth`` and ``seeds`` (a list) in place of ``seed``.  Network
+    (depth d, seed s) is initialized with seed s
     and draws its batches from a generator seeded with s — the same network and data order as
     :func:`run_trainability_cell` with ``depth=d, seed=s`` gives, trained with the same numbers to
     float32 rounding (``tests/nets/test_ensemble.py``).  Depths are stacked without padding (layer l
@@ -200,13 +252,12 @@ def run_trainability_ensemble(params: dict) -> dict:
     Returns ``{"networks": [metrics of run_trainability_cell + "depth", "seed"], "skipped": False}``,
     or the skipped metrics; :func:`expand_records` turns its record into one record per network.
     """
-    require_params(params, ("dataset", "depths", "seeds", "width", "bn_batch", "batch_size", "lr", "n_train",
-                            "n_test"))
-    depths, seeds = list(params["depths"]), list(params["seeds"])
-    if not depths or not seeds:
-        raise ValueError(f"depths={depths!r}, seeds={seeds!r} is not allowed: give at least one of each")
-    nets = [(int(d), int(s)) for s in seeds for d in depths]
-    rows = _train_networks(params, nets)
+    cell = TrainabilityCell.parse(params)
+    if cell.depths is None:
+        raise ValueError(f"depth={cell.depth!r}, seed={cell.seed!r} is not allowed: an ensemble cell gives depths "
+                         f"and seeds (lists)")
+    nets = cell.networks
+    rows = _train_networks(cell, nets)
     if isinstance(rows, dict):
         return rows
     for (d, s), row in zip(nets, rows):
@@ -214,23 +265,20 @@ def run_trainability_ensemble(params: dict) -> dict:
     return {"networks": rows, "skipped": False}
 
 
-def _train_networks(params: dict, nets: Sequence[tuple[int, int]]) -> list[dict] | dict:
-    """Train the BN-MLPs ``nets`` = [(depth, seed), …] of one column (the other settings from ``params``) as
+def _train_networks(cell: TrainabilityCell, nets: Sequence[tuple[int, int]]) -> list[dict] | dict:
+    """Train the BN-MLPs ``nets`` = [(depth, seed), …] of one column (the other settings from ``cell``) as
     one ensemble; each network's metrics as :func:`run_trainability_cell` returns them, or the skipped metrics."""
     from bnlab.nets import train_ensemble
 
-    length = _training_length(params)
-    data = _cell_data(params)
+    data = _cell_data(cell)
     if isinstance(data, dict):
         return data
     train, test, num_classes = data
-    batch_size = int(params["batch_size"])
-    models = [_bn_mlp(params, train[0].shape[1], num_classes, depth=d, seed=s) for d, s in nets]
-    opt = params.get("optimizer", "sgd")
+    models = [_bn_mlp(cell, train[0].shape[1], num_classes, depth=d, seed=s) for d, s in nets]
     # the optimizer names of optimizer_factory: RMSProp with TensorFlow's decay 0.9 and ε 1e-10
-    results = train_ensemble(models, train, test_data=test, lr=float(params["lr"]), batch_size=batch_size,
-                             optimizer=opt, rmsprop_alpha=0.9, rmsprop_eps=1e-10, seeds=[s for _, s in nets],
-                             device=params.get("device", "cpu"), **length)
+    results = train_ensemble(models, train, test_data=test, lr=cell.lr, batch_size=cell.batch_size,
+                             optimizer=cell.optimizer, rmsprop_alpha=0.9, rmsprop_eps=1e-10,
+                             seeds=[s for _, s in nets], device=cell.device, **cell.length)
     rows = []
     for r in results:
         row = r.to_dict()
@@ -251,23 +299,26 @@ def column_group(params: dict, scale: str) -> str | None:
     return repr(sorted((k, v) for k, v in params.items() if k not in ("depth", "seed", "device")))
 
 
-def run_trainability_group(cells: Sequence[dict]) -> list[dict]:
+def run_trainability_group(cells: Sequence[TrainabilityCell | dict]) -> list[dict]:
     """Train the single-network cells of one column (:func:`column_group`) as one ensemble.
 
-    Returns one metrics dict per cell, in order: what :func:`run_trainability_cell` returns for that
+    ``cells``: :class:`TrainabilityCell` objects (what the engine hands over) or their dicts.  Returns one
+    metrics dict per cell, in order: what :func:`run_trainability_cell` returns for that
     cell, to the rounding of the batched products (``tests/reproductions/test_paper_scale.py``).
     """
-    cells = [dict(c) for c in cells]
+    cells = [TrainabilityCell.parse(c) for c in cells]
     if not cells:
         raise ValueError("cells=[] is not allowed: a group holds at least one cell")
     for c in cells:
-        require_params(c, ("dataset", "depth", "width", "bn_batch", "batch_size", "lr", "n_train", "n_test", "seed"))
-    base = {k: v for k, v in cells[0].items() if k not in ("depth", "seed")}
+        if c.depth is None:
+            raise ValueError(f"cells={[c.params for c in cells]!r} are not allowed as one group: each gives one "
+                             f"depth and seed")
+    base = dataclasses.replace(cells[0], depth=None, seed=None)
     for c in cells[1:]:
-        other = {k: v for k, v in c.items() if k not in ("depth", "seed")}
-        if other != base:
-            raise ValueError(f"cells={cells!r} are not allowed as one group: they differ in more than depth and seed")
-    rows = _train_networks(base, [(int(c["depth"]), int(c["seed"])) for c in cells])
+        if dataclasses.replace(c, depth=None, seed=None) != base:
+            raise ValueError(f"cells={[c.params for c in cells]!r} are not allowed as one group: they differ in "
+                             f"more than depth and seed")
+    rows = _train_networks(cells[0], [(c.depth, c.seed) for c in cells])
     if isinstance(rows, dict):
         return [dict(rows) for _ in cells]
     return rows

@@ -24,15 +24,18 @@ of the simulated rate is ≈ 1–2 % (see ``yang2019_width``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 from bnlab.reproductions.plotting import plain_log_ticks, pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_gradient_cell", "run_alpha_cell", "jump_at_transition", "JUMP_FACTOR"]
+__all__ = ["GradientCell", "AlphaCell", "EXPERIMENTS", "run_gradient_cell", "run_alpha_cell", "jump_at_transition",
+           "JUMP_FACTOR"]
 
 _PAPER = "Yang et al. 2019 (ICLR), A Mean Field Theory of Batch Normalization"
 _SCALES = {
@@ -80,15 +83,31 @@ def _grid_ab(scale: str) -> list[dict]:
     ]
 
 
-def run_gradient_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class GradientCell(Cell):
+    """The parameters of a Fig. 1a/b cell: ``networks`` random BN networks of φ at one B."""
+
+    phi: str  # an activation name (bnlab.activations.get_activation checks it)
+    batch_size: int = cell_param(minimum=2)
+    width: int = cell_param(minimum=1)
+    depth: int = cell_param(minimum=1)
+    networks: int = cell_param(minimum=1)
+    seed: int = cell_param(minimum=0)
+    rate_estimator: str = "step_ratio"  # bnlab.compare's rate estimator
+    rate_ci: Literal["heavy_tail", "percentile"] = "percentile"
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def run_gradient_cell(params: GradientCell | dict) -> dict:
     """Simulate one B: fitted λ_G with CI, theory λ_G, per-layer gradient norm² mean and sd."""
     from bnlab.compare import compare_with_theory
     from bnlab.sim import simulate
 
-    res = simulate(params["phi"], params["batch_size"], params["width"], params["depth"], params["networks"],
-                   seed=params["seed"], dtype="float32", device=params.get("device", "cpu"))
-    kw = {} if params.get("rate_ci") == "heavy_tail" else {"tail_index": None}  # None: percentile bootstrap
-    kw["estimator"] = params.get("rate_estimator", "step_ratio")
+    cell = GradientCell.parse(params)
+    res = simulate(cell.phi, cell.batch_size, cell.width, cell.depth, cell.networks,
+                   seed=cell.seed, dtype="float32", device=cell.device)
+    kw = {} if cell.rate_ci == "heavy_tail" else {"tail_index": None}  # None: percentile bootstrap
+    kw["estimator"] = cell.rate_estimator
     rate = compare_with_theory(res, quantities="grad_explosion_rate", rate_options=kw)["grad_explosion_rate"]
     g = res.grad_norm_sq
     return dict(
@@ -171,14 +190,29 @@ def _grid_cd(scale: str) -> list[dict]:
     ]
 
 
-def run_alpha_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class AlphaCell(Cell):
+    """The parameters of a Fig. 1c/d cell: ``networks`` random BN networks of α-ReLU at one α."""
+
+    phi: Literal["alpha_relu"]
+    alpha: float = cell_param(minimum=0.0, strict_minimum=True)
+    batch_size: int = cell_param(minimum=2)
+    width: int = cell_param(minimum=1)
+    depth: int = cell_param(minimum=1)
+    networks: int = cell_param(minimum=1)
+    seed: int = cell_param(minimum=0)
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def run_alpha_cell(params: AlphaCell | dict) -> dict:
     """Simulate α-ReLU: normalized variance of diag/off-diag entries of Σ^L and example matrices."""
     from bnlab.activations import get_activation
     from bnlab.sim import simulate
 
-    act = get_activation("alpha_relu", alpha=params["alpha"])
-    res = simulate(act, params["batch_size"], params["width"], params["depth"], params["networks"],
-                   measure_gradients=False, seed=params["seed"], dtype="float64", device=params.get("device", "cpu"))
+    cell = AlphaCell.parse(params)
+    act = get_activation("alpha_relu", alpha=cell.alpha)
+    res = simulate(act, cell.batch_size, cell.width, cell.depth, cell.networks,
+                   measure_gradients=False, seed=cell.seed, dtype="float64", device=cell.device)
     tail = slice(res.depth - max(1, res.depth // 5), None)
     return dict(
         diag_var=float(res.diag_var[:, tail].mean()),
@@ -186,7 +220,7 @@ def run_alpha_cell(params: dict) -> dict:
         diag_var_sd=float(res.diag_var[:, tail].mean(1).std(ddof=1)) if res.networks > 1 else 0.0,
         offdiag_var_sd=float(res.offdiag_var[:, tail].mean(1).std(ddof=1)) if res.networks > 1 else 0.0,
         example_covariance=(res.final_covariance[0] / res.q[0, -1]).tolist(),
-        theory_alpha_transition=_theory_alpha_transition(params["batch_size"]),
+        theory_alpha_transition=_theory_alpha_transition(cell.batch_size),
     )
 
 
@@ -359,10 +393,10 @@ def _limitations_ab(records: Sequence[Record]) -> str:
 
 def _declare(panels: str, figure: str, title: str, claim: str, functions, settings, checks,
              limitations) -> Experiment:
-    grid, run_cell, plot, compare = functions
+    grid, run_cell, cell, plot, compare = functions
     return Experiment(name=f"yang2019-fig1{panels}", paper=_PAPER, figure=figure, title=title, claim=claim,
-                      grid=grid, run_cell=run_cell, plot=plot, compare=compare, uses_gpu=True, settings=settings,
-                      checks=checks, limitations=limitations)
+                      grid=grid, run_cell=run_cell, cell=cell, plot=plot, compare=compare, uses_gpu=True,
+                      settings=settings, checks=checks, limitations=limitations)
 
 
 EXPERIMENTS = [
@@ -371,12 +405,12 @@ EXPERIMENTS = [
         "The gradient norm² of ReLU-BN networks grows geometrically with depth at the rate λ_G↓ of "
         "Thm 3.10, which decreases with B to π/(π−1) ≈ 1.467; Monte Carlo simulations of 200 networks of "
         "width 1000 match the theory.",
-        (_grid_ab, run_gradient_cell, _plot_ab, _compare_ab), _SETTINGS_AB, _CHECKS_AB, _limitations_ab,
+        (_grid_ab, run_gradient_cell, GradientCell, _plot_ab, _compare_ab), _SETTINGS_AB, _CHECKS_AB, _limitations_ab,
     ),
     _declare(
         "cd", "Fig. 1c,d", "α-ReLU: BSB1 → BSB2 symmetry breaking",
         "As the degree α of α-ReLU grows past α_transition(B) the covariance fixed point breaks the "
         "permutation symmetry (BSB1 → BSB2): the variance of the diagonal and off-diagonal entries of Σ^L jumps.",
-        (_grid_cd, run_alpha_cell, _plot_cd, _compare_cd), _SETTINGS_CD, _CHECKS_CD, _limitations_cd,
+        (_grid_cd, run_alpha_cell, AlphaCell, _plot_cd, _compare_cd), _SETTINGS_CD, _CHECKS_CD, _limitations_cd,
     ),
 ]

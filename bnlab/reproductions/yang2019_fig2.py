@@ -31,16 +31,19 @@ networks (the paper states neither width nor depth).  ``small``: circle width
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 from scipy import special
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 from bnlab.reproductions.plotting import plain_log_ticks, pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell", "circle_minibatches", "paper_cross_batch_rate_identity", "decay_check"]
+__all__ = ["Fig2Cell", "EXPERIMENTS", "run_cell", "circle_minibatches", "paper_cross_batch_rate_identity",
+           "decay_check"]
 
 _PAPER = "Yang et al. 2019 (ICLR), A Mean Field Theory of Batch Normalization"
 _B = 64
@@ -94,24 +97,45 @@ def _pca_2d(h: np.ndarray) -> np.ndarray:
     return (x @ vt[:2].T).reshape(k, b, 2)
 
 
-def run_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class Fig2Cell(Cell):
+    """The parameters of a Fig. 2 cell: ``networks`` linear BN networks on a circle of inputs or on
+    ``num_batches`` Gaussian batches of correlation ``input_correlation``."""
+
+    kind: Literal["circle", "gaussian"]
+    batch_size: int = cell_param(minimum=2)
+    width: int = cell_param(minimum=1)
+    depth: int = cell_param(minimum=1)
+    networks: int = cell_param(minimum=1)
+    seed: int = cell_param(minimum=0)
+    input_correlation: float | None = cell_param(None, minimum=-1.0, maximum=1.0)
+    num_batches: int | None = cell_param(None, minimum=1)
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+    def check(self) -> None:
+        if self.kind == "gaussian" and (self.input_correlation is None or self.num_batches is None):
+            raise ValueError("a 'gaussian' cell gives input_correlation and num_batches")
+
+
+def run_cell(params: Fig2Cell | dict) -> dict:
     """One Fig. 2 cell (see the module docstring for the two kinds)."""
     from bnlab.compare import compare_with_theory
     from bnlab.sim import simulate
 
-    b, width, depth, n = params["batch_size"], params["width"], params["depth"], params["networks"]
-    dev = params.get("device", "cpu")
-    if params["kind"] == "circle":
+    cell = Fig2Cell.parse(params)
+    b, width, depth, n = cell.batch_size, cell.width, cell.depth, cell.networks
+    dev = cell.device
+    if cell.kind == "circle":
         shown = sorted({1, max(1, depth // 10), max(1, depth // 4), max(1, depth // 2), depth})
-        res = simulate("identity", b, width, depth, n, init="orthogonal", inputs=circle_minibatches(b, seed=params["seed"]),
-                       measure_gradients=False, seed=params["seed"], dtype="float64", device=dev, record_layers=shown)
+        res = simulate("identity", b, width, depth, n, init="orthogonal", inputs=circle_minibatches(b, seed=cell.seed),
+                       measure_gradients=False, seed=cell.seed, dtype="float64", device=dev, record_layers=shown)
         rho = res.cross_batch_corr
         return dict(
             corr_per_network=rho.tolist(), corr_mean=rho.mean(0).tolist(),
             pca_layers=shown, pca={str(l): _pca_2d(res.hidden[l]).tolist() for l in shown},
         )
-    res = simulate("identity", b, width, depth, n, init="gaussian", num_batches=params["num_batches"],
-                   input_correlation=params["input_correlation"], measure_gradients=False, seed=params["seed"],
+    res = simulate("identity", b, width, depth, n, init="gaussian", num_batches=cell.num_batches,
+                   input_correlation=cell.input_correlation, measure_gradients=False, seed=cell.seed,
                    dtype="float32", device=dev)
     comp = compare_with_theory(res, quantities="cross_batch_rate")
     x = comp["cross_batch_rate"]
@@ -249,6 +273,7 @@ EXPERIMENTS = [
         "geometrically at the rate λ_M̃ < 1 of Thm 3.11.",
         grid=_grid,
         run_cell=run_cell,
+        cell=Fig2Cell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

@@ -24,15 +24,17 @@ the paper's η the first step only dominates the weights for the deeper nets).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 from bnlab.reproductions.plotting import plain_log_ticks, pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_norms_cell"]
+__all__ = ["EXPERIMENTS", "NormsCell", "run_norms_cell"]
 
 _QUANTITIES = (
     ("weight_norm", r"$\|W^l\|$"),
@@ -58,11 +60,27 @@ def _dynamic_range(row: np.ndarray) -> float:
     return float(np.max(row) / np.min(row))
 
 
-def run_norms_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class NormsCell(Cell):
+    """The parameters of a Fig. 4 cell: one ReLU BN-MLP followed over its first ``steps`` SGD steps."""
+
+    dataset: Literal["mnist", "fashion_mnist", "cifar10", "cifar100", "digits"]  # bnlab.data.DATASET_NAMES
+    depth: int = cell_param(minimum=1)
+    width: int = cell_param(minimum=1)
+    batch_size: int = cell_param(minimum=2)
+    lr: float = cell_param(minimum=0.0, strict_minimum=True)
+    steps: int = cell_param(minimum=1)
+    n_train: int = cell_param(minimum=1)
+    seed: int = cell_param(minimum=0)
+    eps: float = cell_param(1e-3, minimum=0.0)
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def run_norms_cell(params: NormsCell | dict) -> dict:
     """Record per-layer norms over the first ``steps`` SGD steps of one ReLU BN-MLP.
 
-    ``params``: ``dataset``, ``depth``, ``width``, ``batch_size``, ``lr``,
-    ``steps``, ``eps``, ``n_train``, ``seed`` (optional ``device``).
+    ``params``: a :class:`NormsCell` (what the engine hands over) or its dict — ``dataset``, ``depth``,
+    ``width``, ``batch_size``, ``lr``, ``steps``, ``eps``, ``n_train``, ``seed`` (optional ``device``).
 
     Returns ``weight_norm``, ``preact_grad_norm``, ``weight_grad_norm``
     (lists of ``steps + 1`` lists of ``depth`` floats), ``loss`` (per step),
@@ -72,18 +90,15 @@ def run_norms_cell(params: dict) -> dict:
     ``first_layer_weight_growth`` (‖W^1‖ after one step / before).
     """
     from bnlab.nets import BNMLP, layer_norm_trajectory
-    from bnlab.reproductions.trainability import load_dataset_subset, optimizer_factory, require_params
+    from bnlab.reproductions.trainability import load_dataset_subset, optimizer_factory
 
-    require_params(params, ("dataset", "depth", "width", "batch_size", "lr", "steps", "n_train", "seed"))
-    train, _, num_classes = load_dataset_subset(params["dataset"], int(params["n_train"]), 1)
-    model = BNMLP(
-        train[0].shape[1], num_classes, depth=int(params["depth"]), width=int(params["width"]),
-        phi="relu", eps=float(params.get("eps", 1e-3)), seed=int(params["seed"]),
-    )
+    cell = NormsCell.parse(params)
+    train, _, num_classes = load_dataset_subset(cell.dataset, cell.n_train, 1)
+    model = BNMLP(train[0].shape[1], num_classes, depth=cell.depth, width=cell.width, phi="relu", eps=cell.eps,
+                  seed=cell.seed)
     tr = layer_norm_trajectory(
-        model, train, optimizer=optimizer_factory("sgd", float(params["lr"])), batch_size=int(params["batch_size"]),
-        steps=int(params["steps"]),
-        seed=int(params["seed"]), device=params.get("device", "cpu"),
+        model, train, optimizer=optimizer_factory("sgd", cell.lr), batch_size=cell.batch_size, steps=cell.steps,
+        seed=cell.seed, device=cell.device,
     )
     wg = tr["weight_grad_norm"]
     return {
@@ -202,6 +217,7 @@ EXPERIMENTS = [
         ),
         grid=_grid,
         run_cell=run_norms_cell,
+        cell=NormsCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

@@ -34,6 +34,7 @@ from bnlab.reproductions.trainability import (
     describe_grid,
     expand_records,
     heatmap,
+    TrainabilityCell,
     run_trainability_cell,
     theory_max_depth,
 )
@@ -157,6 +158,7 @@ EXPERIMENTS = [
         "ε = σ_w² = 4 at weight variance 4, and ε = 1 must train like the smaller ε.",
         grid=_grid,
         run_cell=run_trainability_cell,
+        cell=TrainabilityCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

@@ -17,13 +17,15 @@ Monte Carlo samples.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 from bnlab.reproductions.plotting import grid_ticks, plain_log_ticks, pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_theory_cell"]
+__all__ = ["TheoryCell", "EXPERIMENTS", "run_theory_cell"]
 
 _PAPER = "Yang et al. 2019 (ICLR), A Mean Field Theory of Batch Normalization"
 _PHIS = {
@@ -59,17 +61,31 @@ def _grid(scale: str) -> list[dict]:
     return cells
 
 
-def run_theory_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class TheoryCell(Cell):
+    """The parameters of a theory cell: one (φ, B, method) of the forward, backward and cross-batch theory."""
+
+    label: str  # how the report names φ
+    phi: str  # an activation name (bnlab.activations.get_activation checks it)
+    alpha: float | None = None  # α of alpha_relu
+    batch_size: int = cell_param(minimum=2)
+    method: str  # a theory method (bnlab.theory checks it)
+    n_samples: int = cell_param(minimum=1)
+    seed: int = cell_param(minimum=0)
+
+
+def run_theory_cell(params: TheoryCell | dict) -> dict:
     """Forward, backward, cross-batch quantities of one (φ, B, method); MC cells also return standard errors."""
     from bnlab.activations import get_activation
     from bnlab.theory import backward_eigenvalues, forward_eigenvalues
     from bnlab.theory.analyze import depth_scale, max_trainable_depth
     from bnlab.theory.cross_batch import cross_batch_analysis
 
-    extra = {k: params[k] for k in ("alpha",) if k in params}
-    act = get_activation(params["phi"], **extra)
-    b, method = int(params["batch_size"]), params["method"]
-    mc = dict(n_samples=int(params["n_samples"]), seed=int(params["seed"])) if method == "montecarlo" else {}
+    cell = TheoryCell.parse(params)
+    extra = {} if cell.alpha is None else {"alpha": cell.alpha}
+    act = get_activation(cell.phi, **extra)
+    b, method = cell.batch_size, cell.method
+    mc = dict(n_samples=cell.n_samples, seed=cell.seed) if method == "montecarlo" else {}
     fw = forward_eigenvalues(act, b, method=method, **mc)
     bw = backward_eigenvalues(act, b, method=method, **mc)
     cbm = {"n_samples": mc["n_samples"], "seed": mc["seed"]} if mc else {}
@@ -213,6 +229,7 @@ EXPERIMENTS = [
         "λ_M̃ < 1, maximal for the identity (Thm 3.11); the trainable depth is about 16ξ = 16/log λ_G↓ (§4).",
         grid=_grid,
         run_cell=run_theory_cell,
+        cell=TheoryCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=False,

@@ -25,15 +25,17 @@ fitted Σ slope over 32–256 was −0.71).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from bnlab.experiments.cells import Cell, cell_param
 from bnlab.experiments.spec import Check, Comparison, Experiment, Record, Setting
 from bnlab.reproductions.plotting import grid_ticks, pyplot, save_figure
 
-__all__ = ["EXPERIMENTS", "run_cell", "fit_loglog_slope"]
+__all__ = ["WidthCell", "EXPERIMENTS", "run_cell", "fit_loglog_slope"]
 
 _PAPER = "Yang et al. 2019 (ICLR), A Mean Field Theory of Batch Normalization"
 _B = 32
@@ -60,15 +62,30 @@ def _grid(scale: str) -> list[dict]:
     ]
 
 
-def run_cell(params: dict) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class WidthCell(Cell):
+    """The parameters of a width cell: ``relu_networks`` ReLU and ``tanh_networks`` tanh BN networks of one width."""
+
+    batch_size: int = cell_param(minimum=2)
+    width: int = cell_param(minimum=1)
+    depth: int = cell_param(minimum=1)
+    relu_networks: int = cell_param(minimum=1)
+    tanh_networks: int = cell_param(minimum=1)
+    seed: int = cell_param(minimum=0)
+    rate_estimator: str = "step_ratio"  # bnlab.compare's rate estimator
+    device: str = "cpu"  # set by the engine for a GPU; not part of the cell's identity
+
+
+def run_cell(params: WidthCell | dict) -> dict:
     """One width: the bias of Σ^L (ReLU) and of λ_G (tanh) relative to the theory."""
     from bnlab.compare import compare_with_theory
     from bnlab.sim import simulate
 
-    b, width, depth = params["batch_size"], params["width"], params["depth"]
-    dev = params.get("device", "cpu")
-    relu = simulate("relu", b, width, depth, params["relu_networks"], measure_gradients=False,
-                    seed=params["seed"], dtype="float64", device=dev)
+    cell = WidthCell.parse(params)
+    b, width, depth = cell.batch_size, cell.width, cell.depth
+    dev = cell.device
+    relu = simulate("relu", b, width, depth, cell.relu_networks, measure_gradients=False,
+                    seed=cell.seed, dtype="float64", device=dev)
     first = depth // 4 + 1  # past the transient
     state = compare_with_theory(relu, quantities=("q_star", "c_star"), state_layers=(first, depth))
     q_star, c_star = state["q_star"].theory, state["c_star"].theory
@@ -78,10 +95,10 @@ def run_cell(params: dict) -> dict:
     # ‖BSB1(q, qc) − Σ*‖_F / ‖Σ*‖_F, BSB1 written by its diagonal and off-diagonal entries
     num = b * (q - q_star) ** 2 + b * (b - 1) * (qc - q_star * c_star) ** 2
     den = b * q_star**2 + b * (b - 1) * (q_star * c_star) ** 2
-    tanh = simulate("tanh", b, width, depth, params["tanh_networks"], seed=params["seed"] + 1,
+    tanh = simulate("tanh", b, width, depth, cell.tanh_networks, seed=cell.seed + 1,
                     dtype="float32", device=dev)
     rate = compare_with_theory(tanh, quantities="grad_explosion_rate",
-                               rate_options={"estimator": params.get("rate_estimator", "step_ratio")})
+                               rate_options={"estimator": cell.rate_estimator})
     fit = rate["grad_explosion_rate"]
     theory = fit.theory
     return dict(
@@ -163,6 +180,7 @@ EXPERIMENTS = [
         "fixed point and the gradient explosion rate of the theory with corrections of order 1/width.",
         grid=_grid,
         run_cell=run_cell,
+        cell=WidthCell,
         plot=_plot,
         compare=_compare,
         uses_gpu=True,

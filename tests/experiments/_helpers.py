@@ -11,6 +11,8 @@ same grid when given the same environment):
 * ``BNLAB_TEST_SLEEP`` — seconds each cell sleeps (default 0.02)
 * ``BNLAB_TEST_FAIL`` — comma-separated indices of cells that raise (read when the cell runs, so it is
   not part of the parameters: "fixing" a failure keeps the cell's key, as fixing a bug in code would)
+* ``BNLAB_TEST_EXIT`` — comma-separated indices of cells that end their process (``os._exit``), as a
+  worker killed by the system would
 * ``BNLAB_TEST_SLOW`` — ``index:seconds`` pairs overriding the sleep of some cells
 * ``BNLAB_TEST_BLOCK_AFTER`` — ``k``: a cell that starts when ``k`` or more cells have finished
   (counted from the ``done`` markers) blocks until the file ``$BNLAB_TEST_MARKERS/release`` exists
@@ -65,6 +67,8 @@ def run_cell(params: dict) -> dict:
     _mark("start", i)
     _block_if_asked()
     time.sleep(params["sleep"])
+    if i in _ints("BNLAB_TEST_EXIT"):
+        os._exit(3)
     if i in _ints("BNLAB_TEST_FAIL"):
         raise ValueError(f"cell {i} fails on purpose")
     rng = np.random.default_rng(params["seed"])
