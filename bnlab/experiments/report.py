@@ -199,10 +199,11 @@ def _needs_run(rows: list | None, keys: Sequence[str], retry_failed: bool) -> bo
 
 def _section(
     exp: Experiment, scale: str, results_dir, outdir: Path, retry_failed: bool, get_client, serial: bool,
-    progress,
+    progress, *, prepared: tuple[list[dict], list[str]] | None = None,
 ) -> ReportSection:
-    """Run or reuse one reproduction, plot and tabulate it, and judge it (:func:`verdict`)."""
-    sec = _run_section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress)
+    """Run or reuse one reproduction, plot and tabulate it, and judge it (:func:`verdict`); ``prepared``: its
+    grid and cell keys, where the caller has computed them."""
+    sec = _run_section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress, prepared=prepared)
     # one line for the verdict (the page and the terminal table show it inline): distinct reasons by "; "
     skip_reason = "; ".join(line for n in sec.notes if "skipped" in n["what"] for line in n["text"].splitlines())
     sec.verdict, sec.verdict_reason = verdict(sec.status, sec.comparisons, failed_cells=sec.failed,
@@ -212,7 +213,7 @@ def _section(
 
 def _run_section(
     exp: Experiment, scale: str, results_dir, outdir: Path, retry_failed: bool, get_client, serial: bool,
-    progress,
+    progress, *, prepared: tuple[list[dict], list[str]] | None = None,
 ) -> ReportSection:
     path = store_path(exp.name, scale, results_dir)
     sec = ReportSection(
@@ -226,8 +227,10 @@ def _run_section(
         # the grid and its keys once; the store opened once: read-only when every cell has an outcome,
         # else for writing by the sweep, whose final rows come back through that same handle (a store
         # that exists but lacks cells is looked at read-only first, then opened for the run)
-        cells = grid_cells(exp, scale)
-        keys = [cell_key(p) for p in cells]
+        cells, keys = prepared if prepared is not None else (None, None)
+        if cells is None:
+            cells = grid_cells(exp, scale)
+            keys = [cell_key(p) for p in cells]
         rows = _stored_rows(path, keys)
         if _needs_run(rows, keys, retry_failed):
             kwargs = {"serial": True} if serial else {"client": get_client()}
@@ -556,19 +559,31 @@ def _sections(exps: Sequence[Experiment], scale: str, results_dir, outdir: Path,
     """Every reproduction's section, in order.  The sweeps run ahead on the cluster, ``_SWEEPS_IN_FLIGHT`` at
     a time, submitted in the sections' order (Dask runs earlier submissions first); figures, tables and
     verdicts are made here, in this thread (matplotlib's pyplot is not thread-safe), each once its sweep is
-    done.  A sweep that raised is run again by its section, which reports the error where it belongs."""
-    pending = [] if serial else [
-        e for e in exps if _needs_run(e, scale, store_path(e.name, scale, results_dir), retry_failed)]
+    done.  A sweep that raised is run again by its section, which reports the error where it belongs.
+    Each section's grid is computed once, here, and handed to its section."""
+    prepared: dict[str, tuple[list[dict], list[str]]] = {}
+    pending = []
+    for e in [] if serial else exps:
+        try:
+            cells = grid_cells(e, scale)
+        except Exception:
+            continue  # its section reports the error
+        keys = [cell_key(p) for p in cells]
+        prepared[e.name] = (cells, keys)
+        if _needs_run(_stored_rows(store_path(e.name, scale, results_dir), keys), keys, retry_failed):
+            pending.append(e)
     if len(pending) < 2:
-        return [_section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress) for exp in exps]
+        return [_section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress,
+                         prepared=prepared.get(exp.name)) for exp in exps]
     from concurrent.futures import ThreadPoolExecutor
 
     client = get_client()  # one cluster, started here (not by two threads at once)
 
     def sweep(exp: Experiment):
         try:
-            return run_sweep(exp, scale, store=store_path(exp.name, scale, results_dir), retry_failed=retry_failed,
-                             progress=progress, client=client)
+            summary, _ = run_grid(exp, scale, prepared[exp.name][0], store_path(exp.name, scale, results_dir),
+                                  retry_failed=retry_failed, progress=progress, client=client)
+            return summary
         except Exception:
             return None
 
@@ -580,7 +595,7 @@ def _sections(exps: Sequence[Experiment], scale: str, results_dir, outdir: Path,
             summary = ahead[exp.name].result() if exp.name in ahead else None
             # the sweep above already retried failed cells: the section only reads (a failed cell runs once)
             sec = _section(exp, scale, results_dir, outdir, retry_failed and summary is None, get_client, serial,
-                           progress)
+                           progress, prepared=prepared.get(exp.name))
             if summary is not None:
                 sec.reused = summary.reused
             sections.append(sec)
