@@ -21,7 +21,7 @@ import functools
 import warnings
 from typing import Any, Callable, Mapping
 
-__all__ = ["NORM_ALIASES", "INIT_ALIASES", "KEYWORD_ALIASES", "canonical_value", "renamed_keywords",
+__all__ = ["SCALES", "NORM_ALIASES", "INIT_ALIASES", "KEYWORD_ALIASES", "canonical_value", "renamed_keywords",
            "deprecation_text"]
 
 #: Old spellings of normalization values -> the canonical name (``bnlab.nets.NORMALIZATIONS``).
@@ -96,3 +96,10 @@ def renamed_keywords(**old_to_new: str) -> Callable:
         return inner
 
     return wrap
+
+
+#: bnlab's scales: ``"small"`` (the default: the whole ``bnlab report`` within 10 minutes on 2 CPU cores),
+#: ``"medium"`` (the small grids plus the restarts and investigations that do not fit that budget — about
+#: an hour on 2 cores; a reproduction that declares no medium grid runs its small one) and ``"paper"``
+#: (the papers' own sizes, for GPUs; see docs/paper-scale.md)
+SCALES = ("small", "medium", "paper")

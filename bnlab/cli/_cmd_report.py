@@ -7,7 +7,7 @@ import sys
 
 from bnlab.cli._common import (add_data_dir_argument, add_threads_argument, apply_data_dir, check_cluster_arguments,
                                check_output_dir, print_json, print_table)
-from bnlab.experiments.spec import SCALES
+from bnlab._vocabulary import SCALES
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:

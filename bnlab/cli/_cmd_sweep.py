@@ -6,7 +6,7 @@ import dataclasses
 import sys
 
 from bnlab.cli._common import add_threads_argument, print_json, print_table
-from bnlab.experiments.spec import SCALES
+from bnlab._vocabulary import SCALES
 
 
 def _add_location(p: argparse.ArgumentParser) -> None:

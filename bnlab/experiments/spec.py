@@ -14,18 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from bnlab._vocabulary import SCALES  # defined there so that the CLI reads it without importing this package
 from bnlab.experiments.cells import Cell
 
 __all__ = ["Experiment", "Record", "Comparison", "Setting", "Check", "TaskCost", "SCALES", "VERDICTS", "cell_device",
            "cell_tasks", "library_versions", "check_for"]
 
-#: ``small``: minutes on 2 CPU cores (used by ``bnlab report`` and tests);
-#: ``paper``: the paper's sizes (a GPU or a Dask cluster).
-#: bnlab's scales: ``"small"`` (the default: the whole ``bnlab report`` within 10 minutes on 2 CPU cores),
-#: ``"medium"`` (the small grids plus the restarts and investigations that do not fit that budget — about
-#: an hour on 2 cores; a reproduction that declares no medium grid runs its small one) and ``"paper"``
-#: (the papers' own sizes, for GPUs; see docs/paper-scale.md)
-SCALES = ("small", "medium", "paper")
 
 
 @dataclass(frozen=True)

@@ -98,3 +98,16 @@ def test_cli_scale_choices_include_medium(capsys):
         main(["report", "--scale", "huge"])
     err = capsys.readouterr().err
     assert "medium" in err and "huge" in err
+
+
+def test_the_cli_reads_the_scales_without_importing_the_engine():
+    # the scale choices come from bnlab._vocabulary: building the parser must not import bnlab.experiments
+    # (with it, Dask's distributed was imported before the command started, and `bnlab sweep run` no longer
+    # exited on Ctrl-C: tests/experiments/test_sweep_dask.py timed out)
+    import subprocess
+    import sys
+
+    code = ("import sys, bnlab.cli; bnlab.cli.build_parser(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('bnlab.experiments', 'distributed'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
