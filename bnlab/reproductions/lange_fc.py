@@ -53,17 +53,19 @@ _SCALES = {
 _CHUNKED = ("none", "bn", "ln")
 
 
-#: medium scale (the small one plus these): restarts of the cells whose comparisons need an interval over seeds (the paper shows 5 runs)
-_MEDIUM_EXTRA = dict(pairs={(60, "bn"), (60, "bnp"), (60, "none"), (6, "bn"), (6, "bnp"), (6, "none")}, seeds=(1, 2))
+#: small scale (and so medium): restarts of the cells whose comparisons need an interval over seeds (the paper shows 5 runs)
+_SMALL_EXTRA = dict(pairs={(60, "bn"), (60, "bnp"), (60, "none"), (6, "bn"), (6, "bnp"), (6, "none")}, seeds=(1, 2))
 #: "comparable": the 95 % interval of BNP − BN lies within ±this
 _COMPARABLE = 0.02
 
 
 def _grid(scale: str) -> list[dict]:
-    # medium: the small grid plus the restarts its interval rows need (at small scale they say "one seed")
-    cells = training_grid(_SCALES, _METHODS, "small" if scale == "medium" else scale, chunked=_CHUNKED)
-    if scale == "medium":
-        cells += extra_seed_cells(cells, _MEDIUM_EXTRA["pairs"], _MEDIUM_EXTRA["seeds"])
+    # the restarts stay at small scale although they cost ~1 minute of the report: with one seed the interval
+    # rows go unjudged, and at batch 6 they disagree — the verdict would read "reproduced" only because the
+    # disagreeing rows were dropped (measured 2026-11-27: partly 4/6 with them, reproduced 3/3 without)
+    cells = training_grid(_SCALES, _METHODS, scale, chunked=_CHUNKED)
+    if scale == "small":
+        cells += extra_seed_cells(cells, _SMALL_EXTRA["pairs"], _SMALL_EXTRA["seeds"])
     return cells
 
 
@@ -124,8 +126,7 @@ def _limitations(records: Sequence[Record]) -> str:
             + (" — the batch-60 and batch-6 comparisons of BNP, BN and vanilla restart with more seeds so that "
                "'comparable' and 'outperforms' are judged on an interval, the other methods run once."
                if max(seeds.values(), default=1) > 1 else
-               " — with one seed the 'comparable' and 'outperforms' rows are not judged; `bnlab report --scale "
-               "medium` restarts those cells with three seeds."))
+               " — with one seed the 'comparable' and 'outperforms' rows are not judged."))
 
 
 def _compare(records: Sequence[Record]) -> list[Comparison]:
@@ -187,7 +188,6 @@ EXPERIMENTS = [
         "and Batch Renorm cannot (§5, Figs. 3-4).  Run on MNIST at every batch size (CIFAR-10 is not "
         "available offline).",
         grid=_grid,
-        medium_grid=True,
         run_cell=run_cell,
         cell=LangeCell,
         plot=_plot,
