@@ -245,7 +245,7 @@ CLAIMS = [
           checks=_depth("yang2019-fig5d"), strength="small-scale stand-in",
           note="small scale runs β = 0.5 (β = 2 puts 16ξ beyond any affordable depth grid); the medium scale runs "
           "the paper's β = 2 with depths 40–720 at the small budget per network (150 SGD steps at 1e-3·B).  That run "
-          "(`bnlab reproduce yang2019-fig5d --scale medium`, commit 5aea4fd, 2026-11-27) trained only depth 40 at "
+          "(`bnlab reproduce yang2019-fig5d --scale medium`, commit 2058583, 2026-11-27) trained only depth 40 at "
           "every ε (accuracy 0.66–0.74; depth 160: 0.12–0.19) against 16ξ = 333, 340, 430, ∞: the boundary lies "
           "4–10× below 16ξ, so at this budget it is set by the training length, not by the gradient explosion "
           "(as Fig. 3a's budget study found at β = 0); the direction of the claim shows — at ε = 1 (16ξ = ∞) depths "
