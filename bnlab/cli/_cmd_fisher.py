@@ -82,17 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from bnlab.fisher import fisher_order_parameters, parse_arch
 
     arch = parse_arch(args.arch)
-    kwargs = dict(
-        norm=args.norm,
-        phi=args.phi,
-        gamma=args.gamma,
-        beta=args.beta,
-        sigma_w2=args.sigma_w2,
-        sigma_b2=args.sigma_b2,
-        momentum=args.momentum,
-        formula=args.formula,
-        bn_mode=args.bn_mode,
-    )
+    kwargs = dict(_network_keywords(args), momentum=args.momentum, formula=args.formula, bn_mode=args.bn_mode)
     out: dict = {}
     if args.measure:
         input_order_parameters, out_measure = _measure(args, arch)
@@ -109,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print_text(args, res, out)
     return 0
+
+
+def _network_keywords(args: argparse.Namespace) -> dict:
+    """The network the theory describes and --measure builds: one source, so the two cannot differ."""
+    return dict(norm=args.norm, phi=args.phi, gamma=args.gamma, beta=args.beta, sigma_w2=args.sigma_w2,
+                sigma_b2=args.sigma_b2)
 
 
 def _measure(args: argparse.Namespace, arch) -> tuple[dict, dict]:
@@ -138,18 +134,7 @@ def _measure(args: argparse.Namespace, arch) -> tuple[dict, dict]:
     # the data's own input order parameters (Claim 6.1's base case for this batch)
     input_order_parameters = {"input_q": float((flat**2).sum(1).mean() / flat.shape[1]),
                               "input_q_xy": float((flat.mean(0) ** 2).sum() / flat.shape[1])}
-    model = build_model(
-        arch,
-        norm=args.norm,
-        phi=args.phi,
-        gamma=args.gamma,
-        beta=args.beta,
-        sigma_w2=args.sigma_w2,
-        sigma_b2=args.sigma_b2,
-        seed=seed,
-        dtype=torch.float64,
-        max_memory_bytes=max_bytes,
-    )
+    model = build_model(arch, **_network_keywords(args), seed=seed, dtype=torch.float64, max_memory_bytes=max_bytes)
     model, x = model.to(device), x.to(device)
     calibrate_batchnorm_(model, x)  # eval mode = the batch's own statistics (the theory's population)
     loss = "mse" if args.curvature == "fisher" else "cross_entropy"
