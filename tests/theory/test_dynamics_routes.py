@@ -186,7 +186,7 @@ def test_an_activation_resolves_to_itself():
 
 
 # ---------------------------------------------------------------------------
-# the spherical brackets summed per run of equal u_1 (_sphere_brackets of forward and backward)
+# the spherical brackets summed per run of equal u_1 (_forward_sphere_brackets, _backward_sphere_brackets)
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("b", [3, 4, 9, 40])
 def test_conditional_moments_as_polynomials(b):
@@ -220,9 +220,9 @@ def test_run_sums_equal_the_node_by_node_sums(spec, radial, b):
 
     from bnlab.theory._quadrature.sphere import conditional_moments as _conditional_moments
     from bnlab.theory._quadrature.sphere import sphere_grid_for
-    from bnlab.theory.backward import _sphere_brackets as sphere_brackets_backward
-    from bnlab.theory.cross_batch import _sphere_marginals as sphere_marginals
-    from bnlab.theory.forward import _sphere_brackets as sphere_brackets_forward
+    from bnlab.theory._sphere_route import _backward_sphere_brackets as sphere_brackets_backward
+    from bnlab.theory._sphere_route import _forward_sphere_brackets as sphere_brackets_forward
+    from bnlab.theory._sphere_route import _sphere_marginals as sphere_marginals
 
     d = dict(spec)
     act = get_activation(d.pop("phi"), **d)
