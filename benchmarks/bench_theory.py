@@ -61,7 +61,7 @@ def _clear_caches():
     # no credit for cached quadrature nodes or moments: every call pays for its rules (what stays cached is
     # only the rules on (0, 1) themselves, tanh-sinh and Gauss–Legendre: tables of constants, no φ and no B in them)
     from bnlab.theory._quadrature.sphere import cartesian_sphere_grid, sphere_grid
-    from bnlab.theory.forward import _forward_moments_sphere
+    from bnlab.theory._sphere_route import _forward_moments_sphere
 
     sphere_grid.cache_clear()
     cartesian_sphere_grid.cache_clear()

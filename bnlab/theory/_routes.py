@@ -5,9 +5,22 @@ prologue: given a resolved φ (an :class:`~bnlab.activations.Activation`) and a 
 method, pick the route ("auto": the closed form for relu and identity, the Laplace closed forms for other
 positive-homogeneous φ, else the spherical integral) and check what that route needs (its B range, a
 positive-homogeneous φ for Laplace, the number of Gegenbauer terms, the Monte Carlo sample size, seed and
-cost).  Each dynamics states only what differs (:class:`Dynamics`); :func:`plan_route` returns a
-:class:`Route`, which the dynamics' kernel dispatches on.  No numerics here: this module decides, the
-route modules integrate.
+cost).  Each dynamics states only what differs (:class:`Dynamics`).
+
+The theory is organised by route, not by quantity: :func:`plan_route` returns ONE route object, chosen
+once for φ's class, that carries what that class needs and computes every dynamics on its route:
+
+* :class:`~bnlab.theory._closed_route.ClosedRoute` (relu, identity) and
+  :class:`~bnlab.theory._closed_route.LaplaceRoute` (positive-homogeneous φ): closed forms;
+* :class:`~bnlab.theory._sphere_route.SphereRoute`: spherical integration, split at kinks;
+* :class:`~bnlab.theory._gegenbauer_route.GegenbauerRoute`: Gegenbauer series;
+* :class:`~bnlab.theory._montecarlo_route.MonteCarloRoute`: samples of the sphere, with standard errors.
+
+Each has ``method`` (its name) and ``forward()`` → (λ_L↑, λ_M↑, stderr, truncation error),
+``backward()`` → (λ_G↓, λ_L↓, λ_M↓, stderr, truncation error), ``cross_batch()`` → (c_CB*, λ_M̃, stderr,
+truncation error); the kernels of :mod:`~bnlab.theory.forward`, :mod:`~bnlab.theory.backward` and
+:mod:`~bnlab.theory.cross_batch` ask it for their quantity and wrap the answer in their result type, so
+no kernel branches on the method.  No numerics here: this module decides, the route modules integrate.
 
 φ is resolved once, by the public function at the boundary (:func:`bnlab.activations.get_activation`),
 never here.
@@ -20,12 +33,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnlab._validation import check_choice, check_int
+from bnlab.theory._closed_route import ClosedRoute, LaplaceRoute
+from bnlab.theory._gegenbauer_route import GegenbauerRoute
+from bnlab.theory._montecarlo_route import MonteCarloRoute
 from bnlab.theory._quadrature.sphere import MAX_QUADRATURE_BATCH
+from bnlab.theory._sphere_route import SphereRoute
 
 __all__ = [
     "DYNAMICS_METHODS",
     "Dynamics",
-    "Route",
     "plan_route",
     "relu_or_identity",
     "laplace_applies",
@@ -108,43 +124,34 @@ class Dynamics:
     montecarlo_batch_power: int = 1
 
 
-@dataclass(frozen=True)
-class Route:
-    """The resolved φ, the checked B and the chosen route (never "auto") with its own arguments."""
-
-    act: object
-    batch_size: int
-    method: str
-    relu_or_identity: str | None
-    n_terms: int | None = None
-    n_samples: int | None = None
-    rng: object = None
-
-
-def plan_route(act, b: int, method, dynamics: Dynamics, *, n_terms=None, n_samples=None, seed=None) -> Route:
+def plan_route(
+    act, b: int, method, dynamics: Dynamics, *, n_terms=None, n_samples=None, seed=None
+) -> ClosedRoute | LaplaceRoute | SphereRoute | GegenbauerRoute | MonteCarloRoute:
     """The one prologue of the forward, backward and cross-batch kernels: φ already resolved and B
     checked (by the public function), check the method, pick the route ("auto": the closed form for
     relu and identity where it applies, the Laplace closed forms for other positive-homogeneous φ, else
-    the spherical integral) and check what that route needs."""
+    the spherical integral), check what that route needs and return it as an object that computes each
+    dynamics on that route (``forward()``, ``backward()``, ``cross_batch()``; see the module docstring)."""
     if dynamics.check is not None:
         dynamics.check(act, b)
     method = _check_method(method, DYNAMICS_METHODS, dynamics.what)
     kind = relu_or_identity(act)
     if method == "auto":
         method = _auto_method(act, b, kind, dynamics)
-    route = dict(act=act, batch_size=b, method=method, relu_or_identity=kind)
     if method == "closed":
         _check_closed(act, b, kind, dynamics)
-    elif method == "laplace":
+        return ClosedRoute(act, b, kind)
+    if method == "laplace":
         require_laplace(act, b, dynamics.what)
-    elif method == "gegenbauer":
+        return LaplaceRoute(act, b)
+    if method == "sphere":
+        return SphereRoute(act, b)
+    if method == "gegenbauer":
         _check_gegenbauer(b, dynamics)
-        route["n_terms"] = default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4)
-    elif method == "montecarlo":
-        route["n_samples"] = check_int("n_samples", n_samples, minimum=100)
-        route["rng"] = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-        check_montecarlo_cost(route["n_samples"], b, dynamics.what, dynamics.montecarlo_batch_power)
-    return Route(**route)
+        return GegenbauerRoute(act, b, default_terms(act, b) if n_terms is None else check_int("n_terms", n_terms, minimum=4))
+    n_samples = check_int("n_samples", n_samples, minimum=100)
+    check_montecarlo_cost(n_samples, b, dynamics.what, dynamics.montecarlo_batch_power)
+    return MonteCarloRoute(act, b, n_samples, seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed))
 
 
 def _check_method(method, allowed, what: str) -> str:

@@ -47,11 +47,12 @@ from bnlab.activations import get_activation
 from bnlab.theory._admissible import admissible
 from bnlab.theory._checks import SmallBatchWarning, check_batch_size
 from bnlab.theory._routes import MAX_MONTECARLO_SECONDS, montecarlo_seconds, relu_or_identity
+from bnlab.theory._sphere_route import _forward_moments_sphere
 from bnlab.theory.backward import _backward_eigenvalues
 from bnlab.theory.cross_batch import _cross_batch_analysis
 from bnlab.theory.epsilon import _epsilon_analysis
 from bnlab.theory.fixed_point import BSB1FixedPoint, _bsb1_fixed_point
-from bnlab.theory.forward import _forward_eigenvalues, _forward_moments_sphere
+from bnlab.theory.forward import _forward_eigenvalues
 from bnlab.theory.symmetry import _resolved_stability
 
 __all__ = ["METHODS", "TheoryResult", "analyze", "depth_scale", "max_trainable_depth", "TRAINABLE_DEPTH_FACTOR"]

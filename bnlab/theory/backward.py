@@ -16,6 +16,10 @@ D = diag φ'(√B u), P_u = G − uuᵀ, and E[r⁻²] = 1/(B−3):
 
 Methods
 -------
+Each method is a route object (:func:`bnlab.theory._routes.plan_route`; the code of each route, for all
+three dynamics, lives in its own module: ``_closed_route``, ``_sphere_route``, ``_gegenbauer_route``,
+``_montecarlo_route``); this module is the quantity's face and result type.
+
 ``"sphere"`` (App. G.1.1): the ten brackets of F reduced to 2-d integrals
 and Thm E.62 (≈1e-10 relative; needs φ' square integrable, e.g. relu^α with α > 1/2).
 ``"gegenbauer"``: λ_G↓ by Thm 3.9 / G.5 (λ_L↓, λ_M↓ have no Gegenbauer form in
@@ -47,7 +51,6 @@ Yang et al. 2019, §3.1.2, Thms 3.9, 3.10, G.5, G.12, App. G.1.1, App. L.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,13 +58,8 @@ import numpy as np
 from bnlab._validation import check_int, check_real
 from bnlab.activations import get_activation
 from bnlab.theory._checks import check_batch_size
-from bnlab.theory._quadrature.sphere import SphereGrid, conditional_coefficients, ratio_stats, sample_sphere, sphere_grid_for
 from bnlab.theory._routes import DYNAMICS_METHODS, Dynamics, check_finite_result, plan_route
 from bnlab.theory.epsilon import _epsilon_analysis
-from bnlab.theory.forward import _forward_moments_sphere
-from bnlab.theory.gegenbauer import RULE_RTOL, _dynamics_series
-from bnlab.theory.ultrasymmetric import projected_eigenvalues
-from bnlab.theory.vphi import _homogeneous_kernel_values, _relu_arccos_kernel
 
 __all__ = [
     "BackwardEigenvalues",
@@ -120,164 +118,6 @@ _BACKWARD = Dynamics("the backward eigenvalues", "Thms 3.10, G.12", check=_check
                       montecarlo_batch_power=2)  # a B×B matrix per sample
 
 
-# -- sphere -------------------------------------------------------------------
-def _sphere_brackets(grid: SphereGrid, g1: np.ndarray, g2: np.ndarray) -> np.ndarray:
-    """The eleven brackets of the backward map (App. G; order [11|11], [11|22], [11|12], [11|23], [12|11],
-    [12|33], [12|12], [12|21], [12|13], [12|34], [12|31]) from g_1 = φ'(√B u_1) per run and
-    g_2 = φ'(√B u_2) per node, with the projections P_ij = δ_ij − u_i u_j of Ã = P_u D G."""
-    x = grid.x_distinct
-    c1, c2 = conditional_coefficients(grid.batch_size)
-    a0, a1, a2 = grid.power_sums(None, 2)
-    s0, s1, s2, s3 = grid.power_sums(g2, 3)
-    gg = g1 * g1
-    ox = 1.0 - x * x
-    return np.array([
-        (gg * ox * ox) @ a0,  # g1² (1−x²)²
-        (gg * x * x) @ a2,  # g1² x² y²
-        -((g1 * ox * x) @ s1),  # −g1 g2 (1−x²) x y
-        c1 * ((g1 * x) @ (ox * s1 - s3)),  # g1 g2 x y e33
-        -((gg * ox * x) @ a1),  # −g1² (1−x²) x y
-        -c1 * ((gg * x * x) @ (x * a1 + a2)),  # g1² x² y e3
-        (g1 * ox) @ (s0 - s2),  # g1 g2 (1−x²)(1−y²)
-        (g1 * x * x) @ s2,  # g1 g2 x² y²
-        c1 * ((g1 * ox) @ (x * s1 + s2)),  # −g1 g2 (1−x²) y e3
-        c2 * ((g1 * x) @ ((2.0 * x * x - 1.0) * s1 + 2.0 * x * s2 + 2.0 * s3)),  # g1 g2 x y e34
-        -c1 * ((g1 * x * x) @ (x * s1 + s2)),  # g1 g2 x² y e3
-    ])
-
-
-def _backward_moments_sphere(act, b: int):
-    """The eleven brackets of the backward map (App. G; [12|31] ≠ [12|13], see the ultrasymmetric errata)
-    by :func:`_sphere_brackets`."""
-    hom = act.homogeneity
-    grid = sphere_grid_for(act, b, float(hom) - 1.0 if hom is not None else 0.0)  # split at kinks
-    sb = math.sqrt(b)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        g1 = act.derivative(sb * grid.x_distinct)  # once per distinct u_1 (a run of the kink rule)
-        g2 = act.derivative(sb * grid.y)
-    return _sphere_brackets(grid, g1, g2)
-
-
-def _mu_star_sphere(act, b: int) -> float:
-    m = _forward_moments_sphere(act, b)
-    return float(m[0] - m[1])
-
-
-def _backward_sphere(act, b: int):
-    k = b / ((b - 3.0) * _mu_star_sphere(act, b))
-    return projected_eigenvalues(k * _backward_moments_sphere(act, b), b)
-
-
-# -- Monte Carlo -----------------------------------------------------------------
-def _backward_montecarlo(act, b: int, n_samples: int, rng, chunk: int | None = None):
-    """Traces of X ↦ Ã X Ãᵀ (Ã = P_u D G) over RG, L, M per sample; ratio to E|Gφ(√B u)|²."""
-    sums = {"G": [], "L": [], "M": [], "den": []}
-    g_mat = np.eye(b) - 1.0 / b
-    if chunk is None:
-        chunk = max(16, 2_000_000 // (b * b))  # ≈ 16 MB per (chunk, B, B) array
-    done = 0
-    while done < n_samples:
-        n = min(chunk, n_samples - done)
-        u = sample_sphere(b, n, rng)
-        d = act.derivative(math.sqrt(b) * u)
-        f = act(math.sqrt(b) * u)
-        gf = f - f.mean(axis=1, keepdims=True)
-        p = g_mat[None] - u[:, :, None] * u[:, None, :]
-        pd = p * d[:, None, :]
-        at = pd - pd.mean(axis=2, keepdims=True)  # P D G: right-multiplying by G removes row means, O(B²)
-        fro = np.einsum("nij,nij->n", at, at)
-        tr = np.einsum("nii->n", at)
-        tr2 = np.einsum("nij,nji->n", at, at)
-        diag2 = np.einsum("nii->ni", at) ** 2
-        t_h = 0.5 * (tr * tr + tr2)
-        t_g = fro / (b - 1)
-        t_l = (diag2.sum(axis=1) - fro / b) / (1.0 - 2.0 / b)
-        sums["G"].append(t_g)
-        sums["L"].append(t_l)
-        sums["M"].append(t_h - t_g - t_l)
-        sums["den"].append((gf * gf).sum(axis=1) / (b - 1))  # μ*
-        done += n
-    arr = {k: np.concatenate(v) for k, v in sums.items()}
-    k = b / (b - 3.0)
-    dims = {"G": 1.0, "L": b - 1.0, "M": b * (b - 3) / 2.0}
-    out, err = [], []
-    for s in ("G", "L", "M"):
-        r, e = ratio_stats(k * arr[s] / dims[s], arr["den"])
-        out.append(r)
-        err.append(e)
-    return out, tuple(err)
-
-
-# -- closed forms ------------------------------------------------------------------
-def _backward_closed(kind: str, b: int):
-    if kind == "identity":
-        lam_g = (b - 2.0) / (b - 3.0)
-        lam = (b * b - 2.0 * b - 1.0) / (b * b - 2.0 * b - 3.0)
-        return lam_g, lam, lam
-    j1, dj1 = _relu_arccos_kernel(-1.0 / (b - 1))
-    lam_g = ((b - 1.0 + dj1) / (1.0 - j1) - 1.0) / (b - 3.0)  # Thm 3.10, Eq. 19
-    # Thm G.12 with α = 1, J_φ = J_1 (J_1(1) = 1)
-    alpha = 1.0
-    den = 1.0 - j1
-    lam_l = (
-        -2 * alpha**2 * (b - 2) * (b - 1 + alpha) / ((b - 3) * (b - 1) * (b - 1 + 2 * alpha))
-        + 2
-        * (alpha**2 * (3 * b - 4) + alpha * (3 * b * b - 11 * b + 8) + (b - 3) * (b - 1) ** 2)
-        / ((b - 3) * (b - 1) ** 2 * (b - 1 + 2 * alpha))
-        * dj1
-        / den
-        + alpha**2 * (b - 2) * (b - 3 + 2 * alpha) / ((2 * alpha - 1) * (b - 3) * (b - 1)) / den
-    )
-    lam_m = (
-        b * (b * b + 2 * (alpha - 2) * b + 2 * (alpha - 3) * alpha + 3) / ((b - 3) * (b - 1) * (b - 1 + 2 * alpha)) * dj1 / den
-    )
-    return lam_g, lam_l, lam_m
-
-
-def _backward_laplace(act, b: int):
-    """Thm G.12 for φ positive-homogeneous of degree α > 1/2 (verified against the sphere to 1e-13)."""
-    v = _homogeneous_kernel_values(act, b)
-    al, j1, d = v["alpha"], v["J1"], v["J1"] - v["Jxi"]
-    dj = v["dJxi"]
-    lam_g = ((b - 3 + 2 * al) * ((2 * al - 1) * dj + al**2 * (b - 1) * j1)) / (
-        (2 * al - 1) * (b - 3) * (b - 1) * d
-    ) - al**2 / (b - 3)
-    lam_l = (
-        -2 * al**2 * (b - 2) * (b - 1 + al) / ((b - 3) * (b - 1) * (b - 1 + 2 * al))
-        + 2 * (al**2 * (3 * b - 4) + al * (3 * b * b - 11 * b + 8) + (b - 3) * (b - 1) ** 2)
-        / ((b - 3) * (b - 1) ** 2 * (b - 1 + 2 * al)) * dj / d
-        + al**2 * (b - 2) * (b - 3 + 2 * al) / ((2 * al - 1) * (b - 3) * (b - 1)) * j1 / d
-    )
-    lam_m = b * (b * b + 2 * (al - 2) * b + 2 * (al - 3) * al + 3) / ((b - 3) * (b - 1) * (b - 1 + 2 * al)) * dj / d
-    return lam_g, lam_l, lam_m
-
-
-# -- Gegenbauer ----------------------------------------------------------------------
-def _gradient_rate_gegenbauer(act, b: int, n_terms: int) -> tuple[float, float]:
-    """Thm 3.9 / G.5: λ_G↓ = Σ_l ε_l/(B−3) b_l² (1 − R_l(ξ)) / Σ_l b_l² (1 − R_l(ξ)),
-    ε_l = l(l+B−3), ξ = −1/(B−1) (a_l² N_l = b_l², N_l(1 − P_l(ξ)) in the paper's normalization).
-
-    Returns (λ_G↓, bound on its truncation error).  The single-point parts are summed exactly
-    (:class:`bnlab.theory.gegenbauer._GegenbauerSeries`): Σ_l b_l² = E f² (Parseval) and
-    Σ_l ε_l b_l² = E(1−x²)f'² (ε_l are the eigenvalues of −Δ on S^{B−2} and f(u_1) is zonal, so
-    this is the Dirichlet energy E|∇_S f|²), which leaves only the two-point sums with R_l(ξ).
-    Without this, φ' with a jump (relu) gives ε_l b_l² ~ l^{−2} and a truncation error ~ 1/n.
-    """
-    s = _dynamics_series(act, b, n_terms, dirichlet=True)
-    l = np.arange(n_terms, dtype=np.float64)
-    e2 = s.coef * s.coef
-    eps2 = l * (l + b - 3.0) * e2
-    den = s.single_point(np.sum(e2), s.moments.second) - float(np.sum(e2 * s.pxi))
-    num = s.single_point(np.sum(eps2), s.moments.dirichlet) - float(np.sum(eps2 * s.pxi))
-    lam = num / ((b - 3.0) * den)
-    # neglected: Σ_{l≥n} b_l² R_l(ξ) and Σ_{l≥n} ε_l b_l² R_l(ξ), bounded by max|R_l(ξ)| × the tails
-    d_den = s.two_point_bound(s.parseval_tail)
-    d_num = s.two_point_bound(max(s.moments.dirichlet - float(np.sum(eps2)), 0.0))
-    err = (d_num / ((b - 3.0) * den) + abs(lam) * d_den / den) if s.summed else 0.0
-    return float(lam), float(err + RULE_RTOL * abs(lam))
-
-
-# -- public ---------------------------------------------------------------------------
 def backward_eigenvalues(
     phi, batch_size: int, *, method: str = "auto", n_terms: int | None = None, n_samples: int = 200_000, seed=0
 ) -> BackwardEigenvalues:
@@ -303,7 +143,7 @@ def backward_eigenvalues(
     3.10/G.12: ≤ 2e-8 (B = 4), ≤ 2e-10 (B = 5), ≤ 3e-11 (B = 8), ≤ 1e-15
     (32 ≤ B ≤ 1024), because Σ b_l² and
     Σ l(l+B−3) b_l² are summed exactly (Parseval, Dirichlet energy; see
-    :func:`_gradient_rate_gegenbauer`) and only the R_l(ξ)-weighted tail is
+    :func:`bnlab.theory._gegenbauer_route._gradient_rate_gegenbauer`) and only the R_l(ξ)-weighted tail is
     truncated; ``truncation_error`` bounds it.  montecarlo: the returned standard errors.
 
     References
@@ -318,24 +158,11 @@ def _backward_eigenvalues(
     act, b: int, method: str = "auto", *, n_terms: int | None = None, n_samples: int = 200_000, seed=0
 ) -> BackwardEigenvalues:
     """The kernel of :func:`backward_eigenvalues`: φ resolved and B checked; the route chosen and run."""
-    r = plan_route(act, b, method, _BACKWARD, n_terms=n_terms, n_samples=n_samples, seed=seed)
-    method = r.method
-    stderr = trunc = None
-    if method == "closed":
-        lam_g, lam_l, lam_m = _backward_closed(r.relu_or_identity, b)
-    elif method == "laplace":
-        lam_g, lam_l, lam_m = _backward_laplace(act, b)
-    elif method == "sphere":
-        ev = _backward_sphere(act, b)
-        lam_g, lam_l, lam_m = ev.lambda_G, ev.lambda_L, ev.lambda_M
-    elif method == "gegenbauer":
-        lam_g, trunc = _gradient_rate_gegenbauer(act, b, r.n_terms)
-        lam_l, lam_m = None, None
-    else:
-        (lam_g, lam_l, lam_m), stderr = _backward_montecarlo(act, b, r.n_samples, r.rng)
-    check_finite_result(act, b, method, lam_g, lam_l, lam_m)
+    route = plan_route(act, b, method, _BACKWARD, n_terms=n_terms, n_samples=n_samples, seed=seed)
+    lam_g, lam_l, lam_m, stderr, trunc = route.backward()
+    check_finite_result(act, b, route.method, lam_g, lam_l, lam_m)
     f = lambda v: None if v is None else float(v)  # noqa: E731
-    return BackwardEigenvalues(float(lam_g), f(lam_l), f(lam_m), method, stderr, trunc)
+    return BackwardEigenvalues(float(lam_g), f(lam_l), f(lam_m), route.method, stderr, trunc)
 
 
 def gradient_explosion_rate(

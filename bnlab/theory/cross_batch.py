@@ -21,12 +21,16 @@ the same eigenvalue: λ_M̃↑ = λ_M̃↓ (Thm 3.11, I.5).
 
 Methods
 -------
+Each method is a route object (:func:`bnlab.theory._routes.plan_route`; the code of each route, for all
+three dynamics, lives in its own module: ``_closed_route``, ``_sphere_route``, ``_gegenbauer_route``,
+``_montecarlo_route``); this module is the quantity's face and result type.
+
 ``"closed"``: c_CB* for every positive-homogeneous φ (Thm H.6); the rate for
 relu (Beta functions and the arccosine kernel) and the identity
 (λ = 2Γ(B/2)²/((B−1)Γ((B−1)/2)²) = (B−1)/2 · P(B/2, 1/2)⁻², Thm 3.11).
 ``"laplace"``: Thms H.6 and H.14 for every positive-homogeneous φ (≈1e-13).
 ``"sphere"``: the one-dimensional spherical integrals above by the quadrature
-of :mod:`bnlab.theory.forward` (≈1e-11 relative).  ``"gegenbauer"``: Thms H.3
+of :mod:`bnlab.theory._sphere_route` (≈1e-11 relative).  ``"gegenbauer"``: Thms H.3
 (c* = a_0²) and 3.11.  ``"montecarlo"``: uniform samples of the sphere.
 ``"auto"``: closed (relu, identity), else laplace (other positive-homogeneous φ with
 (B−1)/2 > α), else sphere.
@@ -46,20 +50,12 @@ Yang et al. 2019, §3.2, Thms 3.11, H.3, H.6, H.13, H.14, I.3–I.6.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-
-import numpy as np
-from scipy import special
 
 from bnlab.activations import get_activation
 from bnlab.theory._checks import check_batch_size
-from bnlab.theory._quadrature.rules import chi_inverse_moment
-from bnlab.theory._quadrature.sphere import SphereGrid, sample_sphere, sphere_grid_for
+from bnlab.theory._closed_route import _c_star_closed
 from bnlab.theory._routes import DYNAMICS_METHODS, Dynamics, check_finite_result, plan_route
-from bnlab.theory.forward import _forward_moments_sphere
-from bnlab.theory.gegenbauer import RULE_RTOL, _dynamics_series
-from bnlab.theory.vphi import _homogeneous_kernel_values, _relu_arccos_kernel
 
 __all__ = ["CrossBatchResult", "cross_batch_analysis", "cross_batch_fixed_point", "cross_batch_rate", "CROSS_BATCH_METHODS"]
 
@@ -83,102 +79,6 @@ class CrossBatchResult:
     method: str
     stderr: tuple[float, float] | None = None
     truncation_error: float | None = None
-
-
-def _c_star_closed(act, b: int) -> float:
-    """Thm H.6: c* = (a − b)² (B−1)^α/(4π) (Γ((B−1)/2) Γ((α+1)/2) / Γ((α+B−1)/2))²."""
-    alpha = act.homogeneity
-    a, bb = act.homogeneous_coeffs
-    # Γ((B−1)/2)/Γ((α+B−1)/2) = 1/P((B−1)/2, α/2) (Pochhammer: accurate for large B)
-    ratio = special.gamma((alpha + 1) / 2.0) / special.poch((b - 1) / 2.0, alpha / 2.0)
-    return (a - bb) ** 2 * (b - 1.0) ** alpha / (4 * math.pi) * ratio * ratio
-
-
-def _rate_closed(kind: str, b: int) -> float:
-    if kind == "identity":
-        return (b - 1.0) / 2.0 / special.poch(b / 2.0, 0.5) ** 2  # Thm 3.11: (B−1)/2 · P(B/2, 1/2)⁻²
-    j1, _ = _relu_arccos_kernel(-1.0 / (b - 1))
-    mu = 0.5 * (1.0 - j1)
-    kappa = (b - 1.0) / b
-    # E[1{t>0} κ(1−t²)] with t ~ (1−t²)^{(B−4)/2}: κ/2 · B(1/2, B/2)/B(1/2, (B−2)/2)
-    e = 0.5 * kappa * special.poch((b - 2) / 2.0, 0.5) / special.poch(b / 2.0, 0.5)
-    p = math.sqrt(b) * chi_inverse_moment(b, 1) * b * e / (math.sqrt(mu) * (b - 1.0))
-    return p * p
-
-
-def _rate_laplace(act, b: int) -> float:
-    """Thm H.14: λ = B/2 ((B−1)/2)^{α−1} P(B/2, α/2)⁻² μ*⁻¹ c_α J'_φ(0) (positive-homogeneous φ, ≈1e-13)."""
-    v = _homogeneous_kernel_values(act, b)
-    al = v["alpha"]
-    return b / 2.0 * ((b - 1) / 2.0) ** (al - 1.0) / special.poch(b / 2.0, al / 2.0) ** 2 / v["mu"] * v["c_alpha"] * v["dJ0"]
-
-
-def _sphere_marginals(grid: SphereGrid, values: np.ndarray) -> tuple[float, float]:
-    """(E v(u_1), E v(u_1) u_1²) from v per run."""
-    x = grid.x_distinct
-    a0 = grid.power_sums(None, 0)[0]
-    return float(values @ a0), float((values * x * x) @ a0)
-
-
-def _sphere(act, b: int):
-    hom = act.homogeneity
-    sb = math.sqrt(b)
-    # c*: E f(√B u_1), radial power α/2 for homogeneous φ
-    g0 = sphere_grid_for(act, b, hom / 2.0 if hom is not None else 0.0)  # split at kinks
-    m = _sphere_marginals(g0, act(sb * g0.x_distinct))[0]
-    # rate: E φ'(√B u_1)((B−1)/B − u_1²), radial power (α−1)/2
-    g1 = sphere_grid_for(act, b, (hom - 1.0) / 2.0 if hom is not None else 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        e0, e2 = _sphere_marginals(g1, act.derivative(sb * g1.x_distinct))
-    e = (b - 1.0) / b * e0 - e2
-    mom = _forward_moments_sphere(act, b)
-    mu = float(mom[0] - mom[1])
-    p = sb * chi_inverse_moment(b, 1) * b * e / (math.sqrt(mu) * (b - 1.0))
-    return m * m, p * p
-
-
-def _gegenbauer(act, b: int, n_terms: int):
-    """(c_CB* = a_0², λ_M̃ by Thm 3.11, bound on the truncation error of λ_M̃).
-
-    Only the denominator μ* = Σ_l b_l² (1 − R_l(ξ)) is a series; its Parseval part Σ b_l² = E f²
-    is summed exactly (:class:`bnlab.theory.gegenbauer._GegenbauerSeries`), leaving the
-    two-point tail Σ_{l≥n} b_l² R_l(ξ).
-    """
-    s = _dynamics_series(act, b, n_terms)
-    a, bc, pxi = s.a, s.coef, s.pxi
-    e2 = bc * bc
-    mu = s.single_point(np.sum(e2), s.moments.second) - float(np.sum(e2 * pxi))
-    # Thm 3.11: λ = (1/2π) B (B−1) a_1² Beta(B/2, 1/2)² / Σ a_l² c⁻¹(C_l(1) − C_l(ξ))
-    lam = b * (b - 1.0) * a[1] ** 2 * math.exp(2 * special.betaln(b / 2.0, 0.5)) / (2 * math.pi * mu)
-    err = abs(lam) * s.two_point_bound(s.parseval_tail) / abs(mu) if s.summed else 0.0
-    return float(a[0] ** 2), float(lam), float(err + RULE_RTOL * abs(lam))
-
-
-def _montecarlo(act, b: int, n: int, rng, chunk: int = 50000):
-    xs, ys, ms = [], [], []
-    done = 0
-    kappa = (b - 1.0) / b
-    sb = math.sqrt(b)
-    while done < n:
-        k = min(chunk, n - done)
-        u = sample_sphere(b, k, rng)
-        f = act(sb * u)
-        g = act.derivative(sb * u)
-        ms.append(f.mean(axis=1))
-        gf = f - f.mean(axis=1, keepdims=True)
-        ys.append((gf * gf).sum(axis=1) / (b - 1))
-        xs.append((g * (kappa - u * u)).sum(axis=1) / (b - 1))
-        done += k
-    x, y, m = map(np.concatenate, (xs, ys, ms))
-    c = sb * chi_inverse_moment(b, 1)
-    xm, ym = x.mean(), y.mean()
-    lam = c * c * xm * xm / ym
-    cov = np.cov(np.stack([x, y])) / x.size
-    grad = np.array([2 * c * c * xm / ym, -c * c * xm * xm / ym**2])
-    se_lam = math.sqrt(max(grad @ cov @ grad, 0.0))
-    mm = m.mean()
-    se_c = 2 * abs(mm) * m.std(ddof=1) / math.sqrt(m.size)
-    return mm * mm, lam, (se_c, se_lam)
 
 
 def cross_batch_analysis(phi, batch_size: int, *, method: str = "auto", n_terms=None, n_samples: int = 200_000, seed=0):
@@ -207,21 +107,10 @@ def _cross_batch_analysis(
     act, b: int, method: str = "auto", *, n_terms: int | None = None, n_samples: int = 200_000, seed=0
 ) -> CrossBatchResult:
     """The kernel of :func:`cross_batch_analysis`: φ resolved and B checked; the route chosen and run."""
-    r = plan_route(act, b, method, _CROSS_BATCH, n_terms=n_terms, n_samples=n_samples, seed=seed)
-    method = r.method
-    stderr = trunc = None
-    if method == "closed":
-        c, lam = _c_star_closed(act, b), _rate_closed(r.relu_or_identity, b)
-    elif method == "laplace":
-        c, lam = _c_star_closed(act, b), _rate_laplace(act, b)
-    elif method == "sphere":
-        c, lam = _sphere(act, b)
-    elif method == "gegenbauer":
-        c, lam, trunc = _gegenbauer(act, b, r.n_terms)
-    else:
-        c, lam, stderr = _montecarlo(act, b, r.n_samples, r.rng)
-    check_finite_result(act, b, method, c, lam)
-    return CrossBatchResult(b, float(c), float(lam), method, stderr, trunc)
+    route = plan_route(act, b, method, _CROSS_BATCH, n_terms=n_terms, n_samples=n_samples, seed=seed)
+    c, lam, stderr, trunc = route.cross_batch()
+    check_finite_result(act, b, route.method, c, lam)
+    return CrossBatchResult(b, float(c), float(lam), route.method, stderr, trunc)
 
 
 def cross_batch_fixed_point(phi, batch_size: int, *, method: str = "auto") -> float:

@@ -288,23 +288,31 @@ def _bsb1_fixed_point(act, b: int, method: str = "auto", n_samples: int = 400_00
     positive-homogeneous for "closed" and "laplace"); V_Bφ of a BSB1 Σ by ``method`` (any of
     :data:`FIXED_POINT_METHODS` but "iterate", which the public function runs itself)."""
     if method == "auto":
-        if act.homogeneity is not None and act.homogeneous_coeffs is not None and act.homogeneity > 0:
-            method = "closed"
-        elif b >= 4:
-            method = "gegenbauer"
-        else:
-            method = "sphere"
-    if method == "closed":
-        return _closed(act, b)
-    if method == "gegenbauer":
-        return _gegenbauer(act, b)
-    if method == "sphere":
-        return _sphere(act, b)
-    if method == "fourier":
-        return _fourier(act, b)
-    if method == "laplace":
-        return _laplace(act, b)
-    return _montecarlo(act, b, n_samples, seed)
+        method = _auto_method(act, b)
+    if method == "montecarlo":
+        return _montecarlo(act, b, n_samples, seed)
+    # the one route that the method names, chosen here once; each computes V_Bφ of a BSB1 Σ on its own rules
+    return _QUADRATURE_ROUTES[method](act, b)
+
+
+def _auto_method(act, b: int) -> str:
+    """What "auto" takes: the closed form for positive-homogeneous φ (Thm F.8), else the Gegenbauer series
+    (B ≥ 4), else the sphere."""
+    if act.homogeneity is not None and act.homogeneous_coeffs is not None and act.homogeneity > 0:
+        return "closed"
+    return "gegenbauer" if b >= 4 else "sphere"
+
+
+#: The deterministic routes of the fixed point, one per method: V_Bφ of a BSB1 Σ by the closed form (Thm F.8),
+#: the Gegenbauer series (Thm 3.4 / F.13), the sphere (Thm F.5), the Fourier reduction (App. E.2) and the
+#: Laplace integral (Thm 3.2); "montecarlo" also takes its sample size and seed, "iterate" runs the dynamics.
+_QUADRATURE_ROUTES = {
+    "closed": _closed,
+    "gegenbauer": _gegenbauer,
+    "sphere": _sphere,
+    "fourier": _fourier,
+    "laplace": _laplace,
+}
 
 
 def iterate_batch_covariance(phi, Sigma0, depth, *, method: str = "auto", eps: float = 0.0, seed=None) -> np.ndarray:

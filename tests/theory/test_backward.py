@@ -140,7 +140,7 @@ def test_every_method_agrees_with_autograd_backward_map(name, b):
 def test_weight_gradient_norms_follow_the_trace_of_the_dense_backward_recursion():
     # Independent route: the dense B²×B² operator G⊗2∘F assembled from the sphere's brackets,
     # iterated from a random PSD Π^L; μ* tr Π^l (App. L) must scale by λ_G↓ per layer after one step.
-    from bnlab.theory.backward import _backward_moments_sphere, _mu_star_sphere
+    from bnlab.theory._sphere_route import _backward_moments_sphere, _mu_star_sphere
 
     b, depth = 6, 7
     act = get_activation("tanh")

@@ -1,6 +1,6 @@
 """What the forward, backward and cross-batch dynamics share: their routes agree with each other, and
-one prologue (bnlab.theory._routes.plan_route) resolves φ, checks B and the method and
-chooses the route for all three (Yang et al. 2019, Thms 3.7, 3.10, 3.11, G.12, H.6).
+one prologue (bnlab.theory._routes.plan_route) checks B and the method and chooses one route object
+for φ's class that answers all three (Yang et al. 2019, Thms 3.7, 3.10, 3.11, G.12, H.6).
 
 Each dynamics is described once (``DYNAMICS``): its public function and the quantities it returns.
 Tolerances (per route, measured against the closed forms):
@@ -97,6 +97,55 @@ def test_auto_picks_closed_for_relu_and_identity_laplace_for_homogeneous_and_sph
     assert fn(get_activation("leaky_relu", beta=0.5), 16).method == "sphere"
 
 
+def _planned(phi, b, method, **kw):
+    """The route object that the one prologue chooses for each dynamics."""
+    from bnlab.theory._routes import plan_route
+    from bnlab.theory.backward import _BACKWARD
+    from bnlab.theory.cross_batch import _CROSS_BATCH
+    from bnlab.theory.forward import _FORWARD
+
+    act = get_activation(phi)
+    return {d: plan_route(act, b, method, dyn, **kw) for d, dyn in
+            (("forward", _FORWARD), ("backward", _BACKWARD), ("cross_batch", _CROSS_BATCH))}
+
+
+@pytest.mark.parametrize("phi, route", [("relu", "ClosedRoute"), ("identity", "ClosedRoute"),
+                                        ("leaky_relu", "LaplaceRoute"), ("tanh", "SphereRoute")])
+def test_auto_chooses_one_route_object_per_class_of_phi_for_all_three_dynamics(phi, route):
+    planned = _planned(phi, 16, "auto")
+    assert {type(r).__name__ for r in planned.values()} == {route}
+    assert len({r for r in planned.values()}) == 1  # equal objects: the same route, whichever dynamics asks
+
+
+# each route object's answers are the public functions' (fields in the right order, nothing dropped):
+# rel. 1e-12 although the code path is the same, because no BLAS promises bit-identical sums
+ROUTE_ANSWERS = {  # dynamics -> the result's fields in the order the route object returns them
+    "forward": ("lambda_L", "lambda_M", "stderr", "truncation_error"),
+    "backward": ("lambda_G", "lambda_L", "lambda_M", "stderr", "truncation_error"),
+    "cross_batch": ("c_star", "rate", "stderr", "truncation_error"),
+}
+
+
+@pytest.mark.parametrize("phi, method", [("relu", "closed"), ("leaky_relu", "laplace"), ("tanh", "sphere"),
+                                         ("tanh", "gegenbauer"), ("tanh", "montecarlo")])
+def test_a_route_object_answers_what_the_public_functions_return(phi, method):
+    b, kw = 8, {"n_samples": 2000, "seed": 3} if method == "montecarlo" else {}
+    planned = _planned(phi, b, method, **kw)
+    for dynamics, route in planned.items():
+        assert route.method == method
+        fn = DYNAMICS[dynamics][0]
+        res = fn(phi, b, method=method, **kw)
+        assert res.method == method
+        answer = getattr(route, dynamics)()
+        assert len(answer) == len(ROUTE_ANSWERS[dynamics])
+        for field, value in zip(ROUTE_ANSWERS[dynamics], answer):
+            expected = getattr(res, field)
+            if value is None or expected is None:
+                assert value is None and expected is None, (dynamics, field)
+            else:
+                assert value == pytest.approx(expected, rel=1e-12), (dynamics, field)
+
+
 BAD_INPUT = [  # (phi, batch_size, keyword arguments, what the message must say)
     ("relu", 2, {}, "batch_size=2"),
     ("tanh", 8, {"method": "closed"}, r"method='closed' is not available for phi='tanh'.*relu and identity"),
@@ -186,7 +235,7 @@ def test_an_activation_resolves_to_itself():
 
 
 # ---------------------------------------------------------------------------
-# the spherical brackets summed per run of equal u_1 (_sphere_brackets of forward and backward)
+# the spherical brackets summed per run of equal u_1 (_forward_sphere_brackets, _backward_sphere_brackets)
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("b", [3, 4, 9, 40])
 def test_conditional_moments_as_polynomials(b):
@@ -220,9 +269,9 @@ def test_run_sums_equal_the_node_by_node_sums(spec, radial, b):
 
     from bnlab.theory._quadrature.sphere import conditional_moments as _conditional_moments
     from bnlab.theory._quadrature.sphere import sphere_grid_for
-    from bnlab.theory.backward import _sphere_brackets as sphere_brackets_backward
-    from bnlab.theory.cross_batch import _sphere_marginals as sphere_marginals
-    from bnlab.theory.forward import _sphere_brackets as sphere_brackets_forward
+    from bnlab.theory._sphere_route import _backward_sphere_brackets as sphere_brackets_backward
+    from bnlab.theory._sphere_route import _forward_sphere_brackets as sphere_brackets_forward
+    from bnlab.theory._sphere_route import _sphere_marginals as sphere_marginals
 
     d = dict(spec)
     act = get_activation(d.pop("phi"), **d)
