@@ -378,8 +378,8 @@ def _describe_value(v: Any, modules: set[str], depth: int) -> Any:
     return _describe_plot(v, modules, depth + 1)
 
 
-#: file content digest -> the modules its import statements name (absolute, possibly not modules)
-_imports_cache: dict[bytes, list[str]] = {}
+#: (module name, SHA-256 of its source) -> the modules of its package it imports (see _plot_sources)
+_deps_cache: dict[tuple[str, bytes], list[str]] = {}
 
 
 def _imported_names(source: bytes, module: str, is_package: bool) -> list[str]:
@@ -388,16 +388,18 @@ def _imported_names(source: bytes, module: str, is_package: bool) -> list[str]:
     ``pkg.mod`` names ``pkg.a`` and ``pkg.a.b`` (``b`` may be a module or a name in ``pkg.a``)."""
     import ast
 
-    key = hashlib.sha256(source).digest() + module.encode() + bytes([is_package])
-    if key in _imports_cache:
-        return _imports_cache[key]
     package = module if is_package else module.rpartition(".")[0]
     out: list[str] = []
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         tree = None
-    for node in ast.walk(tree) if tree is not None else ():
+    # imports are statements: walk statements only (their bodies, handlers and cases), not expressions
+    stack: list[ast.AST] = [tree] if tree is not None else []
+    while stack:
+        node = stack.pop()
+        stack.extend(c for c in ast.iter_child_nodes(node)
+                     if isinstance(c, (ast.stmt, ast.excepthandler, ast.match_case)))
         if isinstance(node, ast.Import):
             out.extend(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -412,7 +414,6 @@ def _imported_names(source: bytes, module: str, is_package: bool) -> list[str]:
             if base:
                 out.append(base)
                 out.extend(f"{base}.{a.name}" for a in node.names if a.name != "*")
-    _imports_cache[key] = out
     return out
 
 
@@ -439,7 +440,12 @@ def _plot_sources(modules: Iterable[str]) -> list[tuple[str, bytes]]:
     the same top-level package (bnlab), every module they import, transitively, at module level or
     inside a function — a change to bnlab.theory that moves a theory curve drawn by a heatmap
     redraws it.  Modules of other packages (matplotlib, numpy) are keyed by their versions instead
-    (:func:`~bnlab.experiments.spec.library_versions`).  Returns ``(module name, source)`` sorted."""
+    (:func:`~bnlab.experiments.spec.library_versions`).  Returns ``(module name, SHA-256 of its
+    source)`` sorted by name.
+
+    Every file is read and hashed on every call (a few MB for all of bnlab); only what its import
+    statements resolve to is cached, keyed by the module's name and content hash, so parsing ~100
+    modules happens once per process instead of once per reproduction."""
     import sys
 
     roots: dict[str, Path] = {}
@@ -462,11 +468,17 @@ def _plot_sources(modules: Iterable[str]) -> list[tuple[str, bytes]]:
             source = path.read_bytes()
         except OSError:
             continue
-        seen[name] = source
-        # a submodule runs its packages' __init__ first: they count too
-        parts = name.split(".")
-        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
-        todo.extend(n for n in _imported_names(source, name, is_package) if n.split(".")[0] in roots)
+        sha = hashlib.sha256(source).digest()
+        seen[name] = sha
+        deps = _deps_cache.get((name, sha))
+        if deps is None:
+            # a submodule runs its packages' __init__ first: they count too
+            parts = name.split(".")
+            named = [".".join(parts[:i]) for i in range(1, len(parts))]
+            named += _imported_names(source, name, is_package)
+            deps = sorted({n for n in named if n.split(".")[0] in roots and _module_file(n, roots) is not None})
+            _deps_cache[(name, sha)] = deps
+        todo.extend(deps)
     return sorted(seen.items())
 
 
@@ -484,8 +496,8 @@ def _figure_digest(exp: Experiment, scale: str, rows) -> str | None:
     h = hashlib.sha256()
     h.update(json.dumps({"experiment": exp.name, "scale": scale, "plot": plot, "versions": library_versions()},
                         sort_keys=True, default=str).encode())
-    for name, source in _plot_sources(modules):
-        h.update(name.encode() + b"\0" + hashlib.sha256(source).digest())
+    for name, sha in _plot_sources(modules):
+        h.update(name.encode() + b"\0" + sha)
     for r in sorted(rows, key=lambda r: r.key):
         h.update(json.dumps([r.key, r.params, r.metrics], sort_keys=True, default=str).encode())
     return h.hexdigest()
