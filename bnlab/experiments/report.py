@@ -341,7 +341,9 @@ def _describe_plot(fn: Any, modules: set[str], depth: int = 0) -> Any:
     ``partial(_plot, letter="b")`` draw different figures).  The ``repr`` of a partial or of most
     objects names a memory address, so it would be another key in every run (issue 25: nine
     reproductions with partial plots were never reused); an argument that cannot be described
-    without one raises :class:`_Undescribable` (the figure is then redrawn, never reused)."""
+    without one raises :class:`_Undescribable` (the figure is then redrawn, never reused).  A
+    closure's captured values are not described: a plot made by a factory is keyed by the factory's
+    source, with the experiment's name beside it in the key."""
     import functools
 
     if depth > 20:
@@ -378,8 +380,9 @@ def _describe_value(v: Any, modules: set[str], depth: int) -> Any:
     return _describe_plot(v, modules, depth + 1)
 
 
-#: (module name, SHA-256 of its source) -> the modules of its package it imports (see _plot_sources)
-_deps_cache: dict[tuple[str, bytes], list[str]] = {}
+#: (module name, SHA-256 of its source, the packages followed) -> the modules of those packages it
+#: imports (see _plot_sources)
+_deps_cache: dict[tuple[str, bytes, tuple[str, ...]], list[str]] = {}
 
 
 def _imported_names(source: bytes, module: str, is_package: bool) -> list[str]:
@@ -470,14 +473,15 @@ def _plot_sources(modules: Iterable[str]) -> list[tuple[str, bytes]]:
             continue
         sha = hashlib.sha256(source).digest()
         seen[name] = sha
-        deps = _deps_cache.get((name, sha))
+        key = (name, sha, tuple(sorted(roots)))
+        deps = _deps_cache.get(key)
         if deps is None:
             # a submodule runs its packages' __init__ first: they count too
             parts = name.split(".")
             named = [".".join(parts[:i]) for i in range(1, len(parts))]
             named += _imported_names(source, name, is_package)
             deps = sorted({n for n in named if n.split(".")[0] in roots and _module_file(n, roots) is not None})
-            _deps_cache[(name, sha)] = deps
+            _deps_cache[key] = deps
         todo.extend(deps)
     return sorted(seen.items())
 
