@@ -293,7 +293,8 @@ def _run_section(
             for p in figures:
                 _data_uri(p)  # validates the type before the page is written
             sec.figures = [str(p) for p in figures]
-            _write_manifest(figdir, digest, figures)
+            if digest is not None:
+                _write_manifest(figdir, digest, figures)
         except Exception:
             sec.errors.append({"what": "plot() raised.", "text": traceback.format_exc()})
     if scale != "paper" and callable(exp.limitations):
@@ -329,43 +330,189 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _plot_sources(exp: Experiment) -> list[Path]:
-    """The source files a reproduction's figures depend on: the module of its ``plot`` and the modules
-    of its package that module names at top level (a shared plotting helper)."""
+class _Undescribable(Exception):
+    """A plot callable or argument with no description that is the same in every process."""
+
+
+def _describe_plot(fn: Any, modules: set[str], depth: int = 0) -> Any:
+    """A JSON-able description of ``fn`` that is the same in every process, adding to ``modules`` the
+    modules whose code it runs: ``module.qualname`` for a function, method or class, and for a
+    :func:`functools.partial` its function and bound arguments (``partial(_plot, letter="a")`` and
+    ``partial(_plot, letter="b")`` draw different figures).  The ``repr`` of a partial or of most
+    objects names a memory address, so it would be another key in every run (issue 25: nine
+    reproductions with partial plots were never reused); an argument that cannot be described
+    without one raises :class:`_Undescribable` (the figure is then redrawn, never reused).  A
+    closure's captured values are not described: a plot made by a factory is keyed by the factory's
+    source, with the experiment's name beside it in the key."""
+    import functools
+
+    if depth > 20:
+        raise _Undescribable("nested too deeply")
+    if isinstance(fn, functools.partial):
+        return {"partial": _describe_plot(fn.func, modules, depth + 1),
+                "args": [_describe_value(a, modules, depth + 1) for a in fn.args],
+                "keywords": {str(k): _describe_value(v, modules, depth + 1) for k, v in sorted(fn.keywords.items())}}
+    if inspect.ismodule(fn):
+        modules.add(fn.__name__)
+        return {"module": fn.__name__}
+    if inspect.ismethod(fn):
+        return {"method": _describe_plot(fn.__func__, modules, depth + 1),
+                "of": _describe_value(fn.__self__, modules, depth + 1)}
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if (inspect.isfunction(fn) or inspect.isclass(fn) or inspect.isbuiltin(fn)) and isinstance(module, str) \
+            and isinstance(qualname, str):
+        modules.add(module)
+        return f"{module}.{qualname}"
+    raise _Undescribable(f"{type(fn).__name__} object")
+
+
+def _describe_value(v: Any, modules: set[str], depth: int) -> Any:
+    """A bound argument of a plot partial as JSON: plain values and containers of them, callables
+    and modules by :func:`_describe_plot`; anything else raises :class:`_Undescribable`."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return repr(v)  # json has no NaN/inf; repr round-trips
+    if isinstance(v, (list, tuple)):
+        return {type(v).__name__: [_describe_value(x, modules, depth + 1) for x in v]}
+    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+        return {"dict": {k: _describe_value(x, modules, depth + 1) for k, x in sorted(v.items())}}
+    return _describe_plot(v, modules, depth + 1)
+
+
+#: (module name, SHA-256 of its source, the packages followed) -> the modules of those packages it
+#: imports (see _plot_sources)
+_deps_cache: dict[tuple[str, bytes, tuple[str, ...]], list[str]] = {}
+
+
+def _imported_names(source: bytes, module: str, is_package: bool) -> list[str]:
+    """Every name an ``import`` statement anywhere in ``source`` (module level or inside a function:
+    bnlab imports lazily) may load, with relative imports resolved: ``from .a import b`` in
+    ``pkg.mod`` names ``pkg.a`` and ``pkg.a.b`` (``b`` may be a module or a name in ``pkg.a``)."""
+    import ast
+
+    package = module if is_package else module.rpartition(".")[0]
+    out: list[str] = []
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        tree = None
+    # imports are statements: walk statements only (their bodies, handlers and cases), not expressions
+    stack: list[ast.AST] = [tree] if tree is not None else []
+    while stack:
+        node = stack.pop()
+        stack.extend(c for c in ast.iter_child_nodes(node)
+                     if isinstance(c, (ast.stmt, ast.excepthandler, ast.match_case)))
+        if isinstance(node, ast.Import):
+            out.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                if node.level - 1 > len(parts):
+                    continue
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            if base:
+                out.append(base)
+                out.extend(f"{base}.{a.name}" for a in node.names if a.name != "*")
+    return out
+
+
+def _module_file(name: str, roots: dict[str, Path]) -> tuple[Path, bool] | None:
+    """Where module ``name`` lives, found on disk without importing it: ``(file, is_package)``, or None
+    (not a module of the packages in ``roots``: top-level name -> its ``__init__.py`` or, for a
+    single-file top-level module, its file)."""
+    top, _, rest = name.partition(".")
+    root = roots.get(top)
+    if root is None:
+        return None
+    if root.name != "__init__.py":
+        return (root, False) if not rest else None
+    base = root.parent.joinpath(*rest.split(".")) if rest else root.parent
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py", True
+    if rest and base.with_suffix(".py").is_file():
+        return base.with_suffix(".py"), False
+    return None
+
+
+def _plot_sources(modules: Iterable[str]) -> list[tuple[str, bytes]]:
+    """The source of every module the figures may depend on: the plot function's module(s) and, in
+    the same top-level package (bnlab), every module they import, transitively, at module level or
+    inside a function — a change to bnlab.theory that moves a theory curve drawn by a heatmap
+    redraws it.  Modules of other packages (matplotlib, numpy) are keyed by their versions instead
+    (:func:`~bnlab.experiments.spec.library_versions`).  Returns ``(module name, SHA-256 of its
+    source)`` sorted by name.
+
+    Every file is read and hashed on every call (a few MB for all of bnlab); only what its import
+    statements resolve to is cached, keyed by the module's name and content hash, so parsing ~100
+    modules happens once per process instead of once per reproduction."""
     import sys
 
-    mod = sys.modules.get(getattr(exp.plot, "__module__", "") or "")
-    if mod is None or not getattr(mod, "__file__", None):
-        return []
-    top = mod.__name__.split(".")[0]
-    names = {mod.__name__}
-    for value in vars(mod).values():
-        name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
-        if isinstance(name, str) and name.split(".")[0] == top:
-            names.add(name)
-    files = {Path(sys.modules[n].__file__) for n in names if getattr(sys.modules.get(n), "__file__", None)}
-    return sorted(f for f in files if f.suffix == ".py")
+    roots: dict[str, Path] = {}
+    for name in modules:
+        top = name.split(".")[0]
+        f = getattr(sys.modules.get(top), "__file__", None)
+        if f and f.endswith(".py"):
+            roots[top] = Path(f)
+    seen: dict[str, bytes] = {}
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        found = _module_file(name, roots)
+        if found is None:
+            continue
+        path, is_package = found
+        try:
+            source = path.read_bytes()
+        except OSError:
+            continue
+        sha = hashlib.sha256(source).digest()
+        seen[name] = sha
+        key = (name, sha, tuple(sorted(roots)))
+        deps = _deps_cache.get(key)
+        if deps is None:
+            # a submodule runs its packages' __init__ first: they count too
+            parts = name.split(".")
+            named = [".".join(parts[:i]) for i in range(1, len(parts))]
+            named += _imported_names(source, name, is_package)
+            deps = sorted({n for n in named if n.split(".")[0] in roots and _module_file(n, roots) is not None})
+            _deps_cache[key] = deps
+        todo.extend(deps)
+    return sorted(seen.items())
 
 
-def _figure_digest(exp: Experiment, scale: str, rows) -> str:
+def _figure_digest(exp: Experiment, scale: str, rows) -> str | None:
     """SHA-256 of everything the figures are drawn from: the finished cells (key, parameters, metrics),
-    the scale, the plot function's name and its module's source (:func:`_plot_sources`) and the library
-    versions (bnlab, matplotlib, ...)."""
+    the scale, the plot callable (:func:`_describe_plot`: function and bound arguments), the source
+    of every module of its package it may run (:func:`_plot_sources`) and the library versions
+    (bnlab, matplotlib, ...).  None where the plot callable has no stable description: then the
+    figures are always redrawn."""
+    modules: set[str] = set()
+    try:
+        plot = _describe_plot(exp.plot, modules)
+    except _Undescribable:
+        return None
     h = hashlib.sha256()
-    plot = f"{getattr(exp.plot, '__module__', '')}.{getattr(exp.plot, '__qualname__', repr(exp.plot))}"
     h.update(json.dumps({"experiment": exp.name, "scale": scale, "plot": plot, "versions": library_versions()},
                         sort_keys=True, default=str).encode())
-    for f in _plot_sources(exp):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    for name, sha in _plot_sources(modules):
+        h.update(name.encode() + b"\0" + sha)
     for r in sorted(rows, key=lambda r: r.key):
         h.update(json.dumps([r.key, r.params, r.metrics], sort_keys=True, default=str).encode())
     return h.hexdigest()
 
 
-def _cached_figures(figdir: Path, digest: str) -> list[Path] | None:
+def _cached_figures(figdir: Path, digest: str | None) -> list[Path] | None:
     """The figures recorded in ``figdir``'s manifest if they were drawn from ``digest`` and every file is
     still the regular file that was written (same SHA-256); None otherwise (redraw)."""
     path = figdir / FIGURE_MANIFEST
+    if digest is None:
+        return None
     try:
         if path.is_symlink() or not path.is_file():
             return None
