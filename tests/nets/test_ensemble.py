@@ -75,6 +75,40 @@ def test_bnmlp_ensemble_matches_one_at_a_time(optimizer):
         assert r.test_accuracy > 0.15  # trained (chance 0.1): the comparison is not between two untrained nets
 
 
+@pytest.mark.parametrize("optimizer, kw", [("sgd", {}), ("rmsprop", {}), ("sgd", dict(momentum=0.9)),
+                                           ("rmsprop", dict(momentum=0.9, weight_decay=1e-2))])
+def test_one_shared_learning_rate_matches_torch_optim(optimizer, kw, monkeypatch):
+    # every network at one learning rate (the trainability grids' cells): the eager CPU step then updates
+    # by that scalar, as torch.optim does (``_update``'s shared_lr; RMSProp without momentum by addcdiv_),
+    # instead of the per-network broadcast.  Against one-at-a-time torch.optim training, same tolerances as
+    # above (module docstring); a wrong sign, scale or a skipped update fails by orders of magnitude
+    import bnlab.nets._ensemble_step as step_module
+
+    scalar_updates = []
+    update = step_module._update
+
+    def spy(*args, **kwargs):
+        scalar_updates.append(kwargs.get("all_active") and args[7].shared_lr is not None)
+        return update(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "_update", spy)
+    train_set, test_set = _digits()
+    lr = 0.05 if optimizer == "sgd" else 0.002
+    specs = _SPECS[:3]
+    models = [_bnmlp(s) for s in specs]
+    results = train_ensemble(models, train_set, test_data=test_set, lr=lr, batch_size=16, steps=30,
+                             seeds=[s["data_seed"] for s in specs], optimizer=optimizer, rmsprop_alpha=0.9,
+                             rmsprop_eps=1e-10, **kw)
+    assert scalar_updates and all(scalar_updates)  # the scalar route ran, every step
+    torch_opt = torch.optim.SGD if optimizer == "sgd" else functools.partial(torch.optim.RMSprop, alpha=0.9, eps=1e-10)
+    for spec, r, m in zip(specs, results, models):
+        one = _bnmlp(spec)
+        r1 = train_classifier(one, train_set, test_set, optimizer=functools.partial(torch_opt, lr=lr, **kw),
+                              batch_size=16, steps=30, seed=spec["data_seed"])
+        _assert_same(r, m, r1, one)
+        assert r.test_accuracy > 0.15
+
+
 def test_ghost_batches_relu_and_shared_order():
     # sub-batch statistics (Fig. 3b) and one data order shared by every network (seeds=int)
     train_set, test_set = _digits()
@@ -392,6 +426,11 @@ def test_float32_sample_variance_is_torchs_variance(groups, b):
     (g_ours,) = torch.autograd.grad((ours * w).sum(), h)
     (g_ref,) = torch.autograd.grad((ref * w).sum(), h)
     torch.testing.assert_close(g_ours, g_ref, rtol=1.2e-7, atol=1e-12)
+    # under torch.func.grad (the compiled step's differentiation) the other autograd.Function form runs
+    # (_SampleVariance; plain autograd gets _SampleVarianceEager, which skips Function.apply's per-call
+    # signature binding): the same forward and backward formulas, so the same floats
+    g_func = torch.func.grad(lambda t: (_sample_variance(t) * w).sum())(h.detach())
+    torch.testing.assert_close(g_func, g_ours, rtol=0, atol=0)
 
 
 def test_float32_ensemble_matches_the_torch_variance_route(monkeypatch):
