@@ -136,6 +136,38 @@ def _sample_variance(h: torch.Tensor) -> torch.Tensor:
     return _SampleVarianceEager.apply(h)
 
 
+class _BatchNormEager(torch.autograd.Function):
+    """Batch normalization of a float32 CPU stack (k, groups, b, width) as one autograd node, for the eager
+    step: ``out = (h − mean)·rsqrt(var + ε)`` with ``mean`` over the b samples in float32 and ``var`` the
+    float64 two-pass variance (:class:`_SampleVariance`), the same forward operations as the composite
+    route (so the same floats), and the batch statistics ``mean``, ``var`` as outputs without gradient.
+
+    The backward is the closed form of that composite's gradient (Ioffe & Szegedy 2015, §3),
+    ``r·(g − mean(g) − x̂·mean(g·x̂))`` with ``r = rsqrt(var + ε)``, ``x̂ = out``: 6 operations where
+    autograd's graph of the composite runs ~25 (the mean's, the variance's, the rsqrt's and the
+    broadcasts' backward nodes), at B = 8 each costing more in overhead than in arithmetic.  Equal to the
+    composite's gradient in exact arithmetic, so to float32 rounding (``tests/nets/test_ensemble.py``
+    bounds the difference).  Classic form (no ``setup_context``: see :class:`_SampleVarianceEager`);
+    under torch.func (the compiled step) the composite with :class:`_SampleVariance` runs instead."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, eps: torch.Tensor):
+        mean = h.mean(dim=2, keepdim=True)
+        var = _two_pass_variance(h)
+        r = torch.rsqrt(var + eps)
+        out = (h - mean).mul_(r)
+        ctx.save_for_backward(out, r)
+        ctx.mark_non_differentiable(mean, var)
+        return out, mean, var
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _grad_mean, _grad_var):
+        out, r = ctx.saved_tensors
+        centred = grad - grad.mean(dim=2, keepdim=True)
+        projection = (grad * out).mean(dim=2, keepdim=True)
+        return centred.addcmul_(out, projection, value=-1.0).mul_(r), None
+
+
 def _column_major(w: torch.Tensor) -> torch.Tensor:
     """A stacked weight (R, out, in) laid out as its transpose (R, in, out) is, i.e. ``w.transpose(1, 2)``
     contiguous: the layout the forward's product ``a @ w.transpose(1, 2)`` reads and the one autograd
@@ -287,16 +319,18 @@ class _BNMLPStack:
         if n % b:
             raise ValueError(f"batch of {n} samples is not allowed with sub_batch_size={b}: it must be a multiple of it")
         hg = h.reshape(k, n // b, b, width)
-        mean = hg.mean(dim=2, keepdim=True)
-        var = _sample_variance(hg) if hg.dtype == torch.float32 and hg.device.type == "cpu" else \
-            hg.var(dim=2, unbiased=False, keepdim=True)
-        out = (hg - mean) * torch.rsqrt(var + eps.view(k, 1, 1, 1))
+        if hg.dtype == torch.float32 and hg.device.type == "cpu" and not torch._C._are_functorch_transforms_active():
+            out, mean, var = _BatchNormEager.apply(hg, eps.view(k, 1, 1, 1))
+        else:
+            mean = hg.mean(dim=2, keepdim=True)
+            var = _sample_variance(hg) if hg.dtype == torch.float32 and hg.device.type == "cpu" else \
+                hg.var(dim=2, unbiased=False, keepdim=True)
+            out = (hg - mean) * torch.rsqrt(var + eps.view(k, 1, 1, 1))
         with torch.no_grad():
-            batch_mean, batch_var = mean.squeeze(2), var.squeeze(2) * (b / (b - 1))
             if n != b:  # average over the ghost batches (with one batch the mean is the value itself)
-                batch_mean, batch_var = batch_mean.mean(1), batch_var.mean(1)
+                batch_mean, batch_var = mean.squeeze(2).mean(1), (var.squeeze(2) * (b / (b - 1))).mean(1)
             else:
-                batch_mean, batch_var = batch_mean.squeeze(1), batch_var.squeeze(1)
+                batch_mean, batch_var = mean.view(k, width), var.view(k, width) * (b / (b - 1))
         return out.reshape(k, n, width), batch_mean, batch_var
 
     def write_back(self) -> None:

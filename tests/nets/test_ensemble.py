@@ -450,7 +450,44 @@ def test_float32_ensemble_matches_the_torch_variance_route(monkeypatch):
     fast = run()
     import bnlab.nets.ensemble as ens
 
-    monkeypatch.setattr(ens, "_sample_variance", lambda h: h.var(dim=2, unbiased=False, keepdim=True))
+    torch_var = lambda h: h.var(dim=2, unbiased=False, keepdim=True)  # noqa: E731
+    monkeypatch.setattr(ens, "_sample_variance", torch_var)  # the composite BN (under torch.func)
+    monkeypatch.setattr(ens, "_two_pass_variance", torch_var)  # the eager step's fused BN node
     slow = run()
     for a, b in zip(fast, slow):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_fused_batch_norm_node_has_the_composites_gradient():
+    # the eager float32 step's BN as one autograd node (_BatchNormEager: closed-form backward) against the
+    # composite it replaces, (h − mean)·rsqrt(var + ε) differentiated by autograd.  float64: gradcheck
+    # (finite differences; the formula, whatever the dtype).  float32: the forward runs the composite's
+    # operations, so the same floats; the backward sums the same terms in another order — both are sums of
+    # ≤ b + 6 rounded terms bounded elementwise by T = r·(|g| + |mean g| + |x̂|·|mean(g·x̂)|) (plus the
+    # composite's mean/variance paths, of the same size), so they differ by ≤ 2·(b + 6)·2⁻²⁴·T: asserted
+    # with a factor 4 of margin.  A wrong term (a missing centring, 1/(b−1) for 1/b) is off by O(T/b).
+    from bnlab.nets.ensemble import _BatchNormEager, _sample_variance
+
+    gen = torch.Generator().manual_seed(0)
+    h64 = torch.randn(2, 2, 4, 3, generator=gen, dtype=F64).requires_grad_()
+    eps64 = torch.tensor([1e-3, 0.1], dtype=F64).view(2, 1, 1, 1)
+    assert torch.autograd.gradcheck(lambda t: _BatchNormEager.apply(t, eps64)[0], (h64,))
+    for groups, b in [(1, 8), (1, 128), (32, 4)]:
+        h = (torch.randn(6, groups, b, 128, generator=gen) + 3 * torch.randn(6, groups, 1, 128, generator=gen))
+        h.requires_grad_()
+        eps = torch.tensor([1e-3, 1e-3, 0.1, 0.0, 1e-3, 1e-2]).view(6, 1, 1, 1)
+        g = torch.randn(h.shape, generator=gen)
+        out, mean, var = _BatchNormEager.apply(h, eps)
+        (grad,) = torch.autograd.grad(out, h, g)
+        ref_mean = h.mean(dim=2, keepdim=True)
+        ref_var = _sample_variance(h)
+        ref = (h - ref_mean) * torch.rsqrt(ref_var + eps)
+        (ref_grad,) = torch.autograd.grad(ref, h, g)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        torch.testing.assert_close(mean, ref_mean, rtol=0, atol=0)
+        torch.testing.assert_close(var, ref_var, rtol=0, atol=0)
+        with torch.no_grad():
+            r = torch.rsqrt(ref_var + eps)
+            xhat = ref
+            bound = r * (g.abs() + g.mean(2, keepdim=True).abs() + xhat.abs() * (g * xhat).mean(2, keepdim=True).abs())
+            assert ((grad - ref_grad).abs() <= 4 * 2 * (b + 6) * 2.0**-24 * bound).all(), (groups, b)
