@@ -417,8 +417,7 @@ def _step_ab(quick: bool, rounds: int) -> list[dict]:
     SGD's is ~1e-6 (measured); RMSProp's first step moves each weight by ~lr·g/(√(1−α)·|g| + ε), which
     turns a gradient entry at the level of its own rounding noise (a sum that cancels, of terms that grow
     with depth in these nets) into an update up to 10·lr of either sign, so its difference is up to
-    ~10·lr / max|w| (1e-3–1e-1 here, measured) — also between two runs of the same code that differ
-    only in summation order."""
+    ~10·lr / max|w| (1e-3–1e-1 here, measured), as any change of summation order can."""
     from bnlab.nets import BNMLP
     from bnlab.nets._ensemble_step import StepConfig
     from bnlab.nets.ensemble import _BNMLPStack, _EnsembleRun

@@ -100,25 +100,7 @@ class _SampleVariance(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (h,) = ctx.saved_tensors
-        return _variance_backward(h, grad)
-
-
-class _SampleVarianceEager(torch.autograd.Function):
-    """:class:`_SampleVariance` in the classic form (``forward(ctx, h)``, no ``setup_context``), for
-    plain autograd.  ``Function.apply`` of a function that defines ``setup_context`` binds the arguments
-    to ``forward``'s signature (``inspect.signature``) on every call, ~110 µs: 5 ms of a 60–90 ms eager
-    step of a depths-4…48 stack, one call per BN layer.  torch.func transforms accept only the other
-    form, so :func:`_sample_variance` picks this one only while no functorch transform is active."""
-
-    @staticmethod
-    def forward(ctx, h: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(h)
-        return _two_pass_variance(h)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (h,) = ctx.saved_tensors
-        return _variance_backward(h, grad)
+        return (2.0 / h.shape[2]) * grad * (h - h.mean(2, keepdim=True))
 
 
 def _two_pass_variance(h: torch.Tensor) -> torch.Tensor:
@@ -126,14 +108,8 @@ def _two_pass_variance(h: torch.Tensor) -> torch.Tensor:
     return (hd - hd.mean(2, keepdim=True)).square_().mean(2, keepdim=True).to(h.dtype)
 
 
-def _variance_backward(h: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    return (2.0 / h.shape[2]) * grad * (h - h.mean(2, keepdim=True))
-
-
 def _sample_variance(h: torch.Tensor) -> torch.Tensor:
-    if torch._C._are_functorch_transforms_active():  # torch.func.grad (the compiled step's route)
-        return _SampleVariance.apply(h)
-    return _SampleVarianceEager.apply(h)
+    return _SampleVariance.apply(h)
 
 
 class _BatchNormEager(torch.autograd.Function):
@@ -147,8 +123,11 @@ class _BatchNormEager(torch.autograd.Function):
     autograd's graph of the composite runs ~25 (the mean's, the variance's, the rsqrt's and the
     broadcasts' backward nodes), at B = 8 each costing more in overhead than in arithmetic.  Equal to the
     composite's gradient in exact arithmetic, so to float32 rounding (``tests/nets/test_ensemble.py``
-    bounds the difference).  Classic form (no ``setup_context``: see :class:`_SampleVarianceEager`);
-    under torch.func (the compiled step) the composite with :class:`_SampleVariance` runs instead."""
+    bounds the difference).  In the classic form (``forward(ctx, ...)``, no ``setup_context``):
+    ``Function.apply`` of a function that defines ``setup_context`` binds the arguments to ``forward``'s
+    signature (``inspect.signature``) on every call, ~110 µs, 5 ms of a 60–90 ms step of a depths-4…48
+    stack; torch.func transforms accept only that form, so under them (the compiled step) the composite
+    with :class:`_SampleVariance` runs instead."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, eps: torch.Tensor):
@@ -319,6 +298,8 @@ class _BNMLPStack:
         if n % b:
             raise ValueError(f"batch of {n} samples is not allowed with sub_batch_size={b}: it must be a multiple of it")
         hg = h.reshape(k, n // b, b, width)
+        # the eager float32 CPU step: one autograd node with a closed-form backward; under torch.func (the
+        # compiled step, which fuses the composite anyway) and in float64 (the reference routes) the composite
         if hg.dtype == torch.float32 and hg.device.type == "cpu" and not torch._C._are_functorch_transforms_active():
             out, mean, var = _BatchNormEager.apply(hg, eps.view(k, 1, 1, 1))
         else:

@@ -426,11 +426,6 @@ def test_float32_sample_variance_is_torchs_variance(groups, b):
     (g_ours,) = torch.autograd.grad((ours * w).sum(), h)
     (g_ref,) = torch.autograd.grad((ref * w).sum(), h)
     torch.testing.assert_close(g_ours, g_ref, rtol=1.2e-7, atol=1e-12)
-    # under torch.func.grad (the compiled step's differentiation) the other autograd.Function form runs
-    # (_SampleVariance; plain autograd gets _SampleVarianceEager, which skips Function.apply's per-call
-    # signature binding): the same forward and backward formulas, so the same floats
-    g_func = torch.func.grad(lambda t: (_sample_variance(t) * w).sum())(h.detach())
-    torch.testing.assert_close(g_func, g_ours, rtol=0, atol=0)
 
 
 def test_float32_ensemble_matches_the_torch_variance_route(monkeypatch):
@@ -491,3 +486,31 @@ def test_fused_batch_norm_node_has_the_composites_gradient():
             xhat = ref
             bound = r * (g.abs() + g.mean(2, keepdim=True).abs() + xhat.abs() * (g * xhat).mean(2, keepdim=True).abs())
             assert ((grad - ref_grad).abs() <= 4 * 2 * (b + 6) * 2.0**-24 * bound).all(), (groups, b)
+
+
+def test_float32_eager_step_with_the_fused_batch_norm_matches_the_functional_step(monkeypatch):
+    # float32 on the CPU the eager step's BN is one node (_BatchNormEager); the compiled route's step
+    # (torch.func.grad, run here uncompiled) differentiates the composite.  Their gradients differ by float32
+    # rounding (the bound of the test above); 20 SGD steps through ≤ 5 BN layers amplify that by < 10³ (the
+    # float64 tests' Lipschitz bound), so 1e-4 relative is a wide margin that a wrong gradient term (O(1/b)
+    # ≥ 1e-2 here) still fails.  The spy shows each route took its own BN.
+    import bnlab.nets._ensemble_step as step_module
+    import bnlab.nets.ensemble as ens
+
+    monkeypatch.setattr(step_module.torch, "compile", lambda fn, **kw: fn)
+    fused = []
+    apply = ens._BatchNormEager.apply
+    monkeypatch.setattr(ens._BatchNormEager, "apply", lambda *a: fused.append(1) or apply(*a))
+    train_set, _ = _digits()
+    train32 = (torch.as_tensor(train_set[0], dtype=torch.float32), train_set[1])
+
+    def run(mode):
+        fused.clear()
+        models = [BNMLP(64, 10, depth=s["depth"], width=24, eps=s["eps"], seed=s["seed"]) for s in _SPECS[:3]]
+        train_ensemble(models, train32, lr=0.05, batch_size=16, steps=20, seeds=[0, 1, 2], step_mode=mode)
+        return [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in models], len(fused)
+
+    (eager, n_eager), (func, n_func) = run("eager"), run("compile")
+    assert n_eager > 0 and n_func == 0
+    for a, b in zip(eager, func):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
