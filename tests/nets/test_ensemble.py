@@ -382,6 +382,23 @@ def test_benchmark_quick_runs():
     assert out["gpu_busy_fraction"] is None
 
 
+def test_benchmark_step_before_and_after_runs_and_agrees():
+    # --step-ab times the eager step of e082aac (kept in benchmarks/_ensemble_step_before.py) against the
+    # current one; both start from the same networks and batches, so after one SGD step of these shallow
+    # float32 nets their parameters agree to float32 rounding (measured ~1e-7 of the largest entry; 1e-5
+    # asserted, a margin for the summation orders, while a lost or doubled update is off by ~lr·|g|/|w|
+    # ≳ 1e-3).  RMSProp's one-step difference is not bounded this way (the benchmark's docstring says why)
+    from benchmark_loader import load_benchmark
+
+    mod = load_benchmark("bench_ensemble")
+    threads = torch.get_num_threads()
+    rows = mod.main(["--step-ab", "--quick", "--rounds", "1", "--json"])["step_ab"]
+    assert torch.get_num_threads() == threads
+    assert {(r["batch"], r["optimizer"]) for r in rows} == {(8, "sgd"), (8, "rmsprop"), (128, "sgd"), (128, "rmsprop")}
+    assert all(r["before_ms"] > 0 and r["after_ms"] > 0 for r in rows)
+    assert all(r["max_param_diff"] < 1e-5 for r in rows if r["optimizer"] == "sgd")
+
+
 def test_benchmark_prints_eager_and_compiled_operators_side_by_side(monkeypatch, capsys):
     # the route table's plumbing (--routes eager,compile): both rows, dispatched operators for eager and
     # the profiler's count for the compiled route, in one table.  torch.compile is replaced by the
