@@ -183,15 +183,17 @@ def _update(params: list, grads: list, param_rows: list, active: torch.Tensor, l
     with ``cfg.shared_lr`` (every network's rate) the last step takes that number as torch.optim does
     (``add_(d, alpha=−lr)``; RMSProp without momentum ``addcdiv_(g, denom, value=−lr)``, one pass over
     the parameters fewer than a quotient and a product).  ``denom``: RMSProp's denominators written into
-    these buffers (one per parameter, its layout) instead of fresh tensors — on the CPU a fresh 11 MB
-    (width 128, depths 4…48) is page-faulted in anew each step (~2 000 minor faults per step, measured).
+    these buffers (one per parameter, its layout) instead of fresh tensors: on the CPU fresh tensors of
+    the parameters' size (11 MB at width 128, depths 4…48) were page-faulted in anew each step (measured
+    there at B = 8: ~2 200 minor page faults per step with fresh denominators and quotients, ~2 with
+    these buffers and the in-place quotient).
     """
-    stop = ~active
     kept = [i for i, g in enumerate(grads) if g is not None]
     ps = [params[i] for i in kept]
     gs = [grads[i] for i in kept]
     rows = [param_rows[i] for i in kept]
     if not all_active:
+        stop = ~active
         for p, g, r in zip(ps, gs, rows):
             g.masked_fill_(_per_net(stop, p, r), 0.0)
     if cfg.weight_decay:
