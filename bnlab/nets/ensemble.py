@@ -199,6 +199,7 @@ class _BNMLPStack:
         self.gamma = col([m.gamma for m in models])
         self.beta = col([m.beta for m in models])
         self.eps = col([m.eps for m in models])
+        self._layer_eps = [self.eps[:k] for k in self.k]  # layer l's prefix, sliced once
         self.affine = bool(any(m.gamma != 1.0 or m.beta != 0.0 for m in models))
         ms = [models[i] for i in self.order]
         with torch.no_grad():
@@ -274,8 +275,10 @@ class _BNMLPStack:
                 # networks of depth ≤ layer are done: their last activations wait for the readout
                 finished.append(a[k:])
                 a = a[:k]
-            h = torch.matmul(a, weights[layer].transpose(1, 2))
-            eps = self.eps[:k]
+            # bmm where both are stacks: what matmul runs then, without its broadcast bookkeeping (two
+            # expands per layer); the shared x of the first layer broadcasts in matmul
+            h = (torch.bmm if a.ndim == 3 else torch.matmul)(a, weights[layer].transpose(1, 2))
+            eps = self._layer_eps[layer]
             if training:
                 out, mean, var = self._batch_norm(h, eps)
                 means.append(mean)
