@@ -1,11 +1,13 @@
 """The eager BN-MLP ensemble step as it was before the step-speed changes (commit e082aac), kept only so
 that ``bench_ensemble.py --step-ab`` can time it side by side with the current one in one process.
 
-Three differences from the current code, each reproduced here: the stacked weights row-major (so the
-weight gradients come back transposed and the optimizer's elementwise ops read them with a stride),
-the BN variance through ``_SampleVariance.apply`` (``Function.apply`` binds arguments by
-``inspect.signature`` on every call), the layer loop's per-layer slicing and batch-statistics
-bookkeeping, and RMSProp's fresh quotient.
+What differs from the current code, each reproduced here: the stacked weights row-major (so the weight
+gradients come back transposed and the optimizer's elementwise ops read them with a stride); BN as
+autograd's graph of the composite, its float32 variance through ``_SampleVariance.apply``
+(``Function.apply`` binds arguments by ``inspect.signature`` on every call); ``matmul`` and per-layer
+slicing of ε; the batch statistics by squeezes; RMSProp's fresh square roots and quotient, and the
+per-network rate broadcast even when every network shares one rate.  The step itself (``build_step``)
+is the current one: it calls ``_update`` by module name, swapped for ``update_before`` here.
 """
 from __future__ import annotations
 

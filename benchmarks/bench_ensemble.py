@@ -25,6 +25,7 @@ issue's: 20 BN-MLPs of width 384, depths 5, 10, …, 100, B = 8, 784 inputs.
     OMP_NUM_THREADS=2 python benchmarks/bench_ensemble.py [--quick] [--threads 2] [--json]
     python benchmarks/bench_ensemble.py --quick --routes-only --routes eager,compile   # before/after, ~1.5 min
     python benchmarks/bench_ensemble.py --routes-only [--routes eager,compile] [--device cuda]
+    python benchmarks/bench_ensemble.py --step-ab [--rounds 9]   # eager CPU step: e082aac against now, ~1 min
 
 Random inputs (no dataset needed): the cost does not depend on the pixel values.  The JSON has ``rows``,
 ``variance`` and, from the route section, ``step_ms`` (route -> ms per step), ``ops_per_step`` (route ->
