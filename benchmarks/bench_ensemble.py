@@ -25,6 +25,7 @@ issue's: 20 BN-MLPs of width 384, depths 5, 10, …, 100, B = 8, 784 inputs.
     OMP_NUM_THREADS=2 python benchmarks/bench_ensemble.py [--quick] [--threads 2] [--json]
     python benchmarks/bench_ensemble.py --quick --routes-only --routes eager,compile   # before/after, ~1.5 min
     python benchmarks/bench_ensemble.py --routes-only [--routes eager,compile] [--device cuda]
+    python benchmarks/bench_ensemble.py --step-ab [--rounds 9]   # eager CPU step: e082aac against now, ~1 min
 
 Random inputs (no dataset needed): the cost does not depend on the pixel values.  The JSON has ``rows``,
 ``variance`` and, from the route section, ``step_ms`` (route -> ms per step), ``ops_per_step`` (route ->
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import statistics
@@ -120,6 +122,9 @@ def main(argv=None) -> dict:
                          "device has; with --quick on the CPU only eager, as compiling takes a minute or more "
                          "there even at --quick's sizes: --quick --routes eager,compile for both)")
     ap.add_argument("--rounds", type=int, default=None, help="timing rounds per route (default 7, --quick 3)")
+    ap.add_argument("--step-ab", action="store_true",
+                    help="only the eager CPU step of a Yang et al. trainability column, before (e082aac, kept in "
+                         "_ensemble_step_before.py) against now, one thread, side by side")
     args = ap.parse_args(argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -130,6 +135,14 @@ def main(argv=None) -> dict:
 
 
 def _main(args) -> dict:
+    if args.step_ab:
+        torch.set_num_threads(1)  # thread CPU time (device_clock) is the step's cost only on one thread
+        rows = _step_ab(args.quick, args.rounds or (3 if args.quick else 9))
+        if args.json:
+            print(json.dumps({"step_ab": rows}, indent=1))
+        else:
+            _print_step_ab(rows)
+        return {"step_ab": rows}
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
@@ -392,6 +405,77 @@ def _print_routes(res: dict) -> None:
         print("ops/step: eager = aten operators dispatched (TorchDispatchMode); compiled = operators the compiled "
               "step runs (profiler).\nrun ops/step: every route counted by the profiler alike "
               f"(eager ops/layer/step: {res['ops_per_step']['eager'] / max(st['depths']):.1f} dispatched)")
+
+
+# --------------------------------------------------------------------------- eager step, before/after
+def _step_ab(quick: bool, rounds: int) -> list[dict]:
+    """Per-step CPU time of the eager step (one thread), the code of e082aac against the current, on a
+    Yang et al. (2019) Fig. 3 column: BN-MLPs of width 128, depths 4…48 as one ensemble, 784 inputs,
+    ReLU, ε = 1e-3, B = 8 and 128, RMSProp (Fig. 3c's lr 8e-4) and SGD (Fig. 3a's lr 8e-3).  Rounds
+    alternate between the two, so a drifting load hits both alike; medians.  Both start from the same
+    networks and draw the same batches, so their parameters after a step agree to float32
+    rounding (printed: after one step, the largest difference relative to the tensor's largest entry).
+    SGD's is ~1e-6 (measured); RMSProp's first step moves each weight by ~lr·g/(√(1−α)·|g| + ε), which
+    turns a gradient entry at the level of its own rounding noise (a sum that cancels, of terms that grow
+    with depth in these nets) into an update up to 10·lr of either sign, so its difference is up to
+    ~10·lr / max|w| (1e-3–1e-1 here, measured), as any change of summation order can."""
+    from bnlab.nets import BNMLP
+    from bnlab.nets._ensemble_step import StepConfig
+    from bnlab.nets.ensemble import _BNMLPStack, _EnsembleRun
+
+    import _ensemble_step_before as before
+
+    depths = [2, 3, 5] if quick else [4, 8, 16, 24, 32, 48]
+    width = 16 if quick else 128
+    per_round, warm = (2, 1) if quick else (4, 2)
+    x, y = _data(2048)
+    rows = []
+    for batch in (8, 128):
+        for opt, lr in (("rmsprop", 8e-4), ("sgd", 8e-3)):
+            steps = (warm + rounds) * per_round
+            cfg = StepConfig(loss="cross_entropy", optimizer=opt, momentum=0.0, weight_decay=0.0, rmsprop_alpha=0.99,
+                             rmsprop_eps=1e-8, diverge_above=None, shared_order=True, num_networks=len(depths),
+                             host_reads=True)
+
+            def new(stack_cls):
+                models = [BNMLP(784, 10, depth=d, width=width, eps=1e-3, phi="relu", seed=0) for d in depths]
+                return _EnsembleRun(stack_cls(models, torch.device("cpu")), cfg, "eager", x, y, lrs=[lr] * len(depths),
+                                    seeds=[0] * len(depths), batch_size=batch, steps=steps, check_every=10)
+
+            runs = {"before": new(before.BeforeStack), "after": new(_BNMLPStack)}
+            swap = {"before": before.before_update, "after": contextlib.nullcontext}
+            times = collections.defaultdict(list)
+            for i in range(warm + rounds):
+                for name in ("before", "after"):
+                    with swap[name]():
+                        t = device_clock("cpu")
+                        for _ in range(per_round):
+                            runs[name].step()
+                        if i >= warm:
+                            times[name].append((device_clock("cpu") - t) / per_round)
+            ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+            # one step from the same start: the deepest of these nets amplify a rounding difference by
+            # orders of magnitude per step (Yang et al.'s gradient explosion), so later states say nothing
+            one = {"before": new(before.BeforeStack), "after": new(_BNMLPStack)}
+            for name in one:
+                with swap[name]():
+                    one[name].step()
+            diff = max(((a - b).abs().max() / b.abs().max()).item()
+                       for a, b in zip(one["before"].stack.params(), one["after"].stack.params()))
+            rows.append({"batch": batch, "optimizer": opt, "depths": depths, "width": width, "steps": steps,
+                         "before_ms": round(ms["before"], 2), "after_ms": round(ms["after"], 2),
+                         "speedup": round(ms["before"] / ms["after"], 2), "max_param_diff": diff})
+    return rows
+
+
+def _print_step_ab(rows: list[dict]) -> None:
+    r0 = rows[0]
+    print(f"eager CPU step, one thread: BN-MLPs width {r0['width']}, depths {r0['depths']} as one ensemble, 784 inputs; "
+          "before = e082aac (benchmarks/_ensemble_step_before.py), CPU ms per step, medians of alternating rounds")
+    print(f"{'B':>4s} {'optimizer':>9s} {'before ms':>10s} {'after ms':>9s} {'before/after':>13s} {'param diff':>11s}")
+    for r in rows:
+        print(f"{r['batch']:4d} {r['optimizer']:>9s} {r['before_ms']:10.2f} {r['after_ms']:9.2f} {r['speedup']:12.2f}× "
+              f"{r['max_param_diff']:11.1e}")
 
 
 if __name__ == "__main__":

@@ -75,6 +75,40 @@ def test_bnmlp_ensemble_matches_one_at_a_time(optimizer):
         assert r.test_accuracy > 0.15  # trained (chance 0.1): the comparison is not between two untrained nets
 
 
+@pytest.mark.parametrize("optimizer, kw", [("sgd", {}), ("rmsprop", {}), ("sgd", dict(momentum=0.9)),
+                                           ("rmsprop", dict(momentum=0.9, weight_decay=1e-2))])
+def test_one_shared_learning_rate_matches_torch_optim(optimizer, kw, monkeypatch):
+    # every network at one learning rate (the trainability grids' cells): the eager CPU step then updates
+    # by that scalar, as torch.optim does (``_update``'s shared_lr; RMSProp without momentum by addcdiv_),
+    # instead of the per-network broadcast.  Against one-at-a-time torch.optim training, same tolerances as
+    # above (module docstring); a wrong sign, scale or a skipped update fails by orders of magnitude
+    import bnlab.nets._ensemble_step as step_module
+
+    scalar_updates = []
+    update = step_module._update
+
+    def spy(*args, **kwargs):
+        scalar_updates.append(kwargs.get("all_active") and args[7].shared_lr is not None)
+        return update(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "_update", spy)
+    train_set, test_set = _digits()
+    lr = 0.05 if optimizer == "sgd" else 0.002
+    specs = _SPECS[:3]
+    models = [_bnmlp(s) for s in specs]
+    results = train_ensemble(models, train_set, test_data=test_set, lr=lr, batch_size=16, steps=30,
+                             seeds=[s["data_seed"] for s in specs], optimizer=optimizer, rmsprop_alpha=0.9,
+                             rmsprop_eps=1e-10, **kw)
+    assert scalar_updates and all(scalar_updates)  # the scalar route ran, every step
+    torch_opt = torch.optim.SGD if optimizer == "sgd" else functools.partial(torch.optim.RMSprop, alpha=0.9, eps=1e-10)
+    for spec, r, m in zip(specs, results, models):
+        one = _bnmlp(spec)
+        r1 = train_classifier(one, train_set, test_set, optimizer=functools.partial(torch_opt, lr=lr, **kw),
+                              batch_size=16, steps=30, seed=spec["data_seed"])
+        _assert_same(r, m, r1, one)
+        assert r.test_accuracy > 0.15
+
+
 def test_ghost_batches_relu_and_shared_order():
     # sub-batch statistics (Fig. 3b) and one data order shared by every network (seeds=int)
     train_set, test_set = _digits()
@@ -348,6 +382,23 @@ def test_benchmark_quick_runs():
     assert out["gpu_busy_fraction"] is None
 
 
+def test_benchmark_step_before_and_after_runs_and_agrees():
+    # --step-ab times the eager step of e082aac (kept in benchmarks/_ensemble_step_before.py) against the
+    # current one; both start from the same networks and batches, so after one SGD step of these shallow
+    # float32 nets their parameters agree to float32 rounding (measured ~1e-7 of the largest entry; 1e-5
+    # asserted, a margin for the summation orders, while a lost or doubled update is off by ~lr·|g|/|w|
+    # ≳ 1e-3).  RMSProp's one-step difference is not bounded this way (the benchmark's docstring says why)
+    from benchmark_loader import load_benchmark
+
+    mod = load_benchmark("bench_ensemble")
+    threads = torch.get_num_threads()
+    rows = mod.main(["--step-ab", "--quick", "--rounds", "1", "--json"])["step_ab"]
+    assert torch.get_num_threads() == threads
+    assert {(r["batch"], r["optimizer"]) for r in rows} == {(8, "sgd"), (8, "rmsprop"), (128, "sgd"), (128, "rmsprop")}
+    assert all(r["before_ms"] > 0 and r["after_ms"] > 0 for r in rows)
+    assert all(r["max_param_diff"] < 1e-5 for r in rows if r["optimizer"] == "sgd")
+
+
 def test_benchmark_prints_eager_and_compiled_operators_side_by_side(monkeypatch, capsys):
     # the route table's plumbing (--routes eager,compile): both rows, dispatched operators for eager and
     # the profiler's count for the compiled route, in one table.  torch.compile is replaced by the
@@ -411,7 +462,72 @@ def test_float32_ensemble_matches_the_torch_variance_route(monkeypatch):
     fast = run()
     import bnlab.nets.ensemble as ens
 
-    monkeypatch.setattr(ens, "_sample_variance", lambda h: h.var(dim=2, unbiased=False, keepdim=True))
+    torch_var = lambda h: h.var(dim=2, unbiased=False, keepdim=True)  # noqa: E731
+    monkeypatch.setattr(ens, "_sample_variance", torch_var)  # the composite BN (under torch.func)
+    monkeypatch.setattr(ens, "_two_pass_variance", torch_var)  # the eager step's fused BN node
     slow = run()
     for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_fused_batch_norm_node_has_the_composites_gradient():
+    # the eager float32 step's BN as one autograd node (_BatchNormEager: closed-form backward) against the
+    # composite it replaces, (h − mean)·rsqrt(var + ε) differentiated by autograd.  float64: gradcheck
+    # (finite differences; the formula, whatever the dtype).  float32: the forward runs the composite's
+    # operations, so the same floats; the backward sums the same terms in another order — both are sums of
+    # ≤ b + 6 rounded terms bounded elementwise by T = r·(|g| + |mean g| + |x̂|·|mean(g·x̂)|) (plus the
+    # composite's mean/variance paths, of the same size), so they differ by ≤ 2·(b + 6)·2⁻²⁴·T: asserted
+    # with a factor 4 of margin.  A wrong term (a missing centring, 1/(b−1) for 1/b) is off by O(T/b).
+    from bnlab.nets.ensemble import _BatchNormEager, _sample_variance
+
+    gen = torch.Generator().manual_seed(0)
+    h64 = torch.randn(2, 2, 4, 3, generator=gen, dtype=F64).requires_grad_()
+    eps64 = torch.tensor([1e-3, 0.1], dtype=F64).view(2, 1, 1, 1)
+    assert torch.autograd.gradcheck(lambda t: _BatchNormEager.apply(t, eps64)[0], (h64,))
+    for groups, b in [(1, 8), (1, 128), (32, 4)]:
+        h = (torch.randn(6, groups, b, 128, generator=gen) + 3 * torch.randn(6, groups, 1, 128, generator=gen))
+        h.requires_grad_()
+        eps = torch.tensor([1e-3, 1e-3, 0.1, 0.0, 1e-3, 1e-2]).view(6, 1, 1, 1)
+        g = torch.randn(h.shape, generator=gen)
+        out, mean, var = _BatchNormEager.apply(h, eps)
+        (grad,) = torch.autograd.grad(out, h, g)
+        ref_mean = h.mean(dim=2, keepdim=True)
+        ref_var = _sample_variance(h)
+        ref = (h - ref_mean) * torch.rsqrt(ref_var + eps)
+        (ref_grad,) = torch.autograd.grad(ref, h, g)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        torch.testing.assert_close(mean, ref_mean, rtol=0, atol=0)
+        torch.testing.assert_close(var, ref_var, rtol=0, atol=0)
+        with torch.no_grad():
+            r = torch.rsqrt(ref_var + eps)
+            xhat = ref
+            bound = r * (g.abs() + g.mean(2, keepdim=True).abs() + xhat.abs() * (g * xhat).mean(2, keepdim=True).abs())
+            assert ((grad - ref_grad).abs() <= 4 * 2 * (b + 6) * 2.0**-24 * bound).all(), (groups, b)
+
+
+def test_float32_eager_step_with_the_fused_batch_norm_matches_the_functional_step(monkeypatch):
+    # float32 on the CPU the eager step's BN is one node (_BatchNormEager); the compiled route's step
+    # (torch.func.grad, run here uncompiled) differentiates the composite.  Their gradients differ by float32
+    # rounding (the bound of the test above); 20 SGD steps through ≤ 5 BN layers amplify that by < 10³ (the
+    # float64 tests' Lipschitz bound), so 1e-4 relative is a wide margin that a wrong gradient term (O(1/b)
+    # ≥ 1e-2 here) still fails.  The spy shows each route took its own BN.
+    import bnlab.nets._ensemble_step as step_module
+    import bnlab.nets.ensemble as ens
+
+    monkeypatch.setattr(step_module.torch, "compile", lambda fn, **kw: fn)
+    fused = []
+    apply = ens._BatchNormEager.apply
+    monkeypatch.setattr(ens._BatchNormEager, "apply", lambda *a: fused.append(1) or apply(*a))
+    train_set, _ = _digits()
+    train32 = (torch.as_tensor(train_set[0], dtype=torch.float32), train_set[1])
+
+    def run(mode):
+        fused.clear()
+        models = [BNMLP(64, 10, depth=s["depth"], width=24, eps=s["eps"], seed=s["seed"]) for s in _SPECS[:3]]
+        train_ensemble(models, train32, lr=0.05, batch_size=16, steps=20, seeds=[0, 1, 2], step_mode=mode)
+        return [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in models], len(fused)
+
+    (eager, n_eager), (func, n_func) = run("eager"), run("compile")
+    assert n_eager > 0 and n_func == 0
+    for a, b in zip(eager, func):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -582,3 +582,30 @@ def test_the_steps_squared_loss_is_half_squared_error():
     y = torch.randint(0, 5, (3, 7), generator=g)
     ref = torch.stack([half_squared_error(out[m], y[m]) for m in range(3)])
     torch.testing.assert_close(per_network_loss("mse", out, y), ref, rtol=0, atol=0)
+
+
+def test_a_float32_bnmlp_stack_compiles_and_equals_eager(monkeypatch):
+    # float32 on the CPU the eager step's BN is one autograd node in the classic form (_BatchNormEager) and
+    # the variance of the composite is _SampleVariance (setup_context form), picked by whether a functorch
+    # transform is active — which Dynamo evaluates while tracing torch.func.grad.  Traced with the fused
+    # node, Dynamo fails on it (checked: a TorchRuntimeError), and a fallback to eager would warn (an error
+    # here).  Dynamo's
+    # backend "aot_eager" (no Inductor code generation) keeps this cheap.  The compiled step then equals
+    # the eager one to float32 rounding amplified by 10 steps through ≤ 3 BN layers (< 10³, the float64
+    # tests' bound): 1e-4 relative, while a wrong BN gradient (O(1/b) = 6e-2) fails.
+    import bnlab.nets._ensemble_step as step_mod
+
+    real = torch.compile
+    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: real(fn, backend="aot_eager", **kw))
+    x, y = _digits()[0]
+    x32 = torch.as_tensor(x, dtype=torch.float32)
+
+    def run(mode):
+        models = [BNMLP(64, 10, depth=d, width=12, eps=1e-3, seed=i) for i, d in enumerate((3, 1, 2))]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager warns: fail on it
+            train_ensemble(models, (x32, y), lr=0.05, batch_size=16, steps=10, seeds=[0, 1, 2], step_mode=mode)
+        return [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in models]
+
+    for a, b in zip(run("compile"), run("eager")):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
