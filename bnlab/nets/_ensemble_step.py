@@ -36,9 +36,10 @@ from bnlab.nets._compile import compile_failure, fresh_function
 #: ``"compile"`` (``torch.compile``), ``"cuda_graph"`` (CUDA only)
 STEP_MODES = ("auto", "eager", "compile", "cuda_graph")
 
-#: On the CPU the compiled step is 7–8× faster than the eager one (4 BN-MLPs of depths 5–20, width 32,
-#: B = 8: 2.7–3.7 against 23–26 ms per step, ``benchmarks/bench_ensemble.py``), but compiling it took
-#: 4–15 minutes on this project's loaded 2-core machines: it pays from ~12 500 steps on.  ``"auto"``
+#: On the CPU the compiled step was 7–8× faster than the eager one (4 BN-MLPs of depths 5–20, width 32,
+#: B = 8: 2.7–3.7 against 23–26 ms per step, ``benchmarks/bench_ensemble.py``, measured before the eager
+#: step became 1.3–2× faster at 9884c60–6dd01ab: re-measure before moving the threshold), but compiling it
+#: took 4–15 minutes on this project's loaded 2-core machines: it paid from ~12 500 steps on.  ``"auto"``
 #: compiles from twice that; the small-scale grids (hundreds of steps) stay eager.
 AUTO_COMPILE_STEPS = 25_000
 
