@@ -230,11 +230,12 @@ def _prepare(cell: ChunkCell, x, y):
     return model, out
 
 
-def _track_steps(cell: ChunkCell) -> list[int]:
-    """The steps of r(H_L), the gradient alignment and the training accuracy (Figs. 6 and 10); without
-    ``track_steps`` (fig4's cells) a quarter, half and the end of training."""
-    steps = cell.steps
-    given = cell.track_steps if cell.track_steps is not None else (steps // 4, steps // 2, steps)
+def _track_steps(steps: int, track_steps) -> list[int]:
+    """The steps of r(H_L), the gradient alignment and the training accuracy (Figs. 6 and 10) of a cell of
+    ``steps`` SGD steps; without ``track_steps`` (fig4's cells) a quarter, half and the end of training.
+    Takes the two fields, not the cell, because :func:`cost` sees cells as dicts."""
+    steps = int(steps)
+    given = track_steps if track_steps is not None else (steps // 4, steps // 2, steps)
     return sorted({int(t) for t in given if 0 < int(t) <= steps})
 
 
@@ -318,7 +319,7 @@ def run_cell(params: ChunkCell | dict) -> dict:
     from bnlab.nets import train as train_net
 
     steps = cell.steps
-    track = _track_steps(cell)
+    track = _track_steps(cell.steps, cell.track_steps)
     tracker = _Tracker(out, model, x, y)
 
     def track_training(info) -> None:
@@ -371,7 +372,7 @@ def _run_chunked(cells: list[ChunkCell], ensemble: bool) -> list[dict]:
     x, y, xt, yt = data
     models, outs = zip(*(_prepare(c, x, y) for c in cells))
     trackers = [_Tracker(o, m, x, y) for o, m in zip(outs, models)]
-    track = _track_steps(first)
+    track = _track_steps(first.steps, first.track_steps)
     bounds = sorted(set(track) | {int(first.steps)})
     results = train_in_chunks(list(models), (x, y), bounds, lrs=[c.lr for c in cells],
                               seeds=[10_000 + c.seed for c in cells], batch_size=first.batch_size,
@@ -387,7 +388,7 @@ def cost(cells: list[dict]) -> TaskCost:
     c = cells[0]
     weights = 784 * c["width"] + c["depth"] * c["width"] ** 2 + 10 * c["width"]
     pretrain = sum(int(x["kind"][len("pretrain"):]) * c["depth"] * 64 for x in cells if x["kind"].startswith("pretrain"))
-    tracked = len(_track_steps(c)) * (64 * 3 + _CURVE_IMAGES)
+    tracked = len(_track_steps(c["steps"], c.get("track_steps"))) * (64 * 3 + _CURVE_IMAGES)
     rest = (len(cells) * (c["n_eval"] + c["n_test"] + tracked) + 3 * pretrain) * weights
     return TaskCost(_family(c["kind"]), int(c["steps"]), 3.0 * c["batch_size"] * weights * len(cells), float(rest))
 
