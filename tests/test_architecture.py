@@ -37,6 +37,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "_validation": frozenset(),
     "_threads": frozenset(),
     "_vocabulary": frozenset(),
+    "_run_length": frozenset(),
     "activations": frozenset(),
     "theory": frozenset({"activations"}),
     "sim": frozenset({"activations"}),
@@ -65,7 +66,7 @@ NO_TORCH = frozenset({"theory", "compare", "claims"})
 PENDING: dict[tuple[str, str], tuple[str, str]] = {}
 
 #: Private modules at the bottom that every part may import.
-SHARED = frozenset({"bnlab._validation", "bnlab._threads", "bnlab._vocabulary"})
+SHARED = frozenset({"bnlab._validation", "bnlab._threads", "bnlab._vocabulary", "bnlab._run_length"})
 
 
 def part_of(module: str) -> str:

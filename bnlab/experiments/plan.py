@@ -38,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Iterable, Sequence
 
+from bnlab._run_length import standing_for
 from bnlab._validation import check_choice, check_int, check_real
 from bnlab.experiments.registry import experiment_module, get_experiment
 from bnlab.experiments.spec import SCALES, Experiment, TaskCost, cell_tasks
@@ -251,7 +252,11 @@ def _pilot(exp: Experiment, cells: list[dict], grouped: bool, task: int, cost: T
     def run(k: int) -> dict:
         if notify is not None:
             notify({"progress": "cut_task", "task": task, "steps": k})
-        return _run_task(exp, exp.shorten([dict(c) for c in cells], k), grouped, device, limit_threads, clock)
+        # the cut task runs the step route of the whole task (train_ensemble's "auto" chooses by the run's
+        # length: compiled/captured for long runs, eager for a few steps), so the pilots time what the run
+        # will do, its compilation included in the fixed part
+        with standing_for(full):
+            return _run_task(exp, exp.shorten([dict(c) for c in cells], k), grouped, device, limit_threads, clock)
 
     # the first pilot of an experiment warms up (imports, data read from disk, CUDA context); later ones
     # reuse what it loaded, as a worker's later tasks do

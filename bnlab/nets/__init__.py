@@ -20,7 +20,13 @@ reproductions build on it; it imports none of them).  See ``docs/nets.md``.
 """
 from __future__ import annotations
 
-from bnlab.nets.ensemble import ENSEMBLE_LOSSES, ENSEMBLE_OPTIMIZERS, ENSEMBLE_STEP_MODES, train_ensemble
+from bnlab.nets.ensemble import (
+    ENSEMBLE_LOSSES,
+    ENSEMBLE_OPTIMIZERS,
+    ENSEMBLE_STEP_MODES,
+    auto_route_as_for,
+    train_ensemble,
+)
 from bnlab.nets.init import INITS, init_weights_, initializable_layers
 from bnlab.nets.models import (
     BNMLP,
@@ -99,6 +105,7 @@ __all__ = [
     "StepInfo",
     "train_classifier",
     "train_ensemble",
+    "auto_route_as_for",
     "ENSEMBLE_OPTIMIZERS",
     "ENSEMBLE_LOSSES",
     "ENSEMBLE_STEP_MODES",

@@ -28,11 +28,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from bnlab._run_length import standing_for, whole_run_steps
 from bnlab._validation import check_choice
 from bnlab.nets._compile import compile_failure, fresh_function
 
-#: how :func:`bnlab.nets.train_ensemble` runs its step: ``"auto"`` (``"cuda_graph"`` on CUDA; on the
-#: CPU ``"compile"`` for runs of at least ``AUTO_COMPILE_STEPS`` steps, else ``"eager"``), ``"eager"``,
+#: how :func:`bnlab.nets.train_ensemble` runs its step: ``"auto"`` (on CUDA ``"cuda_graph"`` for runs of
+#: at least ``AUTO_CUDA_GRAPH_STEPS`` steps; on the CPU ``"compile"`` for runs of at least
+#: ``AUTO_COMPILE_STEPS`` steps; else ``"eager"``), ``"eager"``,
 #: ``"compile"`` (``torch.compile``), ``"cuda_graph"`` (CUDA only)
 STEP_MODES = ("auto", "eager", "compile", "cuda_graph")
 
@@ -43,14 +45,29 @@ STEP_MODES = ("auto", "eager", "compile", "cuda_graph")
 #: compiles from twice that; the small-scale grids (hundreds of steps) stay eager.
 AUTO_COMPILE_STEPS = 25_000
 
+#: On CUDA (one NVIDIA H200, torch 2.11, 2026-11-27; ``benchmarks/bench_ensemble.py --device cuda``:
+#: 20 BN-MLPs of depths 5…100, width 384, B = 8, one Fig. 3a column) the captured compiled step took
+#: 3.96 ms against the eager 64.4 ms, but compiling and capturing it took 104 s against 5.4 s for the
+#: eager run's set-up: it pays from ~1 650 steps on.  ``"auto"`` captures from 2 000 steps; shorter runs
+#: (a plan's pilot outside :func:`auto_route_as_for`, a small-scale grid on a GPU) stay eager.
+AUTO_CUDA_GRAPH_STEPS = 2_000
+
+def auto_route_as_for(steps: int):
+    """Within it, ``step_mode="auto"`` chooses the route of a run of ``steps`` steps whatever the length of
+    the run it starts (:func:`bnlab._run_length.standing_for`).  For a plan's pilot: a task cut to a few
+    steps must run (and be timed with) the route of the whole task — compiled or captured, its set-up cost
+    included — not the eager route its own length would get."""
+    return standing_for(steps)
+
 
 def resolve_step_mode(step_mode: Any, device: torch.device, steps: int = 0) -> str:
     """The route for ``step_mode`` on ``device`` for a run of ``steps`` steps, or a ``ValueError``
     naming ``step_mode``."""
     mode = check_choice("step_mode", step_mode, STEP_MODES)
     if mode == "auto":
+        steps = whole_run_steps(steps)
         if device.type == "cuda":
-            return "cuda_graph"
+            return "cuda_graph" if steps >= AUTO_CUDA_GRAPH_STEPS else "eager"
         return "compile" if steps >= AUTO_COMPILE_STEPS else "eager"
     if mode == "cuda_graph" and device.type != "cuda":
         raise ValueError(f"step_mode='cuda_graph' is not allowed on device={str(device)!r}: CUDA graphs need a "

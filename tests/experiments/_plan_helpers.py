@@ -53,4 +53,29 @@ def _costed_cost(cells: list[dict]) -> TaskCost:
 COSTED = Experiment(name="bnlab-test-plan-costed", paper="p", figure="f", title="sleeps", claim="c",
                     grid=_costed_grid, run_cell=_costed_cell, plot=lambda records, outdir: [], cost=_costed_cost,
                     shorten=lambda cells, k: [dict(c, steps=k) for c in cells])
-EXPERIMENTS = [COLUMNS, COSTED]
+
+
+def _routed_grid(scale: str) -> list[dict]:
+    # one long task (auto compiles it on a CPU) and one short one (auto keeps it eager)
+    from bnlab.nets._ensemble_step import AUTO_COMPILE_STEPS
+
+    return [dict(i=0, steps=AUTO_COMPILE_STEPS), dict(i=1, steps=100)]
+
+
+def _routed_cell(params: dict) -> dict:
+    """Records the route ``train_ensemble(step_mode="auto")`` would take for this (possibly cut) cell."""
+    import torch
+
+    from bnlab.nets._ensemble_step import resolve_step_mode
+
+    route = resolve_step_mode("auto", torch.device("cpu"), params["steps"])
+    with open(os.environ["BNLAB_TEST_ROUTE_LOG"], "a", encoding="utf-8") as f:
+        f.write(f"{params['i']} {params['steps']} {route}\n")
+    return {"route": route}
+
+
+ROUTED = Experiment(name="bnlab-test-plan-routed", paper="p", figure="f", title="routes", claim="c",
+                    grid=_routed_grid, run_cell=_routed_cell, plot=lambda records, outdir: [],
+                    cost=lambda cells: TaskCost(f"task{cells[0]['i']}", steps=cells[0]["steps"], step_work=1.0),
+                    shorten=lambda cells, k: [dict(c, steps=k) for c in cells])
+EXPERIMENTS = [COLUMNS, COSTED, ROUTED]

@@ -184,3 +184,50 @@ def test_cli_plan_json(subprocess_env, helper_ref):
 def test_bad_plan_arguments_name_themselves(kwargs, match, helpers):
     with pytest.raises(ValueError, match=match):
         plan_experiment(helpers.SWEEP, **{"scale": "small", **kwargs})
+
+
+@pytest.mark.parametrize("scale", ["small", "paper"])
+def test_every_cost_hook_prices_every_task_of_its_grid(scale):
+    """A plan prices each task with the reproduction's ``cost`` hook, which sees cells as dicts: a hook
+    that reads a field as an attribute (daneshmand2020-fig4/fig6 did, found by ``gpu_check.py``) fails
+    the plan of that reproduction at every scale.  No training: the hooks are arithmetic."""
+    from bnlab.experiments.plan import TaskCost, cell_tasks
+    from bnlab.experiments.registry import get_experiment, list_experiments
+
+    checked = 0
+    for name in list_experiments():
+        exp = get_experiment(name)
+        if exp.cost is None:
+            continue
+        cells = exp.grid(scale)
+        for task in cell_tasks(exp, cells, scale):
+            c = exp.cost([dict(cells[i]) for i in task])
+            assert isinstance(c, TaskCost), name
+            assert c.steps >= 1 and c.step_work > 0, (name, c)
+            checked += 1
+    assert checked > 0
+
+
+def test_a_pilot_of_a_cut_task_runs_the_route_of_the_whole_task(tmp_path, monkeypatch):
+    """train_ensemble's "auto" compiles (CPU) or captures (CUDA) only long runs; a pilot cuts a task to a
+    few steps, and must still run, and time, the route of the whole task (its compilation in the fixed
+    part), else it extrapolates the eager step to a run that will not take it."""
+    from bnlab.nets._ensemble_step import AUTO_COMPILE_STEPS
+
+    log = tmp_path / "routes.txt"
+    monkeypatch.setenv("BNLAB_TEST_ROUTE_LOG", str(log))
+    plan = plan_experiment(_plan_helpers.ROUTED, "small", workers=1, budget=30.0, pilot_steps=(1, 3))
+    assert plan.error is None
+    seen = [line.split() for line in log.read_text().splitlines()]
+    long_task = [(int(k), r) for i, k, r in seen if i == "0"]
+    short_task = {r for i, k, r in seen if i == "1"}
+    # the long task ran cut (fewer steps than its own; the pilot lengthens its cut while a run is too short
+    # to time, up to the whole task) and always with the route of its full length
+    assert any(k < AUTO_COMPILE_STEPS for k, _ in long_task)
+    assert all(r == "compile" for _, r in long_task)
+    assert short_task == {"eager"}
+    # and after the plan, auto chooses by the run's own length again
+    from bnlab.nets._ensemble_step import resolve_step_mode
+    import torch
+
+    assert resolve_step_mode("auto", torch.device("cpu"), 3) == "eager"

@@ -259,30 +259,56 @@ def test_cuda_graph_on_the_cpu_is_a_clear_error():
     assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))  # refused before any step
 
 
-def test_auto_picks_cuda_graph_on_cuda_and_compiles_long_cpu_runs():
+def test_auto_captures_long_cuda_runs_and_compiles_long_cpu_runs():
     from bnlab.nets._ensemble_step import AUTO_COMPILE_STEPS
 
     assert ENSEMBLE_STEP_MODES == ("auto", "eager", "compile", "cuda_graph")
     assert resolve_step_mode("auto", torch.device("cpu"), steps=600) == "eager"
     assert resolve_step_mode("auto", torch.device("cpu"), steps=AUTO_COMPILE_STEPS - 1) == "eager"
     assert resolve_step_mode("auto", torch.device("cpu"), steps=AUTO_COMPILE_STEPS) == "compile"
-    assert resolve_step_mode("auto", torch.device("cuda"), steps=10) == "cuda_graph"  # a device object needs no GPU
+    assert resolve_step_mode("auto", torch.device("cuda"), steps=10) == "eager"  # a device object needs no GPU
+    assert resolve_step_mode("auto", torch.device("cuda"), steps=10**5) == "cuda_graph"
     assert resolve_step_mode("compile", torch.device("cpu")) == "compile"
     assert resolve_step_mode("cuda_graph", torch.device("cuda", 0)) == "cuda_graph"
 
 
 @pytest.mark.parametrize("device, steps, expected", [
     ("cpu", 1, "eager"), ("cpu", 600, "eager"), ("cpu", "limit-1", "eager"), ("cpu", "limit", "compile"),
-    ("cpu", "limit+1", "compile"), ("cuda", 1, "cuda_graph"), ("cuda:0", "limit", "cuda_graph"),
+    ("cpu", "limit+1", "compile"), ("cuda", 1, "eager"), ("cuda", "limit-1", "eager"),
+    ("cuda:0", "limit", "cuda_graph"), ("cuda", "limit+1", "cuda_graph"),
 ])
 def test_auto_route_by_device_and_steps(device, steps, expected):
-    # the rule: CUDA → "cuda_graph" whatever the length; CPU → "compile" from AUTO_COMPILE_STEPS steps
-    # on, below it "eager" (a torch.device of type cuda needs no GPU to be built)
-    from bnlab.nets._ensemble_step import AUTO_COMPILE_STEPS
+    # the rule: CUDA → "cuda_graph" from AUTO_CUDA_GRAPH_STEPS steps on, CPU → "compile" from
+    # AUTO_COMPILE_STEPS steps on, below either "eager" (a torch.device of type cuda needs no GPU to be built)
+    from bnlab.nets._ensemble_step import AUTO_COMPILE_STEPS, AUTO_CUDA_GRAPH_STEPS
 
     if isinstance(steps, str):
-        steps = AUTO_COMPILE_STEPS + {"limit-1": -1, "limit": 0, "limit+1": 1}[steps]
+        limit = AUTO_CUDA_GRAPH_STEPS if device.startswith("cuda") else AUTO_COMPILE_STEPS
+        steps = limit + {"limit-1": -1, "limit": 0, "limit+1": 1}[steps]
     assert resolve_step_mode("auto", torch.device(device), steps) == expected
+
+
+def test_auto_route_as_for_chooses_for_the_given_length_and_restores():
+    # a plan's pilot cuts a long task to a few steps but must time the whole task's route
+    from bnlab.nets import auto_route_as_for
+    from bnlab.nets._ensemble_step import AUTO_COMPILE_STEPS
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    with auto_route_as_for(AUTO_COMPILE_STEPS):
+        assert resolve_step_mode("auto", cpu, 3) == "compile"
+        assert resolve_step_mode("auto", cuda, 3) == "cuda_graph"
+        assert resolve_step_mode("eager", cpu, 3) == "eager"  # an explicit route is not overridden
+        with auto_route_as_for(5):
+            assert resolve_step_mode("auto", cpu, 10**6) == "eager"
+        assert resolve_step_mode("auto", cpu, 3) == "compile"  # nested: the outer length is back
+    assert resolve_step_mode("auto", cpu, 3) == "eager"
+    with pytest.raises(RuntimeError):
+        with auto_route_as_for(AUTO_COMPILE_STEPS):
+            raise RuntimeError("a pilot that fails")
+    assert resolve_step_mode("auto", cpu, 3) == "eager"  # restored after an exception too
+    with pytest.raises(ValueError, match=r"steps"):
+        with auto_route_as_for(0):
+            pass
 
 
 @pytest.mark.parametrize("mode", ["eager", "compile"])
