@@ -15,7 +15,10 @@ import threading
 
 from bnlab._validation import check_int
 
-__all__ = ["standing_for", "whole_run_steps"]
+__all__ = ["standing_for", "whole_run_steps", "note_route", "COMPILED_ROUTES"]
+
+#: routes whose set-up compiles (on the CPU tens of seconds cold, seconds from Inductor's graph cache)
+COMPILED_ROUTES = frozenset({"compile", "cuda_graph"})
 
 _state = threading.local()
 
@@ -23,15 +26,23 @@ _state = threading.local()
 @contextlib.contextmanager
 def standing_for(steps: int):
     """Within it (in this thread), a run of any length stands for a run of ``steps`` steps: routes chosen
-    by the run's length are chosen for ``steps``.  Nested uses restore the outer length on exit, also after
-    an exception."""
+    by the run's length are chosen for ``steps``.  Yields the set of routes the code within chose
+    (:func:`note_route`), for the plan to know whether its pilot compiled.  Nested uses restore the outer
+    length on exit, also after an exception."""
     steps = check_int("steps", steps, minimum=1)
-    before = getattr(_state, "steps", None)
-    _state.steps = steps
+    before = getattr(_state, "steps", None), getattr(_state, "routes", None)
+    _state.steps, _state.routes = steps, set()
     try:
-        yield
+        yield _state.routes
     finally:
-        _state.steps = before
+        _state.steps, _state.routes = before
+
+
+def note_route(route: str) -> None:
+    """Record, within :func:`standing_for`, the step route a trainer chose (nothing outside it)."""
+    routes = getattr(_state, "routes", None)
+    if routes is not None:
+        routes.add(route)
 
 
 def whole_run_steps(steps: int) -> int:

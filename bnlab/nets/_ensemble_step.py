@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from bnlab._run_length import standing_for, whole_run_steps
+from bnlab._run_length import note_route, standing_for, whole_run_steps
 from bnlab._validation import check_choice
 from bnlab.nets._compile import compile_failure, fresh_function
 
@@ -67,11 +67,13 @@ def resolve_step_mode(step_mode: Any, device: torch.device, steps: int = 0) -> s
     if mode == "auto":
         steps = whole_run_steps(steps)
         if device.type == "cuda":
-            return "cuda_graph" if steps >= AUTO_CUDA_GRAPH_STEPS else "eager"
-        return "compile" if steps >= AUTO_COMPILE_STEPS else "eager"
-    if mode == "cuda_graph" and device.type != "cuda":
+            mode = "cuda_graph" if steps >= AUTO_CUDA_GRAPH_STEPS else "eager"
+        else:
+            mode = "compile" if steps >= AUTO_COMPILE_STEPS else "eager"
+    elif mode == "cuda_graph" and device.type != "cuda":
         raise ValueError(f"step_mode='cuda_graph' is not allowed on device={str(device)!r}: CUDA graphs need a "
                          "CUDA device; use 'eager' or 'compile' (or 'auto') on the CPU")
+    note_route(mode)  # a plan's pilot learns whether its run compiled (bnlab._run_length)
     return mode
 
 
@@ -129,8 +131,8 @@ def build_step(stack: Any, cfg: StepConfig, grad_route: str) -> Callable[[dict],
     ``x``, ``y`` the training set; ``idx`` (W, seeds, batch) the window's batch indices and ``slot``
     (0-d) the row of this step; ``which`` (R,) each stacked network's row of ``idx``; ``params``,
     ``stats`` the stack's tensors; ``sq_avg``, ``velocity`` the optimizer state (lists or None); ``lr``
-    (R,); ``active`` (R,) bool; ``first_bad`` (R,) long; ``t`` (0-d) the step; ``losses`` (steps·M,)
-    float32, written at ``t·M + row_ids``.
+    (R,); ``active`` (R,) bool; ``first_bad`` (R,) long; ``t`` (0-d) the step; ``losses`` (W·M,)
+    float32, the window's losses, written at ``slot·M + row_ids`` (no shape depends on the run's length).
     """
     if grad_route not in ("autograd", "func"):
         raise ValueError(f"grad_route={grad_route!r} is not allowed: expected 'autograd' or 'func'")
@@ -178,7 +180,7 @@ def build_step(stack: Any, cfg: StepConfig, grad_route: str) -> Callable[[dict],
         all_active = cfg.host_reads and grad_route == "autograd" and bool(active.all())
         # a stopped network keeps the running statistics it had before its bad step, as its parameters
         stack.update_stats(s["stats"], aux, saved, None if all_active else active)
-        s["losses"].index_copy_(0, s["row_ids"] + t * m_count, lf)
+        s["losses"].index_copy_(0, s["row_ids"] + s["slot"] * m_count, lf)
         _update(s["params"], grads, stack.param_rows(), active, s["lr"], s["sq_avg"], s["velocity"], cfg,
                 all_active=all_active, denom=s.get("denom") if grad_route == "autograd" else None)
         t.add_(1)

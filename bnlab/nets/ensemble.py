@@ -650,7 +650,12 @@ class _EnsembleRun:
         self._distinct = sorted(set(seeds))
         self._gens = {s: _batches(x.shape[0], batch_size, steps, torch.Generator().manual_seed(s), torch.device("cpu"))
                       for s in self._distinct}
-        self._window = min(check_every, steps, _MAX_WINDOW)
+        # no shape of the step's state depends on the run's length (``steps``): a compiled step is then the
+        # same graph for a run of 12 steps and of 75 000, so Inductor's graph cache serves a plan's pilots
+        # (a task cut to k₁ and k₂ steps) and a grid's tasks of the same shapes alike, and the pilots time
+        # the same compilation; the loss history is written to a window-sized ring that the host copies
+        # into the whole run's history at each window boundary (``_flush``: an asynchronous device copy)
+        self._window = min(check_every, _MAX_WINDOW)
         params = stack.params()
         rows = torch.as_tensor(stack.rows, device=dev)  # the caller's index of each stacked network
         r = len(stack.rows)
@@ -668,13 +673,16 @@ class _EnsembleRun:
             "active": torch.ones(r, dtype=torch.bool, device=dev),
             "first_bad": torch.full((r,), steps, dtype=torch.long, device=dev),
             "t": torch.zeros((), dtype=torch.long, device=dev),
-            # the loss history (steps, M) in the caller's order, flat: entry t·M + caller index
-            "losses": torch.full((steps * cfg.num_networks,), float("nan"), dtype=torch.float32, device=dev),
+            # the window's losses (W, M) in the caller's order, flat: entry slot·M + caller index
+            "losses": torch.full((self._window * cfg.num_networks,), float("nan"), dtype=torch.float32, device=dev),
             "row_ids": rows,
         }
         if route != "eager" and stack.compactable:
             stack.used_params(x[:batch_size])  # the functional gradient needs to know (``build_step``)
         self.runner = StepRunner(route, lambda grad_route: build_step(stack, cfg, grad_route))
+        # the whole run's loss history (steps, M), filled from the ring window by window
+        self._history = torch.full((steps, cfg.num_networks), float("nan"), dtype=torch.float32, device=dev)
+        self._flushed = 0  # steps whose losses are in _history
         # the vmap stack drops networks that have stopped, at a check (``compact``): rows that only
         # burned compute on a diverged network — in a learning-rate phase diagram, the whole exploding
         # half of the grid.  The eager step does so at every check with a stopped network; a compiled one
@@ -682,8 +690,18 @@ class _EnsembleRun:
         self._compact_at = 1.0 if route == "eager" else 0.5
         self._dropped_first_bad: dict[int, int] = {}  # caller index -> first bad step of a dropped network
 
+    def _flush(self) -> None:
+        """Copy the losses of the steps done since the last flush from the ring into the history (the
+        ring's slot j holds step ``_flushed + j``: the slot restarts at 0 with each window)."""
+        n = self.done - self._flushed
+        if n > 0:
+            ring = self.state["losses"].view(self._window, self.cfg.num_networks)
+            self._history[self._flushed:self.done].copy_(ring[:n])
+            self._flushed = self.done
+
     def step(self) -> None:
         if self.done % self._window == 0:
+            self._flush()  # before the slot restarts
             count = min(self._window, self.steps - self.done)
             draws = torch.stack([torch.stack([next(self._gens[s]) for s in self._distinct]) for _ in range(count)])
             if draws.device != self.state["idx"].device and self.state["idx"].is_cuda:
@@ -732,8 +750,8 @@ class _EnsembleRun:
 
     def history(self) -> np.ndarray:
         """The training losses (steps done, M) as float64."""
-        m = self.cfg.num_networks
-        return self.state["losses"].view(self.steps, m)[: self.done].to(torch.float64).cpu().numpy()
+        self._flush()
+        return self._history[: self.done].to(torch.float64).cpu().numpy()
 
 
 @_threads.sized_for_training("models")  # small ensembles run on one thread (bnlab._threads)

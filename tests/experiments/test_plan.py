@@ -231,3 +231,18 @@ def test_a_pilot_of_a_cut_task_runs_the_route_of_the_whole_task(tmp_path, monkey
     import torch
 
     assert resolve_step_mode("auto", torch.device("cpu"), 3) == "eager"
+
+
+def test_a_compiled_pilot_counts_the_cold_compilation_in_every_task(tmp_path, monkeypatch):
+    """The warm-up of a compiled route compiles cold; the timed cuts of the same shapes come from the graph
+    cache.  A whole run's tasks of other shapes compile cold, so the pilot's fixed part must hold the cold
+    compilation (here a 1.5 s sleep the first time a task's route compiles in the process)."""
+    monkeypatch.setenv("BNLAB_TEST_ROUTE_LOG", str(tmp_path / "routes.txt"))
+    monkeypatch.setenv("BNLAB_TEST_COLD_COMPILE", "1.5")
+    monkeypatch.setattr(_plan_helpers, "_COMPILED", set())
+    plan = plan_experiment(_plan_helpers.ROUTED, "small", workers=1, budget=30.0, pilot_steps=(1, 3))
+    by_kind = {p.kind: p for p in plan.pilots}
+    compiled, eager = by_kind["task0"], by_kind["task1"]  # task0 is long enough for "auto" to compile
+    assert compiled.warmup_seconds is not None and compiled.warmup_seconds >= 1.5
+    assert compiled.fixed_seconds >= 1.4  # the cold compilation, though the timed runs took milliseconds
+    assert eager.fixed_seconds < 1.0  # an eager route compiles nothing: nothing added

@@ -441,7 +441,9 @@ def test_host_reads_change_nothing_but_the_syncs():
     a, b = (r.state for r in runs)
     assert torch.equal(a["active"], b["active"]) and not bool(a["active"].all())  # a network did stop
     assert torch.equal(a["first_bad"], b["first_bad"])
-    torch.testing.assert_close(a["losses"].nan_to_num(7.0), b["losses"].nan_to_num(7.0), rtol=2.4e-7, atol=0)
+    ha, hb = (torch.from_numpy(r.history()) for r in runs)
+    assert ha.shape == (12, 3)
+    torch.testing.assert_close(ha.nan_to_num(7.0), hb.nan_to_num(7.0), rtol=2.4e-7, atol=0)
     for p, q in zip(a["params"], b["params"]):
         torch.testing.assert_close(p.nan_to_num(7.0), q.nan_to_num(7.0), rtol=1e-12, atol=0)
     with _Recorder() as rec:
@@ -635,3 +637,35 @@ def test_a_float32_bnmlp_stack_compiles_and_equals_eager(monkeypatch):
 
     for a, b in zip(run("compile"), run("eager")):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_compiled_step_is_the_same_graph_for_any_run_length(monkeypatch):
+    # a plan pilots a task cut to k1 and k2 steps and extrapolates to the whole run: if a shape of the
+    # step's state followed the run's length (the loss history once did: steps·M), each pilot compiled
+    # another graph (on an H200, minutes for a Yang column) and the second pilot's compilation landed in
+    # the per-step estimate; nor could Inductor's graph cache serve a grid's same-shaped tasks.  A backend
+    # that records the graph's input shapes (and runs it as traced) sees one graph for 3 and for 13 steps.
+    import bnlab.nets._ensemble_step as step_mod
+
+    seen = []
+
+    def recording_backend(gm, example_inputs):
+        seen.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
+        return gm.forward
+
+    real = torch.compile
+    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: real(fn, backend=recording_backend, **kw))
+    train_set, _ = _digits()
+    histories = []
+    for steps in (3, 13):
+        models = [BNMLP(64, 10, depth=d, width=8, seed=i, dtype=F64) for i, d in enumerate([2, 3])]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager warns: fail on it
+            res = train_ensemble(models, train_set, lr=0.05, batch_size=16, steps=steps, step_mode="compile")
+        histories.append([r.history for r in res])
+    assert len(seen) == 2 and seen[0] == seen[1], seen
+    # and the history that now goes through a window-sized ring is whole: the 13-step run's first 3 losses
+    # are the 3-step run's (same networks, same batches), every entry finite
+    for short, long in zip(*histories):
+        assert len(short) == 3 and len(long) == 13 and np.all(np.isfinite(long))
+        np.testing.assert_allclose(long[:3], short, rtol=1e-12)
