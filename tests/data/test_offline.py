@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import time
 import pickle
 import struct
 
@@ -272,3 +273,47 @@ def test_idx_round_trip_and_truncation(a):
             parse_idx(bad)
     with pytest.raises(ValueError, match="bad magic"):
         parse_idx(b"\x1f\x8b" + raw[2:])
+
+
+@needs_mnist
+def test_a_verified_split_is_served_from_memory_until_a_file_changes(shared_dir, monkeypatch):
+    """A sweep's cells load MNIST again and again in one worker: the second load of an unchanged split is
+    served from this process's memory (no hashing), and any change of a file it was read from — its
+    inode, size, modification or change time — sends the next load through the whole verification."""
+    bd.load_dataset("mnist", "test", data_dir=shared_dir)  # the cache exists
+    monkeypatch.setattr(_sources, "_SETTLED_NS", 0)  # the files were just written: count them as settled
+    monkeypatch.setattr(_sources, "_MEMO", {})
+    hashed = []
+    real = _sources.file_digest
+    monkeypatch.setattr(_sources, "file_digest", lambda *a, **k: hashed.append(a[0]) or real(*a, **k))
+    first = bd.load_dataset("mnist", "test", data_dir=shared_dir)
+    n_first = len(hashed)
+    assert n_first >= 1  # verified
+    second = bd.load_dataset("mnist", "test", data_dir=shared_dir)
+    assert len(hashed) == n_first  # from memory: nothing hashed again
+    assert torch.equal(first.x, second.x) and torch.equal(first.y, second.y)
+    second.x[0, 0, 0, 0] = 0.5  # the caller's copy is its own
+    assert float(bd.load_dataset("mnist", "test", data_dir=shared_dir).x[0, 0, 0, 0]) == 0.0
+    # a cache rewritten with one altered pixel and a valid stamp: a changed file, verified again (LeCun's
+    # IDX hashes catch the pixel, the cache is rebuilt from the pickle)
+    cache = _sources._cache_file(shared_dir, "mnist", "test", _registry.MNIST_PICKLE_SHA256)
+    x8 = np.rint(first.x.numpy() * 255).astype(np.uint8)
+    x8[7, 0, 14, 14] ^= 1
+    _sources._cache_write(cache, x8, first.y.numpy().astype(np.uint8), _registry.MNIST_CLASSES)
+    decoded = []
+    real_decode = _sources.decode_mnist_pickle
+    monkeypatch.setattr(_sources, "decode_mnist_pickle", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
+    third = bd.load_dataset("mnist", "test", data_dir=shared_dir)
+    assert decoded == [1] and torch.equal(third.x, first.x)
+
+
+def test_a_file_written_within_the_settling_time_is_not_kept(tmp_path):
+    # file times tick in jiffies: a file as new as its verification could be rewritten within the same
+    # tick unseen, so its identity is not taken (and the split not kept) until it is _SETTLED_NS old
+    f = tmp_path / "a"
+    f.write_bytes(b"x")
+    assert _sources._identity([f]) is None
+    old = time.time() - 3 * _sources._SETTLED_NS / 1e9
+    os.utime(f, (old, old))  # mtime set back, but utime sets the change time to now
+    assert _sources._identity([f]) is None
+    assert _sources._identity([tmp_path / "missing"]) is None
