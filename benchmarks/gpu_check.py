@@ -47,7 +47,8 @@ SHARES = {"tests": 0.12, "bench_sim": 0.09, "bench_ensemble": 0.32, "bench_bnp":
 
 #: extra arguments of each benchmark on a GPU: the ensemble's eager reference and its captured compiled
 #: step (the "compile" route without capture is a minute more of compilation and not a goal), BNP without
-#: its compiled variant (one compilation per batch size); three timing rounds each
+#: its "bnp_compiled" row (on CUDA the default "bnp" row is already the compiled route; the explicit row
+#: compiles it again per batch size); three timing rounds each
 BENCH_ARGS = {"bench_ensemble": ["--routes", "eager,cuda_graph", "--rounds", "3"],
               "bench_bnp": ["--no-native", "--no-compiled", "--rounds", "3"], "bench_sim": []}
 
