@@ -691,12 +691,15 @@ class _EnsembleRun:
         self._dropped_first_bad: dict[int, int] = {}  # caller index -> first bad step of a dropped network
 
     def _flush(self) -> None:
-        """Copy the losses of the steps done since the last flush from the ring into the history (the
-        ring's slot j holds step ``_flushed + j``: the slot restarts at 0 with each window)."""
+        """Copy the losses of the steps done since the last flush from the ring into the history.  Windows
+        start at multiples of the window (the slot restarts at 0 there), so step s is in slot s mod W; a
+        flush at every window boundary keeps the unflushed steps within one window (a mid-window flush,
+        from :meth:`history`, leaves the rest of that window to the next)."""
         n = self.done - self._flushed
         if n > 0:
             ring = self.state["losses"].view(self._window, self.cfg.num_networks)
-            self._history[self._flushed:self.done].copy_(ring[:n])
+            start = self._flushed % self._window
+            self._history[self._flushed:self.done].copy_(ring[start:start + n])
             self._flushed = self.done
 
     def step(self) -> None:

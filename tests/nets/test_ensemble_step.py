@@ -669,3 +669,23 @@ def test_the_compiled_step_is_the_same_graph_for_any_run_length(monkeypatch):
     for short, long in zip(*histories):
         assert len(short) == 3 and len(long) == 13 and np.all(np.isfinite(long))
         np.testing.assert_allclose(long[:3], short, rtol=1e-12)
+
+
+def test_the_loss_history_is_whole_when_read_in_the_middle_of_a_window():
+    # the step writes its losses to a window-sized ring that the run copies out at each window boundary;
+    # reading the history mid-window (after 2 and 6 of 12 steps, windows of 4) must neither lose nor
+    # misplace a step: the same history as a run read only at the end
+    read_mid, read_end = _small_run(), _small_run()
+    seen = []
+    for k in range(12):
+        read_mid.step()
+        read_end.step()
+        if k + 1 in (2, 6):
+            seen.append(read_mid.history())
+    whole = read_mid.history()
+    assert whole.shape == (12, 3)
+    np.testing.assert_array_equal(np.isnan(whole), np.isnan(read_end.history()))
+    np.testing.assert_allclose(whole, read_end.history(), rtol=2.4e-7)
+    np.testing.assert_array_equal(seen[0], whole[:2])
+    np.testing.assert_array_equal(seen[1], whole[:6])
+    assert np.isfinite(whole[:, 0]).all()  # network 0 trains throughout: every step recorded
