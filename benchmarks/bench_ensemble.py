@@ -125,6 +125,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--step-ab", action="store_true",
                     help="only the eager CPU step of a Yang et al. trainability column, before (e082aac, kept in "
                          "_ensemble_step_before.py) against now, one thread, side by side")
+    ap.add_argument("--compile-reuse", action="store_true",
+                    help="only the compiled route's set-up: a cold compilation (fresh Inductor cache), then runs "
+                         "of 2, 12 and 112 steps of the same networks, whose graph the cache serves (no shape of "
+                         "the step depends on the run's length); one thread, CPU seconds")
     args = ap.parse_args(argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -134,7 +138,47 @@ def main(argv=None) -> dict:
         torch.set_num_threads(threads)
 
 
+def _compile_reuse() -> list[dict]:
+    """CPU seconds of ``train_ensemble(step_mode="compile")`` on two small BN-MLPs (depths 2, 3, width 16,
+    B = 8): the first run compiles cold (Inductor's cache pointed at an empty folder), the later runs of
+    other lengths reuse its graph from the cache.  What a plan's pilots (a task cut to k₁ and k₂ steps)
+    and a grid's same-shaped tasks pay for compilation."""
+    import os
+    import tempfile
+
+    from bnlab.nets import BNMLP, train_ensemble
+
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(512, 32, generator=gen), torch.randint(0, 10, (512,), generator=gen)
+    rows = []
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # read when Inductor looks its cache up: a cold start
+        try:
+            for label, steps in (("cold", 2), ("cached", 2), ("cached", 12), ("cached", 112)):
+                models = [BNMLP(32, 10, depth=d, width=16, seed=i) for i, d in enumerate((2, 3))]
+                c = time.process_time()
+                train_ensemble(models, (x, y), lr=0.01, batch_size=8, steps=steps, step_mode="compile")
+                rows.append({"run": label, "steps": steps, "cpu_s": round(time.process_time() - c, 2)})
+        finally:
+            if before is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+    return rows
+
+
 def _main(args) -> dict:
+    if args.compile_reuse:
+        rows = _compile_reuse()
+        if args.json:
+            print(json.dumps({"compile_reuse": rows}, indent=1))
+        else:
+            print("compiled route, 2 BN-MLPs (depths 2, 3, width 16, B = 8), one thread: CPU seconds per run")
+            for r in rows:
+                print(f"  {r['run']:7s} {r['steps']:4d} steps  {r['cpu_s']:7.2f} s")
+        return {"compile_reuse": rows}
     if args.step_ab:
         torch.set_num_threads(1)  # thread CPU time (device_clock) is the step's cost only on one thread
         rows = _step_ab(args.quick, args.rounds or (3 if args.quick else 9))

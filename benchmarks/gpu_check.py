@@ -22,6 +22,7 @@ Exit status 0 when every part ran (goals missed are results, not errors), 1 when
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -100,12 +101,8 @@ def run_cuda_tests(timeout: float) -> dict:
     # pytest-timeout is installed) fails one slow test instead of the whole part
     cmd = [sys.executable, "-m", "pytest", *files, "-k", "cuda", "-m", "not slow", "-v", "-p", "no:cacheprovider",
            "-o", "addopts=", "-rfs", "--durations=5"]
-    try:
-        import pytest_timeout  # noqa: F401
-
+    if importlib.util.find_spec("pytest_timeout") is not None:
         cmd += ["--timeout", str(max(int(timeout / 3), 10))]
-    except ImportError:
-        pass
     r = _run(cmd, timeout)
     text = r["stdout"] + r["stderr"]
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", text)}

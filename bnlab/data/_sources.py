@@ -11,6 +11,7 @@ import importlib.metadata
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -287,7 +288,7 @@ def load_uint8(name: str, root: Path, split: str, download: bool, sha256: str | 
 #: Verifying MNIST costs ~0.3–0.7 s per load (the pickle's hash, the cache's stamp, the re-encoding
 #: to LeCun's IDX hashes), paid by every cell of a sweep that loads it — ~100 cells of a small
 #: ``bnlab report`` per worker process.  A file is read again, and verified again, as soon as its
-#: identity (device, inode, size, modification time in ns) differs from the one verified: a replaced
+#: identity (device, inode, size, modification and change time in ns) differs from the one verified: a replaced
 #: or rewritten file is never served from here.  Callers get fresh arrays (``load_dataset`` converts
 #: to float32; the labels are copied), never the kept ones.  At most ``_MEMO_SPLITS`` splits are
 #: kept (MNIST and Fashion-MNIST, train and test: ~110 MB of uint8).  The identity includes the
@@ -301,8 +302,6 @@ _SETTLED_NS = 2_000_000_000
 
 def _identity(paths) -> tuple | None:
     """(path, device, inode, size, mtime, ctime) of each file; None if one is missing or not settled."""
-    import time
-
     out = []
     now = time.time_ns()
     for path in paths:
@@ -339,11 +338,11 @@ def _memoized(name: str, root: Path, split: str, download: bool):
     if hit is not None and before is not None and hit[0] == before:
         return hit[1]
     result = loader(root, split, download)
-    # the identity after the load (a first load writes the decoded cache); kept only when nothing changed
-    # between the verification and now that the next comparison would miss
+    # kept only when no file changed while it was read and verified (a first load writes the decoded
+    # cache: not settled, so not kept until a later load)
     after = None if files is None else _identity(files)
     _MEMO.pop(key, None)
-    if after is not None:
+    if after is not None and after == before:
         while len(_MEMO) >= _MEMO_SPLITS:
             _MEMO.pop(next(iter(_MEMO)))
         x, y = result[0], result[1]

@@ -52,6 +52,7 @@ AUTO_COMPILE_STEPS = 25_000
 #: (a plan's pilot outside :func:`auto_route_as_for`, a small-scale grid on a GPU) stay eager.
 AUTO_CUDA_GRAPH_STEPS = 2_000
 
+
 def auto_route_as_for(steps: int):
     """Within it, ``step_mode="auto"`` chooses the route of a run of ``steps`` steps whatever the length of
     the run it starts (:func:`bnlab._run_length.standing_for`).  For a plan's pilot: a task cut to a few

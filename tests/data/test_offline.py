@@ -317,3 +317,25 @@ def test_a_file_written_within_the_settling_time_is_not_kept(tmp_path):
     os.utime(f, (old, old))  # mtime set back, but utime sets the change time to now
     assert _sources._identity([f]) is None
     assert _sources._identity([tmp_path / "missing"]) is None
+
+
+@needs_mnist
+def test_a_split_whose_file_changes_while_it_is_read_is_not_kept(shared_dir, monkeypatch):
+    bd.load_dataset("mnist", "test", data_dir=shared_dir)  # the cache exists
+    monkeypatch.setattr(_sources, "_SETTLED_NS", 0)
+    monkeypatch.setattr(_sources, "_MEMO", {})
+    stamp = _sources._cache_file(shared_dir, "mnist", "test", _registry.MNIST_PICKLE_SHA256).with_suffix(".sha256")
+    real = _sources._load_mnist
+
+    def rewritten_during_the_load(*a, **k):
+        out = real(*a, **k)
+        time.sleep(0.01)  # past the file-time tick
+        stamp.write_bytes(stamp.read_bytes())  # the same bytes, a new identity (mtime, ctime)
+        return out
+
+    monkeypatch.setattr(_sources, "_load_mnist", rewritten_during_the_load)
+    bd.load_dataset("mnist", "test", data_dir=shared_dir)
+    assert _sources._MEMO == {}  # verified before the change, so not kept for the file as it is now
+    monkeypatch.setattr(_sources, "_load_mnist", real)
+    bd.load_dataset("mnist", "test", data_dir=shared_dir)
+    assert len(_sources._MEMO) == 1  # an unchanged load is kept
