@@ -305,6 +305,11 @@ def main(argv=None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {device} is not allowed: CUDA is not available here")
+    if args.out is not None:
+        # checked before anything runs: a run on a lent GPU must not lose its first part to a bad path
+        folder = Path(args.out).resolve().parent
+        if Path(args.out).is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+            ap.error(f"--out {args.out!r} is not allowed: expected a file in an existing, writable folder")
     budget = args.budget if args.budget is not None else (240.0 if args.quick else 480.0)
     t0 = time.perf_counter()
     import bnlab

@@ -120,3 +120,12 @@ def test_cuda_tests_stopped_at_their_share_still_count_what_ran(monkeypatch):
     assert (r["passed"], r["failed"], r["skipped"], r["ok"]) == (2, 1, 1, False)
     rows = {q: v for q, v, g in gc.table_rows({"tests": r})}
     assert rows["CUDA tests (passed / failed / skipped)"] == "2 / 1 / 1 (stopped: timed out after 48 s)"
+
+
+def test_a_bad_out_path_is_refused_before_anything_runs(tmp_path, capsys):
+    gc = load_benchmark("gpu_check")
+    for bad in (str(tmp_path / "missing" / "gc.json"), str(tmp_path)):
+        with pytest.raises(SystemExit) as exc:
+            gc.main(["--device", "cpu", "--quick", "--out", bad])
+        assert exc.value.code == 2
+        assert f"--out {bad!r} is not allowed" in capsys.readouterr().err
