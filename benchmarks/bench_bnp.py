@@ -13,8 +13,10 @@ and are summarized by the median time of a single training step:
 * ``bn``   — the post-activation BN network (BatchNorm1d on each hidden layer's output), SGD;
 * ``bnp``  — the vanilla network, SGD with ``BNPreconditioner(model)``: the default route the route
   chooser picks for the device (autograd forms G_w, ``step()`` rewrites it with Eq. 15): the eager
-  route on CPU, the compiled route on CUDA (with Triton);
+  route on CPU, the compiled route captured in a CUDA graph on CUDA (with Triton);
 * ``bnp_eager`` (CUDA only; on CPU it is ``bnp``) — ``compiled=False``: the eager ``_foreach`` route;
+* ``bnp_uncaptured`` (CUDA only) — ``cuda_graph=False``: the compiled route without the CUDA graph
+  (one compiled call per step: guards and one launch per fused kernel);
 * ``bnp_compiled`` (CPU only; on CUDA it is ``bnp``) — ``compiled=True``: the hooks keep the layer
   inputs and ``step()`` is one call of the ``torch.compile``-d functional core (inductor's C++
   backend on CPU; compiles on the first step of each batch size, left out of ``--quick`` and by
@@ -73,9 +75,10 @@ from _timing import device_clock, device_sync  # noqa: E402
 TRAIN_SIZE = 50_000
 #: BNP variants and their BNPreconditioner arguments (see bnlab.optim.BNPreconditioner).
 _BNP_KWARGS = {"bnp": {}, "bnp_eager": {"compiled": False}, "bnp_compiled": {"compiled": True},
-               "bnp_fused": {"gradient": "fused"}, "bnp_auto": {"gradient": "auto"}, "bnp_native": {"native": True}}
-VARIANTS = ("sgd", "bn", "bnp", "bnp_eager", "bnp_compiled", "bnp_fused", "bnp_auto", "bnp_native", "floor")
-_BNP = ("bnp", "bnp_eager", "bnp_compiled", "bnp_fused", "bnp_auto", "bnp_native")
+               "bnp_uncaptured": {"cuda_graph": False}, "bnp_fused": {"gradient": "fused"}, "bnp_auto": {"gradient": "auto"}, "bnp_native": {"native": True}}
+VARIANTS = ("sgd", "bn", "bnp", "bnp_eager", "bnp_uncaptured", "bnp_compiled", "bnp_fused", "bnp_auto", "bnp_native",
+            "floor")
+_BNP = ("bnp", "bnp_eager", "bnp_uncaptured", "bnp_compiled", "bnp_fused", "bnp_auto", "bnp_native")
 PHASES = ("fwd", "bwd", "pre", "opt")
 
 
@@ -153,12 +156,26 @@ def ops_per_step(step, x, y) -> int:
     return counter.count
 
 
-def launches_per_step(step, x, y) -> int:
-    """Kernels (and copies/fills) the profiler sees on the CUDA device in one training step."""
+#: host calls that put work on the GPU: a kernel launch, or one launch of a whole CUDA graph
+_LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch",
+                 "cuGraphLaunch")
+
+
+def launches_per_step(step, x, y) -> tuple[int, int] | tuple[None, None]:
+    """``(kernels, launch calls)`` of one training step: the kernels (and copies/fills) the profiler sees
+    on the CUDA device, and the host calls that launched them (a replayed CUDA graph is one call for all
+    of its kernels).  ``(None, None)`` if the profiler fails (the timings do not depend on it)."""
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        step(x, y)
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    try:
+        with torch.profiler.profile(activities=activities) as prof:
+            step(x, y)
+        events = prof.events()
+    except Exception as exc:  # noqa: BLE001 - a profiler refusing (CUPTI) must not cost the timings
+        print(f"bench_bnp: the profiler failed ({type(exc).__name__}: {exc}); no launch counts", file=sys.stderr)
+        return None, None
+    kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    calls = sum(1 for e in events if e.device_type != torch.autograd.DeviceType.CUDA and e.name in _LAUNCH_CALLS)
+    return kernels, calls
 
 
 def build(variant: str, n_in: int, hidden: int, depth: int, device: str):
@@ -206,6 +223,25 @@ def make_step(model, opt, pre, device="cpu"):
     return step
 
 
+def make_plain_step(model, opt, pre):
+    """One training step as a training loop runs it: no synchronization inside (on a GPU the host
+    queues the next work while the device runs the last)."""
+    loss_fn = nn.functional.cross_entropy
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        if pre is not None:
+            pre.step()
+        opt.step()
+
+    return step
+
+
+#: steps per timed block of the pipelined measurement
+PIPELINE_BLOCK = 20
+
+
 def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, rounds: int, device: str,
             variants=VARIANTS):
     """Median seconds per training step of each variant and of each phase, interleaved step by step.
@@ -218,23 +254,37 @@ def measure(batch: int, *, n_in: int, hidden: int, depth: int, steps: int, round
     n_batches = 8
     xs = [torch.randn(batch, n_in, generator=g).to(device) for _ in range(n_batches)]
     ys = [torch.randint(0, 10, (batch,), generator=g).to(device) for _ in range(n_batches)]
-    steppers, ops, launches = {}, {}, {}
+    steppers, plain, ops, launches, calls = {}, {}, {}, {}, {}
     for v in variants:
-        step = make_step(*build(v, n_in, hidden, depth, device), device=device)
+        parts = build(v, n_in, hidden, depth, device)
+        step = make_step(*parts, device=device)
+        plain[v] = make_plain_step(*parts)
         for i in range(3):  # warm-up (allocator, first-call overheads, compilation)
             step(xs[i % n_batches], ys[i % n_batches])
         ops[v] = ops_per_step(step, xs[3], ys[3])
         if str(device).startswith("cuda"):
-            launches[v] = launches_per_step(step, xs[4], ys[4])
+            launches[v], calls[v] = launches_per_step(step, xs[4], ys[4])
         steppers[v] = step
     times: dict[str, list[tuple]] = {v: [] for v in variants}
     for _ in range(rounds):
         for i in range(steps):
             for v in variants:
                 times[v].append(steppers[v](xs[i % n_batches], ys[i % n_batches]))
+    # pipelined: blocks of PIPELINE_BLOCK plain steps between two synchronizations, interleaved block by
+    # block; the median block's time per step is what an epoch costs (Table 1 times epochs)
+    blocks: dict[str, list[float]] = {v: [] for v in variants}
+    for r in range(max(rounds, 3) * max(1, steps // PIPELINE_BLOCK)):
+        for v in variants:
+            device_sync(device)
+            t0 = device_clock(device)
+            for i in range(PIPELINE_BLOCK):
+                plain[v](xs[(r + i) % n_batches], ys[(r + i) % n_batches])
+            device_sync(device)
+            blocks[v].append((device_clock(device) - t0) / PIPELINE_BLOCK)
     out = {}
     for v, ts in times.items():
-        out[v] = {"step": statistics.median(sum(t) for t in ts), "ops": ops[v], "launches": launches.get(v)}
+        out[v] = {"step": statistics.median(sum(t) for t in ts), "ops": ops[v], "launches": launches.get(v),
+                  "launch_calls": calls.get(v), "pipelined": statistics.median(blocks[v])}
         out[v].update({p: statistics.median(t[k] for t in ts) for k, p in enumerate(PHASES)})
     return out
 
@@ -274,9 +324,11 @@ def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False, native
         steps = 3 if quick else max(10, min(200, 20_000 // b))
         # BN cannot train on one sample (the batch variance is zero; BatchNorm1d raises): at B = 1 the
         # comparison is with SGD alone, BNP's case (Lange et al. §5).  bnp is the eager route on CPU and
-        # the compiled one on CUDA, so the other of the two is measured beside it.
+        # the compiled one (captured) on CUDA, so the other of the two is measured beside it, and on
+        # CUDA the compiled route without its graph.
         variants = tuple(v for v in VARIANTS if (native or v != "bnp_native") and (b > 1 or v != "bn")
-                         and (v != "bnp_eager" or cuda) and (v != "bnp_compiled" or (compiled and not cuda)))
+                         and (v not in ("bnp_eager", "bnp_uncaptured") or cuda)
+                         and (v != "bnp_compiled" or (compiled and not cuda)))
         t = measure(b, n_in=n_in, hidden=hidden, depth=depth, steps=steps, rounds=rounds, device=device,
                     variants=variants)
         gemm = gemm_time(b, n_in=n_in, hidden=hidden, depth=depth, device=device, repeat=3 if quick else 50)
@@ -284,13 +336,20 @@ def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False, native
         flops = 2 * b * (2 * sum(sizes) + sum(sizes[1:]))  # the products gemm_time runs
         per_epoch = math.ceil(TRAIN_SIZE / b)
         step = {v: t[v]["step"] for v in t}
+        piped = {v: t[v]["pipelined"] for v in t}
         rows.append({
             "batch_size": b,
             "ops_per_step": {v: t[v]["ops"] for v in t},
-            **({"launches_per_step": {v: t[v]["launches"] for v in t}} if cuda else {}),
+            **({"launches_per_step": {v: t[v]["launches"] for v in t},
+                "launch_calls_per_step": {v: t[v]["launch_calls"] for v in t}} if cuda else {}),
             "step_s": step,
             "phase_s": {v: {p: t[v][p] for p in PHASES} for v in t},
             "epoch_s": {v: s * per_epoch for v, s in step.items()},
+            "pipelined_step_s": piped,
+            "pipelined_ratios": {
+                **{f"{v}/sgd": piped[v] / piped["sgd"] for v in ("bn", *_BNP, "floor") if v in piped},
+                **{f"{v}/bn": piped[v] / piped["bn"] for v in _BNP if v in piped and "bn" in piped},
+            },
             "ratios": {
                 **{f"{v}/sgd": step[v] / step["sgd"] for v in ("bn", *_BNP, "floor") if v in step},
                 **{f"{v}/bn": step[v] / step["bn"] for v in _BNP if v in step and "bn" in step},
@@ -334,9 +393,13 @@ def main(argv=None) -> int:
             "clock": "wall" if args.device.startswith("cuda") or args.threads > 1 else "thread CPU time",
             "network": [n_in] + [hidden] * depth + [10], "torch": torch.__version__}
     summary = {
-        # the default route (BNPreconditioner(model): eager on CPU, compiled on CUDA), per batch size
+        # the default route (BNPreconditioner(model): eager on CPU, compiled and captured on CUDA), per batch size
         "bnp_over_sgd": {str(r["batch_size"]): r["ratios"]["bnp/sgd"] for r in rows},
         "bnp_over_bn": {str(r["batch_size"]): r["ratios"]["bnp/bn"] for r in rows if "bnp/bn" in r["ratios"]},
+        # the same without synchronizations inside a step (what an epoch costs; on CPU about the same)
+        "bnp_over_sgd_pipelined": {str(r["batch_size"]): r["pipelined_ratios"]["bnp/sgd"] for r in rows},
+        "bnp_over_bn_pipelined": {str(r["batch_size"]): r["pipelined_ratios"]["bnp/bn"] for r in rows
+                                  if "bnp/bn" in r["pipelined_ratios"]},
         # operators per step at the first batch size (per batch size in each row)
         "ops_per_step": rows[0]["ops_per_step"],
         "ops_batch_size": rows[0]["batch_size"],
@@ -365,17 +428,24 @@ def main(argv=None) -> int:
             print(f"{r['batch_size']:>5}  native=True: BNP/SGD {q['bnp_native/sgd']:.3f}  "
                   f"BNP/BN {q.get('bnp_native/bn', float('nan')):.3f}")
     for r in rows:
-        if any(v in r["step_s"] for v in ("bnp_eager", "bnp_compiled")):
-            q = r["ratios"]
-            other = "bnp_eager" if "bnp_eager" in r["step_s"] else "bnp_compiled"
-            print(f"{r['batch_size']:>5}  {other}: BNP/SGD {q[other + '/sgd']:.3f}  "
-                  f"BNP/BN {q.get(other + '/bn', float('nan')):.3f}")
+        q = r["ratios"]
+        for other in ("bnp_eager", "bnp_uncaptured", "bnp_compiled"):
+            if other in r["step_s"]:
+                print(f"{r['batch_size']:>5}  {other}: BNP/SGD {q[other + '/sgd']:.3f}  "
+                      f"BNP/BN {q.get(other + '/bn', float('nan')):.3f}")
+    print(f"pipelined (blocks of {PIPELINE_BLOCK} steps, no synchronization inside a step), ratios of the "
+          "time per step:")
+    for r in rows:
+        q = r["pipelined_ratios"]
+        print(f"{r['batch_size']:>5}  SGD {1e3 * r['pipelined_step_s']['sgd']:.3f} ms  "
+              + "  ".join(f"{k} {v:.3f}" for k, v in q.items()))
     print("aten operators dispatched per step (a compiled call counted as its kernels + operators)"
-          + (", and [kernel launches on the GPU]" if args.device.startswith("cuda") else "") + ":")
+          + (", and [kernels on the GPU / host launch calls]" if args.device.startswith("cuda") else "") + ":")
     for r in rows:
         ops = r["ops_per_step"]
         launches = r.get("launches_per_step", {})
-        parts = "  ".join(f"{v} {n}" + (f" [{launches[v]}]" if v in launches else "")
+        calls = r.get("launch_calls_per_step", {})
+        parts = "  ".join(f"{v} {n}" + (f" [{launches[v]} / {calls.get(v)}]" if v in launches else "")
                           + (f" ({n / ops['sgd']:.2f}x)" if v != "sgd" else "") for v, n in ops.items())
         print(f"{r['batch_size']:>5}  {parts}")
     print("phases, ms per step (fwd = zero_grad + forward with hooks, bwd, pre = pre.step(), opt):")

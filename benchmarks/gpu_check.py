@@ -46,6 +46,16 @@ PLAN_FIRST = ("yang2019-fig3a", "fisher-fig2", "daneshmand2020-fig1", "daneshman
 #: the goals name (BENCH_ARGS) and the ensemble gets the largest share; the plan gets what is left.
 SHARES = {"tests": 0.12, "bench_sim": 0.09, "bench_ensemble": 0.32, "bench_bnp": 0.14}
 
+
+def shares(skip=()) -> dict[str, float]:
+    """Each part's fraction of the budget when the parts in ``skip`` are left out: what a skipped
+    part would have had goes to the others in proportion to their shares (the plan's is what
+    :data:`SHARES` leaves), so ``--skip`` gives the parts that run more time, not less."""
+    kept = {k: v for k, v in SHARES.items() if k not in skip}
+    plan = 0.0 if "plan" in skip else 1.0 - sum(SHARES.values())
+    total = sum(kept.values()) + plan
+    return {k: v / total for k, v in kept.items()} if total > 0 else {}
+
 #: extra arguments of each benchmark on a GPU: the ensemble's eager reference and its captured compiled
 #: step (the "compile" route without capture is a minute more of compilation and not a goal), BNP without
 #: its "bnp_compiled" row (on CUDA the default "bnp" row is already the compiled route; the explicit row
@@ -257,6 +267,8 @@ def table_rows(results: dict) -> list[tuple[str, str, str]]:
     why = "" if bnp.get("ok") else f" ({bnp.get('error')})"
     for key, label, goal in (("bnp_over_sgd", "BNP / SGD step time (B)", "≤ 1.10 at B ≥ 256"),
                              ("bnp_over_bn", "BNP / BN step time (B)", "≤ 1 at every B"),
+                             ("bnp_over_sgd_pipelined", "BNP / SGD, pipelined steps (B)", "≤ 1.10 at B ≥ 256"),
+                             ("bnp_over_bn_pipelined", "BNP / BN, pipelined steps (B)", "≤ 1 at every B"),
                              ("ops_per_step", "BNP launches per step (optimizer)", "")):
         v = find_key(bnp.get("data"), key)
         rows.append((label, _fmt(v) if v is not None else "n/a" + why, goal))
@@ -328,12 +340,13 @@ def main(argv=None) -> int:
             tmp.write_text(json.dumps(results, indent=1, default=str))
             os.replace(tmp, args.out)
     parts = {}
+    share = shares(args.skip)
     if "tests" not in args.skip:
-        parts["tests"] = lambda: run_cuda_tests(min(SHARES["tests"] * budget, left()))
+        parts["tests"] = lambda: run_cuda_tests(min(share["tests"] * budget, left()))
     for name in ("bench_sim", "bench_ensemble", "bench_bnp"):
         if name not in args.skip:
             parts[name] = (lambda name=name: run_benchmark(f"{name}.py", device, args.quick,
-                                                           min(SHARES[name] * budget, left())))
+                                                           min(share[name] * budget, left())))
     if args.quick and device == "cpu":
         # the smoke test: nothing it times is read as a result, so its subprocesses run side by side (each
         # is mostly Python and torch start-up); on a GPU they run one at a time, each timing alone

@@ -129,3 +129,18 @@ def test_a_bad_out_path_is_refused_before_anything_runs(tmp_path, capsys):
             gc.main(["--device", "cpu", "--quick", "--out", bad])
         assert exc.value.code == 2
         assert f"--out {bad!r} is not allowed" in capsys.readouterr().err
+
+
+def test_skipped_parts_leave_their_share_to_the_others():
+    # a GPU session that re-runs only the tests and the plan must give them more time, not the 12 % the
+    # tests get beside the benchmarks
+    gc = load_benchmark("gpu_check")
+    full = gc.shares()
+    assert full == pytest.approx(gc.SHARES) and sum(full.values()) < 1.0  # the plan gets the rest
+    some = gc.shares(["bench_sim", "bench_ensemble", "bench_bnp"])
+    plan = 1.0 - sum(gc.SHARES.values())
+    assert set(some) == {"tests"}
+    assert some["tests"] == pytest.approx(gc.SHARES["tests"] / (gc.SHARES["tests"] + plan))
+    no_plan = gc.shares(["plan", "bench_sim"])
+    assert sum(no_plan.values()) == pytest.approx(1.0)
+    assert no_plan["bench_ensemble"] / no_plan["tests"] == pytest.approx(gc.SHARES["bench_ensemble"] / gc.SHARES["tests"])
