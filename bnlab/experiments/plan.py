@@ -13,6 +13,10 @@ present device:
 2. cut to ``k₂ > k₁`` steps: ``t₂``; the seconds per step are ``(t₂ − t₁)/(k₂ − k₁)`` and the rest of
    the task (building the networks, the test pass) ``t₁ − k₁·step``.  When ``t₂ − t₁`` is small beside
    ``t₁`` (noise), ``k₂`` grows until the steps take at least a quarter of the run, within the budget;
+   where the trainer timed its own steady steps in the cut of ``k₂`` (``train_ensemble`` does, within a
+   pilot: :func:`bnlab._run_length.note_steady_steps`), that time per step is used instead and the cut is
+   not lengthened: on a GPU the set-up of each run varies by more than its millisecond steps take, and
+   the difference of two cuts measured that variation (``Pilot.step_source`` says which was used);
 3. every task of that kind is extrapolated from the pilot in proportion to its cost:
    ``rest · fixed_work/fixed_work_pilot + steps · step · step_work/step_work_pilot``.
 
@@ -38,7 +42,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Iterable, Sequence
 
-from bnlab._run_length import COMPILED_ROUTES, standing_for
+from bnlab._run_length import COMPILED_ROUTES, STEADY_FROM, standing_for, steady_steps
 from bnlab._validation import check_choice, check_int, check_real
 from bnlab.experiments.registry import experiment_module, get_experiment
 from bnlab.experiments.spec import SCALES, Experiment, TaskCost, cell_tasks
@@ -65,6 +69,8 @@ class Pilot:
     peak_bytes: int | None
     skipped: str | None = None  # the cells' own skip reason (data not present)
     error: str | None = None  # the last line of an exception
+    #: where ``step_seconds`` comes from: "difference" of two cuts, or the trainer's "timed steps"
+    step_source: str | None = None
 
 
 @dataclass
@@ -257,7 +263,8 @@ def _pilot(exp: Experiment, cells: list[dict], grouped: bool, task: int, cost: T
         # will do, its compilation included in the fixed part
         with standing_for(full) as routes:
             r = _run_task(exp, exp.shorten([dict(c) for c in cells], k), grouped, device, limit_threads, clock)
-        return dict(r, compiled=bool(routes & COMPILED_ROUTES))
+            steady = steady_steps()
+        return dict(r, compiled=bool(routes & COMPILED_ROUTES), steady=steady)
 
     # the first pilot of an experiment warms up (imports, data read from disk, CUDA context); later ones
     # reuse what it loaded, as a worker's later tasks do
@@ -275,8 +282,12 @@ def _pilot(exp: Experiment, cells: list[dict], grouped: bool, task: int, cost: T
     second = run(k2)
     runs.append((k2, second))
     t1, t2 = first["seconds"], second["seconds"]
-    # the steps must stand out of the noise of the rest of the run: at least a quarter of it
-    while t2 - t1 < 0.25 * t1 and k2 < full:
+    # the trainer's own timing of its steps, where it gives one, is taken over the difference of the two
+    # cuts: that difference also holds how much the set-up varies between runs, which on a GPU (seconds of
+    # tracing, graph cache and capture beside millisecond steps) is larger than the steps themselves
+    timed = _timed_step(second["steady"], k2)
+    # else the steps must stand out of the noise of the rest of the run: at least a quarter of it
+    while timed is None and t2 - t1 < 0.25 * t1 and k2 < full:
         per_step = max(t2 - t1, 0.02 * t1) / (k2 - k1)
         wanted = k1 + math.ceil(0.5 * t1 / per_step)
         left = deadline - time.monotonic()
@@ -288,7 +299,7 @@ def _pilot(exp: Experiment, cells: list[dict], grouped: bool, task: int, cost: T
         second = run(k2)
         runs.append((k2, second))
         t2 = second["seconds"]
-    step = max(t2 - t1, 0.0) / (k2 - k1)
+    step = timed if timed is not None else max(t2 - t1, 0.0) / (k2 - k1)
     fixed = max(t1 - k1 * step, 0.0)
     if warm is not None and first is not warm and warm.get("compiled"):
         # a compiled route: the warm-up compiled cold, the timed runs (the same shapes: no shape of the step
@@ -302,7 +313,23 @@ def _pilot(exp: Experiment, cells: list[dict], grouped: bool, task: int, cost: T
     errors = [r["error"] for _, r in runs if r["error"] is not None]
     return Pilot(kind, task, len(cells), [k for k, _ in runs], [r["seconds"] for _, r in runs],
                  None if warm is None else warm["seconds"], step,
-                 fixed, max(peaks) if peaks else None, None, _last_line(errors[0]) if errors else None)
+                 fixed, max(peaks) if peaks else None, None, _last_line(errors[0]) if errors else None,
+                 "timed steps" if timed is not None else "difference")
+
+
+#: steady steps a cut must have timed for its own timing to be used (fewer: too few to average jitter)
+_MIN_TIMED_STEPS = 5
+
+
+def _timed_step(steady: list[tuple[int, float]], k: int) -> float | None:
+    """Seconds per step of the task from the trainer's own timing of a cut of ``k`` steps
+    (:func:`bnlab._run_length.note_steady_steps`), or ``None`` when it did not time enough of them.
+
+    A task may train several ensembles one after another, each a step of the task per step of its own:
+    the task's step is the sum of their seconds per step.  Only calls that ran the cut's steady steps
+    count (a call of another length is not a step of this task)."""
+    per_call = [seconds / n for n, seconds in steady if n == k - STEADY_FROM and n >= _MIN_TIMED_STEPS]
+    return sum(per_call) if per_call else None
 
 
 def lpt_makespan(durations: Sequence[float], workers: int) -> float:

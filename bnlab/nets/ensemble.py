@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -46,6 +47,7 @@ import torch
 from torch import nn
 
 from bnlab import _threads
+from bnlab._run_length import STEADY_FROM, note_steady_steps, timing_steps
 from bnlab._validation import check_choice, check_int, check_real, check_seed
 from bnlab.nets._ensemble_step import (
     STEP_MODES,
@@ -757,6 +759,13 @@ class _EnsembleRun:
         return self._history[: self.done].to(torch.float64).cpu().numpy()
 
 
+def _synced_clock(dev: torch.device) -> float:
+    """``time.perf_counter()`` once the device has finished the work queued so far."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter()
+
+
 @_threads.sized_for_training("models")  # small ensembles run on one thread (bnlab._threads)
 def train_ensemble(
     models: Sequence[nn.Module],
@@ -867,10 +876,17 @@ def train_ensemble(
                      host_reads=route == "eager" and data.x.device.type == "cpu")
     run = _EnsembleRun(stack, cfg, route, data.x, data.y, lrs=opts.lrs, seeds=opts.seeds,
                        batch_size=data.batch_size, steps=data.steps, check_every=opts.check_every)
+    # a plan's pilot (bnlab._run_length) learns the seconds of the steady steps, past warm-up and capture
+    timed = timing_steps() and data.steps > STEADY_FROM
+    t_steady = 0.0
     while run.done < data.steps:
+        if timed and run.done == STEADY_FROM:
+            t_steady = _synced_clock(dev)
         run.step()
         if run.done % opts.check_every == 0 and run.done < data.steps and not run.check():
             break  # every network has diverged: nothing left to train
+    if timed and run.done > STEADY_FROM:
+        note_steady_steps(run.done - STEADY_FROM, _synced_clock(dev) - t_steady)
     stack.write_back()
     return _ensemble_results(run, stack, data, opts, chance=1.0 / k_out)
 

@@ -86,4 +86,32 @@ ROUTED = Experiment(name="bnlab-test-plan-routed", paper="p", figure="f", title=
                     grid=_routed_grid, run_cell=_routed_cell, plot=lambda records, outdir: [],
                     cost=lambda cells: TaskCost(f"task{cells[0]['i']}", steps=cells[0]["steps"], step_work=1.0),
                     shorten=lambda cells, k: [dict(c, steps=k) for c in cells])
-EXPERIMENTS = [COLUMNS, COSTED, ROUTED]
+
+
+_RUNS: list = []
+
+
+def _jittery_cell(params: dict) -> dict:
+    """A run whose set-up varies by more than its steps take (a GPU's tracing, cache and capture beside
+    millisecond steps): 0.6 s and 0.2 s in turn, then ``steps`` steps of 2 ms, the steady ones timed and
+    noted as a trainer does (bnlab._run_length)."""
+    from bnlab._run_length import STEADY_FROM, note_steady_steps, timing_steps
+
+    _RUNS.append(params["steps"])
+    time.sleep(0.6 if len(_RUNS) % 2 else 0.2)
+    t0 = 0.0
+    for s in range(params["steps"]):
+        if s == STEADY_FROM:
+            t0 = time.perf_counter()
+        time.sleep(0.002)
+    if timing_steps() and params["steps"] > STEADY_FROM:
+        note_steady_steps(params["steps"] - STEADY_FROM, time.perf_counter() - t0)
+    return {"ok": True}
+
+
+JITTERY = Experiment(name="bnlab-test-plan-jittery", paper="p", figure="f", title="jitter", claim="c",
+                     grid=lambda scale: [dict(i=0, steps=100_000)], run_cell=_jittery_cell,
+                     plot=lambda records, outdir: [],
+                     cost=lambda cells: TaskCost("jittery", steps=cells[0]["steps"], step_work=1.0),
+                     shorten=lambda cells, k: [dict(c, steps=k) for c in cells])
+EXPERIMENTS = [COLUMNS, COSTED, ROUTED, JITTERY]

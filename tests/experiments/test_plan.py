@@ -246,3 +246,49 @@ def test_a_compiled_pilot_counts_the_cold_compilation_in_every_task(tmp_path, mo
     assert compiled.warmup_seconds is not None and compiled.warmup_seconds >= 1.5
     assert compiled.fixed_seconds >= 1.4  # the cold compilation, though the timed runs took milliseconds
     assert eager.fixed_seconds < 1.0  # an eager route compiles nothing: nothing added
+
+
+def test_a_pilot_uses_the_trainers_timing_of_its_steps_when_the_set_up_varies_more(monkeypatch):
+    """On an H100 (2026-11-28) a Yang Fig. 3a column's set-up took 12.4 s, 15.4 s and 16.1 s in three cuts of
+    2, 12 and 23 steps whose steps take ~4 ms each: the difference of the cuts gave 174 ms per step and a
+    14.6 h plan.  Here the set-up alternates 0.6 s / 0.2 s and a step takes 2 ms: the pilot must take the
+    seconds per step the trainer timed (bnlab._run_length), not the difference."""
+    monkeypatch.setattr(_plan_helpers, "_RUNS", [])
+    plan = plan_experiment(_plan_helpers.JITTERY, "small", workers=1, budget=20.0, pilot_steps=(2, 12))
+    (pilot,) = plan.pilots
+    assert pilot.error is None and pilot.step_source == "timed steps"
+    # 2 ms sleeps: at least 2 ms, and the scheduler's overshoot on a loaded machine stays below 2 ms more
+    assert 0.002 <= pilot.step_seconds < 0.004, pilot
+    assert pilot.steps == [2, 12]  # no lengthening of the cut: its own timing is enough
+    assert plan.seconds == pytest.approx(100_000 * pilot.step_seconds + pilot.fixed_seconds, rel=1e-6)
+
+
+def test_timed_steps_count_only_whole_cuts():
+    from bnlab.experiments.plan import _timed_step
+
+    assert _timed_step([(9, 0.09)], 12) == pytest.approx(0.01)
+    assert _timed_step([(9, 0.09), (9, 0.18)], 12) == pytest.approx(0.03)  # two ensembles per task step
+    assert _timed_step([(4, 0.04)], 12) is None  # stopped early (every network diverged)
+    assert _timed_step([(2, 0.02)], 5) is None  # too few steady steps to average
+    assert _timed_step([], 12) is None
+
+
+def test_train_ensemble_times_its_steady_steps_only_for_a_pilot():
+    import torch
+
+    from bnlab._run_length import STEADY_FROM, standing_for, steady_steps
+    from bnlab.nets import BNMLP, train_ensemble
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 8, dtype=torch.float64), torch.randint(0, 3, (64,))
+    models = [BNMLP(8, 3, width=6, depth=d).double() for d in (1, 2)]
+    assert steady_steps() == []
+    train_ensemble(models, (x, y), lr=0.1, batch_size=8, steps=15, step_mode="eager")
+    assert steady_steps() == []  # outside a pilot: nothing noted
+    with standing_for(15):
+        t0 = time.perf_counter()
+        train_ensemble(models, (x, y), lr=0.1, batch_size=8, steps=15, step_mode="eager")
+        total = time.perf_counter() - t0
+        noted = steady_steps()
+    assert len(noted) == 1 and noted[0][0] == 15 - STEADY_FROM
+    assert 0.0 < noted[0][1] < total
