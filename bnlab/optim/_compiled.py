@@ -27,6 +27,7 @@ least recently used dropped.  A capture that fails warns once and the route stay
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections import OrderedDict
 
@@ -106,6 +107,14 @@ def _capture(call):
     return graph.replay
 
 
+def _on(device: torch.device):
+    """The device's context where it is not the current CUDA device (a graph is captured and replayed on
+    the streams of the device its tensors live on), else nothing to enter."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 def _warm_up(call, device: torch.device) -> None:
     """Run ``call()`` once for real, on a side stream on CUDA (as ``torch.cuda.graphs`` asks of the
     work it will capture: allocations and lazy initialization happen outside the capture)."""
@@ -158,12 +167,20 @@ def captured_dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2,
            tuple(map(_held, means)), tuple(map(_held, variances)), _held(nonfinite_steps),
            tuple(q2s), rho, eps1, eps2)
     entry = _GRAPHS.get(key)
+    device = means[0].device
     if entry is not None:
         _GRAPHS.move_to_end(key)
-        entry.copy_in(xs, gws, gbs)
-        entry.replay()
-        entry.copy_out(gws, gbs)
+        with _on(device):
+            entry.copy_in(xs, gws, gbs)
+            entry.replay()
+            entry.copy_out(gws, gbs)
         return entry.skipped
+    with _on(device):
+        return _first_step(key, xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps)
+
+
+def _first_step(key, xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps) -> torch.Tensor:
+    """The first step of a new graph: run for real (the warm-up), then captured for the next steps."""
     entry = _Replay(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps)
     entry.copy_in(xs, gws, gbs)
     _warm_up(entry.call, means[0].device)  # this step itself (and the compilation for these shapes)
@@ -174,7 +191,7 @@ def captured_dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2,
             f"bnlab: capturing BNP's compiled dense step in a CUDA graph failed ({type(exc).__name__}: {exc}); "
             "the step stays compiled, uncaptured",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=5,
         )
         _STATE["no_graph"] = True
     else:

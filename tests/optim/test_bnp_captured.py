@@ -205,3 +205,15 @@ def test_cuda_captured_step_equals_eager(dtype):
     u = 1.0 if dtype == torch.float64 else 2.0 ** 29  # 2⁻²⁴ / 2⁻⁵³
     _assert_same(a, pa, b, pb, u * _tol(16, 300))
     assert len(_compiled._GRAPHS) >= min(before + 2, _compiled.MAX_GRAPHS)  # N = 16 and N = 5 were captured
+
+
+def test_a_graph_is_captured_and_replayed_on_its_own_device(monkeypatch):
+    """Statistics on cuda:1 while cuda:0 is current: the capture's streams and the replay must be those
+    of cuda:1 (entered only when it is not current; nothing to enter on a CPU)."""
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert isinstance(_compiled._on(torch.device("cpu")), contextlib.nullcontext)
+    assert isinstance(_compiled._on(torch.device("cuda:0")), contextlib.nullcontext)
+    other = _compiled._on(torch.device("cuda:1"))
+    assert isinstance(other, torch.cuda.device) and other.idx == 1
