@@ -75,7 +75,8 @@ from _timing import device_clock, device_sync  # noqa: E402
 TRAIN_SIZE = 50_000
 #: BNP variants and their BNPreconditioner arguments (see bnlab.optim.BNPreconditioner).
 _BNP_KWARGS = {"bnp": {}, "bnp_eager": {"compiled": False}, "bnp_compiled": {"compiled": True},
-               "bnp_uncaptured": {"cuda_graph": False}, "bnp_fused": {"gradient": "fused"}, "bnp_auto": {"gradient": "auto"}, "bnp_native": {"native": True}}
+               "bnp_uncaptured": {"cuda_graph": False}, "bnp_fused": {"gradient": "fused"},
+               "bnp_auto": {"gradient": "auto"}, "bnp_native": {"native": True}}
 VARIANTS = ("sgd", "bn", "bnp", "bnp_eager", "bnp_uncaptured", "bnp_compiled", "bnp_fused", "bnp_auto", "bnp_native",
             "floor")
 _BNP = ("bnp", "bnp_eager", "bnp_uncaptured", "bnp_compiled", "bnp_fused", "bnp_auto", "bnp_native")

@@ -132,13 +132,13 @@ class _Replay:
     """The fixed buffers of one captured step and its replay: inputs and gradients are copied in,
     the graph runs Algorithm 2 steps 1-5 on the buffers, the gradients are copied back out."""
 
-    def __init__(self, xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, counter):
+    def __init__(self, xs, means, variances, gws, gbs, *, constants: tuple, counter):
         # the statistics and the counter are used in place and held, so their ids stay theirs
         self.means, self.variances, self.counter = list(means), list(variances), counter
         self.xs = [torch.empty_like(x) for x in xs]
         self.gws = [torch.empty_like(g) for g in gws]
         self.gbs = [None if g is None else torch.empty_like(g) for g in gbs]
-        self.constants = (list(q2s), rho, eps1, eps2)
+        self.constants = constants  # (q2s, rho, eps1, eps2), baked into the graph
         self.skipped = torch.zeros(len(xs), dtype=torch.int64, device=means[0].device)
         self.replay = None
 
@@ -175,15 +175,15 @@ def captured_dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2,
             entry.replay()
             entry.copy_out(gws, gbs)
         return entry.skipped
+    entry = _Replay(xs, means, variances, gws, gbs, constants=(list(q2s), rho, eps1, eps2), counter=nonfinite_steps)
     with _on(device):
-        return _first_step(key, xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps)
+        return _first_step(key, entry, xs, gws, gbs)
 
 
-def _first_step(key, xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps) -> torch.Tensor:
+def _first_step(key, entry: _Replay, xs, gws, gbs) -> torch.Tensor:
     """The first step of a new graph: run for real (the warm-up), then captured for the next steps."""
-    entry = _Replay(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps)
     entry.copy_in(xs, gws, gbs)
-    _warm_up(entry.call, means[0].device)  # this step itself (and the compilation for these shapes)
+    _warm_up(entry.call, entry.means[0].device)  # this step itself (and the compilation for these shapes)
     try:
         entry.replay = _capture(entry.call)
     except Exception as exc:  # a capture the device or the backend refuses: stay compiled, uncaptured
