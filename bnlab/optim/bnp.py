@@ -27,7 +27,7 @@ How the code is laid out (kfac-pytorch's and torch.optim's shape):
   for each forward), in the style of ``torch.optim``'s ``_default_to_fused_or_foreach``: *eager*
   (``torch._foreach_*`` over the layers), *fused* (``gradient="fused"``/``"auto"``), *native*
   (``native=True``, compiled C++ on CPU) or *compiled* (``torch.compile`` of the functional core,
-  the default on CUDA);
+  the default on CUDA, where it is also replayed from a CUDA graph: ``cuda_graph=True``);
 * :meth:`BNPreconditioner.step` only orchestrates: it sorts the pending layers by route and hands
   each group to the functional core (``_functional``: statistics update, inverse scales, gradient
   transform — pure functions of tensors that the eager, fused and compiled routes share, and
