@@ -30,11 +30,7 @@ from bnlab.optim import BNPreconditioner
 from bnlab.optim import _compiled
 from bnlab.optim import _functional as F
 
-U64 = 2.0 ** -53
-
-
-def _tol(n, n_in):
-    return 100 * (n + n_in + 10) * U64
+from .test_bnp_routes import _assert_same, _tol  # the bound derived there, the same comparison
 
 
 @pytest.fixture
@@ -64,19 +60,6 @@ def _train(model, pre, batches, set_to_none=True):
         model.zero_grad(set_to_none=set_to_none)
         model(x).square().sum().backward()
         pre.step()
-
-
-def _assert_same(a_model, a_pre, b_model, b_pre, tol):
-    compared = 0
-    for p, q in zip(a_model.parameters(), b_model.parameters()):
-        assert (p.grad is None) == (q.grad is None)
-        if p.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, rtol=tol, atol=tol * q.grad.abs().max().item())
-            compared += 1
-    assert compared > 0
-    for name in a_pre.layers:
-        for s, t in zip(a_pre.statistics(name), b_pre.statistics(name)):
-            torch.testing.assert_close(s, t, rtol=tol, atol=tol)
 
 
 def _batches(sizes, seed=1, device="cpu", dtype=torch.float64):
