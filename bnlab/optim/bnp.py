@@ -199,6 +199,12 @@ def _reads_back(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def _kept_group(route: str, layer: BNPLayer, args: tuple) -> tuple:
+    """Layers of one call of a kept-input route: the native kernel takes one input dtype per call, the
+    compiled step one statistics device and dtype."""
+    return (args[0].dtype,) if route == "native" else (layer.mean.device, layer.mean.dtype)
+
+
 def _distributed() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized()
@@ -541,62 +547,42 @@ class BNPreconditioner:
         no statistics were recorded since the last step (no forward pass in training mode), or if
         a layer has a gradient but its forward hook never saw an input.
         """
-        if self._native_kernel is not None and self._native_only_step():
+        # the native kernel records nothing: no autograd mode switch for it
+        if self._native_kernel is not None and self._kept_only_step("native"):
             return
         with torch.no_grad():
-            if not self._compiled_only_step():
+            if not self._kept_only_step("compiled"):
                 self._step()
         if self.steps % _NONFINITE_CHECK_EVERY == 0:
             self._collect_device_flags()
 
-    def _native_only_step(self) -> bool:
-        """The common case of ``native=True``: every layer ran exactly one forward on the native
-        route since the last step and its gradients qualify (:meth:`DenseLayer.native_args`).  Then
-        one kernel call does the whole step and this returns ``True``; otherwise nothing is changed
-        and it returns ``False`` for the general route.  (No autograd mode switch: the kernel
-        records nothing; one pass over the layers: at N = 16 on Table 1's network the Python around
-        the kernel is still ~0.025 ms of ``step()``'s ~0.09 ms.)"""
+    def _kept_only_step(self, route: str) -> bool:
+        """The common case of a kept-input route (``"native"``: ``native=True`` on CPU; ``"compiled"``: the
+        CUDA default): every layer ran exactly one forward on ``route`` since the last step, its gradients
+        qualify (:meth:`DenseLayer.native_args` / :meth:`DenseLayer.compiled_args`) and all fall in one
+        call's group (:func:`_kept_group`).  Then one call does the whole step — one kernel call, or one
+        graph replay on CUDA — without :meth:`_step`'s sorting by route, and this returns ``True``;
+        otherwise nothing is changed and it returns ``False``.  (One pass over the layers: at N = 16 on
+        Table 1's network the Python around the native kernel is still ~0.025 ms of ``step()``'s
+        ~0.09 ms; on an H100 the Python around the replay was most of ``step()`` through :meth:`_step`,
+        0.24-0.28 ms per step, 2026-11-28.)"""
+        native = route == "native"
         layers = self._layer_list
-        args = []
+        args, group = [], None
         for s in layers:
-            if s.kept_x is None or s.kept_route != "native":
+            if s.kept_x is None or s.kept_route != route:
                 return False
-            a = s.native_args()
-            if a is None or (args and a[0].dtype != args[0][0].dtype):
-                return False  # not eligible, or a second dtype (the kernel takes one per call)
-            args.append(a)
-        if _distributed():
-            return False
-        self._native_step(layers, args)
-        for s in layers:
-            s.kept_x = None
-            s.steps += 1
-        self.steps += 1
-        return True
-
-    def _compiled_only_step(self) -> bool:
-        """The common case of the compiled route (the CUDA default): every layer ran exactly one forward
-        on it since the last step, its gradients qualify and all share one statistics device and dtype.
-        Then :meth:`_compiled_step` does the whole step — one graph replay on CUDA — without
-        :meth:`_step`'s sorting by route, and this returns ``True``; otherwise nothing is changed and it
-        returns ``False``.  (On a GPU the Python around the replay is most of ``step()``: 0.24-0.28 ms
-        per step of Table 1's network on an H100 through :meth:`_step`, 2026-11-28.)"""
-        layers = self._layer_list
-        args = []
-        first = layers[0].mean if layers else None
-        for s in layers:
-            if s.kept_x is None or s.kept_route != "compiled":
-                return False
-            mean = s.mean
-            if mean.device != first.device or mean.dtype != first.dtype:
-                return False
-            a = s.compiled_args()
+            a = s.native_args() if native else s.compiled_args()
             if a is None:
                 return False
+            key = _kept_group(route, s, a)
+            if group is not None and key != group:
+                return False  # a second dtype or device: one call per group, through _step
+            group = key
             args.append(a)
         if not args or _distributed():
             return False
-        self._compiled_step(layers, args)
+        (self._native_step if native else self._compiled_step)(layers, args)
         for s in layers:
             s.kept_x = None  # nothing else was pending: a kept input is a layer's only record of a step
             s.steps += 1
@@ -647,9 +633,7 @@ class BNPreconditioner:
         for route, pairs in kept.items():
             by_dtype: dict[tuple, list] = {}
             for pair in pairs:  # one call per input dtype (native) / statistics device and dtype (compiled)
-                s, a = pair
-                key = (a[0].dtype,) if route == "native" else (s.mean.device, s.mean.dtype)
-                by_dtype.setdefault(key, []).append(pair)
+                by_dtype.setdefault(_kept_group(route, *pair), []).append(pair)
             for group in by_dtype.values():
                 step = self._native_step if route == "native" else self._compiled_step
                 step([p[0] for p in group], [p[1] for p in group])
