@@ -254,11 +254,15 @@ def test_a_pilot_uses_the_trainers_timing_of_its_steps_when_the_set_up_varies_mo
     14.6 h plan.  Here the set-up alternates 0.6 s / 0.2 s and a step takes 2 ms: the pilot must take the
     seconds per step the trainer timed (bnlab._run_length), not the difference."""
     monkeypatch.setattr(_plan_helpers, "_RUNS", [])
+    monkeypatch.setattr(_plan_helpers, "_NOTED", [])
     plan = plan_experiment(_plan_helpers.JITTERY, "small", workers=1, budget=20.0, pilot_steps=(2, 12))
     (pilot,) = plan.pilots
     assert pilot.error is None and pilot.step_source == "timed steps"
-    # 2 ms sleeps: at least 2 ms, and the scheduler's overshoot on a loaded machine stays below 2 ms more
-    assert 0.002 <= pilot.step_seconds < 0.004, pilot
+    # exactly what the cut of 12 steps timed (its last note), not a wall-clock bound; a 2 ms sleep is never
+    # shorter, while the difference of the cuts reads 0.4 s of set-up jitter over 10 steps as 40 ms
+    steps, seconds = _plan_helpers._NOTED[-1]
+    assert steps == 12 - 3 and pilot.step_seconds == pytest.approx(seconds / steps, rel=1e-12)
+    assert pilot.step_seconds >= 0.002, pilot
     assert pilot.steps == [2, 12]  # no lengthening of the cut: its own timing is enough
     assert plan.seconds == pytest.approx(100_000 * pilot.step_seconds + pilot.fixed_seconds, rel=1e-6)
 
