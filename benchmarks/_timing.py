@@ -58,3 +58,9 @@ def device_sync(device) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+#: host calls that put work on a GPU, as the profiler names them: a kernel launch, or one launch of a
+#: whole CUDA graph (bench_ensemble's and bench_bnp's launch counts)
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch",
+                "cuGraphLaunch")

@@ -70,7 +70,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from bnlab.optim import BNPreconditioner  # noqa: E402
 from bnlab.optim import _compiled  # noqa: E402
-from _timing import device_clock, device_sync  # noqa: E402
+from _timing import LAUNCH_CALLS, device_clock, device_sync  # noqa: E402
 
 TRAIN_SIZE = 50_000
 #: BNP variants and their BNPreconditioner arguments (see bnlab.optim.BNPreconditioner).
@@ -157,11 +157,6 @@ def ops_per_step(step, x, y) -> int:
     return counter.count
 
 
-#: host calls that put work on the GPU: a kernel launch, or one launch of a whole CUDA graph
-_LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch",
-                 "cuGraphLaunch")
-
-
 def launches_per_step(step, x, y) -> tuple[int, int] | tuple[None, None]:
     """``(kernels, launch calls)`` of one training step: the kernels (and copies/fills) the profiler sees
     on the CUDA device, and the host calls that launched them (a replayed CUDA graph is one call for all
@@ -175,7 +170,7 @@ def launches_per_step(step, x, y) -> tuple[int, int] | tuple[None, None]:
         print(f"bench_bnp: the profiler failed ({type(exc).__name__}: {exc}); no launch counts", file=sys.stderr)
         return None, None
     kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-    calls = sum(1 for e in events if e.device_type != torch.autograd.DeviceType.CUDA and e.name in _LAUNCH_CALLS)
+    calls = sum(1 for e in events if e.device_type != torch.autograd.DeviceType.CUDA and e.name in LAUNCH_CALLS)
     return kernels, calls
 
 

@@ -51,7 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import device_clock, device_sync  # noqa: E402
+from _timing import LAUNCH_CALLS, device_clock, device_sync  # noqa: E402
 
 
 def _data(n: int, seed: int = 0):
@@ -334,8 +334,7 @@ def _profile_steps(run, n, device) -> dict:
             intervals.append((e.time_range.start, e.time_range.end))
             continue
         parent = e.cpu_parent
-        if e.name in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
-                      "cudaGraphLaunch", "cuGraphLaunch"):
+        if e.name in LAUNCH_CALLS:
             launches += 1
         elif parent is not None and parent.name.startswith("## Call CompiledFxGraph"):
             ops += 1  # an aten call or a fused kernel of the compiled step
