@@ -36,6 +36,7 @@ import signal
 import threading
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
@@ -235,8 +236,26 @@ def open_client(scheduler: str | None = None, workers: int | None = None, thread
         client.register_plugin(IgnoreSigint())
         yield client
     finally:
-        client.close()
-        cluster.close()
+        _close_bounded(client, cluster)
+
+
+#: seconds each of the local cluster's client and cluster may take to close (a worker busy in a cell is
+#: stopped by its nanny within ~5 s; this bounds a teardown that an interrupt left waiting)
+CLOSE_TIMEOUT_S = 30.0
+
+
+def _close_bounded(client: Any, cluster: Any, timeout: float | None = None) -> None:
+    """Close the local ``client`` and ``cluster``, each within ``timeout`` seconds (default
+    :data:`CLOSE_TIMEOUT_S`): a teardown that does not finish is reported by a warning and given up,
+    never waited on (the worker processes are this process's daemonic children: they end with it)."""
+    timeout = CLOSE_TIMEOUT_S if timeout is None else timeout
+    for what, part in (("client", client), ("cluster", cluster)):
+        try:
+            part.close(timeout=timeout)
+        except (TimeoutError, OSError, RuntimeError) as exc:
+            warnings.warn(f"the local Dask {what} did not close within {timeout:g} s "
+                          f"({type(exc).__name__}: {exc}); its worker processes end with this process",
+                          RuntimeWarning, stacklevel=3)
 
 
 def _worker_share(cores: int, workers: int) -> int:
@@ -486,32 +505,35 @@ def run_grid(
         bar = SweepProgress(len(keys), before["done"], before["failed"], desc=f"{exp.name} [{scale}]",
                             file=stream, enabled=progress is not False)
         executed = 0
-        try:
-            with _sigterm_as_interrupt():
-                tasks = _tasks(exp, rows, scale)
-                if not tasks:
-                    pass
-                elif serial:
-                    with _threads.pinned(threads):
-                        executed = _run_serial(exp, tasks, st, bar)
-                elif client is not None:
-                    if threads is not None:
-                        set_client_threads(client, threads)
-                    executed = _run_dask(exp, tasks, st, bar, client, retries)
-                else:
-                    with open_client(scheduler, workers, threads) as own:
+        # the local cluster is torn down after the except clause below (the outer stack): the store is
+        # consistent and the user told so before its workers are stopped, however long that takes
+        with contextlib.ExitStack() as own_cluster:
+            try:
+                with _sigterm_as_interrupt():
+                    tasks = _tasks(exp, rows, scale)
+                    if not tasks:
+                        pass
+                    elif serial:
+                        with _threads.pinned(threads):
+                            executed = _run_serial(exp, tasks, st, bar)
+                    elif client is not None:
+                        if threads is not None:
+                            set_client_threads(client, threads)
+                        executed = _run_dask(exp, tasks, st, bar, client, retries)
+                    else:
+                        own = own_cluster.enter_context(open_client(scheduler, workers, threads))
                         executed = _run_dask(exp, tasks, st, bar, own, retries)
-        except BaseException as exc:
-            # Ctrl-C, SIGTERM, a lost scheduler...: what finished is committed; what was in flight runs again later.
-            requeued = st.requeue_running()
-            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
-            bar.write(
-                f"{what}: {bar.done} cells done are saved in {path}; {requeued} cells in flight returned to "
-                f"pending; continue with: bnlab sweep resume {path}"
-            )
-            raise
-        finally:
-            bar.close()
+            except BaseException as exc:
+                # Ctrl-C, SIGTERM, a lost scheduler...: what finished is committed; what was in flight runs again later.
+                requeued = st.requeue_running()
+                what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
+                bar.write(
+                    f"{what}: {bar.done} cells done are saved in {path}; {requeued} cells in flight returned to "
+                    f"pending; continue with: bnlab sweep resume {path}"
+                )
+                raise
+            finally:
+                bar.close()
         after = st.counts(keys)
         final = st.cells(keys=keys)
     summary = SweepSummary(

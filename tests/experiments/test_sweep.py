@@ -150,3 +150,64 @@ def test_metrics_must_be_a_json_dict(tmp_path, helpers):
     assert s.failed == 2
     errors = [f["error"] for f in sweep_status(s.store).failures]
     assert any("must return a dict" in e for e in errors) and any("not JSON-serializable" in e for e in errors)
+
+
+def test_interrupt_is_reported_before_the_local_cluster_is_torn_down(tmp_path, test_env, helpers, monkeypatch):
+    """The store is requeued and the user told so before the local cluster's teardown starts: a teardown
+    that takes long (a worker stuck in a cell) never holds back the message or leaves cells 'running'.
+    The local cluster and the run are stand-ins; the old order (teardown inside the try) fails the
+    asserts made at teardown."""
+    import contextlib
+
+    from bnlab.experiments import sweep
+
+    seen = {}
+    buf = io.StringIO()
+    path = store_path(helpers.SWEEP.name, "small", tmp_path)
+
+    @contextlib.contextmanager
+    def fake_open_client(scheduler=None, workers=None, threads=None):
+        try:
+            yield object()
+        finally:  # the teardown: what the store and the user have been told by now
+            with ResultsStore(path, readonly=True) as st:
+                seen["counts"] = st.counts()
+            seen["said"] = buf.getvalue()
+
+    def interrupted_run(exp, tasks, st, bar, client, retries):
+        st.mark_submitted([r.key for members, _ in tasks for r in members])  # cells in flight
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("BNLAB_TEST_CELLS", "4")
+    monkeypatch.setattr(sweep, "open_client", fake_open_client)
+    monkeypatch.setattr(sweep, "_run_dask", interrupted_run)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(helpers.SWEEP, results_dir=tmp_path, progress=buf)
+    assert seen["counts"]["running"] == 0 and seen["counts"]["pending"] == 4
+    assert "interrupted: 0 cells done are saved" in seen["said"]
+
+
+def test_local_cluster_teardown_is_bounded(monkeypatch):
+    """A client or cluster that does not close in time is given up with a warning naming it, not waited on;
+    each is asked with the bound (stand-ins for distributed's objects, whose close raises TimeoutError)."""
+    from bnlab.experiments import sweep
+
+    asked = []
+
+    class Stuck:
+        def __init__(self, name):
+            self.name = name
+
+        def close(self, timeout=None):
+            asked.append((self.name, timeout))
+            if self.name == "cluster":
+                raise TimeoutError("workers still busy")
+
+    with pytest.warns(RuntimeWarning, match="local Dask cluster did not close within 2 s"):
+        sweep._close_bounded(Stuck("client"), Stuck("cluster"), timeout=2.0)
+    assert asked == [("client", 2.0), ("cluster", 2.0)]
+    with pytest.raises(ValueError):  # anything but a timeout or a lost connection is not swallowed
+        class Broken(Stuck):
+            def close(self, timeout=None):
+                raise ValueError("a bug")
+        sweep._close_bounded(Broken("client"), Stuck("cluster"), timeout=2.0)
