@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from bnlab._inductor import compile_options
 from bnlab._run_length import note_route, standing_for, whole_run_steps
 from bnlab._validation import check_choice
 from bnlab.nets._compile import compile_failure, fresh_function
@@ -294,7 +295,8 @@ class StepRunner:
             # compaction (fewer rows), would be traced with symbolic sizes: code generic in the sizes
             # for the BN-MLP stack, and for the vmap stack a failure (functorch's batched tensors have
             # no symbolic sizes), hence the eager step
-            self._compiled = torch.compile(fresh_function(self._make("func")), fullgraph=True, dynamic=False)
+            self._compiled = torch.compile(fresh_function(self._make("func")), fullgraph=True, dynamic=False,
+                                           options=compile_options())
         return self._compiled
 
     def _run_compiled(self, state: dict) -> None:

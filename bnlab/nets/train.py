@@ -28,6 +28,7 @@ from torch import nn
 import copy
 
 from bnlab import _threads
+from bnlab._inductor import compile_options
 from bnlab._validation import check_choice, check_device, check_int, check_real, check_seed
 from bnlab.nets._compile import compile_failure, fresh_function
 
@@ -623,8 +624,9 @@ class _StepFunctions:
             # dynamic=False: automatic dynamic shapes would carry a previous run's sizes over (Dynamo
             # keys them by the function's file, line and name, not by code object) and trace this run
             # with symbolic sizes
-            self._compiled = {"loss": torch.compile(fresh_function(forward_loss), dynamic=False),
-                              "optimizer_step": torch.compile(fresh_function(optimizer_step), dynamic=False)}
+            self._compiled = {"loss": torch.compile(fresh_function(forward_loss), dynamic=False, options=compile_options()),
+                              "optimizer_step": torch.compile(fresh_function(optimizer_step), dynamic=False,
+                                                              options=compile_options())}
 
     def _call(self, name: str, *args):
         fn = self._compiled.get(name)

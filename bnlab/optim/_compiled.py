@@ -33,6 +33,7 @@ from collections import OrderedDict
 
 import torch
 
+from bnlab._inductor import compile_options
 from bnlab.optim import _functional as F
 
 __all__ = ["MAX_GRAPHS", "available", "capturable", "captured_dense_steps_", "dense_steps_"]
@@ -53,7 +54,7 @@ def available(device: torch.device) -> bool:
 
 def _compiled():
     if "fn" not in _STATE:
-        _STATE["fn"] = torch.compile(F.dense_steps_, fullgraph=True)
+        _STATE["fn"] = torch.compile(F.dense_steps_, fullgraph=True, options=compile_options())
     return _STATE["fn"]
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 import torch
 
+from bnlab._inductor import compile_options
 from bnlab.nets import BNMLP, ENSEMBLE_STEP_MODES, MLP, train_ensemble
 from bnlab.nets._ensemble_step import StepConfig, resolve_step_mode
 from bnlab.nets.ensemble import _BNMLPStack, _EnsembleRun
@@ -151,6 +152,11 @@ _VARIANTS = {
 }
 
 
+def _without_inductor_options(kw: dict) -> dict:
+    # Inductor's options (bnlab._inductor) mean nothing to another backend: left out where a test swaps it in
+    return {k: v for k, v in kw.items() if k != "options"}
+
+
 def test_compiled_step_equals_eager():
     # the default suite's compiled comparison: the BN-MLP stack (the GPU target), depths 2 and 1 mixed,
     # momentum and weight decay, one network exploding and one stopped mid-run.  Compiling takes 1.5 min
@@ -205,7 +211,8 @@ def test_the_functional_step_equals_eager_for_every_optimizer_and_loss(stack, va
     passed = []
     monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: passed.append(kw) or fn)
     _assert_routes_agree(stack, *_VARIANTS[variant], depths=(2, 1, 2, 1))
-    assert passed == [dict(fullgraph=True, dynamic=False)]  # the route under test was the compiled route's step
+    # the route under test was the compiled route's step, with bnlab's Inductor options (bnlab._inductor)
+    assert passed == [dict(fullgraph=True, dynamic=False, options=compile_options())]
 
 
 def test_a_second_compiled_run_with_other_shapes_still_compiles(monkeypatch):
@@ -217,7 +224,7 @@ def test_a_second_compiled_run_with_other_shapes_still_compiles(monkeypatch):
     import bnlab.nets._ensemble_step as step_mod
 
     real = torch.compile
-    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: real(fn, backend="aot_eager", **kw))
+    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: real(fn, backend="aot_eager", **_without_inductor_options(kw)))
     train_set, _ = _digits()
     for width in (6, 9):
         models = [MLP(64, [width], 10, phi="tanh", norm="bn", placement="post", seed=i, dtype=F64) for i in range(2)]
@@ -624,7 +631,7 @@ def test_a_float32_bnmlp_stack_compiles_and_equals_eager(monkeypatch):
     import bnlab.nets._ensemble_step as step_mod
 
     real = torch.compile
-    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: real(fn, backend="aot_eager", **kw))
+    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: real(fn, backend="aot_eager", **_without_inductor_options(kw)))
     x, y = _digits()[0]
     x32 = torch.as_tensor(x, dtype=torch.float32)
 
@@ -654,7 +661,7 @@ def test_the_compiled_step_is_the_same_graph_for_any_run_length(monkeypatch):
         return gm.forward
 
     real = torch.compile
-    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: real(fn, backend=recording_backend, **kw))
+    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: real(fn, backend=recording_backend, **_without_inductor_options(kw)))
     train_set, _ = _digits()
     histories = []
     for steps in (3, 13):

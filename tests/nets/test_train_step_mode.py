@@ -85,7 +85,7 @@ def _trace_on_aot_eager(monkeypatch):
     # Dynamo's "aot_eager" backend runs the traced aten graphs without Inductor's code generation
     # (seconds here instead of minutes)
     real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend="aot_eager", **kw))
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend="aot_eager", **{k: v for k, v in kw.items() if k != "options"}))
 
 
 @pytest.mark.parametrize("opt, bias", CASES)
