@@ -129,6 +129,10 @@ def main(argv=None) -> dict:
                     help="only the compiled route's set-up: a cold compilation (fresh Inductor cache), then runs "
                          "of 2, 12 and 112 steps of the same networks, whose graph the cache serves (no shape of "
                          "the step depends on the run's length); one thread, CPU seconds")
+    ap.add_argument("--buffer-reuse-ab", action="store_true",
+                    help="only the compiled CPU step with bnlab's Inductor options (buffer reuse off, "
+                         "bnlab._inductor) against Inductor's default (reuse on), side by side: 3 float32 BN-MLPs "
+                         "of depths 4, 8, 16, width 128, 784 inputs, B = 32; one thread, wall ms per steady step")
     args = ap.parse_args(argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -169,7 +173,63 @@ def _compile_reuse() -> list[dict]:
     return rows
 
 
+def _buffer_reuse_ab(quick: bool = False) -> list[dict]:
+    """Wall ms per steady compiled step with each set of Inductor options, each in a fresh Inductor
+    cache: the trainer's own timing of its steps after the third (``bnlab._run_length``, as a plan's
+    pilot reads it), the least of 3 runs; the first run's compilation in CPU seconds."""
+    import os
+    import tempfile
+
+    import bnlab._inductor as inductor_options
+    from bnlab._run_length import standing_for, steady_steps
+    from bnlab.nets import BNMLP, train_ensemble
+
+    torch.set_num_threads(1)
+    features, width, depths, batch, steps = (32, 16, (2, 3), 8, 20) if quick else (784, 128, (4, 8, 16), 32, 300)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4096, features, generator=gen), torch.randint(0, 10, (4096,), generator=gen)
+
+    def run():
+        models = [BNMLP(features, 10, depth=d, width=width, seed=i) for i, d in enumerate(depths)]
+        c = time.process_time()
+        with standing_for(steps):
+            train_ensemble(models, (x, y), lr=0.01, batch_size=batch, steps=steps, step_mode="compile")
+            n, seconds = steady_steps()[-1]
+        return time.process_time() - c, seconds / n * 1e3
+
+    rows = []
+    kept, before = inductor_options.COMPILE_OPTIONS, os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    try:
+        for label, options in (("bnlab (allow_buffer_reuse=False)", dict(kept)), ("Inductor default", {})):
+            inductor_options.COMPILE_OPTIONS = options
+            with tempfile.TemporaryDirectory() as cache:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+                runs = [run() for _ in range(3)]
+            rows.append({"options": label, "first_run_cpu_s": round(runs[0][0], 1),
+                         "step_ms": round(min(ms for _, ms in runs), 3),
+                         "runs_ms": [round(ms, 3) for _, ms in runs]})
+    finally:
+        inductor_options.COMPILE_OPTIONS = kept
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+    rows[0]["ratio_to_default"] = round(rows[0]["step_ms"] / rows[1]["step_ms"], 3)
+    return rows
+
+
 def _main(args) -> dict:
+    if args.buffer_reuse_ab:
+        rows = _buffer_reuse_ab(args.quick)
+        if args.json:
+            print(json.dumps({"buffer_reuse_ab": rows}, indent=1))
+        else:
+            print("compiled step on the CPU, one thread: bnlab's Inductor options against Inductor's default")
+            for r in rows:
+                print(f"  {r['options']:34s} {r['step_ms']:8.3f} ms/step  (runs {r['runs_ms']}; first run, compiling: "
+                      f"{r['first_run_cpu_s']} CPU s)")
+            print(f"  ratio bnlab / default: {rows[0]['ratio_to_default']}")
+        return {"buffer_reuse_ab": rows}
     if args.compile_reuse:
         rows = _compile_reuse()
         if args.json:

@@ -16,9 +16,13 @@ from __future__ import annotations
 #: 0.00084; the same function under Dynamo with the ``eager`` or ``aot_eager`` backend, and Inductor
 #: with this option off, agree with the eager route to 1e-16).  Which shapes trigger it depends on
 #: Inductor's scheduling (depths 8 and 16, or width 64, did not), so the option is off for every
-#: compiled route, not only that one.  Off, each intermediate buffer gets its own allocation (freed as
-#: before when dead): ~3 % more time per compiled ensemble step on CPU
-#: (``tests/nets/test_ensemble_compiled_reuse.py``).
+#: compiled route, not only that one (``tests/nets/test_ensemble_compiled_reuse.py``).  Off, each
+#: intermediate buffer gets its own allocation (freed as before when dead).  Its cost was not measurable
+#: on this project's 2-core CPU machine: ``python benchmarks/bench_ensemble.py --buffer-reuse-ab`` (3
+#: float32 BN-MLPs, depths 4, 8, 16, width 128, B = 32, one thread; 2026-11-28) gave 3.8 ms per steady
+#: step with it off against 5.4 ms with Inductor's default, the least of 3 runs each, whose runs spread
+#: over 3.8–6.7 and 5.4–7.3 ms.  On a GPU the compiled step is replayed from a CUDA graph, whose
+#: private memory pool recycles freed blocks within the capture either way; not yet measured there.
 COMPILE_OPTIONS: dict[str, object] = {"allow_buffer_reuse": False}
 
 

@@ -14,3 +14,19 @@ def test_bench_quick_runs_and_times_every_normalization(capsys):
     for name in NORMALIZATIONS:
         assert f"\n{name} " in out
     assert "matmuls" in out and "train() loop" in out
+
+
+def test_bench_ensemble_buffer_reuse_ab_quick_runs(monkeypatch):
+    # the plumbing of the A/B (both option sets used, rows, ratio) with torch.compile as the identity:
+    # the comparison itself (two Inductor compilations) is the benchmark's, not the suite's
+    import bnlab._inductor as inductor_options
+    import bnlab.nets._ensemble_step as step_mod
+
+    seen = []
+    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: seen.append(kw["options"]) or fn)
+    out = load_benchmark("bench_ensemble").main(["--buffer-reuse-ab", "--quick", "--json"])
+    rows = out["buffer_reuse_ab"]
+    assert [r["options"].split()[0] for r in rows] == ["bnlab", "Inductor"]
+    assert all(r["step_ms"] > 0 for r in rows) and rows[0]["ratio_to_default"] > 0
+    assert {"allow_buffer_reuse": False} in seen and {} in seen
+    assert inductor_options.COMPILE_OPTIONS == {"allow_buffer_reuse": False}  # restored
