@@ -38,6 +38,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "_threads": frozenset(),
     "_vocabulary": frozenset(),
     "_run_length": frozenset(),
+    "_inductor": frozenset(),
     "activations": frozenset(),
     "theory": frozenset({"activations"}),
     "sim": frozenset({"activations"}),
@@ -66,7 +67,8 @@ NO_TORCH = frozenset({"theory", "compare", "claims"})
 PENDING: dict[tuple[str, str], tuple[str, str]] = {}
 
 #: Private modules at the bottom that every part may import.
-SHARED = frozenset({"bnlab._validation", "bnlab._threads", "bnlab._vocabulary", "bnlab._run_length"})
+SHARED = frozenset({"bnlab._validation", "bnlab._threads", "bnlab._vocabulary", "bnlab._run_length",
+                    "bnlab._inductor"})
 
 
 def part_of(module: str) -> str:

@@ -39,20 +39,35 @@ def _assert_close(got, ref):
             assert torch.equal(a, b), name
 
 
+_ROUTES = [
+    pytest.param("cpu", "compile", id="cpu-compile"),
+    # on CUDA the route of a paper-scale column: the compiled step captured in a CUDA graph (gpu_check.py
+    # runs the tests named cuda)
+    pytest.param("cuda", "cuda_graph", id="cuda-cuda_graph",
+                 marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+]
+
+
 @pytest.mark.timeout(1200)  # one Inductor compilation: ~40 s here, minutes on a loaded 2-core machine
-def test_compiled_step_of_unequal_depths_equals_eager_and_single_network_training():
+@pytest.mark.parametrize("device, route", _ROUTES)
+def test_compiled_step_of_unequal_depths_equals_eager_and_single_network_training(device, route):
     x, y = _data()
+    x, y = x.to(device), y.to(device)
+    # steps: the captured route replays from its third step on (two warm-up steps run as they are)
+    steps = 1 if route == "compile" else 4
     routes = {}
-    for mode in ("eager", "compile"):
-        models = _models()
-        train_ensemble(models, (x, y), lr=0.01, batch_size=32, steps=1, step_mode=mode, seeds=0)
+    for mode in ("eager", route):
+        models = [m.to(device) for m in _models()]
+        train_ensemble(models, (x, y), lr=0.01, batch_size=32, steps=steps, step_mode=mode, seeds=0,
+                       device=device)
         routes[mode] = models
-    alone = _models()
+    alone = [m.to(device) for m in _models()]
     for m in alone:
-        train(m, (x, y), optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01), batch_size=32, steps=1, seed=0)
+        train(m, (x, y), optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01), batch_size=32, steps=steps, seed=0,
+              device=device)
     for net in range(len(DEPTHS)):
         _assert_close(routes["eager"][net], alone[net])
-        _assert_close(routes["compile"][net], alone[net])
+        _assert_close(routes[route][net], alone[net])
     # the step moved the weight the bug got wrong (a step of zero would pass the comparisons above)
-    start = _models()[1].weights[15]
+    start = _models()[1].weights[15].to(device)
     assert float((alone[1].weights[15] - start).abs().max()) > 1e-4
