@@ -348,7 +348,11 @@ def _run_serial(experiment: Experiment, tasks, store: ResultsStore, progress: Sw
     return executed
 
 
-def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: SweepProgress, client, retries: int) -> int:
+def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: SweepProgress, client, retries: int,
+              stopped: list | None = None) -> int:
+    """Run ``tasks`` on ``client``, committing each as it finishes; the number of cells run.  Stopped before
+    the end (Ctrl-C, an error), the futures still in flight are handed to ``stopped`` for the caller to
+    cancel once it has put the store right, else cancelled here (:func:`_cancel_bounded`)."""
     from distributed import KilledWorker, as_completed
 
     resources = _gpu_resources(client, experiment)
@@ -388,8 +392,37 @@ def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: Swee
             executed += len(members)
     finally:
         if futures:  # interrupted: nothing more will be committed for these
-            client.cancel(list(futures))
+            if stopped is None:
+                _cancel_bounded(client, list(futures))
+            else:
+                stopped.extend(futures)
     return executed
+
+
+#: seconds a cancellation of the futures in flight may take after an interrupt
+CANCEL_TIMEOUT_S = 10.0
+
+
+def _cancel_bounded(client: Any, futures: list, timeout: float | None = None) -> None:
+    """``client.cancel(futures)``, waited on for at most ``timeout`` seconds (default
+    :data:`CANCEL_TIMEOUT_S`): ``Client.cancel`` takes no timeout and waits on the client's event loop,
+    which an interrupt may have left busy; past the bound a warning says so and the stop goes on (closing
+    the client releases the futures on the scheduler anyway)."""
+    timeout = CANCEL_TIMEOUT_S if timeout is None else timeout
+    finished = threading.Event()
+
+    def cancel() -> None:
+        try:
+            client.cancel(futures)
+        except Exception:  # noqa: BLE001 — a lost connection: closing the client releases them
+            pass
+        finally:
+            finished.set()
+
+    threading.Thread(target=cancel, name="bnlab-cancel", daemon=True).start()
+    if not finished.wait(timeout):
+        warnings.warn(f"cancelling {len(futures)} Dask tasks in flight did not finish within {timeout:g} s; "
+                      "stopping without waiting (closing the client releases them)", RuntimeWarning, stacklevel=3)
 
 
 def run_sweep(
@@ -507,6 +540,8 @@ def run_grid(
         executed = 0
         # the local cluster is torn down after the except clause below (the outer stack): the store is
         # consistent and the user told so before its workers are stopped, however long that takes
+        stopped: list = []  # futures in flight when the run stopped, cancelled after the store is put right
+        dask_client = client
         with contextlib.ExitStack() as own_cluster:
             try:
                 with _sigterm_as_interrupt():
@@ -519,10 +554,10 @@ def run_grid(
                     elif client is not None:
                         if threads is not None:
                             set_client_threads(client, threads)
-                        executed = _run_dask(exp, tasks, st, bar, client, retries)
+                        executed = _run_dask(exp, tasks, st, bar, client, retries, stopped)
                     else:
-                        own = own_cluster.enter_context(open_client(scheduler, workers, threads))
-                        executed = _run_dask(exp, tasks, st, bar, own, retries)
+                        dask_client = own_cluster.enter_context(open_client(scheduler, workers, threads))
+                        executed = _run_dask(exp, tasks, st, bar, dask_client, retries, stopped)
             except BaseException as exc:
                 # Ctrl-C, SIGTERM, a lost scheduler...: what finished is committed; what was in flight runs again later.
                 requeued = st.requeue_running()
@@ -531,6 +566,8 @@ def run_grid(
                     f"{what}: {bar.done} cells done are saved in {path}; {requeued} cells in flight returned to "
                     f"pending; continue with: bnlab sweep resume {path}"
                 )
+                if stopped:
+                    _cancel_bounded(dask_client, stopped)
                 raise
             finally:
                 bar.close()

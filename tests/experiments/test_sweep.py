@@ -168,14 +168,22 @@ def test_interrupt_is_reported_before_the_local_cluster_is_torn_down(tmp_path, t
     @contextlib.contextmanager
     def fake_open_client(scheduler=None, workers=None, threads=None):
         try:
-            yield object()
+            yield Client()
         finally:  # the teardown: what the store and the user have been told by now
             with ResultsStore(path, readonly=True) as st:
                 seen["counts"] = st.counts()
             seen["said"] = buf.getvalue()
 
-    def interrupted_run(exp, tasks, st, bar, client, retries):
+    cancelled = []
+
+    class Client:
+        def cancel(self, futures):  # the futures in flight are cancelled after the store is put right
+            with ResultsStore(path, readonly=True) as st:
+                cancelled.append((list(futures), st.counts()["running"], "interrupted:" in buf.getvalue()))
+
+    def interrupted_run(exp, tasks, st, bar, client, retries, stopped):
         st.mark_submitted([r.key for members, _ in tasks for r in members])  # cells in flight
+        stopped.extend(["future-1", "future-2"])
         raise KeyboardInterrupt
 
     monkeypatch.setenv("BNLAB_TEST_CELLS", "4")
@@ -185,6 +193,24 @@ def test_interrupt_is_reported_before_the_local_cluster_is_torn_down(tmp_path, t
         run_sweep(helpers.SWEEP, results_dir=tmp_path, progress=buf)
     assert seen["counts"]["running"] == 0 and seen["counts"]["pending"] == 4
     assert "interrupted: 0 cells done are saved" in seen["said"]
+    assert cancelled == [(["future-1", "future-2"], 0, True)]
+
+
+def test_a_cancellation_that_hangs_is_given_up(monkeypatch):
+    """Client.cancel has no timeout; a client whose cancel never returns holds the stop back only for the bound."""
+    import threading
+
+    from bnlab.experiments import sweep
+
+    never = threading.Event()
+
+    class Hung:
+        def cancel(self, futures):
+            never.wait(30)
+
+    with pytest.warns(RuntimeWarning, match="did not finish within 0.2 s"):
+        sweep._cancel_bounded(Hung(), ["f"], timeout=0.2)
+    never.set()
 
 
 def test_local_cluster_teardown_is_bounded(monkeypatch):
