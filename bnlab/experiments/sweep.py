@@ -349,10 +349,10 @@ def _run_serial(experiment: Experiment, tasks, store: ResultsStore, progress: Sw
 
 
 def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: SweepProgress, client, retries: int,
-              stopped: list | None = None) -> int:
+              stopped: list) -> int:
     """Run ``tasks`` on ``client``, committing each as it finishes; the number of cells run.  Stopped before
-    the end (Ctrl-C, an error), the futures still in flight are handed to ``stopped`` for the caller to
-    cancel once it has put the store right, else cancelled here (:func:`_cancel_bounded`)."""
+    the end (Ctrl-C, an error), the futures still in flight are handed to ``stopped``, for the caller to
+    cancel (:func:`_cancel_bounded`) once it has put the store right."""
     from distributed import KilledWorker, as_completed
 
     resources = _gpu_resources(client, experiment)
@@ -392,10 +392,7 @@ def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: Swee
             executed += len(members)
     finally:
         if futures:  # interrupted: nothing more will be committed for these
-            if stopped is None:
-                _cancel_bounded(client, list(futures))
-            else:
-                stopped.extend(futures)
+            stopped.extend(futures)
     return executed
 
 
