@@ -232,8 +232,10 @@ def test_local_cluster_teardown_is_bounded(monkeypatch):
     with pytest.warns(RuntimeWarning, match="local Dask cluster did not close within 2 s"):
         sweep._close_bounded(Stuck("client"), Stuck("cluster"), timeout=2.0)
     assert asked == [("client", 2.0), ("cluster", 2.0)]
+
+    class Broken(Stuck):
+        def close(self, timeout=None):
+            raise ValueError("a bug")
+
     with pytest.raises(ValueError):  # anything but a timeout or a lost connection is not swallowed
-        class Broken(Stuck):
-            def close(self, timeout=None):
-                raise ValueError("a bug")
         sweep._close_bounded(Broken("client"), Stuck("cluster"), timeout=2.0)
