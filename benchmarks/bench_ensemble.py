@@ -41,6 +41,7 @@ import collections
 import contextlib
 import functools
 import json
+import math
 import statistics
 import sys
 import time
@@ -437,6 +438,15 @@ def _route_section(device, routes, quick, rounds) -> dict:
     return _route_section_timed(device, routes, quick, rounds)
 
 
+
+def _worst_check(checks: list[dict]):
+    """The worst ratio of a route's checks against the eager step (None: none made; "inf": a mask or a
+    non-finite entry differed), JSON-safe."""
+    if not checks:
+        return None
+    worst = max(c["worst"] for c in checks)
+    return worst if math.isfinite(worst) else "inf"
+
 def _route_section_timed(device, routes, quick, rounds) -> dict:
     setting = _route_setting(device, quick)
     per_round, warm, counted = (5, 3, 3) if quick else (10, 3, 5)
@@ -475,6 +485,9 @@ def _route_section_timed(device, routes, quick, rounds) -> dict:
            "ops_per_step": {r: round(v, 1) for r, v in ops.items()},
            "profiled_ops_per_step": {r: round(v, 1) for r, v in profiled.items()},
            "route_used": {r: runs[r].runner.route for r in routes},
+           # the compiled and captured routes' checks of their first calls against the eager step (in
+           # setup_s): the worst ratio to the tolerance (≤ 1 agrees; bnlab.nets._ensemble_step.step_disagreement)
+           "route_check_worst": {r: _worst_check(runs[r].runner.checks) for r in routes},
            "gpu_busy_fraction": None}
     if device.type == "cuda":
         out["kernels_per_step"] = {r: round(prof[r]["kernels"], 1) for r in routes}
@@ -503,6 +516,9 @@ def _print_routes(res: dict) -> None:
                      f"{res['gpu_busy'][r]:9.0%}")
         if res["route_used"][r] != r:
             line += f"   (ran as {res['route_used'][r]})"
+        worst = res["route_check_worst"][r]
+        if worst is not None:
+            line += f"   (checked against eager: {float(worst):.2g} of the tolerance)"
         print(line)
     if "eager" in res["ops_per_step"]:
         print("ops/step: eager = aten operators dispatched (TorchDispatchMode); compiled = operators the compiled "

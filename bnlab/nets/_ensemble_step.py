@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from bnlab._inductor import compile_options
+from bnlab._inductor import compile_options, copy_tensors, disagreement, write_tensors
 from bnlab._run_length import note_route, standing_for, whole_run_steps
 from bnlab._validation import check_choice
 from bnlab.nets._compile import compile_failure, fresh_function
@@ -253,6 +253,52 @@ def _update(params: list, grads: list, param_rows: list, active: torch.Tensor, l
     torch._foreach_addcmul_(ps, [_per_net(neg_rate, p, r) for p, r in zip(ps, rows)], ds)
 
 
+# --------------------------------------------------------------------------- checking a route
+#: calls of a compiled step (after each compilation) and replays of a captured step (after each capture)
+#: that :class:`StepRunner` runs beside the eager step and compares with it
+VERIFY_COMPILED_CALLS = 2
+VERIFY_REPLAYS = 1
+
+#: state entries a check does not copy: the training set, read by the step and never written (by far
+#: the largest entries: 188 MB for MNIST on the device)
+_NOT_COPIED = ("x", "y")
+
+
+def snapshot_state(state: dict) -> dict:
+    """A copy of the step's state: every tensor cloned (in lists, tuples and dicts: the vmap stack's
+    buffers are dicts by name), except the training set (``x``, ``y``: shared, see :data:`_NOT_COPIED`)."""
+    return {k: (v if k in _NOT_COPIED else copy_tensors(v)) for k, v in state.items()}
+
+
+def restore_state(state: dict, source: dict) -> None:
+    """Write ``source``'s tensors into ``state``'s, in place (a captured graph and the stack keep
+    pointing at ``state``'s tensors)."""
+    write_tensors({k: v for k, v in state.items() if k not in _NOT_COPIED}, source)
+
+
+def step_disagreement(got: dict, ref: dict, start: dict) -> tuple[float, str]:
+    """How far a route's state after one step (``got``) is from the eager step's (``ref``), both from
+    ``start``: ``(worst, where)``, ``worst`` ≤ 1 where they agree — :func:`bnlab._inductor.disagreement`
+    network by network (per row of the stacked tensors; per entry of the loss history, which starts as
+    NaN and so is compared against its own size), over everything but the training set.
+
+    Integer and boolean tensors (the divergence mask, the first bad step, the counters) must be equal;
+    for a floating tensor, ‖got − ref‖₂ ≤ κ·‖ref − start‖₂ + 8u·‖ref‖₂ per network, κ = 1e-2 in
+    float32 and 1e-6 in float64 (derived there).  Measured on the CPU (torch 2.13.0, 2026-11-28) at the
+    shape of the buffer-reuse fault (depths 4 and 16, 784 inputs, width 128, B = 32, SGD): the correct
+    compiled step at 1.5e-3 of the tolerance in float32 and 3.3e-8 in float64, the faulty one (reuse
+    on) at 1.2e3 and 1.4e7 times it, naming the deepest network's last hidden weight
+    (``tests/nets/test_ensemble_compiled_reuse.py``, slow); RMSProp (depths 4…24, B = 8) at 0.083 in
+    float32 and 1.0e-4 in float64, from a few gradient entries near ε.  The comparison itself:
+    ``tests/nets/test_ensemble_verify.py``.  Not covered: a network whose eager gradient of a whole
+    tensor is rounding noise under RMSProp (a bias right before BN: each entry moves ±lr with the sign
+    of the noise) fails the check — and so runs eager, the reference, only slower.
+    """
+    keys = [k for k in ref if k not in _NOT_COPIED]
+    return disagreement({k: got[k] for k in keys}, {k: ref[k] for k in keys},
+                        {k: start[k] for k in keys if k != "losses"}, per_row=True)
+
+
 # --------------------------------------------------------------------------- routes
 class StepRunner:
     """Runs a step by one route; ``reset()`` after the state's tensors were replaced (a compaction).
@@ -262,6 +308,16 @@ class StepRunner:
     reported by a warning and the eager step takes over.  ``"cuda_graph"`` runs ``warmup`` steps as they
     are (on a side stream, as ``torch.cuda.graphs`` asks: lazy initializations, the compilation), then
     captures one step — capture records without executing — and replays it for this and every later step.
+
+    Compiled code is checked, not trusted: the first :data:`VERIFY_COMPILED_CALLS` calls of a compiled
+    step and the first :data:`VERIFY_REPLAYS` replay of each capture (counted again after ``reset()``,
+    which means a new graph) run beside the eager step on a copy of the state, and the two resulting
+    states are compared (:func:`step_disagreement`).  Inductor has miscompiled this step before (a buffer
+    reused while still read: a 9–11× wrong update of one weight, bnlab._inductor), and a fault of that
+    kind depends on the shapes, so no test at other shapes can vouch for a paper-scale run.  Where they
+    disagree, a warning names the tensor and the run goes on with the eager step from the eager state
+    (``fallback_reason``); ``checks`` lists every comparison made.  All checked calls come before
+    :data:`bnlab._run_length.STEADY_FROM`, so a plan's pilot does not time them (except after a compaction).
     """
 
     def __init__(self, mode: str, make_step: Callable[[str], Callable[[dict], None]], warmup: int = 2):
@@ -273,17 +329,43 @@ class StepRunner:
         self._compiled: Callable | None = None
         self._warmup = warmup
         self.fallback_reason: str | None = None  # why the compiled step was given up, if it was
+        self.distrusted = False  # a checked call disagreed with the eager step: eager from then on
+        #: one ``{"what", "step", "worst", "agrees"}`` per checked call (:func:`step_disagreement`'s ratio)
+        self.checks: list[dict] = []
         self.reset()
 
     def reset(self) -> None:
         self._graph = None
         self._warm = 0
+        self._compiled_left = VERIFY_COMPILED_CALLS  # checked calls left of this graph (a new one after reset)
+        self._replays_left = VERIFY_REPLAYS
 
     @property
     def route(self) -> str:
         """The route actually running: the mode, or ``"eager"`` after a compilation failure (for
-        ``cuda_graph``: ``"cuda_graph"`` whichever step it captures)."""
-        return "eager" if self.mode == "compile" and self.fallback_reason else self.mode
+        ``cuda_graph``: ``"cuda_graph"`` whichever step it captures) or a failed check."""
+        if self.distrusted or (self.mode == "compile" and self.fallback_reason):
+            return "eager"
+        return self.mode
+
+    def _checked(self, what: str, run: Callable[[dict], None], state: dict) -> None:
+        """``run(state)``, then the eager step on a copy of the state as it was, and the two compared; on a
+        disagreement the state is set to the eager step's result and the eager step runs from then on."""
+        start = snapshot_state(state)
+        reference = snapshot_state(state)
+        run(state)
+        self._eager(reference)
+        worst, where = step_disagreement(state, reference, start)
+        agrees = worst <= 1.0
+        self.checks.append({"what": what, "step": int(start["t"]), "worst": worst, "agrees": agrees})
+        if agrees:
+            return
+        restore_state(state, reference)
+        self.distrusted = True
+        self._graph = None
+        self.fallback_reason = (f"the {what} disagreed with the eager step at step {int(start['t'])}: {where}")
+        warnings.warn(f"train_ensemble: {self.fallback_reason}; running the eager step from the eager step's "
+                      "state instead (the compiled code is not trusted)", RuntimeWarning, stacklevel=4)
 
     def _compiled_step(self) -> Callable[[dict], None]:
         if self.fallback_reason is not None:
@@ -305,7 +387,11 @@ class StepRunner:
             fn(state)
             return
         try:
-            fn(state)
+            if self._compiled_left > 0:
+                self._compiled_left -= 1
+                self._checked("compiled step", fn, state)
+            else:
+                fn(state)
         except Exception as e:
             reason = compile_failure(e)
             if reason is None:
@@ -317,7 +403,7 @@ class StepRunner:
 
     def __call__(self, state: dict) -> None:
         with torch.no_grad():
-            if self.mode == "eager":
+            if self.mode == "eager" or self.distrusted:
                 self._eager(state)
             elif self.mode == "compile":
                 self._run_compiled(state)
@@ -338,4 +424,8 @@ class StepRunner:
             with torch.cuda.graph(graph):
                 self._compiled_step()(state)
             self._graph = graph
-        self._graph.replay()
+        if self._replays_left > 0:
+            self._replays_left -= 1
+            self._checked("captured step", lambda s: self._graph.replay(), state)
+        else:
+            self._graph.replay()

@@ -418,6 +418,9 @@ def test_benchmark_prints_eager_and_compiled_operators_side_by_side(monkeypatch,
     assert lines[head + 1].split()[0] == "eager" and lines[head + 2].split()[0] == "compile"
     assert float(lines[head + 1].split()[3]) == pytest.approx(out["ops_per_step"]["eager"], abs=0.5)
     assert float(lines[head + 2].split()[3]) == pytest.approx(out["ops_per_step"]["compile"], abs=0.5)
+    # the compiled route's checks against the eager step (StepRunner), reported beside its row
+    assert out["route_check_worst"]["eager"] is None and 0 <= out["route_check_worst"]["compile"] <= 1
+    assert "checked against eager" in lines[head + 2] and "checked" not in lines[head + 1]
 
 
 # The float32 CPU variance of the BN-MLP stack (a two-pass float64 formula in place of torch's float64
@@ -528,6 +531,9 @@ def test_float32_eager_step_with_the_fused_batch_norm_matches_the_functional_ste
         return [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in models], len(fused)
 
     (eager, n_eager), (func, n_func) = run("eager"), run("compile")
-    assert n_eager > 0 and n_func == 0
+    # one fused BN per stacked layer and eager step; the compiled route's steps take none — its fused BNs
+    # are the eager steps beside its first calls, which check them (StepRunner)
+    layers = max(s["depth"] for s in _SPECS[:3])
+    assert n_eager == 20 * layers and n_func == step_module.VERIFY_COMPILED_CALLS * layers
     for a, b in zip(eager, func):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

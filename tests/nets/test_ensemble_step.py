@@ -108,8 +108,12 @@ def _assert_routes_agree(stack, optimizer, kw, loss, mode="compile", depths=(3, 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got, got_models = _run(stack, optimizer, kw, loss, mode, threshold, seed, depths)
-    # the compiled step ran: a fallback to eager would make this an eager-against-eager comparison
-    assert not [w for w in caught if "failed to compile" in str(w.message)], [str(w.message) for w in caught]
+    # the compiled step ran: a fallback to eager would make this an eager-against-eager comparison — after
+    # a compilation failure, or after its check against the eager step (StepRunner) disagreed, which
+    # would also be a false alarm of that check: these runs explode one network at step 1 and stop one
+    # mid-run, in both stacks, for every optimizer and loss (test_ensemble_verify.py)
+    assert not [w for w in caught if "failed to compile" in str(w.message) or "disagreed" in str(w.message)], \
+        [str(w.message) for w in caught]
     # the divergence happened as designed: one network at step 1, the frozen one at t* (after a check)
     assert ref[1].diverged and ref[1].diverged_at_step == 1
     assert ref[2].diverged and ref[2].diverged_at_step == t_star >= _CHECK
