@@ -33,7 +33,7 @@ from collections import OrderedDict
 
 import torch
 
-from bnlab._inductor import compile_options
+from bnlab._inductor import compile_options, copy_tensors, disagreement, write_tensors
 from bnlab.optim import _functional as F
 
 __all__ = ["MAX_GRAPHS", "available", "capturable", "captured_dense_steps_", "dense_steps_"]
@@ -58,10 +58,58 @@ def _compiled():
     return _STATE["fn"]
 
 
+def _checked_call(what: str, run, xs, means, variances, gws, gbs, q2s, rho, eps1, eps2,
+                  nonfinite_steps) -> tuple[torch.Tensor, bool]:
+    """``run()`` (a compiled or captured dense step on these arguments), then the uncompiled functional
+    core on copies of the arguments as they were, and the two compared (:func:`bnlab._inductor.disagreement`,
+    layer by layer: the statistics against what the core changed, the preconditioned gradients against
+    their own size; κ = 1e-2 in float32, 1e-6 in float64).  Returns ``(skipped, agrees)``; where they
+    disagree, a warning names the tensor, the core's results are written into the arguments and its
+    counts returned."""
+    start = copy_tensors({"means": means, "variances": variances})
+    ref = copy_tensors({"means": means, "variances": variances, "gws": gws, "gbs": gbs, "counter": nonfinite_steps})
+    skipped = run()
+    ref["skipped"] = F.dense_steps_(xs, ref["means"], ref["variances"], ref["gws"], ref["gbs"], q2s, rho, eps1, eps2,
+                                    ref["counter"])
+    got = {"means": means, "variances": variances, "gws": gws, "gbs": gbs, "counter": nonfinite_steps,
+           "skipped": skipped}
+    worst, where = disagreement(got, ref, start, per_row=False)
+    _STATE.setdefault("checks", []).append({"what": what, "worst": worst, "agrees": worst <= 1.0})
+    if worst <= 1.0:
+        return skipped, True
+    write_tensors({k: v for k, v in got.items() if k != "skipped"}, ref)
+    warnings.warn(f"bnlab: BNP's {what} dense step disagreed with the uncompiled functional core ({where}); "
+                  "using the core uncompiled from now on (the compiled code is not trusted)", RuntimeWarning,
+                  stacklevel=4)
+    return ref["skipped"], False
+
+
+def _call_key(xs, means, gws, gbs, q2s, rho, eps1, eps2) -> tuple:
+    # what makes a new compiled program: shapes, strides, dtypes, devices and the constants baked in
+    return (tuple(map(_signature, xs)), tuple(map(_signature, means)), tuple(map(_signature, gws)),
+            tuple(map(_signature, gbs)), tuple(q2s), rho, eps1, eps2)
+
+
 def dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps=None) -> torch.Tensor:
-    """:func:`bnlab.optim._functional.dense_steps_`, compiled (or uncompiled after a failed build)."""
+    """:func:`bnlab.optim._functional.dense_steps_`, compiled (or uncompiled after a failed build or a
+    failed check).  Compiled code is checked, not trusted: the first call for each set of shapes,
+    dtypes and constants (each a new compiled program) runs beside the uncompiled core on copies and
+    is compared with it (:func:`_checked_call`); where they disagree, the core's results are kept and
+    the core runs uncompiled from then on.  Inductor has miscompiled bnlab's code before (a buffer
+    reused while still read, ``bnlab._inductor``), at some shapes only."""
     fn = _STATE.get("failed") or _compiled()
     try:
+        key = None if fn is F.dense_steps_ else _call_key(xs, means, gws, gbs, q2s, rho, eps1, eps2)
+        checked = _STATE.setdefault("checked", set())
+        if key is not None and key not in checked:
+            checked.add(key)
+            skipped, agrees = _checked_call(
+                "compiled", lambda: fn(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps),
+                xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps)
+            if not agrees:
+                _STATE["failed"] = F.dense_steps_
+                _STATE["no_graph"] = True  # a graph would replay the compiled code
+            return skipped
         return fn(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps)
     except Exception as exc:  # a compiler or backend missing: raised before anything is written
         if fn is F.dense_steps_:
@@ -142,6 +190,7 @@ class _Replay:
         self.constants = constants  # (q2s, rho, eps1, eps2), baked into the graph
         self.skipped = torch.zeros(len(xs), dtype=torch.int64, device=means[0].device)
         self.replay = None
+        self.checked = False  # its first replay is compared with the uncompiled core
 
     def call(self) -> None:
         q2s, rho, eps1, eps2 = self.constants
@@ -171,11 +220,25 @@ def captured_dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2,
     device = means[0].device
     if entry is not None:
         _GRAPHS.move_to_end(key)
-        with _on(device):
+
+        def replay() -> torch.Tensor:
             entry.copy_in(xs, gws, gbs)
             entry.replay()
             entry.copy_out(gws, gbs)
-        return entry.skipped
+            return entry.skipped
+
+        with _on(device):
+            if entry.checked:
+                return replay()
+            # the graph's first replay, checked like a compiled call (a capture can go wrong where the
+            # compiled function did not); a disagreement drops every graph: compiled, uncaptured from then on
+            entry.checked = True
+            skipped, agrees = _checked_call("captured", replay, xs, means, variances, gws, gbs, q2s, rho, eps1,
+                                            eps2, nonfinite_steps)
+            if not agrees:
+                _STATE["no_graph"] = True
+                _GRAPHS.clear()
+            return skipped
     entry = _Replay(xs, means, variances, gws, gbs, constants=(list(q2s), rho, eps1, eps2), counter=nonfinite_steps)
     with _on(device):
         return _first_step(key, entry, xs, gws, gbs)

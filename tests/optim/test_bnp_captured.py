@@ -188,6 +188,10 @@ def test_cuda_captured_step_equals_eager(dtype):
     u = 1.0 if dtype == torch.float64 else 2.0 ** 29  # 2⁻²⁴ / 2⁻⁵³
     _assert_same(a, pa, b, pb, u * _tol(16, 300))
     assert len(_compiled._GRAPHS) >= min(before + 2, _compiled.MAX_GRAPHS)  # N = 16 and N = 5 were captured
+    # compiled and captured throughout: the checks of the new programs and first replays all agreed
+    # (a disagreement falls back to the core, which would pass the comparison above)
+    assert "failed" not in _compiled._STATE and not _compiled._STATE.get("no_graph")
+    assert all(c["agrees"] for c in _compiled._STATE.get("checks", []))
 
 
 def test_a_graph_is_captured_and_replayed_on_its_own_device(monkeypatch):

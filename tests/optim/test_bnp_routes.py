@@ -213,7 +213,10 @@ def test_torch_compile_of_the_core_equals_eager():
     pa, pb = BNPreconditioner(a, compiled=True, rho=0.5), BNPreconditioner(b, rho=0.5)
     _train(a, pa, batches)
     _train(b, pb, batches)
+    # compiled throughout: neither a failed build nor a failed check of a new program against the core
+    # (bnlab.optim._compiled: the first call of batch 16, 1 and 5 each)
     assert "failed" not in _compiled._STATE
+    assert [c["agrees"] for c in _compiled._STATE["checks"]] == [True, True, True]
     _assert_same(a, pa, b, pb, _tol(16, 300))
 
 
@@ -269,6 +272,8 @@ def test_cuda_default_route_is_compiled_and_equals_eager():
     assert set(pa.routes.values()) == {expected} and set(pb.routes.values()) == {"eager"}
     _train(a, pa, batches)
     _train(b, pb, batches)
+    if expected == "compiled":  # compiled throughout: its checks against the core agreed
+        assert "failed" not in _compiled._STATE and all(c["agrees"] for c in _compiled._STATE["checks"])
     _assert_same(a, pa, b, pb, _tol(16, 300))
     x = batches[0].clone()
     x[0, 0] = float("nan")
