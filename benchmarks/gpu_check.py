@@ -260,7 +260,9 @@ def table_rows(results: dict) -> list[tuple[str, str, str]]:
     why = "" if ens.get("ok") else f" ({ens.get('error')})"
     for key, label, goal in (("step_ms", "ensemble step, ms (route)", "≤ 17.6 ms (5x faster than 88 ms, H200)"),
                              ("ops_per_step", "ensemble launches per step (route)", "fewer than eager"),
-                             ("gpu_busy_fraction", "ensemble GPU busy fraction", "≥ 0.6")):
+                             ("gpu_busy_fraction", "ensemble GPU busy fraction", "≥ 0.6"),
+                             ("route_check_worst", "ensemble step vs eager, first calls (route)",
+                              "≤ 1 (compiled code checked; > 1: it ran eager)")):
         v = find_key(ens.get("data"), key)
         rows.append((label, _fmt(v) if v is not None else "n/a" + why, goal))
     bnp = results.get("bench_bnp", {})

@@ -76,7 +76,8 @@ def test_table_reads_the_benchmarks_keys_and_says_na_for_missing_ones():
             "explicit": 0.62, "conditional": 0.31, "auto": 0.62, "auto_route": "explicit",
             "config": {"width": 1024, "depth": 8, "networks": 64, "dtype": "float32"}}}},
         "bench_ensemble": {"ok": True, "data": {"step_ms": {"eager": 88.0, "captured": 12.5},
-                                                "ops_per_step": {"eager": 3326, "captured": 1}}},  # no busy fraction
+                                                "ops_per_step": {"eager": 3326, "captured": 1},
+                                                "route_check_worst": {"eager": None, "captured": 0.0014}}},  # no busy fraction
         "bench_bnp": {"ok": False, "error": "Traceback: boom", "data": None},
         "plan": {"ok": True, "plan": {"seconds": 7200.0, "lower_bound": False, "experiments": [
             {"experiment": "yang2019-fig3a", "cells": 136, "device": "cuda:0", "wall_seconds": 3000.0,
@@ -93,6 +94,7 @@ def test_table_reads_the_benchmarks_keys_and_says_na_for_missing_ones():
     assert rows["ensemble step, ms (route)"][0] == "eager: 88, captured: 12.5"
     assert rows["ensemble launches per step (route)"][0] == "eager: 3326, captured: 1"
     assert rows["ensemble GPU busy fraction"][0] == "n/a"
+    assert rows["ensemble step vs eager, first calls (route)"][0] == "eager: n/a, captured: 0.0014"
     assert rows["BNP / SGD step time (B)"][0] == "n/a (Traceback: boom)"
     assert rows["paper-scale yang2019-fig3a (136 cells, cuda:0)"] == ("0.833 h", "≤ 1 h on one H100/H200")
     assert "skipped: CIFAR-10" in rows["paper-scale yang2019-fig3d (136 cells, cuda:0)"][0]
