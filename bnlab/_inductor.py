@@ -90,7 +90,7 @@ def _leaves(tree: Any, path: str) -> Iterator[tuple[str, Any]]:
             yield from _leaves(v, f"{path}[{i}]")
 
 
-def disagreement(got: dict, ref: dict, start: dict, *, per_row: bool) -> tuple[float, str]:
+def disagreement(got: dict, ref: dict, start: dict, *, per_row: bool, ignore: dict | None = None) -> tuple[float, str]:
     """How far a compiled route's results (``got``) are from the eager route's (``ref``) on the same
     inputs: ``(worst, where)``, ``worst`` ≤ 1 where they agree, ``where`` naming the worst tensor.
 
@@ -112,15 +112,19 @@ def disagreement(got: dict, ref: dict, start: dict, *, per_row: bool) -> tuple[f
     lr·g/(√(1−α)·|g| + ε) turns the rounding of a gradient entry near ε into an O(lr) difference of that
     entry (measured in float32: 2 of 32 768 entries of a weight 1e-4 apart against changes of 1e-3, 10
     times κ entry by entry, 0.08 of it in norm), where a compiler fault moves whole buffers.
+    ``ignore``: names → trees of boolean masks like the results', True at entries left out of the
+    floating comparison (their finiteness still compared): entries that no route computes reliably.
     """
     import torch
 
     worst, where = 0.0, "every tensor agrees"
     for name in ref:
         before = start.get(name)
+        skip = (ignore or {}).get(name)
         pairs = zip(_leaves(ref[name], name), _leaves(got[name], name),
-                    _leaves(before, name) if before is not None else itertools.repeat((None, None)))
-        for (path, r), (_, g), (_, s) in pairs:
+                    _leaves(before, name) if before is not None else itertools.repeat((None, None)),
+                    _leaves(skip, name) if skip is not None else itertools.repeat((None, None)))
+        for (path, r), (_, g), (_, s), (_, left_out) in pairs:
             if r is None:
                 continue
             if not r.is_floating_point():
@@ -133,6 +137,8 @@ def disagreement(got: dict, ref: dict, start: dict, *, per_row: bool) -> tuple[f
                     and torch.equal(torch.where(fin | torch.isnan(r), 0.0, r),
                                     torch.where(fin | torch.isnan(g), 0.0, g))):
                 return math.inf, f"{path} is not finite at other entries than the eager code's"
+            if left_out is not None:
+                fin = fin & ~left_out
             if not fin.any():
                 continue
             if per_row:

@@ -681,7 +681,8 @@ class _EnsembleRun:
         }
         if route != "eager" and stack.compactable:
             stack.used_params(x[:batch_size])  # the functional gradient needs to know (``build_step``)
-        self.runner = StepRunner(route, lambda grad_route: build_step(stack, cfg, grad_route))
+        self.runner = StepRunner(route, lambda grad_route: build_step(stack, cfg, grad_route),
+                                 param_rows=stack.param_rows)
         # the whole run's loss history (steps, M), filled from the ring window by window
         self._history = torch.full((steps, cfg.num_networks), float("nan"), dtype=torch.float32, device=dev)
         self._flushed = 0  # steps whose losses are in _history
