@@ -357,6 +357,15 @@ def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False, native
     return rows
 
 
+
+def _worst_check(checks: list[dict]):
+    """The worst ratio of the compiled route's checks against the core, rounded (None: none made;
+    "inf": a count or a non-finite entry differed), JSON-safe."""
+    if not checks:
+        return None
+    worst = max(c["worst"] for c in checks)
+    return float(f"{worst:.3g}") if math.isfinite(worst) else "inf"
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small network and few steps (smoke test)")
@@ -399,6 +408,9 @@ def main(argv=None) -> int:
         # operators per step at the first batch size (per batch size in each row)
         "ops_per_step": rows[0]["ops_per_step"],
         "ops_batch_size": rows[0]["batch_size"],
+        # the compiled (and captured) dense step's checks of each new program against the uncompiled
+        # core (bnlab.optim._compiled): the worst ratio to the tolerance, ≤ 1 agrees; None: none made
+        "compiled_check_worst": _worst_check(_compiled._STATE.get("checks", [])),
     }
     if args.json:
         print(json.dumps({"meta": meta, **summary, "rows": rows}, indent=2))
@@ -435,6 +447,9 @@ def main(argv=None) -> int:
         q = r["pipelined_ratios"]
         print(f"{r['batch_size']:>5}  SGD {1e3 * r['pipelined_step_s']['sgd']:.3f} ms  "
               + "  ".join(f"{k} {v:.3f}" for k, v in q.items()))
+    if summary["compiled_check_worst"] is not None:
+        print(f"compiled dense step checked against the uncompiled core: worst {summary['compiled_check_worst']} "
+              "of the tolerance (≤ 1 agrees)")
     print("aten operators dispatched per step (a compiled call counted as its kernels + operators)"
           + (", and [kernels on the GPU / host launch calls]" if args.device.startswith("cuda") else "") + ":")
     for r in rows:

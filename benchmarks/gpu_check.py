@@ -271,7 +271,9 @@ def table_rows(results: dict) -> list[tuple[str, str, str]]:
                              ("bnp_over_bn", "BNP / BN step time (B)", "≤ 1 at every B"),
                              ("bnp_over_sgd_pipelined", "BNP / SGD, pipelined steps (B)", "≤ 1.10 at B ≥ 256"),
                              ("bnp_over_bn_pipelined", "BNP / BN, pipelined steps (B)", "≤ 1 at every B"),
-                             ("ops_per_step", "BNP launches per step (optimizer)", "")):
+                             ("ops_per_step", "BNP launches per step (optimizer)", ""),
+                             ("compiled_check_worst", "BNP compiled step vs core, first calls",
+                              "≤ 1 (compiled code checked; > 1: it ran uncompiled)")):
         v = find_key(bnp.get("data"), key)
         rows.append((label, _fmt(v) if v is not None else "n/a" + why, goal))
     plan = results.get("plan", {})

@@ -96,6 +96,7 @@ def test_table_reads_the_benchmarks_keys_and_says_na_for_missing_ones():
     assert rows["ensemble GPU busy fraction"][0] == "n/a"
     assert rows["ensemble step vs eager, first calls (route)"][0] == "eager: n/a, captured: 0.0014"
     assert rows["BNP / SGD step time (B)"][0] == "n/a (Traceback: boom)"
+    assert rows["BNP compiled step vs core, first calls"][0] == "n/a (Traceback: boom)"
     assert rows["paper-scale yang2019-fig3a (136 cells, cuda:0)"] == ("0.833 h", "≤ 1 h on one H100/H200")
     assert "skipped: CIFAR-10" in rows["paper-scale yang2019-fig3d (136 cells, cuda:0)"][0]
     assert rows["paper-scale total (every reproduction)"][0] == "2 h"

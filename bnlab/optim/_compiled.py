@@ -58,14 +58,14 @@ def _compiled():
     return _STATE["fn"]
 
 
-def _checked_call(what: str, run, xs, means, variances, gws, gbs, q2s, rho, eps1, eps2,
-                  nonfinite_steps) -> tuple[torch.Tensor, bool]:
-    """``run()`` (a compiled or captured dense step on these arguments), then the uncompiled functional
-    core on copies of the arguments as they were, and the two compared (:func:`bnlab._inductor.disagreement`,
-    layer by layer: the statistics against what the core changed, the preconditioned gradients against
-    their own size; κ = 1e-2 in float32, 1e-6 in float64).  Returns ``(skipped, agrees)``; where they
-    disagree, a warning names the tensor, the core's results are written into the arguments and its
-    counts returned."""
+def _checked_call(what: str, run, args: tuple) -> tuple[torch.Tensor, bool]:
+    """``run()`` (a compiled or captured dense step on ``args``, the arguments of :func:`dense_steps_` in
+    order), then the uncompiled functional core on copies of the arguments as they were, and the two
+    compared (:func:`bnlab._inductor.disagreement`, layer by layer: the statistics against what the core
+    changed, the preconditioned gradients against their own size; κ = 1e-2 in float32, 1e-6 in float64).
+    Returns ``(skipped, agrees)``; where they disagree, a warning names the tensor, the core's results are
+    written into the arguments and its counts returned."""
+    xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps = args
     start = copy_tensors({"means": means, "variances": variances})
     ref = copy_tensors({"means": means, "variances": variances, "gws": gws, "gbs": gbs, "counter": nonfinite_steps})
     skipped = run()
@@ -103,9 +103,8 @@ def dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite
         checked = _STATE.setdefault("checked", set())
         if key is not None and key not in checked:
             checked.add(key)
-            skipped, agrees = _checked_call(
-                "compiled", lambda: fn(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps),
-                xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps)
+            args = (xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps)
+            skipped, agrees = _checked_call("compiled", lambda: fn(*args), args)
             if not agrees:
                 _STATE["failed"] = F.dense_steps_
                 _STATE["no_graph"] = True  # a graph would replay the compiled code
@@ -233,8 +232,8 @@ def captured_dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2,
             # the graph's first replay, checked like a compiled call (a capture can go wrong where the
             # compiled function did not); a disagreement drops every graph: compiled, uncaptured from then on
             entry.checked = True
-            skipped, agrees = _checked_call("captured", replay, xs, means, variances, gws, gbs, q2s, rho, eps1,
-                                            eps2, nonfinite_steps)
+            skipped, agrees = _checked_call("captured", replay, (xs, means, variances, gws, gbs, q2s, rho, eps1,
+                                                                 eps2, nonfinite_steps))
             if not agrees:
                 _STATE["no_graph"] = True
                 _GRAPHS.clear()

@@ -71,3 +71,17 @@ def test_compiled_call_is_counted_outside_the_dispatch_mode(monkeypatch):
         torch.add(a, a)
         torch.mul(a, a).sum()
     assert bench._region_ops(prof) == 3  # top-level operators only (add, mul, sum)
+
+
+def test_json_reports_the_compiled_routes_checks_for_gpu_check(capsys):
+    """compiled_check_worst: the worst ratio of the compiled dense step's checks against the core
+    (bnlab.optim._compiled) — None when none ran (the quick CPU run: eager), JSON-safe otherwise."""
+    import json
+
+    bench = load_benchmark("bench_bnp")
+    assert bench._worst_check([]) is None
+    assert bench._worst_check([{"worst": 0.00123456}, {"worst": 0.5}]) == 0.5
+    assert bench._worst_check([{"worst": 0.00123456}]) == 0.00123
+    assert bench._worst_check([{"worst": float("inf")}]) == "inf"
+    assert bench.main(["--quick", "--json"]) == 0
+    assert "compiled_check_worst" in json.loads(capsys.readouterr().out)
