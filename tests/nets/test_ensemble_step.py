@@ -36,6 +36,7 @@ from bnlab.nets import BNMLP, ENSEMBLE_STEP_MODES, MLP, train_ensemble
 from bnlab.nets._ensemble_step import StepConfig, resolve_step_mode
 from bnlab.nets.ensemble import _BNMLPStack, _EnsembleRun
 
+from . import _fake_cuda_graphs as fake_cuda_graphs
 from ._data import digits
 
 torch.set_num_threads(1)
@@ -536,62 +537,8 @@ def test_cuda_graph_route_warms_up_captures_once_and_replays(monkeypatch):
     # instead of running it (as a capture records kernels without executing them) and replays it.  Two
     # warm-up steps, one capture, a replay per later step; the vmap stack's compaction at a check (one of
     # two networks left) forces a second warm-up and capture; and the numbers are the eager route's
-    import bnlab.nets._ensemble_step as step_mod
-
     events: list[str] = []
-
-    class FakeGraph:
-        capturing: "FakeGraph | None" = None
-
-        def replay(self):
-            events.append("replay")
-            self.fn(self.state)
-
-    class FakeGraphContext:
-        def __init__(self, graph):
-            self.graph = graph
-
-        def __enter__(self):
-            FakeGraph.capturing = self.graph
-            events.append("capture")
-
-        def __exit__(self, *exc):
-            FakeGraph.capturing = None
-
-    class FakeStream:
-        def wait_stream(self, other):
-            pass
-
-    class FakeStreamContext:
-        def __init__(self, stream):
-            pass
-
-        def __enter__(self):
-            events.append("warm")
-
-        def __exit__(self, *exc):
-            pass
-
-    real_compiled_step = step_mod.StepRunner._compiled_step
-
-    def compiled_step(self):
-        fn = real_compiled_step(self)
-
-        def run(state):
-            if FakeGraph.capturing is not None:  # recorded, not run
-                FakeGraph.capturing.fn, FakeGraph.capturing.state = fn, state
-            else:
-                fn(state)
-        return run
-
-    for name, fake in dict(CUDAGraph=FakeGraph, graph=FakeGraphContext, Stream=FakeStream, stream=FakeStreamContext,
-                           current_stream=lambda: FakeStream()).items():
-        monkeypatch.setattr(torch.cuda, name, fake)
-    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: fn)
-    monkeypatch.setattr(step_mod.StepRunner, "_compiled_step", compiled_step)
-    import bnlab.nets.ensemble as ens
-
-    monkeypatch.setattr(ens, "resolve_step_mode", lambda mode, device, steps=0: mode)  # allow it on the CPU
+    fake_cuda_graphs.install(monkeypatch, events)
 
     train_set, test_set = _digits()
     runs = {}

@@ -31,6 +31,7 @@ import torch
 from bnlab.nets import BNMLP, MLP, train_ensemble
 from bnlab.nets._ensemble_step import VERIFY_COMPILED_CALLS, step_disagreement, snapshot_state
 
+from . import _fake_cuda_graphs as fake_cuda_graphs
 from ._data import digits
 
 torch.set_num_threads(1)
@@ -315,59 +316,8 @@ def test_the_first_replay_of_a_capture_is_checked(monkeypatch):
     # the captured route on the CPU with stand-ins (as test_ensemble_step.py's sequencing test): the
     # compiled step is correct (checked at the two warm-up steps), the "graph" replays it with one
     # weight's update doubled — a fault of the capture — which the check of its first replay catches
-    import bnlab.nets._ensemble_step as step_mod
-    import bnlab.nets.ensemble as ens
-
     runners = _runners(monkeypatch)
-
-    class FakeGraph:
-        capturing = None
-
-        def replay(self):
-            _wrong_compile(target=0, factor=2.0)(self.fn)(self.state)
-
-    class Capture:
-        def __init__(self, graph):
-            self.graph = graph
-
-        def __enter__(self):
-            FakeGraph.capturing = self.graph
-
-        def __exit__(self, *exc):
-            FakeGraph.capturing = None
-
-    class Stream:
-        def wait_stream(self, other):
-            pass
-
-    class StreamContext:
-        def __init__(self, stream):
-            pass
-
-        def __enter__(self):
-            pass
-
-        def __exit__(self, *exc):
-            pass
-
-    real_compiled_step = step_mod.StepRunner._compiled_step
-
-    def compiled_step(self):
-        fn = real_compiled_step(self)
-
-        def run(state):
-            if FakeGraph.capturing is not None:
-                FakeGraph.capturing.fn, FakeGraph.capturing.state = fn, state
-            else:
-                fn(state)
-        return run
-
-    for name, fake in dict(CUDAGraph=FakeGraph, graph=Capture, Stream=Stream, stream=StreamContext,
-                           current_stream=lambda: Stream()).items():
-        monkeypatch.setattr(torch.cuda, name, fake)
-    monkeypatch.setattr(step_mod.torch, "compile", lambda fn, **kw: fn)
-    monkeypatch.setattr(step_mod.StepRunner, "_compiled_step", compiled_step)
-    monkeypatch.setattr(ens, "resolve_step_mode", lambda mode, device, steps=0: mode)
+    fake_cuda_graphs.install(monkeypatch, replay=lambda fn, state: _wrong_compile(target=0, factor=2.0)(fn)(state))
     ref_models, models = _bnmlps(), _bnmlps()
     ref = _train(ref_models, "eager")
     with pytest.warns(RuntimeWarning, match=r"captured step disagreed with the eager step at step 2: params\[0\], row"):

@@ -34,6 +34,12 @@ def _core_then(factor: float):
     return fn
 
 
+def _pair():
+    """Two copies of the test network: one with the compiled route, one with the eager route."""
+    a, b = _mlp(), _mlp()
+    return a, b, BNPreconditioner(a, compiled=True, rho=0.5), BNPreconditioner(b, rho=0.5)
+
+
 def _batches(sizes, seed=3):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(n, 300, generator=g, dtype=torch.float64) * 2.0 + 1.0 for n in sizes]
@@ -42,8 +48,7 @@ def _batches(sizes, seed=3):
 def test_a_wrong_compiled_step_is_caught_and_the_core_takes_over(monkeypatch):
     monkeypatch.setattr(_compiled, "_STATE", {"fn": _core_then(2.0)})
     batches = _batches([16, 16, 5])
-    a, b = _mlp(), _mlp()
-    pa, pb = BNPreconditioner(a, compiled=True, rho=0.5), BNPreconditioner(b, rho=0.5)
+    a, b, pa, pb = _pair()
     with pytest.warns(RuntimeWarning, match=r"compiled dense step disagreed .*gws.*\[0\]"):
         _train(a, pa, batches)
     _train(b, pb, batches)
@@ -58,8 +63,7 @@ def test_a_correct_compiled_step_is_checked_once_per_program(monkeypatch):
     # check per new program (batch 16, then 5), none for a repeated one, no warning
     monkeypatch.setattr(_compiled, "_STATE", {"fn": _core_then(1.0)})
     batches = _batches([16, 16, 5, 16, 5])
-    a, b = _mlp(), _mlp()
-    pa, pb = BNPreconditioner(a, compiled=True, rho=0.5), BNPreconditioner(b, rho=0.5)
+    a, b, pa, pb = _pair()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         _train(a, pa, batches)
@@ -86,8 +90,7 @@ def test_the_first_replay_of_a_graph_is_checked(monkeypatch):
     monkeypatch.setattr(_compiled, "capturable", lambda device: True)
     monkeypatch.setattr(_compiled, "_capture", capture)
     batches = _batches([16, 16, 16])
-    a, b = _mlp(), _mlp()
-    pa, pb = BNPreconditioner(a, compiled=True, rho=0.5), BNPreconditioner(b, rho=0.5)
+    a, b, pa, pb = _pair()
     with pytest.warns(RuntimeWarning, match=r"captured dense step disagreed"):
         _train(a, pa, batches)
     _train(b, pb, batches)
