@@ -63,8 +63,9 @@ def _checked_call(what: str, run, args: tuple) -> tuple[torch.Tensor, bool]:
     order), then the uncompiled functional core on copies of the arguments as they were, and the two
     compared (:func:`bnlab._inductor.disagreement`, layer by layer: the statistics against what the core
     changed, the preconditioned gradients against their own size; κ = 1e-2 in float32, 1e-6 in float64).
-    Returns ``(skipped, agrees)``; where they disagree, a warning names the tensor, the core's results are
-    written into the arguments and its counts returned."""
+    Returns ``(skipped, problem)``: ``problem`` None where they agree; where they disagree, the core's
+    results are written into the arguments, its counts returned and ``problem`` names the tensor (the
+    caller warns, saying what runs from then on)."""
     xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps = args
     start = copy_tensors({"means": means, "variances": variances})
     ref = copy_tensors({"means": means, "variances": variances, "gws": gws, "gbs": gbs, "counter": nonfinite_steps})
@@ -76,12 +77,9 @@ def _checked_call(what: str, run, args: tuple) -> tuple[torch.Tensor, bool]:
     worst, where = disagreement(got, ref, start, per_row=False)
     _STATE.setdefault("checks", []).append({"what": what, "worst": worst, "agrees": worst <= 1.0})
     if worst <= 1.0:
-        return skipped, True
+        return skipped, None
     write_tensors({k: v for k, v in got.items() if k != "skipped"}, ref)
-    warnings.warn(f"bnlab: BNP's {what} dense step disagreed with the uncompiled functional core ({where}); "
-                  "using the core uncompiled from now on (the compiled code is not trusted)", RuntimeWarning,
-                  stacklevel=4)
-    return ref["skipped"], False
+    return ref["skipped"], f"BNP's {what} dense step disagreed with the uncompiled functional core ({where})"
 
 
 def _call_key(xs, means, gws, gbs, q2s, rho, eps1, eps2) -> tuple:
@@ -104,10 +102,12 @@ def dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite
         if key is not None and key not in checked:
             checked.add(key)
             args = (xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps)
-            skipped, agrees = _checked_call("compiled", lambda: fn(*args), args)
-            if not agrees:
+            skipped, problem = _checked_call("compiled", lambda: fn(*args), args)
+            if problem is not None:
                 _STATE["failed"] = F.dense_steps_
                 _STATE["no_graph"] = True  # a graph would replay the compiled code
+                warnings.warn(f"bnlab: {problem}; using the core uncompiled from now on (the compiled code is "
+                              "not trusted)", RuntimeWarning, stacklevel=3)
             return skipped
         return fn(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps)
     except Exception as exc:  # a compiler or backend missing: raised before anything is written
@@ -201,6 +201,14 @@ class _Replay:
         dst = [*self.xs, *self.gws, *(g for g in self.gbs if g is not None)]
         torch._foreach_copy_(dst, [*xs, *gws, *(g for g in gbs if g is not None)])
 
+    def step(self, xs, gws, gbs) -> torch.Tensor:
+        """One replayed step: the inputs and gradients copied in, the replay, the gradients copied out;
+        the counts (the graph's own buffer)."""
+        self.copy_in(xs, gws, gbs)
+        self.replay()
+        self.copy_out(gws, gbs)
+        return self.skipped
+
     def copy_out(self, gws, gbs) -> None:
         torch._foreach_copy_([*gws, *(g for g in gbs if g is not None)],
                              [*self.gws, *(g for g in self.gbs if g is not None)])
@@ -219,24 +227,19 @@ def captured_dense_steps_(xs, means, variances, gws, gbs, q2s, rho, eps1, eps2,
     device = means[0].device
     if entry is not None:
         _GRAPHS.move_to_end(key)
-
-        def replay() -> torch.Tensor:
-            entry.copy_in(xs, gws, gbs)
-            entry.replay()
-            entry.copy_out(gws, gbs)
-            return entry.skipped
-
         with _on(device):
             if entry.checked:
-                return replay()
+                return entry.step(xs, gws, gbs)
             # the graph's first replay, checked like a compiled call (a capture can go wrong where the
             # compiled function did not); a disagreement drops every graph: compiled, uncaptured from then on
             entry.checked = True
-            skipped, agrees = _checked_call("captured", replay, (xs, means, variances, gws, gbs, q2s, rho, eps1,
-                                                                 eps2, nonfinite_steps))
-            if not agrees:
+            skipped, problem = _checked_call("captured", lambda: entry.step(xs, gws, gbs),
+                                             (xs, means, variances, gws, gbs, q2s, rho, eps1, eps2, nonfinite_steps))
+            if problem is not None:
                 _STATE["no_graph"] = True
                 _GRAPHS.clear()
+                warnings.warn(f"bnlab: {problem}; the step stays compiled, uncaptured (the graphs are not "
+                              "trusted)", RuntimeWarning, stacklevel=2)
             return skipped
     entry = _Replay(xs, means, variances, gws, gbs, constants=(list(q2s), rho, eps1, eps2), counter=nonfinite_steps)
     with _on(device):

@@ -34,10 +34,20 @@ def _core_then(factor: float):
     return fn
 
 
-def _pair():
-    """Two copies of the test network: one with the compiled route, one with the eager route."""
+def _compiled_against_eager(batches, expect: str | None) -> None:
+    """Train two copies of the test network on ``batches``, one by the compiled route (a RuntimeWarning
+    matching ``expect``, or none at all), one by the eager route, and compare them."""
     a, b = _mlp(), _mlp()
-    return a, b, BNPreconditioner(a, compiled=True, rho=0.5), BNPreconditioner(b, rho=0.5)
+    pa, pb = BNPreconditioner(a, compiled=True, rho=0.5), BNPreconditioner(b, rho=0.5)
+    if expect is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            _train(a, pa, batches)
+    else:
+        with pytest.warns(RuntimeWarning, match=expect):
+            _train(a, pa, batches)
+    _train(b, pb, batches)
+    _assert_same(a, pa, b, pb, _tol(16, 300))
 
 
 def _batches(sizes, seed=3):
@@ -47,13 +57,9 @@ def _batches(sizes, seed=3):
 
 def test_a_wrong_compiled_step_is_caught_and_the_core_takes_over(monkeypatch):
     monkeypatch.setattr(_compiled, "_STATE", {"fn": _core_then(2.0)})
-    batches = _batches([16, 16, 5])
-    a, b, pa, pb = _pair()
-    with pytest.warns(RuntimeWarning, match=r"compiled dense step disagreed .*gws.*\[0\]"):
-        _train(a, pa, batches)
-    _train(b, pb, batches)
     # the first step's results are the core's, and every later step runs the core uncompiled
-    _assert_same(a, pa, b, pb, _tol(16, 300))
+    _compiled_against_eager(_batches([16, 16, 5]),
+                            r"compiled dense step disagreed .*gws.*\[0\].*core uncompiled from now on")
     assert _compiled._STATE["failed"] is F.dense_steps_
     assert [c["agrees"] for c in _compiled._STATE["checks"]] == [False]
 
@@ -62,13 +68,7 @@ def test_a_correct_compiled_step_is_checked_once_per_program(monkeypatch):
     # a stand-in that is not the core object (so it is "compiled") and computes what it computes: one
     # check per new program (batch 16, then 5), none for a repeated one, no warning
     monkeypatch.setattr(_compiled, "_STATE", {"fn": _core_then(1.0)})
-    batches = _batches([16, 16, 5, 16, 5])
-    a, b, pa, pb = _pair()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
-        _train(a, pa, batches)
-    _train(b, pb, batches)
-    _assert_same(a, pa, b, pb, _tol(16, 300))
+    _compiled_against_eager(_batches([16, 16, 5, 16, 5]), None)
     checks = _compiled._STATE["checks"]
     assert [c["agrees"] for c in checks] == [True, True] and all(c["worst"] < 1e-3 for c in checks)
     assert "failed" not in _compiled._STATE
@@ -89,11 +89,6 @@ def test_the_first_replay_of_a_graph_is_checked(monkeypatch):
     monkeypatch.setattr(_compiled, "_GRAPHS", OrderedDict())
     monkeypatch.setattr(_compiled, "capturable", lambda device: True)
     monkeypatch.setattr(_compiled, "_capture", capture)
-    batches = _batches([16, 16, 16])
-    a, b, pa, pb = _pair()
-    with pytest.warns(RuntimeWarning, match=r"captured dense step disagreed"):
-        _train(a, pa, batches)
-    _train(b, pb, batches)
-    _assert_same(a, pa, b, pb, _tol(16, 300))
+    _compiled_against_eager(_batches([16, 16, 16]), r"captured dense step disagreed .*stays compiled, uncaptured")
     assert _compiled._STATE["no_graph"] and not _compiled._GRAPHS
     assert [(c["what"], c["agrees"]) for c in _compiled._STATE["checks"]] == [("captured", False)]
