@@ -303,8 +303,9 @@ def step_disagreement(got: dict, ref: dict, start: dict,
                         ignore=_rounding_noise(ref, param_rows))
 
 
-#: RMSProp: a parameter entry whose running mean square is below RMS_NOISE² of the largest in its network's
-#: tensor (its gradient below RMS_NOISE of the largest) is left out of :func:`step_disagreement`, by dtype
+#: RMSProp: a parameter entry whose running mean square is below RMS_NOISE² of the largest of its network
+#: (over all its parameters; its gradient below RMS_NOISE of the largest) is left out of
+#: :func:`step_disagreement`, by dtype
 RMS_NOISE = {torch.float32: 1e-4, torch.float64: 1e-8}
 
 
