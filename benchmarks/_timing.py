@@ -2,6 +2,7 @@
 ``sys.path``)."""
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Callable
@@ -64,3 +65,14 @@ def device_sync(device) -> None:
 #: whole CUDA graph (bench_ensemble's and bench_bnp's launch counts)
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch",
                 "cuGraphLaunch")
+
+
+def worst_check(checks: list[dict]):
+    """The worst ratio to the tolerance of a compiled route's checks against its eager code (the
+    ``checks`` records of ``bnlab.nets._ensemble_step.StepRunner`` or ``bnlab.optim._compiled``; ≤ 1
+    agrees), JSON-safe: None when no check ran, ``"inf"`` when a mask, a count or a non-finite entry
+    differed.  Not rounded: a ratio just above 1 must not print as 1."""
+    if not checks:
+        return None
+    worst = max(c["worst"] for c in checks)
+    return worst if math.isfinite(worst) else "inf"

@@ -70,7 +70,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from bnlab.optim import BNPreconditioner  # noqa: E402
 from bnlab.optim import _compiled  # noqa: E402
-from _timing import LAUNCH_CALLS, device_clock, device_sync  # noqa: E402
+from _timing import LAUNCH_CALLS, device_clock, device_sync, worst_check  # noqa: E402
 
 TRAIN_SIZE = 50_000
 #: BNP variants and their BNPreconditioner arguments (see bnlab.optim.BNPreconditioner).
@@ -357,15 +357,6 @@ def run(batch_sizes, *, n_in, hidden, depth, rounds, device, quick=False, native
     return rows
 
 
-
-def _worst_check(checks: list[dict]):
-    """The worst ratio of the compiled route's checks against the core, rounded (None: none made;
-    "inf": a count or a non-finite entry differed), JSON-safe."""
-    if not checks:
-        return None
-    worst = max(c["worst"] for c in checks)
-    return float(f"{worst:.3g}") if math.isfinite(worst) else "inf"
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small network and few steps (smoke test)")
@@ -410,7 +401,7 @@ def main(argv=None) -> int:
         "ops_batch_size": rows[0]["batch_size"],
         # the compiled (and captured) dense step's checks of each new program against the uncompiled
         # core (bnlab.optim._compiled): the worst ratio to the tolerance, ≤ 1 agrees; None: none made
-        "compiled_check_worst": _worst_check(_compiled._STATE.get("checks", [])),
+        "compiled_check_worst": worst_check(_compiled._STATE.get("checks", [])),
     }
     if args.json:
         print(json.dumps({"meta": meta, **summary, "rows": rows}, indent=2))

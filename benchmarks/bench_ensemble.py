@@ -41,7 +41,6 @@ import collections
 import contextlib
 import functools
 import json
-import math
 import statistics
 import sys
 import time
@@ -52,7 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import LAUNCH_CALLS, device_clock, device_sync  # noqa: E402
+from _timing import LAUNCH_CALLS, device_clock, device_sync, worst_check  # noqa: E402
 
 
 def _data(n: int, seed: int = 0):
@@ -438,15 +437,6 @@ def _route_section(device, routes, quick, rounds) -> dict:
     return _route_section_timed(device, routes, quick, rounds)
 
 
-
-def _worst_check(checks: list[dict]):
-    """The worst ratio of a route's checks against the eager step (None: none made; "inf": a mask or a
-    non-finite entry differed), JSON-safe."""
-    if not checks:
-        return None
-    worst = max(c["worst"] for c in checks)
-    return worst if math.isfinite(worst) else "inf"
-
 def _route_section_timed(device, routes, quick, rounds) -> dict:
     setting = _route_setting(device, quick)
     per_round, warm, counted = (5, 3, 3) if quick else (10, 3, 5)
@@ -487,7 +477,7 @@ def _route_section_timed(device, routes, quick, rounds) -> dict:
            "route_used": {r: runs[r].runner.route for r in routes},
            # the compiled and captured routes' checks of their first calls against the eager step (in
            # setup_s): the worst ratio to the tolerance (≤ 1 agrees; bnlab.nets._ensemble_step.step_disagreement)
-           "route_check_worst": {r: _worst_check(runs[r].runner.checks) for r in routes},
+           "route_check_worst": {r: worst_check(runs[r].runner.checks) for r in routes},
            "gpu_busy_fraction": None}
     if device.type == "cuda":
         out["kernels_per_step"] = {r: round(prof[r]["kernels"], 1) for r in routes}
