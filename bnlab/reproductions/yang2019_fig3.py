@@ -26,7 +26,7 @@ scale.  These budgets were chosen by measurement (``_HISTORY``, with the commits
 where the boundary lands in a given run is stated in that run's section, read off its records
 (:func:`~bnlab.reproductions.trainability.boundary_summary`).
 ``paper`` scale uses the paper's sizes, one network per cell in the results store; the cells of a column
-train together as one batched ensemble (:func:`bnlab.reproductions.trainability.column_group`).
+train together as one batched ensemble (:func:`bnlab.reproductions.trainability.ensemble_group`).
 
 "Trainable" in :func:`compare` means a test accuracy above
 chance + ½·(best accuracy of the sweep − chance); the measured maximum
@@ -44,7 +44,7 @@ from bnlab.reproductions.trainability import (
     DEPTH_CHECKS,
     as_columns,
     boundary_summary,
-    column_group,
+    ensemble_group,
     compare_depths,
     describe_grid,
     heatmap,
@@ -143,7 +143,7 @@ def _grid(scale: str, *, dataset: str, optimizer: str, ghost: bool) -> list[dict
             p["epochs"] = 50 if dataset == "cifar10" else 10
         cells.append(p)
     # small scale: one cell per column (all depths of a B), trained as one batched ensemble; paper scale:
-    # one cell per network, the cells of a column trained together (column_group / run_trainability_group)
+    # one cell per network, the cells of a column trained together (ensemble_group / run_trainability_group)
     return as_columns(cells) if small else cells
 
 
@@ -241,8 +241,9 @@ def _make(letter: str, *, dataset: str, optimizer: str, ghost: bool, title: str,
         ),
         uses_gpu=True,
         # paper scale: one cell per network in the store, each column (every depth of an x) trained as one
-        # batched ensemble (bnlab.nets.train_ensemble)
-        group=column_group,
+        # batched ensemble (bnlab.nets.train_ensemble); small and medium: a column per cell, none grouped (the
+        # columns differ in B)
+        group=ensemble_group,
         run_group=run_trainability_group,
         cost=trainability_cost,
         shorten=trainability_shorten,

@@ -36,7 +36,7 @@ from bnlab.reproductions.trainability import (
     DEPTH_CHECKS,
     as_columns,
     boundary_summary,
-    column_group,
+    ensemble_group,
     compare_depths,
     describe_grid,
     heatmap,
@@ -194,8 +194,9 @@ def _grid(scale: str, *, letter: str) -> list[dict]:
             else:
                 c["epochs"] = 10
             cells.append(c)
-    # small scale: one cell per column (all depths of an x value), trained as one batched ensemble; paper
-    # scale: one cell per network, the cells of a column trained together (column_group)
+    # small scale: one cell per column (all depths of an x value), the columns of the panel trained together
+    # as one batched ensemble; paper scale: one cell per network, the cells of a column trained together
+    # (ensemble_group)
     return as_columns(cells) if small else cells
 
 
@@ -310,8 +311,8 @@ def _make(letter: str) -> Experiment:
         compare=functools.partial(_compare, letter=letter),
         uses_gpu=True,
         # paper scale: one cell per network in the store, each column (every depth of an x) trained as one
-        # batched ensemble (bnlab.nets.train_ensemble)
-        group=column_group,
+        # batched ensemble (bnlab.nets.train_ensemble); small and medium: the panel's columns as one
+        group=ensemble_group,
         run_group=run_trainability_group,
         cost=trainability_cost,
         shorten=trainability_shorten,

@@ -33,10 +33,14 @@ from bnlab.reproductions.trainability import (
     compare_depths,
     describe_grid,
     expand_records,
+    ensemble_group,
     heatmap,
     TrainabilityCell,
     run_trainability_cell,
+    run_trainability_group,
     theory_max_depth,
+    trainability_cost,
+    trainability_shorten,
 )
 
 __all__ = ["EXPERIMENTS"]
@@ -162,6 +166,12 @@ EXPERIMENTS = [
         plot=_plot,
         compare=_compare,
         uses_gpu=True,
+        # paper scale: one cell per network, each column trained as one batched ensemble; small: the ε
+        # columns as one (bnlab.reproductions.trainability.ensemble_group)
+        group=ensemble_group,
+        run_group=run_trainability_group,
+        cost=trainability_cost,
+        shorten=trainability_shorten,
         settings=_settings(),
         checks=list(DEPTH_CHECKS) + [
             Check("worst ε column at σ_w²",

@@ -14,7 +14,7 @@ import os
 import time
 
 from bnlab.experiments.spec import Experiment, TaskCost
-from bnlab.reproductions.trainability import (column_group, run_trainability_cell, run_trainability_group,
+from bnlab.reproductions.trainability import (ensemble_group, run_trainability_cell, run_trainability_group,
                                               trainability_cost, trainability_shorten)
 
 
@@ -28,7 +28,7 @@ def grid(scale: str) -> list[dict]:
 
 COLUMNS = Experiment(name="bnlab-test-plan-columns", paper="p", figure="f", title="digits columns", claim="c",
                      grid=grid, run_cell=run_trainability_cell, plot=lambda records, outdir: [],
-                     group=column_group, run_group=run_trainability_group, cost=trainability_cost,
+                     group=ensemble_group, run_group=run_trainability_group, cost=trainability_cost,
                      shorten=trainability_shorten)
 
 
