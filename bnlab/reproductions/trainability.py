@@ -307,18 +307,20 @@ def ensemble_group(params: dict, scale: str) -> str | None:
     per cell.  A column of the paper's grids is 13–17 networks of width 384, large enough to fill its
     device, and the columns are spread over the GPUs and workers.
 
-    ``small`` and ``medium`` scale (one column per cell): every column of the heatmap that differs only in
-    γ, β or ε (:data:`PER_NETWORK`) — all x values of a Fig. 5 panel — trains as one ensemble.  On a CPU
-    a width-128 network's step is dominated by per-operator overhead, which the columns then share:
+    ``small`` scale (one column per cell): every column of the heatmap that differs only in γ, β or ε
+    (:data:`PER_NETWORK`) — all x values of a Fig. 5 panel — trains as one ensemble.  On a CPU a
+    width-128 network's step is dominated by per-operator overhead, which the columns then share:
     measured (2-core AMD EPYC, torch 2.13.0, one thread), Fig. 5a's three columns took 14.9 s as one
     ensemble against 25.7 s one column at a time, with the same test accuracies.  Columns that differ in
     B, the learning rate or the training length (Fig. 3) are never grouped: each is a group of its own.
+    ``medium`` scale keeps a task per column: its deeper grids (Fig. 5d to depth 720) are layer-bound, not
+    overhead-bound, and one task per panel would leave the other workers idle at the end of the run.
     """
     if scale == "paper":
         if "depths" in params:
             return None
         return repr(sorted((k, v) for k, v in params.items() if k not in ("depth", "seed", "device")))
-    if "depths" not in params:
+    if scale != "small" or "depths" not in params:
         return None
     return repr(sorted((k, v) for k, v in params.items() if k not in (*PER_NETWORK, "device")))
 

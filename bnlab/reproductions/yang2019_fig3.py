@@ -241,8 +241,8 @@ def _make(letter: str, *, dataset: str, optimizer: str, ghost: bool, title: str,
         ),
         uses_gpu=True,
         # paper scale: one cell per network in the store, each column (every depth of an x) trained as one
-        # batched ensemble (bnlab.nets.train_ensemble); small and medium: a column per cell, none grouped (the
-        # columns differ in B)
+        # batched ensemble (bnlab.nets.train_ensemble); small: a column per cell, none grouped (the columns
+        # differ in B)
         group=ensemble_group,
         run_group=run_trainability_group,
         cost=trainability_cost,

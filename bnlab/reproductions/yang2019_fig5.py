@@ -311,7 +311,7 @@ def _make(letter: str) -> Experiment:
         compare=functools.partial(_compare, letter=letter),
         uses_gpu=True,
         # paper scale: one cell per network in the store, each column (every depth of an x) trained as one
-        # batched ensemble (bnlab.nets.train_ensemble); small and medium: the panel's columns as one
+        # batched ensemble (bnlab.nets.train_ensemble); small: the panel's columns as one
         group=ensemble_group,
         run_group=run_trainability_group,
         cost=trainability_cost,
