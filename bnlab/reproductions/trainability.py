@@ -310,19 +310,19 @@ def ensemble_group(params: dict, scale: str) -> str | None:
     ``small`` scale (one column per cell): every column of the heatmap that differs only in γ, β or ε
     (:data:`PER_NETWORK`) — all x values of a Fig. 5 panel — trains as one ensemble.  On a CPU a
     width-128 network's step is dominated by per-operator overhead, which the columns then share:
-    measured (2-core AMD EPYC, torch 2.13.0, one thread), Fig. 5a's three columns took 14.9 s as one
-    ensemble against 25.7 s one column at a time, with the same test accuracies.  Columns that differ in
+    the five panels took 87.0 s as one ensemble each against 139.8 s one column at a time, with the same
+    metrics (docs/trainability.md; ``benchmarks/bench_trainability_groups.py``).  Columns that differ in
     B, the learning rate or the training length (Fig. 3) are never grouped: each is a group of its own.
     ``medium`` scale keeps a task per column: its deeper grids (Fig. 5d to depth 720) are layer-bound, not
     overhead-bound, and one task per panel would leave the other workers idle at the end of the run.
     """
-    if scale == "paper":
-        if "depths" in params:
-            return None
-        return repr(sorted((k, v) for k, v in params.items() if k not in ("depth", "seed", "device")))
-    if scale != "small" or "depths" not in params:
+    if scale == "paper" and "depths" not in params:
+        ignored: tuple[str, ...] = ("depth", "seed", "device")
+    elif scale == "small" and "depths" in params:
+        ignored = (*PER_NETWORK, "device")
+    else:
         return None
-    return repr(sorted((k, v) for k, v in params.items() if k not in (*PER_NETWORK, "device")))
+    return repr(sorted((k, v) for k, v in params.items() if k not in ignored))
 
 
 def run_trainability_group(cells: Sequence[TrainabilityCell | dict]) -> list[dict]:
@@ -336,22 +336,20 @@ def run_trainability_group(cells: Sequence[TrainabilityCell | dict]) -> list[dic
     cells = [TrainabilityCell.parse(c) for c in cells]
     if not cells:
         raise ValueError("cells=[] is not allowed: a group holds at least one cell")
-    shared = {k: None for k in PER_NETWORK if k not in ("depth", "seed", "depths", "seeds")}
 
     def base(c: TrainabilityCell) -> TrainabilityCell:
-        return dataclasses.replace(c, depth=None, seed=None, depths=None, seeds=None, **shared)
+        return dataclasses.replace(c, **dict.fromkeys(PER_NETWORK))
 
     if len({c.depths is None for c in cells}) > 1 or any(base(c) != base(cells[0]) for c in cells[1:]):
         raise ValueError(f"cells={[c.params for c in cells]!r} are not allowed as one group: they differ in more "
                          f"than {', '.join(PER_NETWORK)} (or mix single networks and columns)")
-    nets = [(c, d, s) for c in cells for d, s in c.networks]
-    rows = _train_networks(nets)
+    rows = _train_networks([(c, d, s) for c in cells for d, s in c.networks])
+    if isinstance(rows, dict):  # skipped (the data set is missing): every cell says so
+        return [dict(rows) for _ in cells]
     out, at = [], 0
     for c in cells:
-        mine = rows if isinstance(rows, dict) else rows[at:at + len(c.networks)]
-        at += len(c.networks)
-        out.append(_column_metrics(c, mine) if c.depths is not None else dict(mine) if isinstance(mine, dict)
-                   else mine[0])
+        mine, at = rows[at:at + len(c.networks)], at + len(c.networks)
+        out.append(_column_metrics(c, mine) if c.depths is not None else mine[0])
     return out
 
 
