@@ -26,6 +26,7 @@ issue's: 20 BN-MLPs of width 384, depths 5, 10, …, 100, B = 8, 784 inputs.
     python benchmarks/bench_ensemble.py --quick --routes-only --routes eager,compile   # before/after, ~1.5 min
     python benchmarks/bench_ensemble.py --routes-only [--routes eager,compile] [--device cuda]
     python benchmarks/bench_ensemble.py --step-ab [--rounds 9]   # eager CPU step: e082aac against now, ~1 min
+    python benchmarks/bench_ensemble.py --bn-ab [--rounds 9]     # eager CPU step: native BN kernel against ATen
 
 Random inputs (no dataset needed): the cost does not depend on the pixel values.  The JSON has ``rows``,
 ``variance`` and, from the route section, ``step_ms`` (route -> ms per step), ``ops_per_step`` (route ->
@@ -125,6 +126,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--step-ab", action="store_true",
                     help="only the eager CPU step of a Yang et al. trainability column, before (e082aac, kept in "
                          "_ensemble_step_before.py) against now, one thread, side by side")
+    ap.add_argument("--bn-ab", action="store_true",
+                    help="only the eager CPU step of a Yang et al. trainability column with BN by the native kernel "
+                         "(bnlab.nets._native_bn) against BN by ATen operators, one thread, side by side, with the "
+                         "operators each dispatches per step")
     ap.add_argument("--compile-reuse", action="store_true",
                     help="only the compiled route's set-up: a cold compilation (fresh Inductor cache), then runs "
                          "of 2, 12 and 112 steps of the same networks, whose graph the cache serves (no shape of "
@@ -239,6 +244,14 @@ def _main(args) -> dict:
             for r in rows:
                 print(f"  {r['run']:7s} {r['steps']:4d} steps  {r['cpu_s']:7.2f} s")
         return {"compile_reuse": rows}
+    if args.bn_ab:
+        torch.set_num_threads(1)  # thread CPU time (device_clock) is the step's cost only on one thread
+        rows = _bn_ab(args.quick, args.rounds or (3 if args.quick else 9))
+        if args.json:
+            print(json.dumps({"bn_ab": rows}, indent=1))
+        else:
+            _print_bn_ab(rows)
+        return {"bn_ab": rows}
     if args.step_ab:
         torch.set_num_threads(1)  # thread CPU time (device_clock) is the step's cost only on one thread
         rows = _step_ab(args.quick, args.rounds or (3 if args.quick else 9))
@@ -585,6 +598,97 @@ def _print_step_ab(rows: list[dict]) -> None:
     for r in rows:
         print(f"{r['batch']:4d} {r['optimizer']:>9s} {r['before_ms']:10.2f} {r['after_ms']:9.2f} {r['speedup']:12.2f}× "
               f"{r['max_param_diff']:11.1e}")
+
+
+@contextlib.contextmanager
+def _bn_route(name: str):
+    """BN of the eager float32 step by the native kernel (``"native"``) or by ATen operators (``"aten"``,
+    as on a machine without a C compiler)."""
+    from bnlab.nets import _native_bn
+
+    saved = dict(_native_bn._STATE)
+    if name == "aten":
+        _native_bn._STATE["kernel"] = None
+    try:
+        yield
+    finally:
+        _native_bn._STATE.clear()
+        _native_bn._STATE.update(saved)
+
+
+def _bn_ab(quick: bool, rounds: int) -> list[dict]:
+    """Per-step CPU time (one thread) and dispatched operators per step of the eager step with BN by the
+    native kernel against BN by ATen operators, on a Yang et al. (2019) Fig. 3 column (width 128,
+    depths 4…64 as one ensemble, 784 inputs, ReLU, ε = 1e-3), SGD (Fig. 3a's lr) and RMSProp (Fig. 3c's)
+    at B = 8 and 128.  Rounds alternate, so a drifting load hits both alike; medians.  The parameters
+    after one step from the same start are compared (largest difference relative to the tensor's
+    largest entry): the forward floats are the same, the backward's reductions may round differently.  At
+    B = 128 these depth-64 nets explode their gradients (Yang et al.'s λ_G) and the first layers' step is
+    larger than the weights: there both float32 routes are equally far from the float64 step (measured:
+    first layer 22 native, 28 ATen, against a step of 36), so the printed difference is of order one."""
+    from bnlab.nets import BNMLP, _native_bn
+    from bnlab.nets._ensemble_step import StepConfig
+    from bnlab.nets.ensemble import _BNMLPStack, _EnsembleRun
+
+    if _native_bn.kernel() is None:
+        raise SystemExit("--bn-ab: the native BN kernel could not be built here (see the warning)")
+    depths = [2, 3, 5] if quick else [4, 8, 12, 16, 24, 32, 48, 64]
+    width = 16 if quick else 128
+    per_round, warm = (2, 1) if quick else (4, 2)
+    x, y = _data(2048)
+    rows = []
+    for batch in (8, 128):
+        for opt, lr in (("sgd", 8e-3), ("rmsprop", 8e-4)):
+            steps = (warm + rounds) * per_round + 2
+            cfg = StepConfig(loss="cross_entropy", optimizer=opt, momentum=0.0, weight_decay=0.0, rmsprop_alpha=0.99,
+                             rmsprop_eps=1e-8, diverge_above=None, shared_order=True, num_networks=len(depths),
+                             host_reads=True)
+
+            def new():
+                models = [BNMLP(784, 10, depth=d, width=width, eps=1e-3, phi="relu", seed=0) for d in depths]
+                return _EnsembleRun(_BNMLPStack(models, torch.device("cpu")), cfg, "eager", x, y,
+                                    lrs=[lr] * len(depths), seeds=[0] * len(depths), batch_size=batch, steps=steps,
+                                    check_every=10)
+
+            runs = {"native": new(), "aten": new()}
+            times = collections.defaultdict(list)
+            for i in range(warm + rounds):
+                for name in runs:
+                    with _bn_route(name):
+                        t = device_clock("cpu")
+                        for _ in range(per_round):
+                            runs[name].step()
+                        if i >= warm:
+                            times[name].append((device_clock("cpu") - t) / per_round)
+            ops = {}
+            for name in runs:
+                with _bn_route(name), _DispatchCount() as count:
+                    runs[name].step()
+                ops[name] = count.count
+            ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+            one = {"native": new(), "aten": new()}
+            for name in one:
+                with _bn_route(name):
+                    one[name].step()
+            diff = max(((a - b).abs().max() / b.abs().max()).item()
+                       for a, b in zip(one["native"].stack.params(), one["aten"].stack.params()))
+            rows.append({"batch": batch, "optimizer": opt, "depths": depths, "width": width,
+                         "aten_ms": round(ms["aten"], 2), "native_ms": round(ms["native"], 2),
+                         "speedup": round(ms["aten"] / ms["native"], 2), "aten_ops_per_step": ops["aten"],
+                         "native_ops_per_step": ops["native"], "max_param_diff": diff})
+    return rows
+
+
+def _print_bn_ab(rows: list[dict]) -> None:
+    r0 = rows[0]
+    print(f"eager CPU step, one thread: BN-MLPs width {r0['width']}, depths {r0['depths']} as one ensemble, 784 inputs; "
+          "BN by ATen operators against the native kernel; CPU ms per step, medians of alternating rounds; "
+          "dispatched operators per step")
+    print(f"{'B':>4s} {'optimizer':>9s} {'ATen ms':>8s} {'native ms':>10s} {'ATen/native':>12s} "
+          f"{'ATen ops':>9s} {'native ops':>11s} {'param diff':>11s}")
+    for r in rows:
+        print(f"{r['batch']:4d} {r['optimizer']:>9s} {r['aten_ms']:8.2f} {r['native_ms']:10.2f} {r['speedup']:11.2f}× "
+              f"{r['aten_ops_per_step']:9d} {r['native_ops_per_step']:11d} {r['max_param_diff']:11.1e}")
 
 
 if __name__ == "__main__":

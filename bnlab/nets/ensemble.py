@@ -49,6 +49,7 @@ from torch import nn
 from bnlab import _threads
 from bnlab._run_length import STEADY_FROM, note_steady_steps, timing_steps
 from bnlab._validation import check_choice, check_int, check_real, check_seed
+from bnlab.nets import _native_bn
 from bnlab.nets._ensemble_step import (
     STEP_MODES,
     StepConfig,
@@ -313,7 +314,9 @@ class _BNMLPStack:
         hg = h.reshape(k, n // b, b, width)
         # the eager float32 CPU step: one autograd node with a closed-form backward; under torch.func (the
         # compiled step, which fuses the composite anyway) and in float64 (the reference routes) the composite
-        if hg.dtype == torch.float32 and hg.device.type == "cpu" and not torch._C._are_functorch_transforms_active():
+        if _native_bn.can_use(hg):  # the same forward floats in one call each way (bnlab.nets._native_bn)
+            out, mean, var = _native_bn.batch_norm_stack(hg, eps)
+        elif hg.dtype == torch.float32 and hg.device.type == "cpu" and not torch._C._are_functorch_transforms_active():
             out, mean, var = _BatchNormEager.apply(hg, eps.view(k, 1, 1, 1))
         else:
             mean = hg.mean(dim=2, keepdim=True)

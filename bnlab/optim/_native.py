@@ -44,13 +44,11 @@ dtype (≤ n_in·u relative to Σ_j |G_w(i, j) μ_j|, as a BLAS matrix-vector pr
 """
 from __future__ import annotations
 
-import hashlib
-import platform
 import warnings
 
 import torch
 
-from bnlab.optim import _kernel_cache
+from bnlab import _kernel_cache
 
 __all__ = ["kernels", "can_use"]
 
@@ -315,24 +313,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 _STATE: dict[str, object] = {}
 
 
-def _cpu_tag() -> str:
-    """A short hash of this CPU's model and feature flags (Linux ``/proc/cpuinfo``; elsewhere the
-    platform's processor string): the kernels are built with ``-march=native``, so a build cache
-    shared by machines with different CPUs must not hand one machine's binary to another."""
-    text = f"{platform.machine()} {platform.processor()}"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key = line.split(":", 1)[0].strip()
-                if key in ("model name", "flags", "Features", "CPU part"):
-                    text += line
-                if key == "flags" or key == "Features":
-                    break  # the first processor's entry is enough
-    except OSError:
-        pass
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
 def kernels():
     """The compiled module, or ``None`` if it cannot be built here (built once per process, on the
     first call; see the module docstring).  Its functions, over contiguous CPU float32/float64
@@ -350,7 +330,7 @@ def kernels():
       kept their old statistics (their number per layer written to the int64 CPU vector
       ``skipped`` if given).
 
-    Built and loaded through :mod:`bnlab.optim._kernel_cache`: only from a folder of this user's
+    Built and loaded through :mod:`bnlab._kernel_cache`: only from a folder of this user's
     that nobody else can write, after checking the folder against the SHA-256 manifest recorded at
     the last build (a mismatch rebuilds, with a warning), under a build lock whose stale copies are
     removed and whose wait is bounded (then ``None``: the eager route, with a warning).
@@ -361,7 +341,7 @@ def kernels():
 
 
 def _build():
-    name = f"bnlab_bnp_native_v4_{_cpu_tag()}"
+    name = f"bnlab_bnp_native_v4_{_kernel_cache.cpu_tag()}"
     try:
         from torch.utils import cpp_extension
 

@@ -25,7 +25,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bnlab.optim import _kernel_cache, _native
+from bnlab import _kernel_cache
+from bnlab.optim import _native
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from bnlab import _kernel_cache
 from bnlab.optim import BNPreconditioner
 from bnlab.optim import _native
 
@@ -49,9 +50,9 @@ def test_native_statistics_is_a_deprecated_alias(monkeypatch):
 
 def test_cpu_tag_names_the_build_per_cpu():
     # The -march=native build is cached per CPU model and flags: a stable 12-hex-digit tag.
-    tag = _native._cpu_tag()
+    tag = _kernel_cache.cpu_tag()
     assert len(tag) == 12 and int(tag, 16) >= 0
-    assert tag == _native._cpu_tag()
+    assert tag == _kernel_cache.cpu_tag()
 
 
 def test_failed_build_falls_back_to_eager(monkeypatch):

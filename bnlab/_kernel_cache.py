@@ -1,4 +1,5 @@
-"""Where the native BNP kernels are built and loaded from, and what is checked before loading them.
+"""Where bnlab's native kernels (the BNP kernels of :mod:`bnlab.optim._native`, the BN-stack kernels of
+:mod:`bnlab.nets._native_bn`) are built and loaded from, and what is checked before loading them.
 
 ``torch.utils.cpp_extension.load_inline`` builds an extension in a cache directory and imports
 whatever shared object it finds there when its build files say it is up to date; it checks
@@ -40,13 +41,14 @@ import socket
 import stat
 import sys
 import tempfile
+import platform
 import time
 import warnings
 from pathlib import Path
 from typing import Iterator
 
 __all__ = ["LOCK_STALE_S", "LOCK_WAIT_S", "build_directory", "build_lock", "check_manifest",
-           "clear_directory", "remove_torch_lock", "write_manifest"]
+           "clear_directory", "cpu_tag", "remove_torch_lock", "write_manifest"]
 
 #: A bnlab build lock older than this is stale whatever its owner (a build takes ~25 s here).
 LOCK_STALE_S = 900.0
@@ -77,6 +79,24 @@ def _torch_extensions_root() -> Path:
         accelerator = "cpu"
     version = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
     return Path(get_default_build_root()) / f"{version}_{accelerator}"
+
+
+def cpu_tag() -> str:
+    """A short hash of this CPU's model and feature flags (Linux ``/proc/cpuinfo``; elsewhere the
+    platform's processor string): the kernels are built with ``-march=native``, so a build cache
+    shared by machines with different CPUs must not hand one machine's binary to another."""
+    text = f"{platform.machine()} {platform.processor()}"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key = line.split(":", 1)[0].strip()
+                if key in ("model name", "flags", "Features", "CPU part"):
+                    text += line
+                if key == "flags" or key == "Features":
+                    break  # the first processor's entry is enough
+    except OSError:
+        pass
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _private_root() -> Path:
@@ -126,9 +146,9 @@ def _make_private(folder: Path) -> None:
     os.makedirs(folder, mode=0o700, exist_ok=True)
 
 
-def build_directory(name: str) -> Path:
-    """The folder to build extension ``name`` in: PyTorch's usual one when it is trusted, else a
-    private one (with a warning).  Created (mode 0700) if absent."""
+def build_directory(name: str, what: str = "the native BNP kernels") -> Path:
+    """The folder to build extension ``name`` (``what``, for the warnings) in: PyTorch's usual one when
+    it is trusted, else a private one (with a warning).  Created (mode 0700) if absent."""
     root = _torch_extensions_root()
     folder = root / name
     reason = _check_chain(folder, own_from=root)
@@ -144,10 +164,10 @@ def build_directory(name: str) -> Path:
         _make_private(private)
         alt_reason = _check_chain(private, own_from=private_root)
     if alt_reason is not None:
-        private = Path(tempfile.mkdtemp(prefix="bnlab-bnp-native-"))  # mode 0700, this process only
+        private = Path(tempfile.mkdtemp(prefix="bnlab-native-"))  # mode 0700, this process only
         atexit.register(shutil.rmtree, private, ignore_errors=True)
     warnings.warn(
-        f"bnlab: not building the native BNP kernels in {folder}: {reason}; code loaded from a folder others "
+        f"bnlab: not building {what} in {folder}: {reason}; code loaded from a folder others "
         f"can write runs in this process.  Building them in the private folder {private} instead",
         RuntimeWarning,
         stacklevel=4,
@@ -280,7 +300,7 @@ def _stale(path: Path, stale_s: float) -> str | None:
 
 @contextlib.contextmanager
 def build_lock(folder: Path, *, wait_s: float | None = None, stale_s: float | None = None,
-               poll_s: float = 0.2) -> Iterator[None]:
+               poll_s: float = 0.2, what: str = "the native BNP kernels") -> Iterator[None]:
     """Hold ``folder``'s bnlab build lock; ``TimeoutError`` after ``wait_s`` for a live owner."""
     wait_s = LOCK_WAIT_S if wait_s is None else wait_s
     stale_s = LOCK_STALE_S if stale_s is None else stale_s
@@ -305,7 +325,7 @@ def build_lock(folder: Path, *, wait_s: float | None = None, stale_s: float | No
             raise TimeoutError(f"another process holds the build lock {path} (owner {_owner(path)}); waited "
                                f"{waited:.0f} s")
         if not announced:
-            warnings.warn(f"bnlab: waiting up to {wait_s:.0f} s for the native BNP kernels that another process "
+            warnings.warn(f"bnlab: waiting up to {wait_s:.0f} s for {what} that another process "
                           f"(owner {_owner(path)}) is building in {folder}", RuntimeWarning, stacklevel=4)
             announced = True
         time.sleep(poll_s)
