@@ -300,8 +300,10 @@ def _stale(path: Path, stale_s: float) -> str | None:
 
 @contextlib.contextmanager
 def build_lock(folder: Path, *, wait_s: float | None = None, stale_s: float | None = None,
-               poll_s: float = 0.2, what: str = "the native BNP kernels") -> Iterator[None]:
-    """Hold ``folder``'s bnlab build lock; ``TimeoutError`` after ``wait_s`` for a live owner."""
+               poll_s: float = 0.2, what: str = "the native BNP kernels", quiet_s: float = 0.0) -> Iterator[None]:
+    """Hold ``folder``'s bnlab build lock; ``TimeoutError`` after ``wait_s`` for a live owner.  A wait is
+    announced (a warning) once it has lasted ``quiet_s`` seconds: a build of a few seconds that another
+    process of the same run is doing is routine, not news."""
     wait_s = LOCK_WAIT_S if wait_s is None else wait_s
     stale_s = LOCK_STALE_S if stale_s is None else stale_s
     path = folder / _LOCK
@@ -324,7 +326,7 @@ def build_lock(folder: Path, *, wait_s: float | None = None, stale_s: float | No
         if waited > wait_s:
             raise TimeoutError(f"another process holds the build lock {path} (owner {_owner(path)}); waited "
                                f"{waited:.0f} s")
-        if not announced:
+        if not announced and waited >= quiet_s:
             warnings.warn(f"bnlab: waiting up to {wait_s:.0f} s for {what} that another process "
                           f"(owner {_owner(path)}) is building in {folder}", RuntimeWarning, stacklevel=4)
             announced = True

@@ -39,6 +39,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "_vocabulary": frozenset(),
     "_run_length": frozenset(),
     "_inductor": frozenset(),
+    "_kernel_cache": frozenset(),
     "activations": frozenset(),
     "theory": frozenset({"activations"}),
     "sim": frozenset({"activations"}),
@@ -68,7 +69,7 @@ PENDING: dict[tuple[str, str], tuple[str, str]] = {}
 
 #: Private modules at the bottom that every part may import.
 SHARED = frozenset({"bnlab._validation", "bnlab._threads", "bnlab._vocabulary", "bnlab._run_length",
-                    "bnlab._inductor"})
+                    "bnlab._inductor", "bnlab._kernel_cache"})
 
 
 def part_of(module: str) -> str:

@@ -145,7 +145,7 @@ def _load():
     try:
         folder = _kernel_cache.build_directory(name, what=_WHAT)
         library = folder / f"{name}.so"
-        with _kernel_cache.build_lock(folder, wait_s=BUILD_WAIT_S, what=_WHAT):
+        with _kernel_cache.build_lock(folder, wait_s=BUILD_WAIT_S, what=_WHAT, quiet_s=10.0):
             problem = _kernel_cache.check_manifest(folder, name)
             if problem is None and not library.is_file():
                 problem = f"no {library.name}"

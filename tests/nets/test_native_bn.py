@@ -193,3 +193,23 @@ def test_a_modified_library_is_rebuilt_not_loaded(monkeypatch, tmp_path):
         warnings.simplefilter("error")
         assert _native_bn.kernel() is not None
     assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
+
+
+@needs_kernel
+def test_two_processes_building_at_once_both_load_it_quietly(tmp_path):
+    # a report's two workers reach their first ensemble cell together: one builds under the lock, the other
+    # waits (silently: a build of seconds is routine), then loads the checked build
+    import subprocess
+    import sys
+
+    code = ("import warnings; warnings.simplefilter('error')\n"
+            "from bnlab.nets import _native_bn\n"
+            "print(_native_bn.kernel() is not None)\n")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert [o[0].strip() for o in outs] == ["True", "True"]
+    (folder,) = (tmp_path / "ext").iterdir()
+    assert len(list(folder.glob("*.so"))) == 1 and not (folder / "bnlab.lock").exists()
