@@ -1,21 +1,24 @@
-"""A compiled CPU kernel for the batch normalization of the BN-MLP ensemble's eager float32 step.
+"""A compiled CPU kernel for the batch normalization (with its frozen affine map and ReLU) of the BN-MLP
+ensemble's eager float32 step.
 
 :func:`bnlab.nets.train_ensemble` trains a stack of BN-MLPs (Yang et al. 2019, Eq. 7) layer by layer;
 at the small scale's B = 8 and width 128 a layer's BN is ~8 000 numbers, and its cost is per-operator
 overhead, not arithmetic.  The eager route (:class:`bnlab.nets.ensemble._BatchNormEager`) runs about
 twelve ATen operators forward (the float32 mean, the float64 two-pass variance, ``rsqrt``, the
-normalization) and six backward; this kernel does each direction in one call over the whole stack.
-Measured on this project's 2-core machine (one thread, ``benchmarks/bench_ensemble.py``): forward and
-backward of a (8, 1, 8, 128) stack 0.41 ms eager against 0.16 ms here, most of the rest being the
-autograd call itself.
+normalization) and six backward, then the frozen γ·x̂ + β and φ and their backward nodes; this kernel
+does each direction in one call over the whole stack, ``φ(γ·x̂ + β)`` included when φ is ReLU (another φ
+runs after it, as an ATen operator).
+``python benchmarks/bench_ensemble.py --bn-ab`` times the step both ways (docs/nets.md has a run's numbers).
 
 **The same floats forward.** Each column's mean is the float32 sum of its ``b`` entries in sample
 order times the float32 1/b (as ATen's CPU mean of the contiguous (k, groups, b, width) stack over
 dim 2 accumulates it); the variance is the float64 two-pass formula (mean, then the mean of squared
 deviations) rounded once to float32, exactly :func:`bnlab.nets.ensemble._two_pass_variance`; then
-``r = 1/sqrt(var + ε)`` and ``out = (h − mean)·r`` in float32.  The build disables floating-point
+``r = 1/sqrt(var + ε)`` and ``x̂ = (h − mean)·r`` in float32, then ``γ·x̂ + β`` (one product, one sum) and
+``max(·, 0)`` with NaN passed through (as ``torch.relu``).  The build disables floating-point
 contraction (``-ffp-contract=off``), so no step is fused into an FMA that ATen's would not be.  The
-backward is the closed form of :class:`~bnlab.nets.ensemble._BatchNormEager`,
+backward masks the incoming gradient where ``y ≤ 0`` (ReLU, as ATen's ``threshold_backward``), scales it by
+γ, then takes the closed form of :class:`~bnlab.nets.ensemble._BatchNormEager`,
 ``r·((g − mean(g)) − x̂·mean(g·x̂))``, with the float32 means accumulated in sample order: equal to the
 eager one up to float32 rounding of the reductions (≤ b·2⁻²⁴ relative to Σ|g|, Σ|g·x̂|;
 ``tests/nets/test_native_bn.py`` bounds it).
@@ -40,7 +43,7 @@ import torch
 
 from bnlab import _kernel_cache
 
-__all__ = ["kernel", "can_use", "batch_norm_stack", "SERIAL_MAX_ELEMENTS"]
+__all__ = ["kernel", "can_use", "batch_norm_stack", "ACTIVATIONS", "SERIAL_MAX_ELEMENTS"]
 
 #: Stacks up to this many entries use the kernel at any thread count: ATen's elementwise and reduction
 #: kernels split work in grains of 32 768 entries, so below that the eager route is single-threaded
@@ -57,9 +60,12 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 
-/* h, out: (k, groups, b, w) float32 contiguous; eps: (k,); mean, var, r: (k, groups, 1, w).
+/* h, xhat, y: (k, groups, b, w) float32 contiguous; eps, gamma, beta: (k,) (gamma, beta NULL: no affine);
+   act 0: identity, 1: ReLU (NaN passes, as torch.relu); mean, var, r: (k, groups, 1, w).
+   xhat = (h - mean) r;  y = act(gamma xhat + beta) (y may be xhat when there is neither).
    Returns 0, or -1 if the scratch could not be allocated. */
-int bn_stack_forward(const float* h, const float* eps, float* out, float* mean, float* var, float* r,
+int bn_stack_forward(const float* h, const float* eps, const float* gamma, const float* beta, int act,
+                     float* xhat, float* y, float* mean, float* var, float* r,
                      int64_t k, int64_t groups, int64_t b, int64_t w) {
   double* md = (double*)malloc(sizeof(double) * (size_t)(2 * w));
   if (!md) return -1;
@@ -70,7 +76,7 @@ int bn_stack_forward(const float* h, const float* eps, float* out, float* mean, 
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t block = i * groups + g;
       const float* x = h + block * b * w;
-      float* o = out + block * b * w;
+      float* o = xhat + block * b * w;
       float* m = mean + block * w;
       float* v = var + block * w;
       float* rr = r + block * w;
@@ -93,30 +99,52 @@ int bn_stack_forward(const float* h, const float* eps, float* out, float* mean, 
         float* orow = o + s * w;
         for (int64_t j = 0; j < w; ++j) orow[j] = (row[j] - m[j]) * rr[j];
       }
+      if (gamma || act) {
+        const float ga = gamma ? gamma[i] : 1.0f, be = gamma ? beta[i] : 0.0f;
+        float* yb = y + block * b * w;
+        for (int64_t t = 0; t < b * w; ++t) {
+          float z = gamma ? ga * o[t] + be : o[t];
+          yb[t] = (act == 1 && z < 0.0f) ? 0.0f : z;
+        }
+      }
     }
   }
   free(md);
   return 0;
 }
 
-/* grad, out, gin: (blocks, b, w) float32 contiguous; r: (blocks, 1, w). */
-int bn_stack_backward(const float* grad, const float* out, const float* r, float* gin,
-                      int64_t blocks, int64_t b, int64_t w) {
-  float* gm = (float*)malloc(sizeof(float) * (size_t)(2 * w));
+/* grad, xhat, y, gin: (k, groups, b, w) float32 contiguous; r: (k, groups, 1, w); gamma (k,) or NULL; act as
+   above (y: the forward's output, read for ReLU's mask only).
+   gz = grad masked by ReLU (y <= 0: 0, as torch's threshold_backward); gx = gamma gz;
+   gin = r ((gx - mean gx) - xhat mean(gx xhat)). */
+int bn_stack_backward(const float* grad, const float* xhat, const float* y, const float* r, const float* gamma,
+                      int act, float* gin, int64_t k, int64_t groups, int64_t b, int64_t w) {
+  float* gm = (float*)malloc(sizeof(float) * (size_t)(2 * w + b * w));
   if (!gm) return -1;
   float* pm = gm + w;
+  float* gx = pm + w;
   const float inv_b = 1.0f / (float)b;
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const float* g = grad + blk * b * w;
-    const float* o = out + blk * b * w;
-    const float* rr = r + blk * w;
-    float* gi = gin + blk * b * w;
-    for (int64_t j = 0; j < w; ++j) { gm[j] = 0.0f; pm[j] = 0.0f; }
-    for (int64_t s = 0; s < b; ++s)
-      for (int64_t j = 0; j < w; ++j) { gm[j] += g[s * w + j]; pm[j] += g[s * w + j] * o[s * w + j]; }
-    for (int64_t j = 0; j < w; ++j) { gm[j] *= inv_b; pm[j] *= inv_b; }
-    for (int64_t s = 0; s < b; ++s)
-      for (int64_t j = 0; j < w; ++j) gi[s * w + j] = ((g[s * w + j] - gm[j]) - o[s * w + j] * pm[j]) * rr[j];
+  for (int64_t i = 0; i < k; ++i) {
+    const float ga = gamma ? gamma[i] : 1.0f;
+    for (int64_t grp = 0; grp < groups; ++grp) {
+      const int64_t blk = i * groups + grp;
+      const float* g = grad + blk * b * w;
+      const float* o = xhat + blk * b * w;
+      const float* yb = y + blk * b * w;
+      const float* rr = r + blk * w;
+      float* gi = gin + blk * b * w;
+      for (int64_t t = 0; t < b * w; ++t) {
+        const float gz = (act == 1 && yb[t] <= 0.0f) ? 0.0f : g[t];
+        gx[t] = gamma ? gz * ga : gz;
+      }
+      for (int64_t j = 0; j < w; ++j) { gm[j] = 0.0f; pm[j] = 0.0f; }
+      for (int64_t s = 0; s < b; ++s)
+        for (int64_t j = 0; j < w; ++j) { gm[j] += gx[s * w + j]; pm[j] += gx[s * w + j] * o[s * w + j]; }
+      for (int64_t j = 0; j < w; ++j) { gm[j] *= inv_b; pm[j] *= inv_b; }
+      for (int64_t s = 0; s < b; ++s)
+        for (int64_t j = 0; j < w; ++j)
+          gi[s * w + j] = ((gx[s * w + j] - gm[j]) - o[s * w + j] * pm[j]) * rr[j];
+    }
   }
   free(gm);
   return 0;
@@ -167,8 +195,8 @@ def _load():
                 _kernel_cache.write_manifest(folder, name)
             lib = ctypes.CDLL(str(library))
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.bn_stack_forward.argtypes = [ptr] * 6 + [i64] * 4
-        lib.bn_stack_backward.argtypes = [ptr] * 4 + [i64] * 3
+        lib.bn_stack_forward.argtypes = [ptr] * 4 + [ctypes.c_int] + [ptr] * 5 + [i64] * 4
+        lib.bn_stack_backward.argtypes = [ptr] * 5 + [ctypes.c_int, ptr] + [i64] * 4
         lib.bn_stack_forward.restype = lib.bn_stack_backward.restype = ctypes.c_int
         return lib
     except Exception as exc:  # no compiler, an unsafe folder and no private one, a lock held too long
@@ -187,39 +215,58 @@ def can_use(h: torch.Tensor) -> bool:
             and kernel() is not None)
 
 
+#: the activations the kernel applies itself (``phi`` of :func:`batch_norm_stack`); any other φ runs after it
+ACTIVATIONS = {None: 0, "relu": 1}
+
+
 class _BatchNormStack(torch.autograd.Function):
     # the classic form (forward(ctx, ...)): with setup_context, apply binds the arguments by
     # inspect.signature on every call (see bnlab.nets.ensemble._BatchNormEager)
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, eps: torch.Tensor):
+    def forward(ctx, h: torch.Tensor, eps: torch.Tensor, gamma, beta, act: int):
         h = h.contiguous()
-        eps = eps.contiguous()
         k, groups, b, width = h.shape
-        out = torch.empty_like(h)
+        xhat = torch.empty_like(h)
+        y = torch.empty_like(h) if (gamma is not None or act) else xhat
         stats = h.new_empty((3, k, groups, 1, width))
         mean, var, r = stats.unbind(0)
-        if kernel().bn_stack_forward(h.data_ptr(), eps.data_ptr(), out.data_ptr(), mean.data_ptr(), var.data_ptr(),
-                                     r.data_ptr(), k, groups, b, width) != 0:
+        ga = 0 if gamma is None else gamma.data_ptr()
+        be = 0 if gamma is None else beta.data_ptr()
+        if kernel().bn_stack_forward(h.data_ptr(), eps.data_ptr(), ga or None, be or None, act, xhat.data_ptr(),
+                                     y.data_ptr(), mean.data_ptr(), var.data_ptr(), r.data_ptr(),
+                                     k, groups, b, width) != 0:
             raise MemoryError("bn_stack_forward could not allocate its scratch")
-        ctx.save_for_backward(out, r)
+        ctx.act = act
+        ctx.gamma = gamma
+        ctx.save_for_backward(xhat, y, r)
         ctx.mark_non_differentiable(mean, var)
-        return out, mean, var
+        return y, mean, var
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor, _grad_mean, _grad_var):
-        out, r = ctx.saved_tensors
+        xhat, y, r = ctx.saved_tensors
         grad = grad.contiguous()
-        k, groups, b, width = out.shape
-        grad_h = torch.empty_like(out)
-        if kernel().bn_stack_backward(grad.data_ptr(), out.data_ptr(), r.data_ptr(), grad_h.data_ptr(),
-                                      k * groups, b, width) != 0:
+        k, groups, b, width = xhat.shape
+        grad_h = torch.empty_like(xhat)
+        gamma = ctx.gamma
+        if kernel().bn_stack_backward(grad.data_ptr(), xhat.data_ptr(), y.data_ptr(), r.data_ptr(),
+                                      None if gamma is None else gamma.data_ptr(), ctx.act, grad_h.data_ptr(),
+                                      k, groups, b, width) != 0:
             raise MemoryError("bn_stack_backward could not allocate its scratch")
-        return grad_h, None
+        return grad_h, None, None, None, None
 
 
-def batch_norm_stack(h: torch.Tensor, eps: torch.Tensor):
-    """``(out, mean, var)`` of batch normalization over dim 2 of the float32 CPU stack ``h`` (k, groups,
-    b, width) with the per-network ``eps`` (k,): ``out = (h − mean)·(var + ε)^(−1/2)``, ``mean`` and the
-    biased ``var`` (k, groups, 1, width) without gradient.  Check :func:`can_use` first."""
-    return _BatchNormStack.apply(h, eps.reshape(-1))
+def batch_norm_stack(h: torch.Tensor, eps: torch.Tensor, gamma: torch.Tensor | None = None,
+                     beta: torch.Tensor | None = None, phi: str | None = None):
+    """``(y, mean, var)``: batch normalization over dim 2 of the float32 CPU stack ``h`` (k, groups, b,
+    width) with the per-network ``eps`` (k,), ``x̂ = (h − mean)·(var + ε)^(−1/2)``, then the frozen
+    per-network affine map and φ: ``y = φ(γ·x̂ + β)`` (``gamma``, ``beta`` (k,) constants or both ``None``;
+    ``phi`` ``None`` or ``"relu"``, :data:`ACTIVATIONS`); ``mean`` and the biased ``var`` (k, groups, 1,
+    width) without gradient.  The same float operations as ATen's ``γ * x̂ + β`` and ``relu`` after the
+    normalization.  Check :func:`can_use` first."""
+    act = ACTIVATIONS[phi]
+    if (gamma is None) != (beta is None):
+        raise ValueError("gamma and beta are not allowed apart: pass both or neither")
+    flat = [None if t is None else t.detach().reshape(-1).contiguous() for t in (gamma, beta)]
+    return _BatchNormStack.apply(h, eps.reshape(-1).contiguous(), flat[0], flat[1], act)

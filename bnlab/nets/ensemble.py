@@ -194,6 +194,9 @@ class _BNMLPStack:
         self.models = list(models)
         self.dtype = first.readout.weight.dtype
         self.act = first.base_activation.torch
+        # φ that the native BN kernel applies itself (None: it runs after the kernel, as self.act)
+        spec = first.base_activation.spec
+        self._native_phi = spec if spec in _native_bn.ACTIVATIONS and spec is not None else None
         self.sub_batch_size = first.sub_batch_size
         self.momentum = first.momentum
         depths = [m.depth for m in models]
@@ -291,11 +294,11 @@ class _BNMLPStack:
             h = (torch.bmm if a.ndim == 3 else torch.matmul)(a, weights[layer].transpose(1, 2))
             eps = self._layer_eps[layer]
             if training:
-                out, mean, var = self._batch_norm(h, eps)
+                a, mean, var = self._batch_norm_layer(h, eps)
                 means.append(mean)
                 variances.append(var)
-            else:
-                out = (h - self.running_mean[layer].unsqueeze(1)) * torch.rsqrt(self.running_var[layer].unsqueeze(1) + eps)
+                continue
+            out = (h - self.running_mean[layer].unsqueeze(1)) * torch.rsqrt(self.running_var[layer].unsqueeze(1) + eps)
             if self.affine:
                 out = self.gamma[:k] * out + self.beta[:k]
             a = self.act(out)
@@ -304,31 +307,43 @@ class _BNMLPStack:
         logits = torch.baddbmm(readout_b.unsqueeze(1), a, readout_w.transpose(1, 2))
         return logits, (means, variances)
 
-    def _batch_norm(self, h: torch.Tensor, eps: torch.Tensor):
-        """ghost_batch_norm (bnlab.nets.norms) with a leading network axis and a per-network ε; also the
-        batch statistics for the running ones (mean, unbiased variance; averaged over ghost batches)."""
+    def _batch_norm_layer(self, h: torch.Tensor, eps: torch.Tensor):
+        """φ(γ·BN(h) + β) of a training forward — ghost_batch_norm (bnlab.nets.norms) with a leading network
+        axis and a per-network ε — and the batch statistics for the running ones (mean, unbiased variance;
+        averaged over ghost batches)."""
         k, n, width = h.shape
         b = self.sub_batch_size or n
         if n % b:
             raise ValueError(f"batch of {n} samples is not allowed with sub_batch_size={b}: it must be a multiple of it")
         hg = h.reshape(k, n // b, b, width)
-        # the eager float32 CPU step: one autograd node with a closed-form backward; under torch.func (the
-        # compiled step, which fuses the composite anyway) and in float64 (the reference routes) the composite
-        if _native_bn.can_use(hg):  # the same forward floats in one call each way (bnlab.nets._native_bn)
-            out, mean, var = _native_bn.batch_norm_stack(hg, eps)
-        elif hg.dtype == torch.float32 and hg.device.type == "cpu" and not torch._C._are_functorch_transforms_active():
-            out, mean, var = _BatchNormEager.apply(hg, eps.view(k, 1, 1, 1))
+        if _native_bn.can_use(hg):
+            # the float32 CPU eager step: BN, the frozen affine map and ReLU in one compiled call each way
+            # (bnlab.nets._native_bn: the same forward floats as the operators below); another φ runs after it
+            affine = (self.gamma[:k], self.beta[:k]) if self.affine else (None, None)
+            out, mean, var = _native_bn.batch_norm_stack(hg, eps, *affine, phi=self._native_phi)
+            out = out.reshape(k, n, width)
+            a = out if self._native_phi is not None else self.act(out)
         else:
-            mean = hg.mean(dim=2, keepdim=True)
-            var = _sample_variance(hg) if hg.dtype == torch.float32 and hg.device.type == "cpu" else \
-                hg.var(dim=2, unbiased=False, keepdim=True)
-            out = (hg - mean) * torch.rsqrt(var + eps.view(k, 1, 1, 1))
+            # the eager float32 CPU step without the kernel: one autograd node with a closed-form backward;
+            # under torch.func (the compiled step, which fuses the composite anyway) and in float64 (the
+            # reference routes) the composite
+            if hg.dtype == torch.float32 and hg.device.type == "cpu" and not torch._C._are_functorch_transforms_active():
+                out, mean, var = _BatchNormEager.apply(hg, eps.view(k, 1, 1, 1))
+            else:
+                mean = hg.mean(dim=2, keepdim=True)
+                var = _sample_variance(hg) if hg.dtype == torch.float32 and hg.device.type == "cpu" else \
+                    hg.var(dim=2, unbiased=False, keepdim=True)
+                out = (hg - mean) * torch.rsqrt(var + eps.view(k, 1, 1, 1))
+            out = out.reshape(k, n, width)
+            if self.affine:
+                out = self.gamma[:k] * out + self.beta[:k]
+            a = self.act(out)
         with torch.no_grad():
             if n != b:  # average over the ghost batches (with one batch the mean is the value itself)
                 batch_mean, batch_var = mean.squeeze(2).mean(1), (var.squeeze(2) * (b / (b - 1))).mean(1)
             else:
                 batch_mean, batch_var = mean.view(k, width), var.view(k, width) * (b / (b - 1))
-        return out.reshape(k, n, width), batch_mean, batch_var
+        return a, batch_mean, batch_var
 
     def write_back(self) -> None:
         ms = [self.models[i] for i in self.order]

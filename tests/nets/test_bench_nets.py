@@ -30,3 +30,20 @@ def test_bench_ensemble_buffer_reuse_ab_quick_runs(monkeypatch):
     assert all(r["step_ms"] > 0 for r in rows) and rows[0]["ratio_to_default"] > 0
     assert {"allow_buffer_reuse": False} in seen and {} in seen
     assert inductor_options.COMPILE_OPTIONS == {"allow_buffer_reuse": False}  # restored
+
+
+def test_bench_ensemble_bn_ab_quick_runs():
+    # the native BN kernel against ATen's operators, both routes really taken: the kernel's step dispatches
+    # fewer operators (a count, not a time); the kernel state is restored afterwards
+    import pytest
+
+    from bnlab.nets import _native_bn
+
+    if _native_bn.kernel() is None:
+        pytest.skip("no C compiler: the kernel cannot be built here")
+    before = dict(_native_bn._STATE)
+    out = load_benchmark("bench_ensemble").main(["--bn-ab", "--quick", "--json"])
+    rows = out["bn_ab"]
+    assert len(rows) == 4 and all(r["aten_ms"] > 0 and r["native_ms"] > 0 for r in rows)
+    assert all(r["native_ops_per_step"] < r["aten_ops_per_step"] for r in rows)
+    assert _native_bn._STATE == before

@@ -97,6 +97,42 @@ def test_forward_and_backward_against_float64_and_aten(groups, b, one_thread):
 
 
 @needs_kernel
+@pytest.mark.parametrize("affine, phi", [(True, "relu"), (True, None), (False, "relu")])
+def test_the_fused_affine_map_and_relu_are_the_operators_after_it(affine, phi):
+    # y = φ(γ·x̂ + β) is elementwise: one float32 product and one sum (no contraction: -ffp-contract=off),
+    # then max(·, 0) — the same roundings as ATen's γ * x̂ + β and relu after the kernel, so equal floats
+    # (no reduction whose order could differ).  The backward masks by y > 0 and scales by γ before the BN
+    # backward: the ATen composite's gradient within the BN backward's bound (test above), here with γ in T.
+    gen = torch.Generator().manual_seed(7)
+    k, b = 4, 8
+    h = _stack(gen, k, 2, b).requires_grad_()
+    eps = torch.tensor([1e-3, 0.1, 1e-3, 1e-2]).view(k, 1, 1)
+    gamma = torch.tensor([0.5, 1.0, 2.0, 1.5]).view(k, 1, 1) if affine else None
+    beta = torch.tensor([0.2, 0.0, -0.3, 1.0]).view(k, 1, 1) if affine else None
+    g = torch.randn(h.shape, generator=gen)
+    y, _, _ = _native_bn.batch_norm_stack(h, eps, gamma, beta, phi=phi)
+    (grad,) = torch.autograd.grad(y, h, g)
+    xhat, _, _ = _native_bn.batch_norm_stack(h, eps)
+    xhat.retain_grad()
+    z = xhat * gamma.view(k, 1, 1, 1) + beta.view(k, 1, 1, 1) if affine else xhat
+    ref = torch.relu(z) if phi == "relu" else z
+    assert torch.equal(y, ref)
+    (ref_grad,) = torch.autograd.grad(ref, h, g)
+    with torch.no_grad():
+        gz = torch.where(ref > 0, g, 0.0) if phi == "relu" else g
+        gx = gz * gamma.view(k, 1, 1, 1) if affine else gz
+        var = h.double().var(2, unbiased=False, keepdim=True)
+        r = 1 / torch.sqrt(var + eps.double().view(-1, 1, 1, 1))
+        xd = xhat.double()
+        T = r * (gx.abs() + gx.mean(2, keepdim=True).abs() + xd.abs() * (gx * xd).mean(2, keepdim=True).abs())
+        assert ((grad - ref_grad).abs().double() <= 4 * 2 * (b + 6) * U * T).all()
+        # a wrong mask (y ≥ 0, or the pre-activation's sign without β) or a missing γ is off by O(T)
+        assert (grad - ref_grad).abs().max() < 1e-3 * T.max()
+    with pytest.raises(ValueError, match="gamma and beta"):
+        _native_bn.batch_norm_stack(h, eps, gamma=torch.ones(k), beta=None)
+
+
+@needs_kernel
 def test_a_non_finite_entry_spoils_its_own_column_only():
     # as the ATen route: a NaN or inf reaches that column's statistics and outputs, and nothing else
     gen = torch.Generator().manual_seed(3)
@@ -135,7 +171,8 @@ def _train(models, data):
 
 
 @needs_kernel
-def test_the_eager_step_with_the_kernel_matches_the_aten_route(monkeypatch):
+@pytest.mark.parametrize("phi", ["relu", "tanh"])  # ReLU inside the kernel; tanh after it
+def test_the_eager_step_with_the_kernel_matches_the_aten_route(monkeypatch, phi):
     # 20 SGD steps of three float32 BN-MLPs (depths 3, 5, 2; γ, β, ε differ), once with the kernel and once
     # with ATen's operators.  Their gradients differ by float32 rounding (the bound above, ~1e-6 relative);
     # 20 steps through ≤ 5 BN layers amplify that by < 10³ (the float64 tests' Lipschitz bound), so 1e-4
@@ -144,12 +181,12 @@ def test_the_eager_step_with_the_kernel_matches_the_aten_route(monkeypatch):
     data = (torch.as_tensor(x), y)
 
     def models():
-        return [BNMLP(64, 10, depth=d, width=24, eps=e, gamma=gm, beta=bt, seed=s)
+        return [BNMLP(64, 10, depth=d, width=24, eps=e, gamma=gm, beta=bt, seed=s, phi=phi)
                 for d, e, gm, bt, s in [(3, 1e-3, 1.0, 0.0, 0), (5, 0.1, 0.5, 0.2, 1), (2, 1e-3, 1.0, 0.0, 2)]]
 
     calls = []
     real = _native_bn.batch_norm_stack
-    monkeypatch.setattr(_native_bn, "batch_norm_stack", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(_native_bn, "batch_norm_stack", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     native = _train(models(), data)
     assert len(calls) == 20 * 5  # one call per stacked layer and step
     monkeypatch.setattr(_native_bn, "_STATE", {"kernel": None})
