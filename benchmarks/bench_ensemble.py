@@ -244,22 +244,15 @@ def _main(args) -> dict:
             for r in rows:
                 print(f"  {r['run']:7s} {r['steps']:4d} steps  {r['cpu_s']:7.2f} s")
         return {"compile_reuse": rows}
-    if args.bn_ab:
-        torch.set_num_threads(1)  # thread CPU time (device_clock) is the step's cost only on one thread
-        rows = _bn_ab(args.quick, args.rounds or (3 if args.quick else 9))
-        if args.json:
-            print(json.dumps({"bn_ab": rows}, indent=1))
-        else:
-            _print_bn_ab(rows)
-        return {"bn_ab": rows}
-    if args.step_ab:
-        torch.set_num_threads(1)  # thread CPU time (device_clock) is the step's cost only on one thread
-        rows = _step_ab(args.quick, args.rounds or (3 if args.quick else 9))
-        if args.json:
-            print(json.dumps({"step_ab": rows}, indent=1))
-        else:
-            _print_step_ab(rows)
-        return {"step_ab": rows}
+    for key, run, show in (("bn_ab", _bn_ab, _print_bn_ab), ("step_ab", _step_ab, _print_step_ab)):
+        if getattr(args, key):  # an A/B of the eager step, one thread, alternating rounds
+            torch.set_num_threads(1)  # thread CPU time (device_clock) is the step's cost only on one thread
+            rows = run(args.quick, args.rounds or (3 if args.quick else 9))
+            if args.json:
+                print(json.dumps({key: rows}, indent=1))
+            else:
+                show(rows)
+            return {key: rows}
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")

@@ -27,16 +27,6 @@ from . import _plan_helpers
 from .conftest import helper_pythonpath
 
 
-@pytest.fixture
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _plan_then_run(tmp_path, monkeypatch, steps: str, batches: str) -> tuple[float, float]:
     monkeypatch.setenv("BNLAB_TEST_PLAN_STEPS", steps)
     monkeypatch.setenv("BNLAB_TEST_PLAN_BATCHES", batches)

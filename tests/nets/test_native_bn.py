@@ -24,15 +24,6 @@ U = 2.0**-24  # float32 unit roundoff
 needs_kernel = pytest.mark.skipif(_native_bn.kernel() is None, reason="no C compiler: the kernel cannot be built here")
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread (the report's workers run so): the kernel takes stacks of any size."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _stack(gen, k, groups, b, width=128):
     # columns with a mean of several standard deviations: the centring's cancellation is exercised
     return torch.randn(k, groups, b, width, generator=gen) + 3 * torch.randn(k, groups, 1, width, generator=gen)
