@@ -36,12 +36,12 @@ import contextlib
 import hashlib
 import json
 import os
+import platform
 import shutil
 import socket
 import stat
 import sys
 import tempfile
-import platform
 import time
 import warnings
 from pathlib import Path

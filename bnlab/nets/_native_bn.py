@@ -231,9 +231,8 @@ class _BatchNormStack(torch.autograd.Function):
         y = torch.empty_like(h) if (gamma is not None or act) else xhat
         stats = h.new_empty((3, k, groups, 1, width))
         mean, var, r = stats.unbind(0)
-        ga = 0 if gamma is None else gamma.data_ptr()
-        be = 0 if gamma is None else beta.data_ptr()
-        if kernel().bn_stack_forward(h.data_ptr(), eps.data_ptr(), ga or None, be or None, act, xhat.data_ptr(),
+        ga, be = (None, None) if gamma is None else (gamma.data_ptr(), beta.data_ptr())
+        if kernel().bn_stack_forward(h.data_ptr(), eps.data_ptr(), ga, be, act, xhat.data_ptr(),
                                      y.data_ptr(), mean.data_ptr(), var.data_ptr(), r.data_ptr(),
                                      k, groups, b, width) != 0:
             raise MemoryError("bn_stack_forward could not allocate its scratch")
@@ -265,8 +264,25 @@ def batch_norm_stack(h: torch.Tensor, eps: torch.Tensor, gamma: torch.Tensor | N
     ``phi`` ``None`` or ``"relu"``, :data:`ACTIVATIONS`); ``mean`` and the biased ``var`` (k, groups, 1,
     width) without gradient.  The same float operations as ATen's ``γ * x̂ + β`` and ``relu`` after the
     normalization.  Check :func:`can_use` first."""
-    act = ACTIVATIONS[phi]
+    # the kernel reads raw pointers: every shape and dtype is checked here, where a mismatch would otherwise
+    # read past a buffer
+    if phi not in ACTIVATIONS:
+        raise ValueError(f"phi={phi!r} is not allowed: the kernel applies {sorted(map(repr, ACTIVATIONS))}")
+    if not (isinstance(h, torch.Tensor) and h.dtype == torch.float32 and h.device.type == "cpu" and h.dim() == 4
+            and h.shape[2] >= 1):
+        raise ValueError(f"h of {getattr(h, 'dtype', type(h))} {tuple(getattr(h, 'shape', ()))} is not allowed: "
+                         "expected a float32 CPU stack (k, groups, b, width) with b ≥ 1")
     if (gamma is None) != (beta is None):
         raise ValueError("gamma and beta are not allowed apart: pass both or neither")
-    flat = [None if t is None else t.detach().reshape(-1).contiguous() for t in (gamma, beta)]
-    return _BatchNormStack.apply(h, eps.reshape(-1).contiguous(), flat[0], flat[1], act)
+    k = h.shape[0]
+    flat = {}
+    for name, t in (("eps", eps), ("gamma", gamma), ("beta", beta)):
+        if t is None:
+            flat[name] = None
+            continue
+        if not (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu"
+                and t.numel() == k):
+            raise ValueError(f"{name} of {getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))} is not "
+                             f"allowed: expected {k} float32 CPU values, one per network of h")
+        flat[name] = t.detach().reshape(-1).contiguous()
+    return _BatchNormStack.apply(h, flat["eps"], flat["gamma"], flat["beta"], ACTIVATIONS[phi])

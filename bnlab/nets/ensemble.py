@@ -196,7 +196,7 @@ class _BNMLPStack:
         self.act = first.base_activation.torch
         # φ that the native BN kernel applies itself (None: it runs after the kernel, as self.act)
         spec = first.base_activation.spec
-        self._native_phi = spec if spec in _native_bn.ACTIVATIONS and spec is not None else None
+        self._native_phi = spec if spec in _native_bn.ACTIVATIONS else None
         self.sub_batch_size = first.sub_batch_size
         self.momentum = first.momentum
         depths = [m.depth for m in models]

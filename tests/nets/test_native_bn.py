@@ -124,6 +124,27 @@ def test_the_fused_affine_map_and_relu_are_the_operators_after_it(affine, phi):
 
 
 @needs_kernel
+def test_bad_input_is_refused_before_the_kernel_reads_it():
+    # the kernel reads raw pointers: a wrong length or dtype must be an error naming the argument, never a
+    # read past a buffer
+    h = torch.zeros(3, 1, 8, 16)
+    eps = torch.full((3,), 1e-3)
+    cases = [
+        (dict(h=h, eps=torch.full((2,), 1e-3)), "eps"),
+        (dict(h=h, eps=eps.double()), "eps"),
+        (dict(h=h, eps=eps, gamma=torch.ones(4), beta=torch.zeros(4)), "gamma"),
+        (dict(h=h, eps=eps, gamma=torch.ones(3), beta=torch.zeros(3, dtype=torch.float64)), "beta"),
+        (dict(h=h.double(), eps=eps), "h of"),
+        (dict(h=h[:, 0], eps=eps), "h of"),
+        (dict(h=torch.zeros(3, 1, 0, 16), eps=eps), "h of"),
+        (dict(h=h, eps=eps, phi="tanh"), "phi='tanh'"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            _native_bn.batch_norm_stack(**kwargs)
+
+
+@needs_kernel
 def test_a_non_finite_entry_spoils_its_own_column_only():
     # as the ATen route: a NaN or inf reaches that column's statistics and outputs, and nothing else
     gen = torch.Generator().manual_seed(3)
