@@ -76,3 +76,18 @@ def worst_check(checks: list[dict]):
         return None
     worst = max(c["worst"] for c in checks)
     return worst if math.isfinite(worst) else "inf"
+
+
+def bmm_gflops(k: int, batch: int, width: int, repeat: int = 50) -> float:
+    """The machine's own ``torch.bmm`` rate (GFLOP/s of CPU time, float32) at the shape of a stacked hidden
+    layer: k networks, ``batch`` rows, ``width`` × ``width`` weights — the reference a training step's
+    arithmetic rate is printed against."""
+    import torch
+
+    a, w = torch.randn(k, batch, width), torch.randn(k, width, width)
+    for _ in range(5):
+        torch.bmm(a, w)
+    t = time.process_time()
+    for _ in range(repeat):
+        torch.bmm(a, w)
+    return 2.0 * k * batch * width * width * repeat / max(time.process_time() - t, 1e-9) / 1e9

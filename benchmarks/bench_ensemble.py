@@ -52,7 +52,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import LAUNCH_CALLS, device_clock, device_sync, worst_check  # noqa: E402
+from _timing import LAUNCH_CALLS, bmm_gflops, device_clock, device_sync, worst_check  # noqa: E402
 
 
 def _data(n: int, seed: int = 0):
@@ -665,10 +665,16 @@ def _bn_ab(quick: bool, rounds: int) -> list[dict]:
                     one[name].step()
             diff = max(((a - b).abs().max() / b.abs().max()).item()
                        for a, b in zip(one["native"].stack.params(), one["aten"].stack.params()))
+            # the step's products: forward + backward ≈ 3 × batch × the networks' weights, 2 flops each
+            weights = sum(784 * width + d * width * width + 10 * width for d in depths)
+            rate = 3.0 * batch * weights * 2 / (ms["native"] / 1e3) / 1e9
+            bmm = bmm_gflops(len(depths), batch, width)
             rows.append({"batch": batch, "optimizer": opt, "depths": depths, "width": width,
                          "aten_ms": round(ms["aten"], 2), "native_ms": round(ms["native"], 2),
                          "speedup": round(ms["aten"] / ms["native"], 2), "aten_ops_per_step": ops["aten"],
-                         "native_ops_per_step": ops["native"], "max_param_diff": diff})
+                         "native_ops_per_step": ops["native"], "max_param_diff": diff,
+                         "native_gflops": round(rate, 2), "bmm_gflops": round(bmm, 2),
+                         "native_over_bmm": round(rate / bmm, 3)})
     return rows
 
 
@@ -678,10 +684,13 @@ def _print_bn_ab(rows: list[dict]) -> None:
           "BN by ATen operators against the native kernel; CPU ms per step, medians of alternating rounds; "
           "dispatched operators per step")
     print(f"{'B':>4s} {'optimizer':>9s} {'ATen ms':>8s} {'native ms':>10s} {'ATen/native':>12s} "
-          f"{'ATen ops':>9s} {'native ops':>11s} {'param diff':>11s}")
+          f"{'ATen ops':>9s} {'native ops':>11s} {'param diff':>11s} {'native/bmm':>11s}")
     for r in rows:
         print(f"{r['batch']:4d} {r['optimizer']:>9s} {r['aten_ms']:8.2f} {r['native_ms']:10.2f} {r['speedup']:11.2f}× "
-              f"{r['aten_ops_per_step']:9d} {r['native_ops_per_step']:11d} {r['max_param_diff']:11.1e}")
+              f"{r['aten_ops_per_step']:9d} {r['native_ops_per_step']:11d} {r['max_param_diff']:11.1e} "
+              f"{r['native_over_bmm']:11.3f}")
+    print("native/bmm: the native step's products (3 × B × weights multiply-adds) per second, over torch.bmm at a "
+          "hidden layer's stacked shape on this machine")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _timing import bmm_gflops  # noqa: E402
 
 
 def _models(gammas, depths, width, seed=0):
@@ -33,16 +39,6 @@ def _train(models, data, *, lr, batch, steps):
     from bnlab.nets import train_ensemble
 
     return train_ensemble(models, data, lr=lr, batch_size=batch, steps=steps, seeds=0)
-
-
-def _bmm_gflops(k: int, batch: int, width: int, repeat: int = 50) -> float:
-    a, w = torch.randn(k, batch, width), torch.randn(k, width, width)
-    for _ in range(5):
-        torch.bmm(a, w)
-    t = time.process_time()
-    for _ in range(repeat):
-        torch.bmm(a, w)
-    return 2.0 * k * batch * width * width * repeat / max(time.process_time() - t, 1e-9) / 1e9
 
 
 def main(argv=None) -> dict:
@@ -81,7 +77,7 @@ def main(argv=None) -> dict:
     # floating-point operations per step: forward + backward ≈ 3 × batch × the networks' weights multiply-adds
     weights = len(gammas) * sum(784 * width + d * width * width + 10 * width for d in depths)
     rate = 3.0 * batch * weights * 2 * steps / med["one ensemble"] / 1e9
-    bmm = _bmm_gflops(len(gammas) * len(depths), batch, width)
+    bmm = bmm_gflops(len(gammas) * len(depths), batch, width)
     out = {"setting": dict(width=width, batch=batch, depths=depths, gammas=gammas, steps=steps, rounds=rounds,
                            threads=1),
            "cpu_s": med, "samples_s": times,
