@@ -281,8 +281,9 @@ def batch_norm_stack(h: torch.Tensor, eps: torch.Tensor, gamma: torch.Tensor | N
             flat[name] = None
             continue
         if not (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu"
-                and t.numel() == k):
+                and t.numel() == k and not t.requires_grad):
             raise ValueError(f"{name} of {getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))} is not "
-                             f"allowed: expected {k} float32 CPU values, one per network of h")
-        flat[name] = t.detach().reshape(-1).contiguous()
+                             f"allowed: expected {k} float32 CPU values, one per network of h, constants (the "
+                             "kernel gives them no gradient)")
+        flat[name] = t.reshape(-1).contiguous()
     return _BatchNormStack.apply(h, flat["eps"], flat["gamma"], flat["beta"], ACTIVATIONS[phi])

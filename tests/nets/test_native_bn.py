@@ -138,6 +138,7 @@ def test_bad_input_is_refused_before_the_kernel_reads_it():
         (dict(h=h[:, 0], eps=eps), "h of"),
         (dict(h=torch.zeros(3, 1, 0, 16), eps=eps), "h of"),
         (dict(h=h, eps=eps, phi="tanh"), "phi='tanh'"),
+        (dict(h=h, eps=eps, gamma=torch.ones(3, requires_grad=True), beta=torch.zeros(3)), "gamma .*constants"),
     ]
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
