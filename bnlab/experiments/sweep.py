@@ -231,9 +231,10 @@ def open_client(scheduler: str | None = None, workers: int | None = None, thread
         )
     client = Client(cluster)
     try:
-        from bnlab.experiments._dask_plugins import IgnoreSigint
+        from bnlab.experiments._dask_plugins import IgnoreSigint, QuietHeartbeatLoss
 
         client.register_plugin(IgnoreSigint())
+        client.register_plugin(QuietHeartbeatLoss())
         yield client
     finally:
         _close_bounded(client, cluster)

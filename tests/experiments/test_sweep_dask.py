@@ -175,6 +175,41 @@ def test_ctrl_c_keeps_finished_cells_and_requeues_the_rest(tmp_path, subprocess_
     assert counts["done"] + counts["pending"] == N_CELLS
 
 
+def _log_heartbeat_loss_and_another_error():
+    import logging
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    log = logging.getLogger("distributed.worker")
+    handler = Keep(level=logging.ERROR)
+    log.addHandler(handler)
+    try:
+        try:
+            raise OSError("the scheduler's comm is closed")
+        except OSError:
+            log.exception("Failed to communicate with scheduler during heartbeat.")
+            log.exception("some other worker error")
+    finally:
+        log.removeHandler(handler)
+    return seen
+
+
+def test_local_cluster_workers_drop_only_the_heartbeat_loss_traceback():
+    """The stray traceback that a worker's heartbeat printed when the driver's cluster closed under it
+    (test_ctrl_c_... failed on it once in 6 full runs) is dropped in bnlab's own workers, and
+    only it: another ERROR record of distributed.worker still reaches the handlers.  Without the plugin
+    the first record is kept too (the last assert), so this test can fail."""
+    with open_client(workers=1) as client:
+        seen = list(client.run(_log_heartbeat_loss_and_another_error).values())
+    assert seen == [["some other worker error"]]
+    assert _log_heartbeat_loss_and_another_error() == [  # the driver has no such filter
+        "Failed to communicate with scheduler during heartbeat.", "some other worker error"]
+
+
 def test_local_cluster_workers_keep_the_default_malloc(monkeypatch):
     """bnlab's own cluster drops Dask's MALLOC_TRIM_THRESHOLD_=65536 from the workers' environment.
 
