@@ -5,8 +5,8 @@ non-smooth function crosses its own kink: relu, abs, sign, elu, selu (kinked at 
 singular at 0), max/min/maximum/minimum (kinked where their two arguments are equal).  So the
 kinks are the zeros of those arguments (and, as singular points, the zeros of denominators, of
 log's argument and of bases raised to negative or fractional powers) (of a − b for max/min), which this module finds by
-evaluating each argument on a grid in x and refining every sign change with Brent's method
-(``scipy.optimize.brentq``, to 1e-15 relative); an argument that vanishes on a whole interval
+evaluating each argument on a grid in x and refining every sign change by bisection, all at once, to
+two adjacent floats (the one where |argument| is smaller is the kink; :func:`_refine`); an argument that vanishes on a whole interval
 (relu(relu(x) ...)) contributes the ends of that interval.
 
 Grid: 16385 points on [−64, 64] (spacing 0.0078, which covers |√B u| ≤ 45 for every B the
@@ -39,25 +39,68 @@ def _grid() -> np.ndarray:
     return np.concatenate([-outer[::-1], inner, outer])
 
 
-def _zeros(g: Callable[[np.ndarray], np.ndarray], grid: np.ndarray) -> set[float]:
-    from scipy.optimize import brentq
+def _ordered(x: np.ndarray) -> np.ndarray:
+    """float64 → int64 keys in the order of the floats (−0.0 and 0.0 share the key 0): adjacent floats
+    have adjacent keys, so a bisection on the keys ends at adjacent floats within 64 halvings."""
+    bits = x.view(np.int64)
+    return np.where(bits < 0, -(bits & np.int64(0x7FFFFFFFFFFFFFFF)), bits)
 
+
+def _unordered(k: np.ndarray) -> np.ndarray:
+    bits = np.where(k < 0, (-k) | np.int64(-0x8000000000000000), k)
+    return bits.view(np.float64)
+
+
+def _refine(g: Callable[[np.ndarray], np.ndarray], lo: np.ndarray, hi: np.ndarray, s_lo: np.ndarray) -> np.ndarray:
+    """Roots of ``g`` in the brackets [lo, hi] (g(lo) has the sign ``s_lo``, g(hi) the other), all at once.
+
+    Bisection on the floats' order (:func:`_ordered`) rather than on their values: every bracket ends
+    at two adjacent floats (or at an exact zero) after at most 64 vectorized evaluations of ``g``, however
+    many brackets there are and whatever their magnitude.  (The former loop of one ``brentq`` per
+    bracket, to 1e-15 relative, cost up to 200 Python-level evaluations per bracket: 4.5 s for the
+    3 854 brackets of ``x/sin(pi**x)``.)  Of the two final floats the one with the smaller |g| is the
+    root; a bracket where g turns non-finite keeps its midpoint, as the loop did when brentq failed."""
+    a, b = _ordered(lo), _ordered(hi)
+    root = np.full(lo.shape, np.nan)
+    active = np.ones(lo.shape, dtype=bool)
+    for _ in range(70):  # 64 halvings end every bracket; a few more for safety
+        active &= (b - a) > 1
+        if not active.any():
+            break
+        i = np.nonzero(active)[0]
+        m = a[i] + (b[i] - a[i]) // 2
+        with np.errstate(all="ignore"):
+            v = np.asarray(g(_unordered(m)), dtype=np.float64)
+        s = np.sign(v)
+        same = s == s_lo[i]
+        other = s == -s_lo[i]
+        a[i[same]] = m[same]
+        b[i[other]] = m[other]
+        hit = v == 0.0
+        root[i[hit]] = _unordered(m[hit])
+        lost = ~(same | other | hit)  # NaN: give up on this bracket, as brentq's failure did
+        root[i[lost]] = 0.5 * (_unordered(a[i[lost]]) + _unordered(b[i[lost]]))
+        active[i[hit | lost]] = False
+    rest = np.isnan(root)
+    if rest.any():
+        xa, xb = _unordered(a[rest]), _unordered(b[rest])
+        with np.errstate(all="ignore"):
+            va = np.abs(np.asarray(g(xa), dtype=np.float64))
+            vb = np.abs(np.asarray(g(xb), dtype=np.float64))
+        root[rest] = np.where(vb < va, xb, xa)
+    return root
+
+
+def _zeros(g: Callable[[np.ndarray], np.ndarray], grid: np.ndarray) -> set[float]:
     with np.errstate(all="ignore"):
         v = np.asarray(g(grid), dtype=np.float64)
     if v.shape != grid.shape:
         return set()  # an argument that does not depend on x
-    out: set[float] = set()
     finite = np.isfinite(v)
     zero = finite & (v == 0.0)
     s = np.sign(np.where(finite, v, np.nan))
     change = np.nonzero(finite[:-1] & finite[1:] & (s[:-1] * s[1:] < 0))[0]
-    for i in change:
-        lo, hi = float(grid[i]), float(grid[i + 1])
-        try:
-            root = brentq(lambda z: float(np.asarray(g(np.array([z])))[0]), lo, hi, xtol=1e-300, rtol=1e-15, maxiter=200)
-        except (ValueError, RuntimeError):
-            root = 0.5 * (lo + hi)
-        out.add(float(root))
+    out = {float(r) for r in _refine(g, grid[change], grid[change + 1], s[change])} if change.size else set()
     # exact zeros at grid points: isolated ones, or the ends of a run of zeros
     idx = np.nonzero(zero)[0]
     for i in idx:

@@ -340,7 +340,8 @@ def test_chain_eps_gives_finite_ranks_or_a_named_error(eps, norm):
     assert np.all(np.isfinite(res.rank_lower_bound)) and np.all(res.rank_lower_bound[:, 1:] >= 1.0)
 
 
-@settings(max_examples=30, deadline=None)
+# deadline: a hang guard (a chain that started would run for its estimated hours), not a timing assert
+@settings(max_examples=30, deadline=30_000)
 @given(depth=st.integers(1, 10**18), width=st.integers(1, 4096), chains=st.integers(1, 64))
 def test_chain_time_estimate_refuses_before_starting(depth, width, chains):
     from bnlab.rank import MAX_CHAIN_SECONDS, chain_seconds, run_chain
@@ -349,7 +350,6 @@ def test_chain_time_estimate_refuses_before_starting(depth, width, chains):
     assert secs > 0 and math.isfinite(secs)
     if secs <= MAX_CHAIN_SECONDS:
         return
-    t0 = time.perf_counter()
     with pytest.raises(ValueError, match="depth") as info:
         run_chain(width, 8, depth, chains=chains, max_memory_bytes=1 << 40)
-    assert "would take about" in str(info.value) and time.perf_counter() - t0 < 1.0
+    assert "would take about" in str(info.value)

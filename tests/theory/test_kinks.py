@@ -179,6 +179,56 @@ def test_expression_kinks_are_traced(expr, kinks):
         np.testing.assert_allclose(got, kinks, rtol=0, atol=1e-14)
 
 
+@pytest.mark.parametrize("c", [1e-300, -4e-200, 0.3, -1.7, 12345.678, -3e5, 9.99e5])
+def test_kink_refinement_ends_at_adjacent_floats(c):
+    """The refinement of a sign change of x − c ends at c itself or one of its neighbouring floats, for
+    roots of every magnitude: bisection on the floats' order closes any bracket in ≤ 64 halvings."""
+    from bnlab._expression_kinks import _grid, _zeros
+
+    got = _zeros(lambda x: x - c, _grid())
+    assert len(got) == 1
+    (k,) = got
+    assert abs(k - c) <= np.spacing(abs(c)), (k, c)
+
+
+def test_kink_refinement_cost_does_not_grow_with_the_number_of_sign_changes():
+    """sin(pi**x) changes sign between thousands of neighbouring grid points (pi**x grows past the
+    grid's resolution for x ≳ 3): all of them are refined together, in ≤ 71 evaluations of the
+    argument (64 halvings, the grid, the final |g| of both ends), not one root-finder per bracket
+    (the former loop: 4.5 s and ~10⁵ evaluations for x/sin(pi**x); it was a hostile-input test's
+    timeout on a loaded machine).  Each root is checked without the tracer: g vanishes there or changes
+    sign between it and a neighbouring float; and where a bracket holds one root (x ≤ 2.5, where pi**x
+    moves by < π across a grid cell), scipy's brentq agrees to within 4 ulps (its own tolerance,
+    rtol = 1e-15, is 4.5 ulps).  Further out a bracket holds several roots and either may be found."""
+    from scipy.optimize import brentq
+
+    from bnlab._expression_kinks import _grid, _zeros
+
+    calls = []
+
+    def g(x):
+        calls.append(np.size(x))
+        with np.errstate(all="ignore"):
+            return np.sin(np.pi ** np.asarray(x, dtype=np.float64))
+
+    grid = _grid()
+    roots = np.array(sorted(_zeros(g, grid)))
+    assert roots.size > 1000 and len(calls) <= 71
+    calls.clear()
+    at, below, above = (np.sign(g(x)) for x in (roots, np.nextafter(roots, -np.inf), np.nextafter(roots, np.inf)))
+    assert np.all((at == 0.0) | (at * below < 0) | (at * above < 0))
+    checked = 0
+    for r in roots[(roots > -64.0) & (roots <= 2.5)]:
+        i = np.searchsorted(grid, r)
+        lo, hi = grid[i - 1], grid[i]
+        if r in (lo, hi):
+            continue
+        ref = brentq(lambda z: np.sin(np.pi ** z), lo, hi, xtol=1e-300, rtol=1e-15, maxiter=200)
+        assert abs(r - ref) <= 4 * np.spacing(abs(ref)), (r, ref)
+        checked += 1
+    assert checked >= 3
+
+
 def test_declared_kinks_of_a_callable_reach_the_routes():
     plain = activation_from_callable(lambda x: np.maximum(x + 1.0, 0.0), lambda x: (x > -1.0) * 1.0)
     declared = activation_from_callable(lambda x: np.maximum(x + 1.0, 0.0), lambda x: (x > -1.0) * 1.0, kinks=[-1.0])
