@@ -327,7 +327,7 @@ def test_model_scales_give_a_finite_forward_pass_or_a_named_error(which, value, 
 
 @settings(max_examples=15, deadline=None)
 @given(eps=st.one_of(st.floats(min_value=0.0, allow_nan=False, allow_infinity=False),
-                     st.sampled_from([1e308, 1e200, 1e100, 1.0, 1e-300])),
+                     st.sampled_from([1e308, 1e200, 1e100, 1e30, 1.0, 1e-300])),
        norm=st.sampled_from(["bn", "bn_nomean", "none"]))
 def test_chain_eps_gives_finite_ranks_or_a_named_error(eps, norm):
     from bnlab.rank import run_chain
@@ -338,6 +338,24 @@ def test_chain_eps_gives_finite_ranks_or_a_named_error(eps, norm):
         assert "eps" in str(exc)
         return
     assert np.all(np.isfinite(res.rank_lower_bound)) and np.all(res.rank_lower_bound[:, 1:] >= 1.0)
+
+
+def test_chain_rank_measures_do_not_underflow_when_eps_dominates():
+    """With eps ≫ the variance BN only rescales (by ~1/sqrt(eps) a layer), so the scale-invariant r(H) and
+    stable rank must not move with eps.  float64: eps = 1e30 (layers down to ~1e-90, where σ⁴ underflowed
+    and r read 0 from layer 6 on; hypothesis found eps = 1.3e21 doing the same at layer 8) against
+    eps = 1e12, equal up to the variance/eps terms (≤ 1e-9 relative).  float32 (other draws, so no
+    cross-dtype comparison): eps = 1e4 takes layer 8 to ~1e-16, where σ⁴ underflowed (r read 0);
+    r(H) ≥ 1 and the stable rank ≥ 1 hold for every non-zero H ((Σλ)² ≥ Σλ², Σλ ≥ λ_max)."""
+    from bnlab.rank import run_chain
+
+    a = run_chain(6, 6, 8, eps=1e30, norm="bn", seed=1)
+    b = run_chain(6, 6, 8, eps=1e12, norm="bn", seed=1)
+    np.testing.assert_allclose(a.rank_lower_bound, b.rank_lower_bound, rtol=1e-9)
+    np.testing.assert_allclose(a.stable_rank, b.stable_rank, rtol=1e-9)
+    c = run_chain(6, 6, 8, eps=1e4, norm="bn", seed=1, dtype="float32")
+    for res in (a, c):
+        assert np.all(res.rank_lower_bound >= 1.0 - 1e-6) and np.all(res.stable_rank >= 1.0 - 1e-6)
 
 
 # deadline: a hang guard (a chain that started would run for its estimated hours), not a timing assert

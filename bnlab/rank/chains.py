@@ -501,7 +501,10 @@ class _ChainMeter:
                             torch.zeros_like(fro2))
         sv_scaled = sv * scale.sqrt().unsqueeze(-1)
         sr = (sv_scaled.pow(2) / n >= self.cfg.tau).sum(-1).to(torch.float64)
-        r = _lower_bound_from_sv(sv).to(torch.float64)
+        # r(H) and the stable rank are scale-invariant: read off the rescaled σ_i (tr M = d), whose fourth
+        # powers cannot underflow (σ_i⁴ of the raw H did for peaks below tiny^(1/4) ≈ 1e-77 in float64, well
+        # above the underflow guard's sqrt(tiny): eps = 1e30 read r = 0 from layer 6 on)
+        r = _lower_bound_from_sv(sv_scaled).to(torch.float64)
         nr = _numerical_rank_from_sv(sv, d, n, None).to(torch.float64)
         idx = torch.tensor(layer_ids)
         self._accumulate(idx, sr, r, nr)
@@ -549,7 +552,7 @@ class _ChainMeter:
         out["soft_rank"][:, ps] = sr[js].T.cpu().numpy()
         out["rank_lower_bound"][:, ps] = r[js].T.cpu().numpy()
         out["numerical_rank"][:, ps] = nr[js].T.cpu().numpy()
-        out["stable_rank"][:, ps] = _stable_rank_from_sv(sv[js]).T.to(torch.float64).cpu().numpy()
+        out["stable_rank"][:, ps] = _stable_rank_from_sv(sv_scaled[js]).T.to(torch.float64).cpu().numpy()
         out["effective_rank"][:, ps] = _effective_rank_from_sv(sv[js]).T.to(torch.float64).cpu().numpy()
         self.sv_out[:, ps, :] = sv_scaled[js].transpose(0, 1).to(torch.float64).cpu().numpy()
 
