@@ -188,7 +188,7 @@ class _CurvatureOperator:
     layers in the requested mode, the flat <-> dict parameter maps and the target checks. One subclass
     per curvature (as curvlinops has one ``LinearOperator`` per curvature) keeps the forward pass it
     needs (:meth:`_linearize`), the quantities it precomputes (:meth:`_prepare`) and its product
-    (:meth:`matvec`); :func:`_operator_class` picks it once from the ``curvature`` and ``loss`` names.
+    (:meth:`_product`, checked finite by :meth:`matvec`); :func:`_operator_class` picks it once from the ``curvature`` and ``loss`` names.
     """
 
     curvature: str = ""
@@ -248,7 +248,21 @@ class _CurvatureOperator:
         raise NotImplementedError
 
     def matvec(self, flat):
-        """C v for a flat torch vector v (length num_params)."""
+        """C v for a flat torch vector v (length num_params); ValueError where it is not finite."""
+        self.matvecs += 1
+        out = self._product(flat)
+        # An overflow inside the product (inputs or weights too large for the dtype: float32 inputs of
+        # 1e30 square to inf) would reach Lanczos/ARPACK as NaN, and LAPACK's "Eigenvalues did not converge"
+        # would be all the caller saw.  One reduction per product, beside a forward and a backward pass.
+        if not bool(_torch().isfinite(out).all()):
+            raise ValueError(
+                f"the {self.curvature} matrix-vector product is not finite in {self.dtype}: it overflows (inputs, "
+                "targets or parameters too large for this dtype); rescale the inputs, or measure in float64 "
+                "(curvature_spectrum's dtype=torch.float64, or a float64 model)")
+        return out
+
+    def _product(self, flat):
+        """C v, the curvature's own product."""
         raise NotImplementedError
 
     # -- validation ------------------------------------------------------------------
@@ -384,10 +398,8 @@ class _JacobianCurvature(_CurvatureOperator):
         """M (J v), (B, outputs) -> (B, outputs)."""
         raise NotImplementedError
 
-    def matvec(self, flat):
-        """C v for a flat torch vector v (length num_params)."""
+    def _product(self, flat):
         torch = _torch()
-        self.matvecs += 1
         tangent = self.unflatten(flat.to(device=self.device, dtype=self.dtype))
         _, jv = torch.func.jvp(self._forward, (self.primals,), (tangent,))
         (g,) = self._pullback(self._output_product(jv))
@@ -459,10 +471,8 @@ class _HessianOperator(_CurvatureOperator):
             loss = self._loss_value(out)
             self._grads = torch.autograd.grad(loss, self._leaves, create_graph=True)
 
-    def matvec(self, flat):
-        """C v for a flat torch vector v (length num_params)."""
+    def _product(self, flat):
         torch = _torch()
-        self.matvecs += 1
         tangent = self.unflatten(flat.to(device=self.device, dtype=self.dtype))
         hv = torch.autograd.grad(
             self._grads, self._leaves, grad_outputs=[tangent[n] for n in self.names], retain_graph=True
@@ -601,8 +611,16 @@ def _lanczos(matvec, n, *, k, tol, seed, want_vectors, max_steps, device, stop="
             converged = True
             break
         if beta <= 1e-13 * scale:  # invariant subspace: the Ritz values are exact eigenvalues
-            converged = j + 1 >= k
-            break
+            if j + 1 >= k or not full or j + 1 >= n:
+                converged = j + 1 >= k
+                break
+            # fewer than k of them (C of rank < k, or C = 0): go on from a seeded Gaussian vector orthogonal
+            # to the basis, coupled to it by β = 0, so T is block diagonal and the found values stay exact
+            r = torch.randn(n, generator=torch.Generator().manual_seed(seed + j + 1), dtype=torch.float64).to(device)
+            w, beta = basis.orthogonalize(r)
+            betas.append(0.0)
+            q_prev, q = None, w.div_(beta)
+            continue
         betas.append(beta)
         q_prev, q = q, w.div_(beta)
     if stop == "maxiter":
@@ -748,8 +766,20 @@ def _top_eigenvalues(
                 "or use method='arpack'"
             )
         return vals, vecs, history
+    from scipy.sparse.linalg import ArpackError
+
     v0 = np.random.default_rng(seed).standard_normal(n) if start is None else start.detach().cpu().double().numpy()
-    out = eigsh(op, k=k, which="LA", tol=tol, v0=v0, maxiter=maxiter, return_eigenvectors=want_vectors)
+    try:
+        out = eigsh(op, k=k, which="LA", tol=tol, v0=v0, maxiter=maxiter, return_eigenvectors=want_vectors)
+    except ArpackError as exc:
+        # ARPACK stops with "starting vector is zero" (info -9) when C v0 = 0: for the seeded Gaussian v0
+        # that means C = 0 (a cross-entropy GGN whose softmax is saturated to exactly one-hot, say), whose
+        # top eigenvalues are 0 — Lanczos, dense and eigh say so; ARPACK cannot
+        if "error -9:" not in str(exc) or np.any(op.matvec(v0)):
+            raise
+        zeros = np.zeros(k)
+        return (zeros, np.linalg.qr(np.random.default_rng(seed).standard_normal((n, k)))[0], ()) if want_vectors \
+            else (zeros, None, ())
     if want_vectors:
         w, v = out
         order = np.argsort(w)[::-1]

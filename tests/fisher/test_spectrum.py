@@ -172,6 +172,54 @@ def test_bad_input_is_rejected():
         curvature_spectrum("not a module", x)
 
 
+@pytest.mark.parametrize("curvature,method", [("hessian", "lanczos"), ("hessian", "arpack"), ("fisher", "lanczos"),
+                                              ("fisher", "arpack")])
+def test_an_overflowing_product_is_a_value_error(curvature, method):
+    """float32 inputs of 2e30: the forward pass is finite (the output is within float32's range) but the
+    products square it and overflow; a ValueError naming the dtype, not LAPACK's "Eigenvalues did not
+    converge" (what advise() passed on before; found by fuzzing advise).  The same data in float64 are
+    measured (the check refuses only what is not finite)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 33, bias=False), torch.nn.GELU(), torch.nn.Linear(33, 10))
+    x = torch.randn(10, 4) * 2e30
+    y = torch.arange(10) % 10
+    assert bool(torch.isfinite(model(x)).all())
+    kw = dict(curvature=curvature, loss="cross_entropy", method=method, k=1)
+    with pytest.raises(ValueError, match=f"{curvature} matrix-vector product is not finite in torch.float32"):
+        curvature_spectrum(model, x, y, **kw)
+    r = curvature_spectrum(model.double(), x.double(), y, dtype=torch.float64, **kw)
+    assert np.isfinite(r.lambda_max) and r.lambda_max > 0
+
+
+@pytest.mark.parametrize("method", ["lanczos", "arpack"])
+def test_a_zero_curvature_has_top_eigenvalue_zero(method):
+    """Logits of ~1e30 make the softmax exactly one-hot, so the cross-entropy GGN J^T (diag p − p p^T) J is
+    the zero matrix: λ_max = 0 (its dense matrix, the independent route, is exactly zero).  ARPACK
+    stopped with "starting vector is zero" there."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 33, bias=False), torch.nn.GELU(), torch.nn.Linear(33, 10)).double()
+    x = torch.randn(10, 4, dtype=torch.float64) * 2e30
+    y = torch.arange(10) % 10
+    op = curvature_operator(model, x, y, curvature="ggn", loss="cross_entropy", dtype=torch.float64)
+    assert not np.any(np.column_stack([op.matvec(e) for e in np.eye(op.shape[0])[:20]]))
+    r = curvature_spectrum(model, x, y, curvature="ggn", loss="cross_entropy", method=method, k=2,
+                           dtype=torch.float64, return_eigenvectors=True)
+    assert list(r.eigenvalues) == [0.0, 0.0] and r.eigenvectors.shape == (op.shape[0], 2)
+
+
+def test_lanczos_goes_on_past_an_invariant_subspace_of_a_low_rank_curvature():
+    """The Fisher of Linear(20, 1) on one sample is rank one, (x̃ x̃ᵀ) with x̃ = (x, 1): its top three
+    eigenvalues are ‖x̃‖², 0, 0 (closed form).  Lanczos' Krylov space is invariant after one step; it
+    went on to a converged answer only for k = 1 (k = 3 raised "did not reach tol")."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(20, 1).double()
+    x = torch.randn(1, 20, dtype=torch.float64)
+    want = float((x * x).sum()) + 1.0
+    for method in ("lanczos", "arpack"):
+        r = curvature_spectrum(model, x, k=3, method=method, tol=1e-10, dtype=torch.float64)
+        np.testing.assert_allclose(r.eigenvalues, [want, 0.0, 0.0], rtol=0, atol=1e-10 * want)
+
+
 def test_result_to_dict():
     import json
 
