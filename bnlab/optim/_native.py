@@ -146,8 +146,8 @@ std::vector<torch::Tensor> shifted_mean_var(torch::Tensor x, torch::Tensor c) {
 // Algorithm 2 steps 1-5 (Lange et al., §3.3, Eq. 15) for every dense layer of one step, in place:
 // the running mean/variance (means, vars), the weight gradients (gws, n_out x n_in) and the bias
 // gradients (gbs; an empty tensor for a layer without bias: only G_w <- G_w / (q^2 s~^2)).
-// Steps 1-3 run for every layer first; when eps1 = eps2 = 0 and a layer's q^2 s~^2 has an entry
-// <= 0 the index of the first such layer is returned and no gradient is touched (the caller
+// Steps 1-3 run for every layer first; when a layer's 1/(q^2 s~^2) has an entry that is not finite
+// (s~^2 = 0 or subnormal: zero variances with eps2 = 0 or tiny) the index of the first such layer is returned and no gradient is touched (the caller
 // raises); otherwise steps 4-5 follow and -1 is returned, or -2 when some column's new running
 // mean or variance was not finite: such a column keeps its old statistics (the number of them per
 // layer goes to `skipped`, if given).
@@ -214,7 +214,8 @@ static bool statistics_and_inverse(const torch::Tensor& x, torch::Tensor& mean, 
     vt_min = std::min(vt_min, vt);
     inv[j] = inv_q / vt;
   }
-  return vt_min > T(0);
+  // a usable inverse everywhere: s~^2 > 0 and (1/q^2)/s~^2 finite (a subnormal s~^2 overflows it)
+  return vt_min > T(0) && inv_q / vt_min <= std::numeric_limits<T>::max();
 }
 
 template <typename T>
@@ -285,7 +286,7 @@ int64_t dense_step(std::vector<torch::Tensor> xs, std::vector<torch::Tensor> mea
       invs[l].resize(xs[l].size(1));
       const bool ok = statistics_and_inverse<scalar_t>(xs[l], means[l], vars[l], invs[l].data(),
                                                        rho, eps1, eps2, q2s[l], &kept_back[l]);
-      if (!ok && eps1 == 0.0 && eps2 == 0.0 && bad < 0) bad = static_cast<int64_t>(l);
+      if (!ok && bad < 0) bad = static_cast<int64_t>(l);
     }
     if (bad >= 0) return;
     for (size_t l = 0; l < layers; ++l)
@@ -325,7 +326,8 @@ def kernels():
     * ``dense_step(xs, means, vars, gws, gbs, rho, eps1, eps2, q2s, skipped=None)`` -> ``int``:
       Algorithm 2 steps 1-5 for each layer l in place (running ``means[l]``, ``vars[l]``; weight
       gradient ``gws[l]`` (n_out, n_in); bias gradient ``gbs[l]`` or an empty tensor), returning
-      -1; or, when ``eps1 = eps2 = 0`` and some layer's σ̃² has an entry ≤ 0, that layer's index
+      -1; or, when some layer's 1/(q²σ̃²) has an entry that is not finite (σ̃² = 0 or subnormal:
+      zero variances with ε₂ = 0 or tiny), that layer's index
       before any gradient is changed; or -2 when columns with a non-finite new mean or variance
       kept their old statistics (their number per layer written to the int64 CPU vector
       ``skipped`` if given).

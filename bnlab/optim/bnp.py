@@ -112,6 +112,9 @@ _AUTO_FUSED_MIN_WEIGHTS_NATIVE = 1 << 21
 #: normal number) — BNP would then zero the gradient silently.
 _EPS1_MAX = 1e6
 _EPS2_MAX = 1e30
+#: ε₂ from which 1/(q²σ̃²) ≤ 1/(q²ε₂) cannot overflow float32 statistics (the smallest dtype they are kept in):
+#: below it, a layer of zero (or subnormal) variances is checked for and refused
+_EPS2_SAFE = 1e-30
 #: Routes that do not synchronize with the device count non-finite batches in a device tensor,
 #: read (one synchronization) every this many steps and whenever ``nonfinite_batches`` is read.
 _NONFINITE_CHECK_EVERY = 100
@@ -285,8 +288,9 @@ class BNPreconditioner:
         kernel launches) when Triton is installed, not on CPU; ``True``: on every device (CPU
         included: inductor's C++ backend); ``False``: never.  The first step compiles (seconds to a
         minute; again when the batch size changes); a failed compilation warns and runs the same
-        functional core uncompiled.  Not taken with ``eps1 = eps2 = 0`` (the zero-variance error
-        must be raised before any gradient changes) nor for layers ``native=True`` covers.
+        functional core uncompiled.  Not taken with ``eps2 < 1e-30`` (then σ̃² of a zero-variance feature can
+        be 0 whatever ``eps1``, and that error must be raised before any gradient changes) nor for layers
+        ``native=True`` covers.
     cuda_graph:
         On CUDA, the compiled route's step is also captured into a CUDA graph (default ``True``):
         a step is then three launches (the inputs and gradients copied into the graph's buffers,
@@ -407,6 +411,20 @@ class BNPreconditioner:
         return rho, eps1, eps2
 
     @property
+    def _sigma_tilde_may_vanish(self) -> bool:
+        """σ̃² = σ² + ε₁·max σ² + ε₂ is bounded below by ε₂ only: below ``_EPS2_SAFE`` a layer whose
+        variances are all 0 (or subnormal: float32 inputs of ~1e-21) can have 1/(q²σ̃²) = inf whatever ε₁,
+        so the steps check the inverses then (and the routes that cannot check before the gradients
+        change, compiled and native, are not taken)."""
+        return not self.eps2 >= _EPS2_SAFE
+
+    def _vanishing_error(self, layer: BNPLayer) -> RuntimeError:
+        return RuntimeError(
+            f"BNP layer {_layer_label(layer.name)}: an input feature has zero variance (or one too small for "
+            f"its reciprocal in {layer.var.dtype}) and σ̃² = σ² + eps1·max σ² + eps2 with eps1={self.eps1:g}, "
+            f"eps2={self.eps2:g} does not keep it from 0, so Eq. 15 divides by zero; use eps2 > 0 (default 1e-4)")
+
+    @property
     def layers(self) -> dict[str, nn.Module]:
         """The preconditioned modules by qualified name."""
         return {name: s.module for name, s in self._layers.items()}
@@ -517,7 +535,7 @@ class BNPreconditioner:
         if layer.kept_route == "native":
             return x.is_cpu and x.dtype == mean.dtype and mean.is_cpu and x.is_contiguous()
         # compiled: any floating input on the statistics' device (upcast inside the compiled step)
-        return x.device == mean.device and not (self.eps1 == 0.0 and self.eps2 == 0.0)
+        return x.device == mean.device and not self._sigma_tilde_may_vanish
 
     def _fuses(self, layer: DenseLayer, x: torch.Tensor, one_pass: bool) -> bool:
         module = layer.module
@@ -715,16 +733,14 @@ class BNPreconditioner:
             for i, s in enumerate(group):  # no host synchronization: counted on the device
                 new_means[i], new_vars[i], bad = F.keep_finite(new_means[i], new_vars[i], s.mean, s.var)
                 self._flag_device(s, bad)
-        if self.eps1 == 0.0 and self.eps2 == 0.0:
-            for s, v in zip(group, new_vars):
-                if bool((v <= 0).any()):
-                    raise RuntimeError(
-                        f"BNP layer {_layer_label(s.name)}: an input feature has zero variance and eps1 = "
-                        "eps2 = 0, so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
-                    )
+        inverses = F.inverse_scales(new_vars, q2s, self.eps1, self.eps2, maxes)
+        if self._sigma_tilde_may_vanish:  # checked before the statistics are stored or a gradient changes
+            for s, inv in zip(group, inverses):
+                if not bool(torch.isfinite(inv).all()):
+                    raise self._vanishing_error(s)
         for s, mean, var in zip(group, new_means, new_vars):
             s.mean, s.var = mean, var
-        return F.inverse_scales(new_vars, q2s, self.eps1, self.eps2, maxes)
+        return inverses
 
     def _lean_step(self, layers: list[DenseLayer]) -> None:
         """Algorithm 2 steps 1-5 for fused forwards with nothing else pending (the common case of
@@ -752,10 +768,7 @@ class BNPreconditioner:
         bad = self._native_kernel.dense_step(xs, [s.mean for s in layers], [s.var for s in layers], gws, gbs,
                                              self.rho, self.eps1, self.eps2, q2s, skipped)
         if bad >= 0:
-            raise RuntimeError(
-                f"BNP layer {_layer_label(layers[bad].name)}: an input feature has zero variance and eps1 = "
-                "eps2 = 0, so σ̃² = 0 and Eq. 15 divides by zero; use eps1 > 0 or eps2 > 0"
-            )
+            raise self._vanishing_error(layers[bad])
         if bad == -2:  # non-finite statistics were kept back (see _native)
             for s, count in zip(layers, skipped.tolist()):
                 if count:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import os
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -261,8 +263,40 @@ def test_zero_variance_with_zero_eps_is_an_error_not_a_nan():
     pre = BNPreconditioner(model, rho=0.0, eps1=0.0, eps2=0.0)
     x = torch.ones(4, 3, dtype=torch.float64)
     model(x).sum().backward()
-    with pytest.raises(RuntimeError, match="zero variance and eps1 = eps2 = 0"):
+    with pytest.raises(RuntimeError, match=r"zero variance.*eps1=0, eps2=0"):
         pre.step()
+
+
+@pytest.mark.parametrize("native", [False, True])
+@pytest.mark.parametrize("scale,dtype", [(0.0, torch.float32), (1e-22, torch.float32), (0.0, torch.float64),
+                                         (1e-170, torch.float64)])
+def test_zero_or_subnormal_variance_with_eps2_zero_is_an_error_whatever_eps1(native, scale, dtype):
+    """σ̃² = σ² + ε₁·max σ² + ε₂: with ε₂ = 0 a layer whose variances are all 0 (constant inputs) or
+    subnormal (float32 inputs of 1e-22: σ² ~ 1e-44) has 1/(q²σ̃²) = inf even at ε₁ = 1000; the step
+    raises, naming the layer, before any gradient or running statistic changes (it made every parameter
+    NaN: found by fuzzing BNPreconditioner).  The same inputs at the default ε₂ step finitely."""
+    if native:
+        pytest.importorskip("bnlab.optim._native")
+    torch.manual_seed(0)
+    x = torch.randn(8, 5, dtype=dtype) * scale
+    for eps2, fails in ((0.0, True), (1e-4, False)):
+        model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).to(dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a native build that fails warns and steps eagerly
+            pre = BNPreconditioner(model, rho=0.0, eps1=1000.0, eps2=eps2, native=native)
+        model(x).square().sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        stats = [(s.mean.clone(), s.var.clone()) for s in pre._layer_list]
+        if fails:
+            with pytest.raises(RuntimeError, match=r"layer '0'.*zero variance.*eps1=1000, eps2=0"):
+                pre.step()
+            assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+            if not native:  # the native kernel updates the running statistics in place first (documented)
+                assert all(torch.equal(s.mean, m) and torch.equal(s.var, v)
+                           for s, (m, v) in zip(pre._layer_list, stats))
+        else:
+            pre.step()
+            assert all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
 
 
 # ---------------------------------------------------------------------------------------------- distributed

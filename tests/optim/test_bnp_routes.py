@@ -155,8 +155,8 @@ def test_compiled_route_beside_convolutions_and_pooled_forwards(uncompiled):
 
 
 def test_compiled_route_with_zero_eps_stays_eager(uncompiled):
-    """eps1 = eps2 = 0: the zero-variance error must come before any gradient changes, so the
-    compiled route is not taken (the eager route raises, naming the layer)."""
+    """eps1 = eps2 = 0 (any eps2 < 1e-30): the zero-variance error must come before any gradient changes,
+    so the compiled route is not taken (the eager route raises, naming the layer)."""
     model = nn.Linear(3, 2).double()
     pre = BNPreconditioner(model, compiled=True, rho=0.0, eps1=0.0, eps2=0.0)
     model(torch.ones(4, 3, dtype=torch.float64)).sum().backward()
