@@ -179,6 +179,7 @@ def rank_pretrain(
         return _lower_bound_gram(store[name])
 
     x = None
+    updates = 0  # optimizer steps taken so far: a dead or overflowing H before the first one is the data's
     for k in range(minibatches):
         idx = torch.randperm(inputs.shape[0], generator=gen)[:batch_size].to(inputs.device)
         x = inputs[idx]
@@ -191,12 +192,18 @@ def rank_pretrain(
                 r = bound(x, name)
                 r_value = float(r.detach())
                 if not math.isfinite(r_value) or r_value == 0.0:
+                    if updates == 0:
+                        raise ValueError(
+                            f"data is not allowed for this model: before any pre-training step, layer {name!r} "
+                            f"{'represents the minibatch by a zero matrix (zero inputs, or its units dead for every sample)' if r_value == 0.0 else 'overflows on the minibatch'}"
+                            f", so r(H) = {r_value} and Algorithm 1 has nothing to raise; check the inputs' scale")
                     raise FloatingPointError(
-                        f"r(H) of layer {name!r} is {r_value} at minibatch {k}, step {t} (the representation "
-                        "overflowed or died); lower the step size")
+                        f"r(H) of layer {name!r} is {r_value} at minibatch {k}, step {t}, after {updates} "
+                        "pre-training steps (the representation overflowed or died); lower the step size")
                 loss = r.rsqrt() if objective == "inverse_sqrt" else -r
                 loss.backward()
                 opt.step()
+                updates += 1
                 result.history.append({"minibatch": k, "layer": name, "step": t, "r": r_value})
     with torch.no_grad():
         result.final_r = float(bound(x, layers[-1]))

@@ -192,6 +192,20 @@ def test_pretraining_bad_input():
         rank_pretrain(model, [1, 2, 3])
 
 
+@pytest.mark.parametrize("scale", [0.0, 1e300])
+def test_pretraining_data_that_give_a_zero_or_overflowing_representation_is_a_value_error(scale):
+    """Zero inputs through bias-free layers (H = 0, r(H) = 0) or inputs of 1e300 (H overflows) before any
+    step: the data's fault, a ValueError naming data, not the FloatingPointError's "lower the step size"
+    (found by fuzzing rank_pretrain); nothing is trained."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 16, bias=False), torch.nn.ReLU(), torch.nn.Linear(16, 3)).double()
+    before = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(64, 8, dtype=torch.float64) * scale
+    with pytest.raises(ValueError, match="data is not allowed.*before any pre-training step"):
+        rank_pretrain(model, x, layer="layerwise", steps=3)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+
+
 # ---------------------------------------------------------------- gradient alignment
 
 def test_per_sample_gradients_match_autograd_with_train_mode_bn():
