@@ -107,12 +107,14 @@ def _compare(records: Sequence[Record]) -> list[Comparison]:
     rows = []
     for rec in sorted(records, key=lambda r: (r.params["init"], str(r.params["residual_gamma"]))):
         p, m = rec.params, rec.metrics
+        below = (f"σ_2/σ_1 < 1e-8 from layer {m['collapse_layer']}" if m["collapse_layer"] is not None
+                 else f"σ_2/σ_1 not yet < 1e-8 at L = {p['depth']}")
         rows.append(Comparison(
             quantity=f"{p['init']} weights, γ = {p['residual_gamma']}: H̃_L at L = {p['depth']} "
                      f"(worst of {p['chains']})",
             paper="converges to rank one (Lemma 3a/3b)",
             bnlab=f"σ_2/σ_1 = {m['final_sv_ratio']:.1e}, r(H) = {m['final_r']:.6f}, rank_1/2 = "
-                  f"{m['final_soft_rank']:.0f}, σ_2/σ_1 < 1e-8 from layer {m['collapse_layer']}",
+                  f"{m['final_soft_rank']:.0f}, {below}",
             agrees=bool(m["final_soft_rank"] == 1 and m["final_r"] < 1 + 1e-6),
         ))
     return rows

@@ -97,6 +97,10 @@ def test_lemma3_cells(tmp_path):
         assert r.metrics["final_soft_rank"] == 1.0
     assert all(p.exists() for p in exp.plot(recs, tmp_path))
     assert len(exp.compare(recs)) == len(recs)
+    # a chain whose σ_2/σ_1 has not reached 1e-8 (γ = 0.1 at small scale) says so, not "from layer None"
+    slow = Record(recs[0].params, dict(recs[0].metrics, collapse_layer=None))
+    (row,) = exp.compare([slow])
+    assert "None" not in row.bnlab and "not yet < 1e-8 at L = 400" in row.bnlab
 
 
 @pytest.mark.slow
