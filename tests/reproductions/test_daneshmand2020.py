@@ -110,10 +110,14 @@ def test_small_scale_all_rows_agree(exp, tmp_path):
     # L = 1000, vanilla 1; Fig. 3a exponents 0.615 [0.596, 0.635] (γ = 0.1), 0.649 [0.634, 0.665] (γ = ∞).
     recs = [Record(p, exp.run_cell(p)) for p in exp.grid("small")]
     exp.plot(recs, tmp_path)
-    # "SGD preserves the initial rank" (Fig. 6's row) is contradicted at this budget — the pre-trained nets'
-    # rank falls — and the claim ledger says so; every other row must agree
-    rows = [r for r in exp.compare(recs) if not r.quantity.startswith("rank through training")]
-    assert rows and all(r.agrees for r in rows), [(r.quantity, r.bnlab) for r in rows if not r.agrees]
+    # "SGD preserves the initial rank" (Fig. 6's row, and pretrain-lr's "r(H_L) preserved by SGD") is
+    # contradicted at this budget — the pre-trained nets' rank falls — and the claim ledger says so; every
+    # other judged row must agree (agrees None: not judged, e.g. fig89's d = 8 ≤ 10, where Fig. 8 claims
+    # nothing; those failed this test before, which read None as a disagreement)
+    rows = [r for r in exp.compare(recs) if not r.quantity.startswith(("rank through training",
+                                                                       "r(H_L) preserved by SGD"))]
+    judged = [r for r in rows if r.agrees is not None]
+    assert judged and all(r.agrees for r in judged), [(r.quantity, r.bnlab) for r in judged if not r.agrees]
     if exp.name == "daneshmand2020-fig3a":
         for r in rows:
             assert "CI" in r.bnlab
