@@ -6,8 +6,8 @@ singular at 0), max/min/maximum/minimum (kinked where their two arguments are eq
 kinks are the zeros of those arguments (and, as singular points, the zeros of denominators, of
 log's argument and of bases raised to negative or fractional powers) (of a − b for max/min), which this module finds by
 evaluating each argument on a grid in x and refining every sign change by bisection, all at once, to
-two adjacent floats (the one where |argument| is smaller is the kink; :func:`_refine`); an argument that vanishes on a whole interval
-(relu(relu(x) ...)) contributes the ends of that interval.
+two adjacent floats (the one where |argument| is smaller is the kink; :func:`_refine`); an argument
+that vanishes on a whole interval (relu(relu(x) ...)) contributes the ends of that interval.
 
 Grid: 16385 points on [−64, 64] (spacing 0.0078, which covers |√B u| ≤ 45 for every B the
 quadrature routes accept, up to 2048) plus 200 geometric points out to ±1e6 on each side

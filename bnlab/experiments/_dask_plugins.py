@@ -45,8 +45,8 @@ class QuietHeartbeatLoss(WorkerPlugin):
     else (the worker goes on and is closed by its nanny a moment later).  On bnlab's own cluster the
     scheduler lives in the driver, so the message only ever reports that teardown; the driver's
     clean "interrupted: ... bnlab sweep resume" line was once followed by such a traceback (1 of 6
-    full test runs on 2026-11-28, failing the Ctrl-C test).  Every other worker record is kept.  Registered on clusters bnlab starts itself,
-    never on an existing one.
+    full test runs on 2026-11-28, failing the Ctrl-C test).  Every other worker record is kept.
+    Registered on clusters bnlab starts itself, never on an existing one.
     """
 
     name = "bnlab-quiet-heartbeat-loss"

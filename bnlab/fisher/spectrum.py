@@ -188,7 +188,8 @@ class _CurvatureOperator:
     layers in the requested mode, the flat <-> dict parameter maps and the target checks. One subclass
     per curvature (as curvlinops has one ``LinearOperator`` per curvature) keeps the forward pass it
     needs (:meth:`_linearize`), the quantities it precomputes (:meth:`_prepare`) and its product
-    (:meth:`_product`, checked finite by :meth:`matvec`); :func:`_operator_class` picks it once from the ``curvature`` and ``loss`` names.
+    (:meth:`_product`, checked finite by :meth:`matvec`); :func:`_operator_class` picks it once from the
+    ``curvature`` and ``loss`` names.
     """
 
     curvature: str = ""
@@ -616,8 +617,7 @@ def _lanczos(matvec, n, *, k, tol, seed, want_vectors, max_steps, device, stop="
                 break
             # fewer than k of them (C of rank < k, or C = 0): go on from a seeded Gaussian vector orthogonal
             # to the basis, coupled to it by β = 0, so T is block diagonal and the found values stay exact
-            r = torch.randn(n, generator=torch.Generator().manual_seed(seed + j + 1), dtype=torch.float64).to(device)
-            w, beta = basis.orthogonalize(r)
+            w, beta = basis.orthogonalize(_lanczos_start(n, seed + j + 1, None, torch.float64, device))
             betas.append(0.0)
             q_prev, q = None, w.div_(beta)
             continue
@@ -777,9 +777,8 @@ def _top_eigenvalues(
         # top eigenvalues are 0 — Lanczos, dense and eigh say so; ARPACK cannot
         if "error -9:" not in str(exc) or np.any(op.matvec(v0)):
             raise
-        zeros = np.zeros(k)
-        return (zeros, np.linalg.qr(np.random.default_rng(seed).standard_normal((n, k)))[0], ()) if want_vectors \
-            else (zeros, None, ())
+        vecs = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, k)))[0] if want_vectors else None
+        return np.zeros(k), vecs, ()
     if want_vectors:
         w, v = out
         order = np.argsort(w)[::-1]

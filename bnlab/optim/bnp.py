@@ -112,8 +112,8 @@ _AUTO_FUSED_MIN_WEIGHTS_NATIVE = 1 << 21
 #: normal number) — BNP would then zero the gradient silently.
 _EPS1_MAX = 1e6
 _EPS2_MAX = 1e30
-#: ε₂ from which 1/(q²σ̃²) ≤ 1/(q²ε₂) cannot overflow float32 statistics (the smallest dtype they are kept in):
-#: below it, a layer of zero (or subnormal) variances is checked for and refused
+#: ε₂ from which 1/(q²σ̃²) ≤ 1/(q²ε₂) cannot overflow float32 statistics (the smallest dtype they are
+#: kept in): below it, a layer of zero (or subnormal) variances is checked for and refused
 _EPS2_SAFE = 1e-30
 #: Routes that do not synchronize with the device count non-finite batches in a device tensor,
 #: read (one synchronization) every this many steps and whenever ``nonfinite_batches`` is read.
@@ -416,7 +416,7 @@ class BNPreconditioner:
         variances are all 0 (or subnormal: float32 inputs of ~1e-21) can have 1/(q²σ̃²) = inf whatever ε₁,
         so the steps check the inverses then (and the routes that cannot check before the gradients
         change, compiled and native, are not taken)."""
-        return not self.eps2 >= _EPS2_SAFE
+        return self.eps2 < _EPS2_SAFE
 
     def _vanishing_error(self, layer: BNPLayer) -> RuntimeError:
         return RuntimeError(

@@ -193,10 +193,11 @@ def rank_pretrain(
                 r_value = float(r.detach())
                 if not math.isfinite(r_value) or r_value == 0.0:
                     if updates == 0:
+                        what = ("represents the minibatch by a zero matrix (zero inputs, or its units dead for "
+                                "every sample)" if r_value == 0.0 else "overflows on the minibatch")
                         raise ValueError(
                             f"data is not allowed for this model: before any pre-training step, layer {name!r} "
-                            f"{'represents the minibatch by a zero matrix (zero inputs, or its units dead for every sample)' if r_value == 0.0 else 'overflows on the minibatch'}"
-                            f", so r(H) = {r_value} and Algorithm 1 has nothing to raise; check the inputs' scale")
+                            f"{what}, so r(H) = {r_value} and Algorithm 1 has nothing to raise; check the inputs' scale")
                     raise FloatingPointError(
                         f"r(H) of layer {name!r} is {r_value} at minibatch {k}, step {t}, after {updates} "
                         "pre-training steps (the representation overflowed or died); lower the step size")
