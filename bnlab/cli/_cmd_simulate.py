@@ -62,6 +62,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-memory-gb", type=float, default=1.0, help="working-memory bound in GiB (default 1): networks run in chunks below it, and sizes "
                    "that cannot fit (one network, or all networks' results) are refused before allocating")
     add_threads_argument(p)
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (by default one on stderr, also with --json: stdout stays the JSON)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -121,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         sigma_b2=args.sigma_b2, residual_scale=args.residual_scale, num_batches=args.num_batches,
         input_correlation=args.input_correlation, seed=args.seed, device=args.device, dtype=args.dtype,
         max_memory_bytes=max(1, int(mem * 2**30)), weight_sampling=args.weight_sampling,
+        progress=not args.no_progress,
     )
     comp = compare_with_theory(res, phi=act)
     if args.json:

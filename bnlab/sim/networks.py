@@ -51,8 +51,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import threading
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -367,6 +369,7 @@ def simulate(
     max_memory_bytes: int = 1 << 30,
     record_layers=(),
     weight_sampling: str = "auto",
+    progress: bool | IO = False,
     _trace: list | None = None,
     _predraw_weights: bool | None = None,
 ) -> EnsembleResult:
@@ -436,6 +439,10 @@ def simulate(
         ``max_memory_bytes`` but one of the other does (``_choose_weight_sampling``).
         The two realize different random networks from the same seed (same law,
         different draws).
+    progress : bool or text stream
+        A progress bar over the networks (tqdm, updated as each chunk of networks finishes, with the
+        time left): on stderr (True), on the given stream, or none (False, the default).  ``bnlab
+        simulate`` shows it on stderr unless ``--no-progress``.
 
     Returns
     -------
@@ -475,6 +482,7 @@ def simulate(
     max_memory_bytes = check_int("max_memory_bytes", max_memory_bytes, minimum=1)
     record_layers = tuple(check_int("record_layers", l, minimum=1, maximum=depth) for l in record_layers)
     weight_sampling = check_choice("weight_sampling", weight_sampling, WEIGHT_SAMPLINGS)
+    _check_progress(progress)
     if weight_sampling == "conditional" and init != "gaussian":
         raise ValueError(
             f"weight_sampling='conditional' is not allowed with init={init!r}: the conditional law is "
@@ -504,8 +512,42 @@ def simulate(
     spec, per_network = _with_weight_route(spec, weight_sampling, max_memory_bytes, _trace is not None, _predraw_weights)
     config["weight_sampling"] = "conditional" if spec.conditional else "explicit"
     _check_memory(spec, per_network, networks, max_memory_bytes)
-    parts = _run_chunks(spec, networks, seed, per_network, max_memory_bytes, _trace, record_layers)
+    with _NetworkProgress(progress, networks) as bar:
+        parts = _run_chunks(spec, networks, seed, per_network, max_memory_bytes, _trace, record_layers, bar)
     return _ensemble_result(parts, networks, config)
+
+
+def _check_progress(progress) -> None:
+    if isinstance(progress, bool) or callable(getattr(progress, "write", None)):
+        return
+    raise ValueError(f"progress={progress!r} is not allowed: expected True (a bar on stderr), False (none) or a "
+                     "text stream (an object with a write method)")
+
+
+class _NetworkProgress:
+    """The progress bar of :func:`simulate`: networks done of ``networks`` (tqdm), or nothing.  Chunks
+    finish on the chunk threads (:func:`_run_chunks`), so updates take a lock."""
+
+    def __init__(self, progress: bool | IO, networks: int):
+        self._bar = None
+        self._lock = threading.Lock()
+        if progress is not False:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=networks, desc="bnlab simulate", unit="network", mininterval=0.5,
+                             file=sys.stderr if progress is True else progress, dynamic_ncols=True)
+
+    def update(self, n: int) -> None:
+        if self._bar is not None:
+            with self._lock:
+                self._bar.update(n)
+
+    def __enter__(self) -> "_NetworkProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.close()
 
 
 def _check_normalization_defined(normalization: str, batch_size: int, eps: float, bn_gamma: float, depth: int,
@@ -581,7 +623,7 @@ def _with_weight_route(spec: "_NetworkSpec", requested: str, max_memory_bytes: i
 
 
 def _run_chunks(spec: "_NetworkSpec", networks: int, seed: int, per_network: int, max_memory_bytes: int,
-                trace: list | None, record_layers: tuple) -> list[dict]:
+                trace: list | None, record_layers: tuple, bar: _NetworkProgress | None = None) -> list[dict]:
     """Simulate the networks in chunks below ``max_memory_bytes``; the chunks' results in network order."""
     # On a multi-core CPU, chunks of networks run concurrently, one per thread with one intra-op
     # thread each: the simulator's many mid-size operations (BN/φ passes, QRs, measurements)
@@ -595,7 +637,10 @@ def _run_chunks(spec: "_NetworkSpec", networks: int, seed: int, per_network: int
         ci, start = ci_start
         n = min(chunk, networks - start)
         gen = _network_generators(seed, start, n, spec.device)
-        return _simulate_chunk(spec, n, gen, trace, record_layers if ci == 0 else ())
+        part = _simulate_chunk(spec, n, gen, trace, record_layers if ci == 0 else ())
+        if bar is not None:
+            bar.update(n)
+        return part
 
     starts = list(enumerate(range(0, networks, chunk)))
     if workers > 1 and len(starts) > 1:
