@@ -288,19 +288,18 @@ def test_scale_invariant_rank_measures_do_not_depend_on_the_scale(exponent, seed
     assert torch.allclose(m.singular_values, sv, rtol=1e-9, atol=0.0)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# the deadline is a hang guard, not a benchmark: milliseconds unloaded; the old geometry loop ran for hours
+@settings(max_examples=15, deadline=30_000, suppress_health_check=[HealthCheck.too_slow])
 @given(side=st.integers(1, 10**15), kernel=st.integers(1, 10**15), channels=st.integers(1, 10**15),
        depth=st.integers(1, 5000))
 def test_any_architecture_size_parses_fast_or_is_refused_naming_arch(side, kernel, channels, depth):
     from bnlab.fisher import parse_arch
 
     for spec in (f"conv:3x{side}x{side}-c{channels}k{kernel}-fc10", "fc:" + "-".join([str(channels)] * depth)):
-        t0 = time.perf_counter()
         try:
             parse_arch(spec)
         except ValueError as exc:
             assert "arch" in str(exc)
-        assert time.perf_counter() - t0 < 10.0  # milliseconds unloaded; the old geometry loop ran for hours
 
 
 _scales = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
