@@ -20,7 +20,6 @@ import math
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
