@@ -79,6 +79,14 @@ def ghost_batch_norm(x: torch.Tensor, ghost_batch_size: int | None, eps: float):
     return out.reshape(x.shape), mean.reshape(n // b, -1), var.reshape(n // b, -1)
 
 
+def _update_running_(running: torch.Tensor, batch: torch.Tensor, momentum: float) -> None:
+    """``running ← (1 − momentum)·running + momentum·batch`` in place (nn.BatchNorm's formula and rounding).
+
+    A product and a sum rather than ``lerp_``: under ``torch.func.vmap`` (ensembles of these layers, e.g. the
+    chunked Daneshmand cells) ``lerp_`` has no batching rule and falls back to a loop over the networks."""
+    running.mul_(1.0 - momentum).add_(batch.to(running.dtype), alpha=momentum)
+
+
 def _centered_moments(x: torch.Tensor, dims: tuple[int, ...]):
     """(mean, biased variance, x − mean) over ``dims``, keepdim, by the two-pass formula
     var = mean((x − mean)²): as accurate as Welford's update and, on CPU, ~20× faster than
@@ -164,7 +172,7 @@ class _BatchNormNoMean(_BatchStatNorm):
             sq = (x * x).mean(dim=dims)
             with torch.no_grad():
                 # E[x²] is estimated without bias by the batch mean of x², so no Bessel factor here
-                self.running_sq.lerp_(sq.detach().to(self.running_sq.dtype), self.momentum)
+                _update_running_(self.running_sq, sq.detach(), self.momentum)
                 self.num_batches_tracked.add_(1)
         else:
             sq = self.running_sq
@@ -232,8 +240,8 @@ class _GhostBatchNorm(_BatchStatNorm):
         mean, var = mean.reshape(n // b, -1), var.reshape(n // b, -1)
         with torch.no_grad():
             # as nn.BatchNorm: the running variance takes the unbiased batch variance; averaged over ghosts
-            self.running_mean.lerp_(mean.mean(0).to(self.running_mean.dtype), self.momentum)
-            self.running_var.lerp_((var * (m / (m - 1))).mean(0).to(self.running_var.dtype), self.momentum)
+            _update_running_(self.running_mean, mean.mean(0), self.momentum)
+            _update_running_(self.running_var, (var * (m / (m - 1))).mean(0), self.momentum)
             self.num_batches_tracked.add_(1)
         return y
 
@@ -331,8 +339,8 @@ class _BatchRenorm(_BatchStatNorm):
         # (x − μ_B)/σ_B·r + d, affine folded in: one pass over x − μ_B (gradient through μ_B and σ_B)
         y = self._scale_shift(xc, r / sigma_b, d)
         with torch.no_grad():
-            self.running_mean.lerp_(mean.detach(), self.momentum)
-            self.running_var.lerp_(var.detach() * (m / (m - 1)), self.momentum)
+            _update_running_(self.running_mean, mean.detach(), self.momentum)
+            _update_running_(self.running_var, var.detach() * (m / (m - 1)), self.momentum)
             self.num_batches_tracked.add_(1)
         return y
 
@@ -430,8 +438,8 @@ class _BatchNorm4Things(_BatchStatNorm):
         y = (xc * torch.rsqrt(var + self.eps)).reshape(x.shape)
         with torch.no_grad():
             mean, var = mean.reshape(n // b, -1), var.reshape(n // b, -1)
-            self.running_mean.lerp_(mean.mean(0).to(self.running_mean.dtype), self.momentum)
-            self.running_var.lerp_((var * (m / (m - 1))).mean(0).to(self.running_var.dtype), self.momentum)
+            _update_running_(self.running_mean, mean.mean(0), self.momentum)
+            _update_running_(self.running_var, (var * (m / (m - 1))).mean(0), self.momentum)
             self.num_batches_tracked.add_(1)
         return self._affine(y)
 

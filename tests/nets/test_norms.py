@@ -418,3 +418,30 @@ def test_cuda_matches_cpu(name):
         torch.testing.assert_close(gpu(x.cuda()).cpu(), layer(x), rtol=1e-10, atol=1e-12)
     for (k, a), (_, b) in zip(layer.state_dict().items(), gpu.state_dict().items()):
         torch.testing.assert_close(b.cpu(), a, rtol=1e-10, atol=1e-12, msg=k)
+
+
+# ----------------------------------------------------------------------------- ensembles under vmap
+@pytest.mark.parametrize("name, kwargs", [("bn_nomean", {}), ("ghost_bn", {"ghost_batch_size": 4}),
+                                          ("brn", {}),
+                                          ("bn4", {"num_groups": 2, "ghost_batch_size": 4, "example_weight": 0.25})])
+def test_an_ensemble_under_vmap_updates_its_running_statistics_as_each_layer_alone(name, kwargs, recwarn):
+    # torch.func.stack_module_state + vmap is how an ensemble of these layers runs (the chunked Daneshmand
+    # cells): every running statistic must follow nn.BatchNorm's (1 − m)·running + m·batch per network, and
+    # without functorch's "performance drop" fallback (a loop over the networks: lerp_ has no batching rule)
+    from torch.func import functional_call, stack_module_state, vmap
+
+    layers = [make_norm(name, 4, dims=1, dtype=F64, **kwargs) for _ in range(3)]
+    params, buffers = stack_module_state(layers)
+    base = make_norm(name, 4, dims=1, dtype=F64, **kwargs).to("meta")
+    xs = torch.stack([_x((8, 4), seed=s) for s in range(3)])
+
+    def one(p, b, x):
+        return functional_call(base, (p, b), (x,))
+
+    for _ in range(2):
+        out = vmap(one, in_dims=(0, 0, 0))(params, buffers, xs)
+        alone = torch.stack([layer(x) for layer, x in zip(layers, xs)])
+        torch.testing.assert_close(out, alone, **TOL)
+    for key, stacked in buffers.items():
+        torch.testing.assert_close(stacked, torch.stack([layer.state_dict()[key] for layer in layers]), **TOL)
+    assert not [w for w in recwarn if "performance drop" in str(w.message)]
