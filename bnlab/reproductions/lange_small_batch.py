@@ -18,7 +18,7 @@ least 0.9 of the same method's accuracy at mini-batch 8.
 
 Both use MNIST (CIFAR-10 is not available offline; stated in the report).  ``small`` (sized for ``bnlab
 report``'s budget): 500 training images and seeds 0, 1, 2 (batch 1; BN and Batch Renorm, whose cells only
-record the layer's refusal, at seed 0 alone) / 600 images and seed 0 (min-batch), 1 000 test images;
+record the layer's refusal, at seed 0 alone) / 600 images and seeds 0, 1, 2 (min-batch), 1 000 test images;
 ``paper``: the full data set, 5 epochs, 5 seeds.
 """
 from __future__ import annotations
@@ -44,7 +44,10 @@ _LR_BATCH1 = {"none": 1e-3, "bnp": 0.1, "bn4": 1e-3}  # Table 3, 5-layer CNN, mi
 _SCALES = {
     "batch1": {"small": dict(train_size=500, test_size=1000, epochs=1, seeds=(0, 1, 2), refusal_seeds=(0,)),
                "paper": dict(train_size=None, test_size=None, epochs=5, seeds=(0, 1, 2, 3, 4))},
-    "min_batch": {"small": dict(train_size=600, test_size=1000, epochs=1, seeds=(0,)),
+    # three seeds at small scale: with one, the verdict was the side of the 0.9 criterion one trajectory fell
+    # on, and it changed with the CPU's rounding (docs/optim.md: seed 0 is the best of five for Batch Renorm
+    # at B = 3, and decided its row alone)
+    "min_batch": {"small": dict(train_size=600, test_size=1000, epochs=1, seeds=(0, 1, 2)),
                   "paper": dict(train_size=None, test_size=None, epochs=5, seeds=(0, 1, 2, 3, 4))},
 }
 _BATCH1_METHODS = ("none", "bnp", "bn4", "bn", "brn")
@@ -233,8 +236,9 @@ def _compare_min_batch(records: Sequence[Record]) -> list[Comparison]:
         rows.append(Comparison(
             f"smallest mini-batch at which {_LABEL[norm]} works",
             f"{paper_b} ({_LABEL[norm]} works well for batch sizes as small as {paper_b})",
-            f"{smallest} (accuracy " + ", ".join(f"B={b}: {m:.3f}" for b, m in sorted(means.items()))
-            + f"; works = ≥ {_WORKS:g} × its accuracy at B = {max(_MIN_BATCHES)})",
+            f"{smallest} (accuracy, seed mean ± 95 % half-width: "
+            + ", ".join(f"B={b}: {_fmt(acc[(norm, b)])}" for b in sorted(means))
+            + f"; works = seed mean ≥ {_WORKS:g} × its seed mean at B = {max(_MIN_BATCHES)})",
             None if smallest is None else bool(smallest == paper_b)))
     return rows
 
@@ -352,6 +356,8 @@ EXPERIMENTS = [
         ],
         limitations="'Works well' is not defined in the paper; here it is ≥ 0.9 of the same method's accuracy at "
         f"mini-batch 8 after the same images (small scale: {_SCALES['min_batch']['small']['train_size']}, one pass, "
-        "linearly scaled learning rates, 1 seed), MNIST instead of CIFAR-10.",
+        f"linearly scaled learning rates, {len(_SCALES['min_batch']['small']['seeds'])} seeds, judged on seed means; "
+        "the seeds' spread at one batch size is as large as the gaps the criterion separates), MNIST instead of "
+        "CIFAR-10.",
     ),
 ]
