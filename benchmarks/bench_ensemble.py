@@ -27,6 +27,7 @@ issue's: 20 BN-MLPs of width 384, depths 5, 10, …, 100, B = 8, 784 inputs.
     python benchmarks/bench_ensemble.py --routes-only [--routes eager,compile] [--device cuda]
     python benchmarks/bench_ensemble.py --step-ab [--rounds 9]   # eager CPU step: e082aac against now, ~1 min
     python benchmarks/bench_ensemble.py --bn-ab [--rounds 9]     # eager CPU step: native BN kernel against ATen
+    python benchmarks/bench_ensemble.py --layout-ab [--rounds 9] # vmap stack: gradients' layout against row-major
 
 Random inputs (no dataset needed): the cost does not depend on the pixel values.  The JSON has ``rows``,
 ``variance`` and, from the route section, ``step_ms`` (route -> ms per step), ``ops_per_step`` (route ->
@@ -134,6 +135,10 @@ def main(argv=None) -> dict:
                     help="only the compiled route's set-up: a cold compilation (fresh Inductor cache), then runs "
                          "of 2, 12 and 112 steps of the same networks, whose graph the cache serves (no shape of "
                          "the step depends on the run's length); one thread, CPU seconds")
+    ap.add_argument("--layout-ab", action="store_true",
+                    help="only the vmap stack's eager step with its parameters laid out as their gradients come "
+                         "back against stack_module_state's row-major stack, side by side: fisher-fig2's cell (11 "
+                         "FC BN nets 784-512-512-512-10, B = 64, momentum SGD, ½‖f − y‖²), one thread, ~1 min")
     ap.add_argument("--buffer-reuse-ab", action="store_true",
                     help="only the compiled CPU step with bnlab's Inductor options (buffer reuse off, "
                          "bnlab._inductor) against Inductor's default (reuse on), side by side: 3 float32 BN-MLPs "
@@ -244,7 +249,8 @@ def _main(args) -> dict:
             for r in rows:
                 print(f"  {r['run']:7s} {r['steps']:4d} steps  {r['cpu_s']:7.2f} s")
         return {"compile_reuse": rows}
-    for key, run, show in (("bn_ab", _bn_ab, _print_bn_ab), ("step_ab", _step_ab, _print_step_ab)):
+    for key, run, show in (("bn_ab", _bn_ab, _print_bn_ab), ("step_ab", _step_ab, _print_step_ab),
+                           ("layout_ab", _layout_ab, _print_layout_ab)):
         if getattr(args, key):  # an A/B of the eager step, one thread, alternating rounds
             torch.set_num_threads(1)  # thread CPU time (device_clock) is the step's cost only on one thread
             rows = run(args.quick, args.rounds or (3 if args.quick else 9))
@@ -581,6 +587,72 @@ def _step_ab(quick: bool, rounds: int) -> list[dict]:
                          "before_ms": round(ms["before"], 2), "after_ms": round(ms["after"], 2),
                          "speedup": round(ms["before"] / ms["after"], 2), "max_param_diff": diff})
     return rows
+
+
+def _layout_ab(quick: bool, rounds: int) -> list[dict]:
+    """CPU ms per eager step (one thread) of a vmap stack — fisher-fig2's cell: 11 of the Fisher paper's FC BN
+    nets (``bnlab.fisher.build_model``, torch's BatchNorm1d) at 11 learning rates, B = 64, momentum SGD (μ = 0.9),
+    ½‖f − onehot(y)‖² — with the parameters in their gradients' layout (``_VmapStack.adopt_gradient_layout``,
+    "after") against the row-major stack of ``stack_module_state`` ("before"; the method made a no-op).
+    Alternating rounds, medians.  The same networks and batches: the parameters after a step agree to the
+    rounding of a different summation order (printed: the largest difference relative to the tensor's
+    largest entry).  ``matmul_fraction``: the step's matmul arithmetic (forward 2·B·Σ in·out per net, backward
+    twice that) at the machine's own bmm rate (``bmm_gflops`` at B × 512 × 512), over the step's time."""
+    from bnlab.fisher import build_model
+    from bnlab.nets._ensemble_step import StepConfig
+    from bnlab.nets.ensemble import _EnsembleRun, _VmapStack
+
+    width, nets = (64, 3) if quick else (512, 11)
+    sizes = [784, width, width, width, 10]
+    arch = "fc:" + "-".join(map(str, sizes))
+    per_round, warm = (2, 1) if quick else (4, 2)
+    x, y = _data(2048)
+    etas = [10.0 ** (-k / 4) for k in range(nets)]
+    cfg = StepConfig(loss="mse", optimizer="sgd", momentum=0.9, weight_decay=0.0, rmsprop_alpha=0.99, rmsprop_eps=1e-8,
+                     diverge_above=None, shared_order=True, num_networks=nets, host_reads=True)
+    steps = (warm + rounds) * per_round
+
+    def new(layout: bool):
+        stack = _VmapStack([build_model(arch, seed=s) for s in range(nets)], torch.device("cpu"))
+        stack._data_ndim = x.ndim  # one batch (B, 784) for every network, as train_ensemble sets it
+        if not layout:
+            stack.adopt_gradient_layout = lambda x: None
+        return _EnsembleRun(stack, cfg, "eager", x, y, lrs=etas, seeds=[0] * nets, batch_size=64, steps=steps,
+                            check_every=10)
+
+    runs = {"before": new(False), "after": new(True)}
+    times = collections.defaultdict(list)
+    for i in range(warm + rounds):
+        for name, run in runs.items():
+            t = device_clock("cpu")
+            for _ in range(per_round):
+                run.step()
+            if i >= warm:
+                times[name].append((device_clock("cpu") - t) / per_round)
+    ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    one = {"before": new(False), "after": new(True)}
+    for run in one.values():
+        run.step()
+    diff = max(((a - b).abs().max() / b.abs().max()).item()
+               for a, b in zip(one["before"].stack.params(), one["after"].stack.params()))
+    flops = 3 * 2 * nets * 64 * sum(a * b for a, b in zip(sizes, sizes[1:]))
+    rate = bmm_gflops(nets, 64, width) * 1e9
+    return [{"arch": arch, "networks": nets, "batch": 64, "steps": steps,
+             "before_ms": round(ms["before"], 2), "after_ms": round(ms["after"], 2),
+             "speedup": round(ms["before"] / ms["after"], 2), "max_param_diff": diff,
+             "matmul_fraction_before": round(flops / rate / (ms["before"] / 1e3), 3),
+             "matmul_fraction_after": round(flops / rate / (ms["after"] / 1e3), 3)}]
+
+
+def _print_layout_ab(rows: list[dict]) -> None:
+    r = rows[0]
+    print(f"eager CPU step of the vmap stack, one thread: {r['networks']} nets {r['arch']}, B = {r['batch']}, momentum "
+          "SGD; before = stack_module_state's row-major parameters, after = the gradients' layout; CPU ms per step, "
+          "medians of alternating rounds")
+    print(f"  before {r['before_ms']:8.2f} ms   after {r['after_ms']:8.2f} ms   before/after {r['speedup']:.2f}×   "
+          f"param diff after one step {r['max_param_diff']:.1e}")
+    print(f"  the step's matmuls at this machine's bmm rate: {r['matmul_fraction_before']:.0%} of the step before, "
+          f"{r['matmul_fraction_after']:.0%} after")
 
 
 def _print_step_ab(rows: list[dict]) -> None:

@@ -399,6 +399,18 @@ def test_benchmark_step_before_and_after_runs_and_agrees():
     assert all(r["max_param_diff"] < 1e-5 for r in rows if r["optimizer"] == "sgd")
 
 
+def test_benchmark_layout_before_and_after_runs_and_agrees():
+    # --layout-ab: the vmap stack's step with the gradients' layout against the row-major stack, from the same
+    # networks and batches: one momentum-SGD step agrees to float32 rounding of a different summation order
+    # (measured 4e-7 of the largest entry; 1e-5 asserted, while a lost or doubled update is off by ≳ 1e-3)
+    from benchmark_loader import load_benchmark
+
+    mod = load_benchmark("bench_ensemble")
+    (row,) = mod.main(["--layout-ab", "--quick", "--rounds", "1", "--json"])["layout_ab"]
+    assert row["before_ms"] > 0 and row["after_ms"] > 0 and row["max_param_diff"] < 1e-5
+    assert 0 < row["matmul_fraction_after"]
+
+
 def test_benchmark_prints_eager_and_compiled_operators_side_by_side(monkeypatch, capsys):
     # the route table's plumbing (--routes eager,compile): both rows, dispatched operators for eager and
     # the profiler's count for the compiled route, in one table.  torch.compile is replaced by the
@@ -540,3 +552,79 @@ def test_float32_eager_step_with_the_fused_batch_norm_matches_the_functional_ste
     assert n_eager == 20 * layers and n_func == step_module.VERIFY_COMPILED_CALLS * layers
     for a, b in zip(eager, func):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_vmap_stack_lays_parameters_out_as_their_gradients_and_keeps_it_through_a_compaction():
+    # under vmap a linear weight's gradient (M, out, in) comes back transposed; the stacked parameter (and so
+    # the optimizer state made like it) takes that layout, so the elementwise updates run over memory in order
+    from bnlab.nets.ensemble import _VmapStack
+
+    (x, _), _ = _digits()
+    stack = _VmapStack([_mlp(s) for s in range(3)], torch.device("cpu"))
+    stack._data_ndim = 2
+    before = [p.clone() for p in stack.params()]
+    assert any(p.ndim == 3 and p.is_contiguous() for p in before)  # stack_module_state's row-major stack
+
+    def grad_strides(params):
+        leaves = [p.detach().requires_grad_() for p in params]
+        out = stack._vmapped(leaves, {k: v.clone() for k, v in stack.buffers.items()}, torch.from_numpy(x[:16]), True)
+        return [g.stride() for g in torch.autograd.grad(out.sum(), leaves)]
+
+    stack.adopt_gradient_layout(torch.from_numpy(x[:16]))
+    after = stack.params()
+    for p, b, s in zip(after, before, grad_strides(after)):
+        assert torch.equal(p, b) and p.stride() == s
+    assert any(p.ndim == 3 and not p.is_contiguous() for p in after)  # the weights moved
+    stack.compact(torch.tensor([0, 2]))
+    for p, s in zip(stack.params(), grad_strides(stack.params())):
+        assert p.shape[0] == 2 and p.stride() == s
+
+
+def test_vmap_ensemble_with_momentum_and_a_diverging_network_matches_one_at_a_time(monkeypatch):
+    # the eager step drops a stopped network at a check (compaction): the kept networks' parameters and
+    # momentum buffers keep their gradients' layout, and train exactly as alone
+    from bnlab.nets import ensemble
+
+    compactions = []
+    check = ensemble._EnsembleRun.check
+
+    def checked(self):
+        rows = len(self.state["row_ids"])
+        out = check(self)
+        if len(self.state["row_ids"]) < rows:
+            compactions.append(rows)
+            assert [v.stride() for v in self.state["velocity"]] == [p.stride() for p in self.state["params"]]
+        return out
+
+    monkeypatch.setattr(ensemble._EnsembleRun, "check", checked)
+    train_set, test_set = _digits()
+    lrs = [0.02, 1e200, 0.005]
+    models = [_mlp(s) for s in range(3)]
+    results = train_ensemble(models, train_set, test_data=test_set, lr=lrs, batch_size=16, steps=30, seeds=[0, 1, 2],
+                             momentum=0.9, check_every=5)
+    assert results[1].diverged and not results[0].diverged and not results[2].diverged and compactions == [3]
+    for i in (0, 2):
+        one = _mlp(i)
+        r1 = train(one, train_set, optimizer=functools.partial(torch.optim.SGD, lr=lrs[i], momentum=0.9), batch_size=16,
+                   steps=30, test_data=test_set, seed=i, check_every=5)
+        _assert_same(results[i], models[i], r1, one)
+
+
+def test_the_layout_probe_draws_no_random_number_of_the_training():
+    # a module with dropout draws random numbers in its forward; the probe's must not shift the training's draws
+    from torch import nn
+
+    from bnlab.nets.ensemble import _VmapStack
+
+    def net(seed):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(64, 16), nn.Dropout(0.5), nn.Linear(16, 10)).double()
+
+    (x, _), _ = _digits()
+    stack = _VmapStack([net(s) for s in range(2)], torch.device("cpu"))
+    stack._data_ndim = 2
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    stack.adopt_gradient_layout(torch.from_numpy(x[:16]))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert any(p.ndim == 3 and not p.is_contiguous() for p in stack.params())
