@@ -3,7 +3,8 @@
 Parses and validates the arguments, calls :func:`bnlab.sim.simulate` and
 :func:`bnlab.compare.compare_with_theory`, and prints the comparison.  The defaults are
 those of :func:`bnlab.sim.simulate` except ``--num-batches`` (4, not 1): the command
-reports the cross-batch rate, which needs two batches or more.
+reports the cross-batch rate, which needs two batches or more; and the command draws a progress bar on
+stderr (``--no-progress``: none), which the library draws only when asked (``progress=True``).
 """
 from __future__ import annotations
 
