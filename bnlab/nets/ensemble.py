@@ -418,6 +418,8 @@ class _VmapStack:
         update that mixes the two (momentum's ``buf += g``, weight decay) then read one operand with a
         stride of ``out`` — measured on fisher-fig2's cell (11 networks 784-512-512-512-10, B = 64, momentum
         SGD, one core): ``add_`` 9 ms per (11, 512, 784) weight against ~2 ms in order, 23 % of the cell.
+        The probe differentiates as the eager step does (autograd through the vmapped forward); the compiled
+        routes' ``vmap(grad(·))`` returns each gradient in its parameter's layout, so it agrees with either.
         The probe draws no random number the training would (a module's dropout): the generators are forked."""
         cuda = [x.device.index or 0] if x.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda), torch.enable_grad():
@@ -712,7 +714,10 @@ class _EnsembleRun:
         # into the whole run's history at each window boundary (``_flush``: an asynchronous device copy)
         self._window = min(check_every, _MAX_WINDOW)
         if hasattr(stack, "adopt_gradient_layout"):
-            stack.adopt_gradient_layout(x[:batch_size])  # before the optimizer state copies the layout
+            # before the optimizer state copies the layout; on every route, so that the eager step (the
+            # reference the compiled ones are checked against) and the compiled ones multiply the same
+            # layouts: vmap(grad(·)) returns each gradient in its parameter's layout, whichever it is
+            stack.adopt_gradient_layout(x[:batch_size])
         params = stack.params()
         rows = torch.as_tensor(stack.rows, device=dev)  # the caller's index of each stacked network
         r = len(stack.rows)

@@ -580,6 +580,31 @@ def test_vmap_stack_lays_parameters_out_as_their_gradients_and_keeps_it_through_
         assert p.shape[0] == 2 and p.stride() == s
 
 
+def test_every_route_starts_from_the_gradients_layout_and_the_functional_gradient_keeps_it():
+    # the compiled routes differentiate by vmap(grad(·)), which returns each gradient in its parameter's layout:
+    # with the eager step's layout on every route, the compiled step and its eager reference multiply the same
+    # layouts (the same rounding of the forward's products), and no update mixes two layouts
+    from bnlab.nets._ensemble_step import StepConfig
+    from bnlab.nets.ensemble import _EnsembleRun, _VmapStack
+
+    (x, y), _ = _digits()
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    cfg = StepConfig(loss="cross_entropy", optimizer="sgd", momentum=0.9, weight_decay=0.0, rmsprop_alpha=0.99,
+                     rmsprop_eps=1e-8, diverge_above=None, shared_order=True, num_networks=2, host_reads=True)
+    for route in ("eager", "compile"):
+        stack = _VmapStack([_mlp(s) for s in range(2)], torch.device("cpu"))
+        stack._data_ndim = 2
+        run = _EnsembleRun(stack, cfg, route, x, y, lrs=[0.1, 0.1], seeds=[0, 0], batch_size=16, steps=4,
+                           check_every=2)
+        weights = [p for p in run.state["params"] if p.ndim == 3]
+        assert weights and not any(p.is_contiguous() for p in weights), route
+        assert [v.stride() for v in run.state["velocity"]] == [p.stride() for p in run.state["params"]]
+    leaves = [p.detach().requires_grad_() for p in stack.params()]
+    _, grads, _ = stack.func_value_and_grads(leaves, {k: v.clone() for k, v in stack.buffers.items()}, x[:16],
+                                             y[:16].expand(2, 16), "cross_entropy")
+    assert [g.stride() for g in grads] == [p.stride() for p in stack.params()]
+
+
 def test_vmap_ensemble_with_momentum_and_a_diverging_network_matches_one_at_a_time(monkeypatch):
     # the eager step drops a stopped network at a check (compaction): the kept networks' parameters and
     # momentum buffers keep their gradients' layout, and train exactly as alone
