@@ -529,6 +529,35 @@ def _print_routes(res: dict) -> None:
 
 
 # --------------------------------------------------------------------------- eager step, before/after
+def _alternating_ms(runs: dict, contexts: dict, warm: int, rounds: int, per_round: int) -> dict[str, float]:
+    """Median CPU ms per step of each run (``name -> _EnsembleRun``), the rounds alternating between them so a
+    drifting load hits all alike; ``per_round`` steps per round, the first ``warm`` rounds untimed.  Each
+    run's steps are taken inside ``contexts[name]()`` where given (the route a run is timed on)."""
+    times = collections.defaultdict(list)
+    for i in range(warm + rounds):
+        for name, run in runs.items():
+            with contexts.get(name, contextlib.nullcontext)():
+                t = device_clock("cpu")
+                for _ in range(per_round):
+                    run.step()
+                if i >= warm:
+                    times[name].append((device_clock("cpu") - t) / per_round)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
+def _one_step_diff(fresh: dict, contexts: dict) -> float:
+    """One step of each of two fresh runs from the same start (``contexts`` as in :func:`_alternating_ms`), then
+    the largest difference of their parameters, first against second, relative to the second's largest entry.
+    One step only: deep nets amplify a rounding difference by orders of magnitude per step (Yang et al.'s
+    gradient explosion), so later states say nothing."""
+    for name, run in fresh.items():
+        with contexts.get(name, contextlib.nullcontext)():
+            run.step()
+    first, second = fresh.values()
+    return max(((a - b).abs().max() / b.abs().max()).item()
+               for a, b in zip(first.stack.params(), second.stack.params()))
+
+
 def _step_ab(quick: bool, rounds: int) -> list[dict]:
     """Per-step CPU time of the eager step (one thread), the code of e082aac against the current, on a
     Yang et al. (2019) Fig. 3 column: BN-MLPs of width 128, depths 4…48 as one ensemble, 784 inputs,
@@ -563,26 +592,10 @@ def _step_ab(quick: bool, rounds: int) -> list[dict]:
                 return _EnsembleRun(stack_cls(models, torch.device("cpu")), cfg, "eager", x, y, lrs=[lr] * len(depths),
                                     seeds=[0] * len(depths), batch_size=batch, steps=steps, check_every=10)
 
-            runs = {"before": new(before.BeforeStack), "after": new(_BNMLPStack)}
-            swap = {"before": before.before_update, "after": contextlib.nullcontext}
-            times = collections.defaultdict(list)
-            for i in range(warm + rounds):
-                for name in ("before", "after"):
-                    with swap[name]():
-                        t = device_clock("cpu")
-                        for _ in range(per_round):
-                            runs[name].step()
-                        if i >= warm:
-                            times[name].append((device_clock("cpu") - t) / per_round)
-            ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-            # one step from the same start: the deepest of these nets amplify a rounding difference by
-            # orders of magnitude per step (Yang et al.'s gradient explosion), so later states say nothing
-            one = {"before": new(before.BeforeStack), "after": new(_BNMLPStack)}
-            for name in one:
-                with swap[name]():
-                    one[name].step()
-            diff = max(((a - b).abs().max() / b.abs().max()).item()
-                       for a, b in zip(one["before"].stack.params(), one["after"].stack.params()))
+            swap = {"before": before.before_update}
+            ms = _alternating_ms({"before": new(before.BeforeStack), "after": new(_BNMLPStack)}, swap, warm, rounds,
+                                 per_round)
+            diff = _one_step_diff({"before": new(before.BeforeStack), "after": new(_BNMLPStack)}, swap)
             rows.append({"batch": batch, "optimizer": opt, "depths": depths, "width": width, "steps": steps,
                          "before_ms": round(ms["before"], 2), "after_ms": round(ms["after"], 2),
                          "speedup": round(ms["before"] / ms["after"], 2), "max_param_diff": diff})
@@ -620,21 +633,8 @@ def _layout_ab(quick: bool, rounds: int) -> list[dict]:
         return _EnsembleRun(stack, cfg, "eager", x, y, lrs=etas, seeds=[0] * nets, batch_size=64, steps=steps,
                             check_every=10)
 
-    runs = {"before": new(False), "after": new(True)}
-    times = collections.defaultdict(list)
-    for i in range(warm + rounds):
-        for name, run in runs.items():
-            t = device_clock("cpu")
-            for _ in range(per_round):
-                run.step()
-            if i >= warm:
-                times[name].append((device_clock("cpu") - t) / per_round)
-    ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-    one = {"before": new(False), "after": new(True)}
-    for run in one.values():
-        run.step()
-    diff = max(((a - b).abs().max() / b.abs().max()).item()
-               for a, b in zip(one["before"].stack.params(), one["after"].stack.params()))
+    ms = _alternating_ms({"before": new(False), "after": new(True)}, {}, warm, rounds, per_round)
+    diff = _one_step_diff({"before": new(False), "after": new(True)}, {})
     flops = 3 * 2 * nets * 64 * sum(a * b for a, b in zip(sizes, sizes[1:]))
     rate = bmm_gflops(nets, 64, width) * 1e9
     return [{"arch": arch, "networks": nets, "batch": 64, "steps": steps,
@@ -716,27 +716,14 @@ def _bn_ab(quick: bool, rounds: int) -> list[dict]:
                                     check_every=10)
 
             runs = {"native": new(), "aten": new()}
-            times = collections.defaultdict(list)
-            for i in range(warm + rounds):
-                for name in runs:
-                    with _bn_route(name):
-                        t = device_clock("cpu")
-                        for _ in range(per_round):
-                            runs[name].step()
-                        if i >= warm:
-                            times[name].append((device_clock("cpu") - t) / per_round)
+            routes = {name: functools.partial(_bn_route, name) for name in runs}
+            ms = _alternating_ms(runs, routes, warm, rounds, per_round)
             ops = {}
             for name in runs:
                 with _bn_route(name), _DispatchCount() as count:
                     runs[name].step()
                 ops[name] = count.count
-            ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-            one = {"native": new(), "aten": new()}
-            for name in one:
-                with _bn_route(name):
-                    one[name].step()
-            diff = max(((a - b).abs().max() / b.abs().max()).item()
-                       for a, b in zip(one["native"].stack.params(), one["aten"].stack.params()))
+            diff = _one_step_diff({"native": new(), "aten": new()}, routes)
             # the step's products: forward + backward ≈ 3 × batch × the networks' weights, 2 flops each
             weights = sum(784 * width + d * width * width + 10 * width for d in depths)
             rate = 3.0 * batch * weights * 2 / (ms["native"] / 1e3) / 1e9
