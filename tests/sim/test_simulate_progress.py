@@ -18,8 +18,9 @@ def _final_count(text: str) -> str:
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_bar_counts_every_network_once_and_changes_no_number(threads):
-    # 7 networks in chunks of 2 (memory bound) on 1 or 2 chunk threads: updates arrive from the
-    # threads, out of order; the bar must still end at 7/7 and never pass it
+    # 7 networks in one chunk per chunk thread (1 or 2): with 2, the updates arrive from the two threads in
+    # either order; the bar must still end at 7/7 and never pass it.  Same process, same thread count, and
+    # each network drawn from its own generator: the arrays are the same floats with and without the bar
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
