@@ -51,6 +51,7 @@ __all__ = [
     "heatmap",
     "compare_depths",
     "DEPTH_WINDOW",
+    "NEAR_THRESHOLD",
     "DEPTH_CHECKS",
     "describe_grid",
     "boundary_summary",
@@ -59,6 +60,14 @@ __all__ = [
 #: The measured boundary agrees with 16ξ when [deepest trainable depth, next grid depth] overlaps
 #: [16ξ/DEPTH_WINDOW, DEPTH_WINDOW·16ξ].
 DEPTH_WINDOW = 1.6
+
+#: Test accuracy this close to the trainable threshold is too close to call on one seed.  At the small scale's
+#: budgets a single network's accuracy near the depth boundary is a draw whose standard deviation over seeds
+#: reaches this much (yang2019-fig5c-sigma4, seeds 0–5, depths 40–60: 0.05–0.10 per cell).  Where a sweep has
+#: one seed per cell and counting one such cell the other way would change a depth row's reading, the row is not
+#: judged (:func:`compare_depths`): the seed, not the network, would decide it.  With several seeds the rows are
+#: judged on the mean accuracy, whose spread is smaller, and each seed's own boundary is shown beside it.
+NEAR_THRESHOLD = 0.1
 
 CIFAR_MISSING = "CIFAR-10 not present: bnlab data download cifar10 (170 MB, checksum-verified), then re-run"
 
@@ -467,7 +476,10 @@ DEPTH_CHECKS = (
           f"chance + ½·(best accuracy of the sweep − chance); the measured maximum trainable depth at an x is the "
           f"deepest grid depth that trains.  Agrees when the measured boundary [deepest trainable depth, next grid "
           f"depth] overlaps [16ξ/{DEPTH_WINDOW:g}, {DEPTH_WINDOW:g}·16ξ]; where the deepest grid depth trains and "
-          f"lies below 16ξ/{DEPTH_WINDOW:g}, the grid cannot test the claim and the row is not judged"),
+          f"lies below 16ξ/{DEPTH_WINDOW:g}, the grid cannot test the claim and the row is not judged; with one seed "
+          f"per cell, where counting one cell within {NEAR_THRESHOLD:g} of the threshold (about one standard deviation "
+          f"of a single network's accuracy over seeds at the small budgets) the other way would change the reading, "
+          f"the row is too close to call and not judged"),
     Check("cells with depth ≥ 2·16ξ that fail to train", "agrees when every such cell fails"),
     Check("cells with depth ≤ 16ξ/2 that train", "agrees when at least 80 % of them train"),
 )
@@ -606,14 +618,55 @@ def _deepest_text(d: int | None) -> str:
     return "none" if d is None else str(d)
 
 
+def _boundary(depths: np.ndarray, acc_column: np.ndarray, threshold: float) -> tuple[int | None, float, float]:
+    """(deepest trainable depth or None, lo, hi): the measured boundary lies in [lo, hi] — between the deepest
+    trainable depth and the next grid depth (∞ past the grid; [0, first depth] where nothing trains)."""
+    d = measured_max_depth(depths, acc_column, threshold)
+    if d is None:
+        return None, 0.0, float(depths[0])
+    k = int(np.searchsorted(depths, d))
+    return d, float(d), float(depths[k + 1]) if k + 1 < len(depths) else math.inf
+
+
+def _reading(lo: float, hi: float, t: float) -> bool | None:
+    """Whether the boundary [lo, hi] overlaps the window around 16ξ = ``t`` (finite or ∞); None where the deepest
+    grid depth trains and lies below 16ξ/DEPTH_WINDOW (the grid ends before the window: it cannot test the claim)."""
+    if math.isinf(hi) and math.isfinite(t) and lo < t / DEPTH_WINDOW:
+        return None
+    return bool(lo <= DEPTH_WINDOW * t and hi >= t / DEPTH_WINDOW)
+
+
+def _deciding_near_cells(depths: np.ndarray, acc_column: np.ndarray, threshold: float,
+                         t: float) -> list[tuple[int, float, bool | None]]:
+    """The cells of one column within :data:`NEAR_THRESHOLD` of ``threshold`` that decide its reading:
+    (depth, accuracy, the reading were that cell alone counted the other way), for each such cell."""
+    base = _reading(*_boundary(depths, acc_column, threshold)[1:], t)
+    out = []
+    for i, a in enumerate(acc_column):
+        if np.isfinite(a) and abs(a - threshold) < NEAR_THRESHOLD:
+            other = acc_column.copy()
+            other[i] = threshold - 1.0 if a > threshold else threshold + 1.0
+            flipped = _reading(*_boundary(depths, other, threshold)[1:], t)
+            if flipped != base:
+                out.append((int(depths[i]), float(a), flipped))
+    return out
+
+
+def _reading_text(reading: bool | None) -> str:
+    return {True: "agree", False: "disagree", None: "be untestable (the grid would end below the window)"}[reading]
+
+
 def compare_depths(records: Sequence[Record], *, xkey: str, xname: str, theory_at) -> list[Comparison]:
     """Rows "max trainable depth at x: paper ≈ 16ξ = …, bnlab: deepest trainable depth = …".
 
     ``agrees`` is True when the measured boundary interval [deepest trainable
     depth, next grid depth] overlaps [16ξ/DEPTH_WINDOW, DEPTH_WINDOW·16ξ]; None when the
-    theory is unavailable, or when the deepest grid depth trains and lies below
+    theory is unavailable, when the deepest grid depth trains and lies below
     16ξ/DEPTH_WINDOW (the grid ends before the window: it cannot contradict the
-    claim, so the row is not counted as agreement).  See :data:`DEPTH_CHECKS`.
+    claim, so the row is not counted as agreement), or — with one seed per cell — when
+    counting one cell within :data:`NEAR_THRESHOLD` of the trainable threshold the other
+    way would change the row's reading (too close to call: the seed would decide it).
+    See :data:`DEPTH_CHECKS`.
     """
     recs = _usable(records)
     if not recs:
@@ -625,19 +678,15 @@ def compare_depths(records: Sequence[Record], *, xkey: str, xname: str, theory_a
     seeds = sorted({int(r.params.get("seed", 0)) for r in recs})
     per_seed = {sd: _accuracy_table([r for r in recs if int(r.params.get("seed", 0)) == sd], xkey) for sd in seeds}
     rows = []
-    n_agree = n_known = 0
     for j, x in enumerate(xs):
-        d = measured_max_depth(depths, acc[:, j], thr)
+        d, lo, hi = _boundary(depths, acc[:, j], thr)
         t = theory_at(x)
         xs_txt = f"{x:g}"
         if d is None:
             meas = f"no depth trains (accuracy ≤ {thr:.2f})"
-            lo, hi = 0.0, float(depths[0])
         else:
-            k = int(np.searchsorted(depths, d))
-            nxt = float(depths[k + 1]) if k + 1 < len(depths) else math.inf
-            meas = f"deepest depth with accuracy > {thr:.2f} = {d}" + (f" (fails at {int(nxt)})" if math.isfinite(nxt) else " (deepest in grid)")
-            lo, hi = float(d), nxt
+            meas = f"deepest depth with accuracy > {thr:.2f} = {d}" + (
+                f" (fails at {int(hi)})" if math.isfinite(hi) else " (deepest in grid)")
         # how many restarts the boundary rests on, and where each restart alone puts it
         if len(seeds) == 1:
             meas += "; 1 seed"
@@ -648,22 +697,31 @@ def compare_depths(records: Sequence[Record], *, xkey: str, xname: str, theory_a
                 col = list(sxs).index(x) if x in sxs else None
                 alone.append("–" if col is None else _deepest_text(measured_max_depth(sdepths, sacc[:, col], thr)))
             meas += f"; mean of {len(seeds)} seeds (each alone: {', '.join(alone)})"
+        quantity = f"max trainable depth at {xname}={xs_txt}"
         if t is None:
-            rows.append(Comparison(f"max trainable depth at {xname}={xs_txt}", "≈ 16ξ (theory unavailable)", meas, None,
+            rows.append(Comparison(quantity, "≈ 16ξ (theory unavailable)", meas, None,
                                    reason="the theory has no 16ξ here (no BSB1 rate, or it raised: see the warnings)"))
             continue
-        if math.isinf(hi) and math.isfinite(t) and lo < t / DEPTH_WINDOW:
-            rows.append(Comparison(f"max trainable depth at {xname}={xs_txt}", f"≈ 16ξ = {t:.1f}",
+        paper = "16ξ = ∞ (no explosion)" if not math.isfinite(t) else f"≈ 16ξ = {t:.1f}"
+        agree = _reading(lo, hi, t)
+        if agree is None:
+            rows.append(Comparison(quantity, f"≈ 16ξ = {t:.1f}",
                                    meas + f"; the grid ends below 16ξ/{DEPTH_WINDOW:g} = {t / DEPTH_WINDOW:.0f}: "
                                    "not tested", None,
                                    reason=f"the deepest grid depth trains and lies below 16ξ/{DEPTH_WINDOW:g}: the "
                                    "grid cannot contradict the claim"))
             continue
-        agree = bool(lo <= DEPTH_WINDOW * t and hi >= t / DEPTH_WINDOW)
-        n_known += 1
-        n_agree += agree
-        paper = "16ξ = ∞ (no explosion)" if not math.isfinite(t) else f"≈ 16ξ = {t:.1f}"
-        rows.append(Comparison(f"max trainable depth at {xname}={xs_txt}", paper, meas, agree))
+        near = _deciding_near_cells(depths, acc[:, j], thr, t) if len(seeds) == 1 else []
+        if near:
+            cells = "; ".join(f"depth {dd} at {a:.3f} (counted the other way the row would {_reading_text(r)})"
+                              for dd, a, r in near)
+            rows.append(Comparison(quantity, paper, meas + f" — would {_reading_text(agree)}; too close to call", None,
+                                   reason=f"too close to call on one seed: {cells} — within {NEAR_THRESHOLD:g} of the "
+                                   f"threshold {thr:.3f}, about one standard deviation of a single network's accuracy "
+                                   "over seeds at this budget, so the seed would decide the row (NEAR_THRESHOLD in "
+                                   "bnlab.reproductions.trainability)"))
+            continue
+        rows.append(Comparison(quantity, paper, meas, agree))
     # the qualitative claim: far beyond 16ξ nothing trains, well below it nets train
     above = below = above_ok = below_ok = 0
     for j, x in enumerate(xs):
@@ -697,34 +755,35 @@ def boundary_summary(records: Sequence[Record], *, xkey: str, xname: str, theory
     xs, depths, acc = _accuracy_table(recs, xkey)
     thr = trainable_threshold(recs)
     seeds = sorted({int(r.params.get("seed", 0)) for r in recs})
-    deepest, failing, theory, ratios, outside, untested = [], [], [], [], [], []
+    deepest, failing, theory, ratios, outside, untested, close = [], [], [], [], [], [], []
     for j, x in enumerate(xs):
-        d = measured_max_depth(depths, acc[:, j], thr)
+        d, lo, hi = _boundary(depths, acc[:, j], thr)
         t = theory_at(x)
         deepest.append(_deepest_text(d))
-        nxt = None
-        if d is not None:
-            k = int(np.searchsorted(depths, d))
-            nxt = int(depths[k + 1]) if k + 1 < len(depths) else None
-        failing.append("–" if nxt is None else str(nxt))
+        failing.append(str(int(hi)) if d is not None and math.isfinite(hi) else "–")
         theory.append("?" if t is None else ("∞" if not math.isfinite(t) else f"{t:.1f}"))
         if t is None:
             continue
-        lo = 0.0 if d is None else float(d)
-        hi = float(depths[0]) if d is None else (float(nxt) if nxt is not None else math.inf)
-        if math.isinf(hi) and math.isfinite(t) and lo < t / DEPTH_WINDOW:
+        reading = _reading(lo, hi, t)
+        if reading is None:
             untested.append(f"{x:g}")  # the grid ends below the window (compare_depths does not judge it)
+            continue
+        if len(seeds) == 1 and _deciding_near_cells(depths, acc[:, j], thr, t):
+            close.append(f"{x:g}")  # too close to call on one seed (compare_depths does not judge it)
             continue
         if math.isfinite(t) and d is not None:
             ratios.append(d / t)
-        if not (lo <= DEPTH_WINDOW * t and hi >= t / DEPTH_WINDOW):
+        if not reading:
             outside.append(f"{x:g}")
-    judged = len(xs) - len(untested)
+    judged = len(xs) - len(untested) - len(close)
     where = ("inside the window at every judged " + xname if not outside else
              f"outside the window at {xname} = {', '.join(outside)}") if judged else "no boundary could be judged"
     if untested:
         where += (f"; at {xname} = {', '.join(untested)} the deepest grid depth trains and lies below "
                   f"16ξ/{DEPTH_WINDOW:g}, so those rows are not judged")
+    if close:
+        where += (f"; at {xname} = {', '.join(close)} the reading rests on a cell within {NEAR_THRESHOLD:g} of the "
+                  "threshold on one seed, so those rows are not judged (too close to call)")
     trained = [int(d) for i, d in enumerate(depths) if np.any(acc[i] > thr)]
     text = (f"Measured in this run ({len(seeds)} seed{'s' if len(seeds) != 1 else ''}, accuracy threshold "
             f"{thr:.2f}): the deepest trainable depth is {', '.join(deepest)} (next grid depth {', '.join(failing)}) "

@@ -129,6 +129,52 @@ def test_compare_finds_the_boundary_against_a_given_theory():
     assert fig3.trainable_threshold(recs) == pytest.approx(0.5)
 
 
+def _column(accs: dict[int, float], seeds=(0,), b=8) -> list[Record]:
+    """One x column (B = b) with the given accuracy per depth, the same at every seed; chance 0.1."""
+    return [Record(dict(depth=d, bn_batch=b, seed=s), dict(test_accuracy=a, chance=0.1, skipped=False))
+            for s in seeds for d, a in accs.items()]
+
+
+def test_a_one_seed_row_decided_by_a_cell_near_the_threshold_is_not_judged():
+    # threshold = 0.1 + ½(0.9 − 0.1) = 0.5.  16ξ = 60: window [37.5, 96].  Depth 32 decides the row: trained,
+    # the boundary is [32, 64] (agrees); not trained, [16, 32] (disagrees).
+    near = {4: 0.9, 8: 0.9, 16: 0.9, 32: 0.55, 64: 0.1}
+    (row,) = [r for r in fig3.compare_depths(_column(near), xkey="bn_batch", xname="B", theory_at=lambda b: 60.0)
+              if r.quantity.startswith("max trainable")]
+    assert row.agrees is None and "too close to call" in row.bnlab and "would agree" in row.bnlab
+    assert "depth 32 at 0.550" in row.reason and "would disagree" in row.reason
+    # 0.15 from the threshold (beyond NEAR_THRESHOLD = 0.1): judged
+    far = {**near, 32: 0.65}
+    (row,) = [r for r in fig3.compare_depths(_column(far), xkey="bn_batch", xname="B", theory_at=lambda b: 60.0)
+              if r.quantity.startswith("max trainable")]
+    assert row.agrees is True and "too close" not in row.bnlab
+    # a near cell that does not decide the reading (depth 8 wrongly counted either way leaves the boundary at 32/64)
+    other = {**far, 8: 0.45}
+    (row,) = [r for r in fig3.compare_depths(_column(other), xkey="bn_batch", xname="B", theory_at=lambda b: 60.0)
+              if r.quantity.startswith("max trainable")]
+    assert row.agrees is True
+    # with several seeds the mean is judged as before (its spread is smaller; each seed's boundary is shown)
+    (row,) = [r for r in fig3.compare_depths(_column(near, seeds=(0, 1)), xkey="bn_batch", xname="B",
+                                             theory_at=lambda b: 60.0) if r.quantity.startswith("max trainable")]
+    assert row.agrees is True and "mean of 2 seeds" in row.bnlab
+    # the section's sentence says the same as the table
+    text = fig3.boundary_summary(_column(near), xkey="bn_batch", xname="B", theory_at=lambda b: 60.0)
+    assert "too close to call" in text and "no boundary could be judged" in text
+
+
+def test_without_a_window_the_deepest_cell_alone_decides_so_near_the_threshold_it_is_not_judged():
+    # 16ξ = ∞ (no explosion): the row agrees only where the deepest grid depth trains — one cell decides it
+    # (yang2019-fig5c-sigma4 at ε = 4: depth 60 trained at seed 0 and failed at seed 1)
+    rows = lambda acc: [r for r in fig3.compare_depths(_column(acc), xkey="bn_batch", xname="B",
+                                                        theory_at=lambda b: math.inf)
+                        if r.quantity.startswith("max trainable")]
+    assert rows({10: 0.9, 20: 0.9, 40: 0.9, 60: 0.546})[0].agrees is None
+    assert rows({10: 0.9, 20: 0.9, 40: 0.9, 60: 0.454})[0].agrees is None
+    assert rows({10: 0.9, 20: 0.9, 40: 0.9, 60: 0.8})[0].agrees is True
+    assert rows({10: 0.9, 20: 0.9, 40: 0.9, 60: 0.2})[0].agrees is False
+    assert fig3.NEAR_THRESHOLD == 0.1
+
+
 def test_plot_writes_png(tmp_path):
     recs = _synthetic_records({8: 16, 32: 32}, [4, 8, 16, 32, 64], [8, 32])
     paths = EXPS["yang2019-fig3a"].plot(recs, tmp_path)
