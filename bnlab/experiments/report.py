@@ -4,7 +4,8 @@
 each registered reproduction at one scale, calls its ``plot`` and
 ``compare``, and writes ``<out>/index.html``.  Each section gets a *verdict*
 computed from its comparison rows (:func:`verdict`): ``reproduced`` (every
-checked row agrees), ``partly``, ``not_reproduced``, ``skipped`` (the cells
+checked row agrees), ``partly``, ``not_reproduced``, ``not_judged`` (no row
+could be judged at this scale, each with its reason), ``skipped`` (the cells
 cannot run on this machine, with the reason) or ``error`` (the sweep, plot or
 table failed); the run status (did the cells run) is reported beside it.  The page loads nothing from
 the network: the CSS is inline and every figure is embedded as a ``data:``
@@ -113,9 +114,10 @@ def verdict(status: str, comparisons: Sequence[dict], *, failed_cells: int = 0, 
     """The verdict of a reproduction and its reason, from its run status and comparison rows.
 
     ``skipped`` when every cell was skipped (the reason is the cells' own); ``error`` when the sweep
-    could not run, nothing finished, or no row has a criterion (nothing to judge); otherwise by the
-    rows whose ``agrees`` is not None: all agree → ``reproduced``, some → ``partly``, none →
-    ``not_reproduced``.  A ``reproduced`` with failed cells or a failed plot/table is downgraded to
+    could not run, nothing finished, or there is no row (nothing to judge); ``not_judged`` when there are
+    rows but none has a criterion at this scale (the reason: the rows' own, e.g. too close to call on the
+    seeds run); otherwise by the rows whose ``agrees`` is not None: all agree → ``reproduced``, some →
+    ``partly``, none → ``not_reproduced``.  A ``reproduced`` with failed cells or a failed plot/table is downgraded to
     ``partly`` (the rows then rest on part of the grid).
     """
     if status == "skipped":
@@ -124,8 +126,15 @@ def verdict(status: str, comparisons: Sequence[dict], *, failed_cells: int = 0, 
         what = "; ".join(e["what"] for e in errors) or "nothing finished"
         return "error", what
     judged = [c for c in comparisons if c.get("agrees") is not None]
+    if not comparisons:
+        return "error", "no comparison row: nothing to judge"
     if not judged:
-        return "error", "no comparison row has a criterion: nothing to judge"
+        trouble = [e["what"] for e in errors] + ([f"{failed_cells} cells failed"] if failed_cells else [])
+        if trouble or status in ("error", "failed"):
+            return "error", "no comparison row could be judged, and " + ("; ".join(trouble) or f"the run {status}")
+        # each distinct reason's head (before its first colon): the rows below the figure give the whole reason
+        why = list(dict.fromkeys(str(c.get("reason") or "no criterion").split(":")[0] for c in comparisons))
+        return "not_judged", f"none of {len(comparisons)} rows could be judged: " + "; ".join(why)
     n_ok = sum(bool(c["agrees"]) for c in judged)
     reason = f"{n_ok} of {len(judged)} checked rows agree"
     if n_ok == 0:

@@ -42,9 +42,10 @@ class Comparison:
 
 
 #: What a reproduction's comparison rows add up to (see ``bnlab.experiments.report.verdict``):
-#: every checked row agrees / some do / none do / the cells could not run here (with the reason) /
-#: the sweep, plot or table failed, so nothing can be judged.
-VERDICTS = ("reproduced", "partly", "not_reproduced", "skipped", "error")
+#: every checked row agrees / some do / none do / there are rows but none could be judged at this scale,
+#: each with its reason (e.g. too close to call on the seeds run) / the cells could not run here (with the
+#: reason) / the sweep, plot or table failed or gave no row, so nothing can be judged.
+VERDICTS = ("reproduced", "partly", "not_reproduced", "not_judged", "skipped", "error")
 
 
 @dataclass(frozen=True)

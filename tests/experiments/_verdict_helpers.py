@@ -9,7 +9,8 @@ experiment                  rows agreeing          verdict
 bnlab-test-all-agree        2 of 2 (+ 1 unjudged)  reproduced
 bnlab-test-two-of-five      2 of 5 (as Fig. 5c)    partly
 bnlab-test-none-agree       0 of 2                 not_reproduced
-bnlab-test-unjudged         0 of 0 (only None)     error
+bnlab-test-unjudged         0 of 0 (only None)     not_judged
+bnlab-test-no-rows          (no row at all)        error
 bnlab-test-data-missing     (every cell skipped)   skipped
 ==========================  =====================  ================
 """
@@ -22,7 +23,8 @@ EXPECTED = {
     "bnlab-test-all-agree": "reproduced",
     "bnlab-test-two-of-five": "partly",
     "bnlab-test-none-agree": "not_reproduced",
-    "bnlab-test-unjudged": "error",
+    "bnlab-test-unjudged": "not_judged",
+    "bnlab-test-no-rows": "error",
     "bnlab-test-data-missing": "skipped",
 }
 SKIP_REASON = "dataset X not present: bnlab data download x"
@@ -56,6 +58,8 @@ EXPERIMENTS = [
     _exp("bnlab-test-all-agree", compare=_rows(True, True, None)),
     _exp("bnlab-test-two-of-five", compare=_rows(True, False, True, False, False)),
     _exp("bnlab-test-none-agree", compare=_rows(False, False)),
-    _exp("bnlab-test-unjudged", compare=_rows(None, None)),
+    _exp("bnlab-test-unjudged", compare=lambda records: [
+        Comparison(f"row {i}", "paper", "bnlab", None, reason=f"too close to call ({i})") for i in range(2)]),
+    _exp("bnlab-test-no-rows", compare=lambda records: []),
     _exp("bnlab-test-data-missing", run_cell=skipping_cell, plot=plot_must_not_run, compare=_rows(True)),
 ]

@@ -174,7 +174,10 @@ def test_verdicts_badges_counts_and_json_from_known_disagreements(tmp_path, test
     assert by_name["bnlab-test-data-missing"].verdict_reason == f"{vh.SKIP_REASON}; {vh.SKIP_REASON_2}"
     assert by_name["bnlab-test-data-missing"].figures == []  # no placeholder figure for a skipped section
     data = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert data["verdicts"] == {"reproduced": 1, "partly": 1, "not_reproduced": 1, "skipped": 1, "error": 1}
+    assert data["verdicts"] == {"reproduced": 1, "partly": 1, "not_reproduced": 1, "not_judged": 1, "skipped": 1,
+                                "error": 1}
+    assert by_name["bnlab-test-unjudged"].verdict_reason == (
+        "none of 2 rows could be judged: too close to call (0); too close to call (1)")
     assert [s["verdict"] for s in data["sections"]] == list(vh.EXPECTED.values())
     assert data["all_reproduced"] is False
     html = rep.index.read_text()
@@ -186,8 +189,8 @@ def test_verdicts_badges_counts_and_json_from_known_disagreements(tmp_path, test
     assert html.count('<td class="num">2 of 5</td>') == 1 and "– (skipped)" in html
     # the scale table and the checks are on the page
     assert "<td>width</td><td>384</td><td>128<br>" in html and "agrees when the numbers match" in html
-    # a skipped section has no image; the four others have one each
-    assert len(_parse(html).srcs) == 4
+    # a skipped section has no image; the five others have one each
+    assert len(_parse(html).srcs) == 5
 
 
 def test_strict_exit_code_follows_the_verdicts(tmp_path, test_env, capsys):
@@ -203,7 +206,8 @@ def test_strict_exit_code_follows_the_verdicts(tmp_path, test_env, capsys):
 
     assert report("bnlab-test-all-agree", "bnlab-test-data-missing") == 0  # skipped does not count against
     assert report("bnlab-test-all-agree", "bnlab-test-two-of-five") == 1  # partly is not reproduced
-    assert report("bnlab-test-none-agree") == 1 and report("bnlab-test-unjudged") == 1
+    assert report("bnlab-test-none-agree") == 1 and report("bnlab-test-unjudged") == 1  # not_judged fails too
+    assert report("bnlab-test-no-rows") == 1
     assert report("bnlab-test-none-agree", strict=False) == 0  # without --strict verdicts do not set the exit code
     import contextlib
     import io
@@ -228,7 +232,13 @@ def test_verdict_rules():
     assert verdict("ok", rows(True, True, None)) == ("reproduced", "2 of 2 checked rows agree")
     assert verdict("ok", rows(True, False))[0] == "partly"
     assert verdict("ok", rows(False, None))[0] == "not_reproduced"
-    assert verdict("ok", rows(None))[0] == "error" and verdict("ok", [])[0] == "error"
+    assert verdict("ok", rows(None)) == ("not_judged", "none of 1 rows could be judged: no criterion")
+    assert verdict("ok", [{"agrees": None, "reason": "too close"}] * 2) == (
+        "not_judged", "none of 2 rows could be judged: too close")
+    assert verdict("ok", [])[0] == "error"
+    # nothing judged and cells failed: the failure, not the rows, is the verdict
+    assert verdict("partial", rows(None), failed_cells=2) == (
+        "error", "no comparison row could be judged, and 2 cells failed")
     assert verdict("skipped", rows(True), skip_reason="no data") == ("skipped", "no data")
     assert verdict("error", [], errors=[{"what": "The sweep could not run."}]) == ("error", "The sweep could not run.")
     # rows that all agree but rest on part of the grid are only "partly"
