@@ -117,7 +117,8 @@ def verdict(status: str, comparisons: Sequence[dict], *, failed_cells: int = 0, 
     could not run, nothing finished, or there is no row (nothing to judge); ``not_judged`` when there are
     rows but none has a criterion at this scale (the reason: the rows' own, e.g. too close to call on the
     seeds run); otherwise by the rows whose ``agrees`` is not None: all agree → ``reproduced``, some →
-    ``partly``, none → ``not_reproduced``.  A ``reproduced`` with failed cells or a failed plot/table is downgraded to
+    ``partly``, none → ``not_reproduced``.  A row too close to call (``too_close_to_call``) could have
+    disagreed, so with one, all agreeing is only ``partly``.  A ``reproduced`` with failed cells or a failed plot/table is downgraded to
     ``partly`` (the rows then rest on part of the grid).
     """
     if status == "skipped":
@@ -141,8 +142,10 @@ def verdict(status: str, comparisons: Sequence[dict], *, failed_cells: int = 0, 
         return "not_reproduced", reason
     if n_ok < len(judged):
         return "partly", reason
+    # a row too close to call was checked and could have disagreed: every judged row agreeing is not the claim
+    close = sum(bool(c.get("too_close_to_call")) for c in comparisons)
     caveats = ([f"{failed_cells} cell{'s' if failed_cells != 1 else ''} failed"] if failed_cells else []) + [
-        e["what"] for e in errors]
+        e["what"] for e in errors] + ([f"{close} row{'s' if close != 1 else ''} too close to call"] if close else [])
     if caveats:
         return "partly", reason + ", but " + "; ".join(caveats)
     return "reproduced", reason

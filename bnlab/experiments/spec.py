@@ -39,6 +39,15 @@ class Comparison:
     bnlab: str  # what bnlab computed or measured, as text
     agrees: bool | None = None  # None when there is no sharp criterion
     reason: str = ""  # why the row is not judged (required when ``agrees`` is None; shown in the report)
+    #: not judged because the seeds run cannot decide it — it could read either way (``agrees`` is then None).
+    #: Unlike a row the grid cannot test, such a row keeps a reproduction from ``reproduced``: its claim was
+    #: checked, and not settled.
+    too_close_to_call: bool = False
+
+    def __post_init__(self):
+        if self.too_close_to_call and self.agrees is not None:
+            raise ValueError(f"Comparison {self.quantity!r}: too_close_to_call=True needs agrees=None, got "
+                             f"{self.agrees!r}")
 
 
 #: What a reproduction's comparison rows add up to (see ``bnlab.experiments.report.verdict``):

@@ -267,7 +267,7 @@ def _compare_min_batch(records: Sequence[Record]) -> list[Comparison]:
                 measured + f" — would {'agree' if reading else 'disagree'}; too close to call", None,
                 reason=f"too close to call on {margins[max(margins)][2]} seeds: the paired margin acc(B) − "
                 f"{_WORKS:g}·acc({max(_MIN_BATCHES)}) has a 95 % interval holding 0 at {'; '.join(close)}, and "
-                "counting that batch size the other way would change the row"))
+                "counting that batch size the other way would change the row", too_close_to_call=True))
             continue
         rows.append(Comparison(
             f"smallest mini-batch at which {_LABEL[norm]} works",

@@ -719,7 +719,7 @@ def compare_depths(records: Sequence[Record], *, xkey: str, xname: str, theory_a
                                    reason=f"too close to call on one seed: {cells} — within {NEAR_THRESHOLD:g} of the "
                                    f"threshold {thr:.3f}, about one standard deviation of a single network's accuracy "
                                    "over seeds at this budget, so the seed would decide the row (NEAR_THRESHOLD in "
-                                   "bnlab.reproductions.trainability)"))
+                                   "bnlab.reproductions.trainability)", too_close_to_call=True))
             continue
         rows.append(Comparison(quantity, paper, meas, agree))
     # the qualitative claim: far beyond 16ξ nothing trains, well below it nets train

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bnlab.experiments import build_report
-from bnlab.experiments.spec import Experiment
+from bnlab.experiments.spec import Comparison, Experiment
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 
@@ -236,6 +236,14 @@ def test_verdict_rules():
     assert verdict("ok", [{"agrees": None, "reason": "too close"}] * 2) == (
         "not_judged", "none of 2 rows could be judged: too close")
     assert verdict("ok", [])[0] == "error"
+    # a row too close to call could have disagreed: all judged rows agreeing is then only partly
+    close = {"agrees": None, "reason": "too close to call on one seed: …", "too_close_to_call": True}
+    assert verdict("ok", rows(True, True, None) + [close]) == (
+        "partly", "2 of 2 checked rows agree, but 1 row too close to call")
+    assert verdict("ok", rows(True, False) + [close])[0] == "partly"
+    assert verdict("ok", [close, close]) == ("not_judged", "none of 2 rows could be judged: too close to call on one seed")
+    with pytest.raises(ValueError, match="too_close_to_call=True needs agrees=None"):
+        Comparison("q", "p", "b", True, too_close_to_call=True)
     # nothing judged and cells failed: the failure, not the rows, is the verdict
     assert verdict("partial", rows(None), failed_cells=2) == (
         "error", "no comparison row could be judged, and 2 cells failed")

@@ -142,12 +142,12 @@ def test_a_one_seed_row_decided_by_a_cell_near_the_threshold_is_not_judged():
     (row,) = [r for r in fig3.compare_depths(_column(near), xkey="bn_batch", xname="B", theory_at=lambda b: 60.0)
               if r.quantity.startswith("max trainable")]
     assert row.agrees is None and "too close to call" in row.bnlab and "would agree" in row.bnlab
-    assert "depth 32 at 0.550" in row.reason and "would disagree" in row.reason
+    assert row.too_close_to_call and "depth 32 at 0.550" in row.reason and "would disagree" in row.reason
     # 0.15 from the threshold (beyond NEAR_THRESHOLD = 0.1): judged
     far = {**near, 32: 0.65}
     (row,) = [r for r in fig3.compare_depths(_column(far), xkey="bn_batch", xname="B", theory_at=lambda b: 60.0)
               if r.quantity.startswith("max trainable")]
-    assert row.agrees is True and "too close" not in row.bnlab
+    assert row.agrees is True and "too close" not in row.bnlab and not row.too_close_to_call
     # a near cell that does not decide the reading (depth 8 wrongly counted either way leaves the boundary at 32/64)
     other = {**far, 8: 0.45}
     (row,) = [r for r in fig3.compare_depths(_column(other), xkey="bn_batch", xname="B", theory_at=lambda b: 60.0)
