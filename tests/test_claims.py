@@ -99,6 +99,21 @@ def test_claim_verdicts_follow_the_rows_of_the_linked_check(agrees, want):
         assert out["links"][0]["why"] == "grid too short"
 
 
+def test_a_row_too_close_to_call_keeps_a_claim_from_agrees():
+    # the report's rule (bnlab.experiments.report.verdict): a row the seeds run cannot decide was checked and could
+    # have disagreed, so the agreeing rows beside it make "partly", not "agrees"
+    close = {"quantity": "c 2", "agrees": None, "reason": "too close to call on one seed", "too_close_to_call": True}
+    rows = [{"quantity": "c 1", "agrees": True}, close]
+    (out,) = claim_verdicts(_ledger(checks=["exp-a: c"], strength="simulation"), _sections(rows), check_for)
+    assert out["verdict"] == "partly" and out["links"][0]["why"] == "1 of 1 rows agree, 1 too close to call"
+    (out,) = claim_verdicts(_ledger(checks=["exp-a: c"], strength="simulation"), _sections([close]), check_for)
+    assert out["verdict"] == "not judged" and out["links"][0]["why"] == "too close to call on one seed"
+    # a claim with one agreeing link and one whose only row is too close to call
+    two = _ledger(checks=["exp-a: c", "exp-a: d"], strength="simulation")
+    rows = [{"quantity": "c 1", "agrees": True}, dict(close, quantity="d 1")]
+    assert claim_verdicts(two, _sections(rows), check_for)[0]["verdict"] == "partly"
+
+
 def test_claim_verdicts_without_rows():
     tested = _ledger(tests=["tests/test_claims.py::test_validate_catches"], strength="exact formula")
     assert claim_verdicts(tested, {}, check_for)[0]["verdict"] == "tested"

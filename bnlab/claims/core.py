@@ -224,6 +224,9 @@ def _link_result(link: str, sections: Mapping[str, Mapping[str, Any]], match) ->
         return LinkResult(link, "not judged", rows, "; ".join(reasons))
     ok = sum(bool(r["agrees"]) for r in judged)
     verdict = "agrees" if ok == len(judged) else "disagrees" if ok == 0 else "partly"
+    close = sum(bool(r.get("too_close_to_call")) for r in rows)
+    if close and verdict == "agrees":  # a row too close to call could have disagreed (report.verdict's rule)
+        return LinkResult(link, "partly", rows, f"{ok} of {len(judged)} rows agree, {close} too close to call")
     return LinkResult(link, verdict, rows, f"{ok} of {len(judged)} rows agree")
 
 
@@ -233,8 +236,9 @@ def claim_verdicts(claims: Sequence[Claim], sections: Mapping[str, Mapping[str, 
     ``sections`` maps a reproduction's name to its report section as a dict (``comparisons``,
     ``checks``, ``verdict``); ``match(quantity, check_names)`` names the check a row belongs to
     (:func:`bnlab.experiments.spec.check_for`).  A claim's verdict comes from its reproduction checks'
-    rows — every judged row agrees: ``agrees``; some: ``partly``; none: ``disagrees``; rows without a
-    criterion only: ``not judged``, with their reasons — else ``tested`` (tests only), ``not run`` (its
+    rows — every judged row agrees: ``agrees`` (``partly`` where a row is too close to call, as in the
+    report's verdicts); some: ``partly``; none: ``disagrees``; rows without a criterion only: ``not judged``,
+    with their reasons — else ``tested`` (tests only), ``not run`` (its
     reproductions are not in the report) or ``not checked``.
     """
     out = []
@@ -244,6 +248,8 @@ def claim_verdicts(claims: Sequence[Claim], sections: Mapping[str, Mapping[str, 
         if judged:
             kinds = {r.verdict for r in judged}
             verdict = "agrees" if kinds == {"agrees"} else "disagrees" if kinds == {"disagrees"} else "partly"
+            if verdict == "agrees" and any(row.get("too_close_to_call") for r in links for row in r.rows):
+                verdict = "partly"  # a link's rows too close to call: checked, not settled
         elif any(r.verdict == "not judged" for r in links):
             verdict = "not judged"
         elif c.tests:
