@@ -13,7 +13,8 @@ cells lie that close moves with the seed.  The verdict may then move between ``r
 too close to call keeps a reproduction from ``reproduced``; measured: yang2019-fig3b's B = 4 row agrees clearly
 with seed 0 and is too close to call with seed 1), never to a disagreement.  Before that rule, yang2019-fig5c-sigma4's row at ε = 4 = σ_w² read
 "agrees" with seed 0 and "disagrees" with seed 1 (the deepest cell, depth 60, at 0.546 and 0.405 around the
-threshold 0.48).  One row is known to follow the seed and is exempt, with its reason in ``SEED_DEPENDENT``.
+threshold 0.48).  No row is exempt (daneshmand2020-fig6's gradient-alignment row was, until it judged the share of
+aligned points rather than their minimum: docs/rank.md).
 
 Measured 2026-11-28 on the 2-core AVX-512 machine, one thread: the reproduced ones (the first 14) took
 3 min 13 s, the ``partly`` ones about 8 minutes more.
@@ -44,12 +45,6 @@ OTHERS = [
     "yang2019-fig3c", "yang2019-fig5a", "yang2019-fig5c", "yang2019-fig5c-sigma4", "yang2019-fig5d",
     "lange-cnn-min-batch",
 ]
-#: rows known to read differently with the next seed, and why they are still shown judged
-SEED_DEPENDENT = {
-    # docs/rank.md: the vanilla net's least-aligned tracked step falls near the 0.9 criterion; each seed of
-    # fig6 costs ~16 s of the report, so the row stays on one seed and its slow test marks it xfail
-    ("daneshmand2020-fig6", "gradient alignment through training"),
-}
 
 
 def _shifted(params: dict, shift: int) -> dict:
@@ -94,14 +89,13 @@ def _one_thread(fn):
 def test_a_one_seed_verdict_reads_the_same_with_the_next_seed(name):
     exp = get_experiment(name)
     (own_verdict, own), (shifted_verdict, shifted) = _one_thread(lambda: (_reading(exp, 0), _reading(exp, 1)))
-    exempt = {q for q in own.keys() | shifted.keys() if any(q.startswith(row) for n, row in SEED_DEPENDENT if n == name)}
     assert {own_verdict, shifted_verdict}.isdisjoint({"error", "skipped"})
     if name in ONE_SEED_REPRODUCED:
         assert own_verdict == "reproduced", {q: a for q, a in own.items() if not a}
-    both = (own.keys() & shifted.keys()) - exempt
+    both = own.keys() & shifted.keys()
     assert {q: (own[q], shifted[q]) for q in both if own[q] != shifted[q]} == {}
     if own_verdict == "reproduced":  # no disagreement one seed away, also in a row this seed does not judge
-        assert {q for q, a in shifted.items() if not a and q not in exempt} == set(), shifted
+        assert {q for q, a in shifted.items() if not a} == set(), shifted
 
 
 @pytest.mark.slow
