@@ -63,10 +63,11 @@ DEPTH_WINDOW = 1.6
 
 #: Test accuracy this close to the trainable threshold is too close to call on one seed.  At the small scale's
 #: budgets a single network's accuracy near the depth boundary is a draw whose standard deviation over seeds
-#: reaches this much (yang2019-fig5c-sigma4, seeds 0–5, depths 40–60: 0.05–0.10 per cell).  Where a sweep has
-#: one seed per cell and counting one such cell the other way would change a depth row's reading, the row is not
-#: judged (:func:`compare_depths`): the seed, not the network, would decide it.  With several seeds the rows are
-#: judged on the mean accuracy, whose spread is smaller, and each seed's own boundary is shown beside it.
+#: reaches this much (yang2019-fig5c-sigma4, seeds 0–5, depths 40–60: 0.02–0.10 per cell, most 0.05–0.10).
+#: Where a sweep has one seed per cell and counting one such cell the other way would change a depth row's
+#: reading, the row is not judged (:func:`compare_depths`): the seed, not the network, would decide it.  With
+#: several seeds the rows are judged on the mean accuracy, whose spread is smaller, and each seed's own boundary
+#: is shown beside it.
 NEAR_THRESHOLD = 0.1
 
 CIFAR_MISSING = "CIFAR-10 not present: bnlab data download cifar10 (170 MB, checksum-verified), then re-run"

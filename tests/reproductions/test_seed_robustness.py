@@ -2,19 +2,22 @@
 
 Each reproduction listed here judges rows at ``small`` scale on one seed per cell (or a fixed set of seeds).
 Its small grid is run twice, with its own seeds and with every seed moved by one: every row judged both times
-must read the same, and a ``reproduced`` one must have no disagreeing row with the next seed either.  ``lange-cnn-min-batch`` is why (docs/optim.md):
-on one seed its Batch Renorm row agreed on one CPU and not on another, and five seeds showed the agreement was
-seed 0's alone; it judged the means of three seeds, and with seeds 1–3 BN's row flipped in turn (0.648 against its
-criterion 0.651), so its rows now weigh the seeds' spread and are too close to call at this scale.
+must read the same, and a ``reproduced`` one must have no disagreeing row with the next seed either.
+
+``lange-cnn-min-batch`` is why (docs/optim.md): on one seed its Batch Renorm row agreed on one CPU and not on
+another, and five seeds showed the agreement was seed 0's alone; it judged the means of three seeds, and with
+seeds 1–3 BN's row flipped in turn (0.648 against its criterion 0.651), so its rows now weigh the seeds' spread
+and are too close to call at this scale.
 
 A row may be judged one time and not the other: the trainability rows are "too close to call" where one cell
 within ``NEAR_THRESHOLD`` of the trainable threshold decides them (bnlab.reproductions.trainability), and which
-cells lie that close moves with the seed.  The verdict may then move between ``reproduced`` and ``partly`` (a row
-too close to call keeps a reproduction from ``reproduced``; measured: yang2019-fig3b's B = 4 row agrees clearly
-with seed 0 and is too close to call with seed 1), never to a disagreement.  Before that rule, yang2019-fig5c-sigma4's row at ε = 4 = σ_w² read
-"agrees" with seed 0 and "disagrees" with seed 1 (the deepest cell, depth 60, at 0.546 and 0.405 around the
-threshold 0.48).  No row is exempt (daneshmand2020-fig6's gradient-alignment row was, until it judged the share of
-aligned points rather than their minimum: docs/rank.md).
+cells lie that close moves with the seed.  The verdict may then move between ``reproduced`` and ``partly`` (a
+row too close to call keeps a reproduction from ``reproduced``; measured: yang2019-fig3b's B = 4 row agrees
+clearly with seed 0 and is too close to call with seed 1), never to a disagreement.  Before that rule,
+yang2019-fig5c-sigma4's row at ε = 4 = σ_w² read "agrees" with seed 0 and "disagrees" with seed 1 (the deepest
+cell, depth 60, at 0.546 and 0.405 around the threshold 0.48).  No row is exempt (daneshmand2020-fig6's
+gradient-alignment row was, until it judged the share of aligned points rather than their minimum:
+docs/rank.md).
 
 Measured 2026-11-28 on the 2-core AVX-512 machine, one thread: the reproduced ones (the first 14) took
 3 min 13 s, the ``partly`` ones about 8 minutes more.
@@ -104,7 +107,8 @@ def test_near_threshold_is_about_one_standard_deviation_of_a_single_network_over
     # the small budgets.  Measured here on yang2019-fig5c-sigma4's small grid (the row that flipped) at seeds 0–3:
     # the largest per-cell standard deviation over the four seeds at depths ≥ 40.  With four seeds a sample
     # standard deviation is within a factor 2 of the true one with probability > 0.9 per cell, so the constant
-    # must lie within [½, 2] × the measured one (measured 2026-11-28: 0.05–0.10 per cell over six seeds).
+    # must lie within [½, 2] × the measured one (measured 2026-11-28 over six seeds: 0.02–0.10 per cell,
+    # largest 0.097).
     from bnlab.reproductions.trainability import NEAR_THRESHOLD, expand_records
 
     exp = get_experiment("yang2019-fig5c-sigma4")
