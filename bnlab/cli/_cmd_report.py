@@ -69,16 +69,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Run (or reuse from the results stores) every registered reproduction of the four papers, "
         "draw its figures, compare it with the paper and write one self-contained HTML page, <out>/index.html, "
         "with each reproduction's claim, figures, table and verdict (reproduced, partly, not_reproduced, "
-        "not_judged, skipped, error), plus report.json. Finished cells are never recomputed, and figures whose records, "
-        "plotting code and files are unchanged are reused, not redrawn.",
+        "not_judged, skipped, error), plus report.json. Finished cells are never recomputed, and figures whose "
+        "records, plotting code and files are unchanged are reused, not redrawn.",
     )
     p.add_argument("--out", default=DEFAULT_OUT, help="output directory: index.html, report.json, figures/<name>/")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="only these reproductions")
     add_run_arguments(p)
     p.add_argument("--strict", action="store_true",
                    help="exit 1 unless every reproduction that is not skipped has the verdict 'reproduced' "
-                   "(partly, not_reproduced, not_judged and error all fail, and are named on stderr; without --strict the "
-                   "exit status is 0 whatever the verdicts)")
+                   "(partly, not_reproduced, not_judged and error all fail, and are named on stderr; without "
+                   "--strict the exit status is 0 whatever the verdicts)")
     p.set_defaults(func=run)
 
 

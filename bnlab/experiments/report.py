@@ -118,8 +118,8 @@ def verdict(status: str, comparisons: Sequence[dict], *, failed_cells: int = 0, 
     rows but none has a criterion at this scale (the reason: the rows' own, e.g. too close to call on the
     seeds run); otherwise by the rows whose ``agrees`` is not None: all agree → ``reproduced``, some →
     ``partly``, none → ``not_reproduced``.  A row too close to call (``too_close_to_call``) could have
-    disagreed, so with one, all agreeing is only ``partly``.  A ``reproduced`` with failed cells or a failed plot/table is downgraded to
-    ``partly`` (the rows then rest on part of the grid).
+    disagreed, so with one, all agreeing is only ``partly``.  A ``reproduced`` with failed cells or a
+    failed plot/table is downgraded to ``partly`` (the rows then rest on part of the grid).
     """
     if status == "skipped":
         return "skipped", skip_reason or "every cell was skipped"
