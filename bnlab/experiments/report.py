@@ -606,6 +606,7 @@ def _render(report: Report, generated: str, led: dict[str, Any] | None = None) -
             "anchor": _anchor(s.name),
             "n_judged": len(judged),
             "n_agree": sum(bool(c["agrees"]) for c in judged),
+            "n_close": sum(bool(c.get("too_close_to_call")) for c in s.comparisons),
             "verdict_label": s.verdict.replace("_", " "),
             "figures": _figure_views(s.figures, s.name),
             "failures": [

@@ -59,7 +59,8 @@ EXPERIMENTS = [
     _exp("bnlab-test-two-of-five", compare=_rows(True, False, True, False, False)),
     _exp("bnlab-test-none-agree", compare=_rows(False, False)),
     _exp("bnlab-test-unjudged", compare=lambda records: [
-        Comparison(f"row {i}", "paper", "bnlab", None, reason=f"too close to call ({i})") for i in range(2)]),
+        Comparison(f"row {i}", "paper", "bnlab", None, reason=f"too close to call ({i})", too_close_to_call=True)
+        for i in range(2)]),
     _exp("bnlab-test-no-rows", compare=lambda records: []),
     _exp("bnlab-test-data-missing", run_cell=skipping_cell, plot=plot_must_not_run, compare=_rows(True)),
 ]

@@ -187,6 +187,7 @@ def test_verdicts_badges_counts_and_json_from_known_disagreements(tmp_path, test
     # the summary's counts and table
     assert '<span class="badge v-partly">partly</span> 1' in html
     assert html.count('<td class="num">2 of 5</td>') == 1 and "– (skipped)" in html
+    assert html.count('<td class="num">0 of 0 (2 too close to call)</td>') == 1
     # the scale table and the checks are on the page
     assert "<td>width</td><td>384</td><td>128<br>" in html and "agrees when the numbers match" in html
     # a skipped section has no image; the five others have one each
