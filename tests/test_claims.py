@@ -112,6 +112,10 @@ def test_a_row_too_close_to_call_keeps_a_claim_from_agrees():
     two = _ledger(checks=["exp-a: c", "exp-a: d"], strength="simulation")
     rows = [{"quantity": "c 1", "agrees": True}, dict(close, quantity="d 1")]
     assert claim_verdicts(two, _sections(rows), check_for)[0]["verdict"] == "partly"
+    # a disagreement beside a row too close to call stays a disagreement (nothing is claimed that was not seen)
+    rows = [{"quantity": "c 1", "agrees": False}, close]
+    (out,) = claim_verdicts(_ledger(checks=["exp-a: c"], strength="simulation"), _sections(rows), check_for)
+    assert out["verdict"] == "disagrees" and out["links"][0]["why"] == "0 of 1 rows agree, 1 too close to call"
 
 
 def test_claim_verdicts_without_rows():

@@ -225,9 +225,10 @@ def _link_result(link: str, sections: Mapping[str, Mapping[str, Any]], match) ->
     ok = sum(bool(r["agrees"]) for r in judged)
     verdict = "agrees" if ok == len(judged) else "disagrees" if ok == 0 else "partly"
     close = sum(bool(r.get("too_close_to_call")) for r in rows)
+    why = f"{ok} of {len(judged)} rows agree" + (f", {close} too close to call" if close else "")
     if close and verdict == "agrees":  # a row too close to call could have disagreed (report.verdict's rule)
-        return LinkResult(link, "partly", rows, f"{ok} of {len(judged)} rows agree, {close} too close to call")
-    return LinkResult(link, verdict, rows, f"{ok} of {len(judged)} rows agree")
+        verdict = "partly"
+    return LinkResult(link, verdict, rows, why)
 
 
 def claim_verdicts(claims: Sequence[Claim], sections: Mapping[str, Mapping[str, Any]], match) -> list[dict]:

@@ -138,12 +138,12 @@ def verdict(status: str, comparisons: Sequence[dict], *, failed_cells: int = 0, 
         return "not_judged", f"none of {len(comparisons)} rows could be judged: " + "; ".join(why)
     n_ok = sum(bool(c["agrees"]) for c in judged)
     reason = f"{n_ok} of {len(judged)} checked rows agree"
-    if n_ok == 0:
-        return "not_reproduced", reason
-    if n_ok < len(judged):
-        return "partly", reason
-    # a row too close to call was checked and could have disagreed: every judged row agreeing is not the claim
     close = sum(bool(c.get("too_close_to_call")) for c in comparisons)
+    if n_ok < len(judged):
+        if close:
+            reason += f" ({close} more too close to call)"
+        return ("not_reproduced" if n_ok == 0 else "partly"), reason
+    # a row too close to call was checked and could have disagreed: every judged row agreeing is not the claim
     caveats = ([f"{failed_cells} cell{'s' if failed_cells != 1 else ''} failed"] if failed_cells else []) + [
         e["what"] for e in errors] + ([f"{close} row{'s' if close != 1 else ''} too close to call"] if close else [])
     if caveats:

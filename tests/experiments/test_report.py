@@ -241,7 +241,8 @@ def test_verdict_rules():
     close = {"agrees": None, "reason": "too close to call on one seed: …", "too_close_to_call": True}
     assert verdict("ok", rows(True, True, None) + [close]) == (
         "partly", "2 of 2 checked rows agree, but 1 row too close to call")
-    assert verdict("ok", rows(True, False) + [close])[0] == "partly"
+    assert verdict("ok", rows(True, False) + [close]) == ("partly", "1 of 2 checked rows agree (1 more too close to call)")
+    assert verdict("ok", rows(False) + [close]) == ("not_reproduced", "0 of 1 checked rows agree (1 more too close to call)")
     assert verdict("ok", [close, close]) == ("not_judged", "none of 2 rows could be judged: too close to call on one seed")
     with pytest.raises(ValueError, match="too_close_to_call=True needs agrees=None"):
         Comparison("q", "p", "b", True, too_close_to_call=True)
