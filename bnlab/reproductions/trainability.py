@@ -63,7 +63,9 @@ DEPTH_WINDOW = 1.6
 
 #: Test accuracy this close to the trainable threshold is too close to call on one seed.  At the small scale's
 #: budgets a single network's accuracy near the depth boundary is a draw whose standard deviation over seeds
-#: reaches this much (yang2019-fig5c-sigma4, seeds 0–5, depths 40–60: 0.02–0.10 per cell, most 0.05–0.10).
+#: reaches this much on Fig. 5's tanh grids of 150 steps (yang2019-fig5c-sigma4, seeds 0–5, depths 40–60:
+#: 0.02–0.10 per cell; yang2019-fig5a, seeds 0–3: up to 0.11) and half of it on Fig. 3's ReLU grids of 200–600
+#: steps (yang2019-fig3a, seeds 0–3: up to 0.05, at its B = 8 boundary), where the rule is conservative.
 #: Where a sweep has one seed per cell and counting one such cell the other way would change a depth row's
 #: reading, the row is not judged (:func:`compare_depths`): the seed, not the network, would decide it.  With
 #: several seeds the rows are judged on the mean accuracy, whose spread is smaller, and each seed's own boundary
