@@ -241,6 +241,10 @@ class _BNMLPStack:
             self.running_var = [torch.stack([m.running_var[l] for m in ms[: self.k[l]]]).to(dev)
                                 for l in range(self.max_depth)]
 
+    def adopt_gradient_layout(self, x: torch.Tensor) -> None:
+        """Nothing to do: the weights are stacked column major (:func:`_column_major`), the layout of the
+        gradients this stack's own backward forms."""
+
     def params(self) -> list[torch.Tensor]:
         return [*self.weights, self.readout_w, self.readout_b]
 
@@ -713,11 +717,10 @@ class _EnsembleRun:
         # the same compilation; the loss history is written to a window-sized ring that the host copies
         # into the whole run's history at each window boundary (``_flush``: an asynchronous device copy)
         self._window = min(check_every, _MAX_WINDOW)
-        if hasattr(stack, "adopt_gradient_layout"):
-            # before the optimizer state copies the layout; on every route, so that the eager step (the
-            # reference the compiled ones are checked against) and the compiled ones multiply the same
-            # layouts: vmap(grad(·)) returns each gradient in its parameter's layout, whichever it is
-            stack.adopt_gradient_layout(x[:batch_size])
+        # before the optimizer state copies the layout; on every route, so that the eager step (the
+        # reference the compiled ones are checked against) and the compiled ones multiply the same
+        # layouts: vmap(grad(·)) returns each gradient in its parameter's layout, whichever it is
+        stack.adopt_gradient_layout(x[:batch_size])
         params = stack.params()
         rows = torch.as_tensor(stack.rows, device=dev)  # the caller's index of each stacked network
         r = len(stack.rows)
