@@ -145,14 +145,19 @@ def run_cell(params: SmallBatchCell | dict) -> dict:
             "seconds": time.perf_counter() - t0}
 
 
-def _acc(records: Sequence[Record]) -> dict[tuple[str, int], list[float]]:
-    out: dict[tuple[str, int], list[float]] = {}
+def _acc_by_seed(records: Sequence[Record]) -> dict[tuple[str, int], dict[int, float]]:
+    """(method, batch size) -> seed -> final test accuracy (0 where the net diverged) of the cells that trained."""
+    out: dict[tuple[str, int], dict[int, float]] = {}
     for r in records:
         m = r.metrics
         if m.get("trainable") and m.get("test_accuracy") is not None:
             acc = 0.0 if m.get("diverged") else m["test_accuracy"]
-            out.setdefault((r.params["norm"], r.params["batch_size"]), []).append(acc)
+            out.setdefault((r.params["norm"], r.params["batch_size"]), {})[r.params.get("seed", 0)] = acc
     return out
+
+
+def _acc(records: Sequence[Record]) -> dict[tuple[str, int], list[float]]:
+    return {k: list(v.values()) for k, v in _acc_by_seed(records).items()}
 
 
 def _mean_ci(vals: Sequence[float]) -> tuple[float, float]:
@@ -213,12 +218,7 @@ def _paired_margins(records: Sequence[Record], norm: str) -> dict[int, tuple[flo
     """Per batch size B: the seed mean of acc(B) − 0.9·acc(8), paired by seed, the half-width of its 95 %
     t-interval (0 with one seed) and the number of seeds.  B works when the mean is ≥ 0 — which, on the same
     seeds, is "seed mean at B ≥ 0.9 × seed mean at 8"."""
-    by: dict[int, dict[int, float]] = {}
-    for r in records:
-        m = r.metrics
-        if r.params["norm"] == norm and m.get("trainable") and m.get("test_accuracy") is not None:
-            by.setdefault(r.params["batch_size"], {})[r.params.get("seed", 0)] = (
-                0.0 if m.get("diverged") else m["test_accuracy"])
+    by = {b: v for (n, b), v in _acc_by_seed(records).items() if n == norm}
     ref = by.get(max(_MIN_BATCHES), {})
     out = {}
     for b in _MIN_BATCHES:
