@@ -148,9 +148,9 @@ std::vector<torch::Tensor> shifted_mean_var(torch::Tensor x, torch::Tensor c) {
 // gradients (gbs; an empty tensor for a layer without bias: only G_w <- G_w / (q^2 s~^2)).
 // Steps 1-3 run for every layer first; when a layer's 1/(q^2 s~^2) has an entry that is not finite
 // (s~^2 = 0 or subnormal: zero variances with eps2 = 0 or tiny) the index of the first such layer
-// is returned and no gradient is touched (the caller raises); otherwise steps 4-5 follow and -1 is returned, or -2 when some column's new running
-// mean or variance was not finite: such a column keeps its old statistics (the number of them per
-// layer goes to `skipped`, if given).
+// is returned and no gradient is touched (the caller raises); otherwise steps 4-5 follow and -1 is
+// returned, or -2 when some column's new running mean or variance was not finite: such a column
+// keeps its old statistics (the number of them per layer goes to `skipped`, if given).
 template <typename T>
 static bool statistics_and_inverse(const torch::Tensor& x, torch::Tensor& mean, torch::Tensor& var,
                                    T* inv, double rho, double eps1, double eps2, double q2,
