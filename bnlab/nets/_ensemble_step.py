@@ -293,51 +293,66 @@ def step_disagreement(got: dict, ref: dict, start: dict,
     on) at 1.2e3 and 1.4e7 times it, naming the deepest network's last hidden weight
     (``tests/nets/test_ensemble_compiled_reuse.py``, slow); RMSProp (depths 4…24, B = 8) at 0.083 in
     float32 and 1.0e-4 in float64, from a few gradient entries near ε.  The comparison itself:
-    ``tests/nets/test_ensemble_verify.py``.  Under RMSProp, entries whose gradient is rounding noise
-    next to their network's (a bias right before BN, whose update is ±lr with the sign of the noise in
-    any route) are left out (:func:`_rounding_noise`).
+    ``tests/nets/test_ensemble_verify.py``.  Entries whose gradient is rounding noise next to their
+    network's (a bias right before BN: under RMSProp its update is ±lr with the sign of the noise in any
+    route; under SGD its momentum buffer or update is the noise itself) are left out (:func:`_rounding_noise`).
     """
     keys = [k for k in ref if k not in _NOT_COPIED]
     return disagreement({k: got[k] for k in keys}, {k: ref[k] for k in keys},
                         {k: start[k] for k in keys if k != "losses"}, per_row=True,
-                        ignore=_rounding_noise(ref, param_rows))
+                        ignore=_rounding_noise(ref, param_rows, start))
 
 
-#: RMSProp: a parameter entry whose running mean square is below RMS_NOISE² of the largest of its network
-#: (over all its parameters; its gradient below RMS_NOISE of the largest) is left out of
-#: :func:`step_disagreement`, by dtype
+#: a parameter entry whose gradient is below this fraction of the largest of its network (over all its
+#: parameters) is left out of :func:`step_disagreement`, by dtype (:func:`_rounding_noise`)
 RMS_NOISE = {torch.float32: 1e-4, torch.float64: 1e-8}
 
 
-def _rounding_noise(ref: dict, param_rows: list[tuple[int, int]] | None) -> dict | None:
-    """Under RMSProp, the entries of the parameters and their optimizer state whose gradient is rounding
-    noise next to the rest of their network's gradient (``None`` otherwise: nothing left out).
+def _rounding_noise(ref: dict, param_rows: list[tuple[int, int]] | None, start: dict | None = None) -> dict | None:
+    """The entries of the parameters and their optimizer state whose gradient is rounding noise next to the
+    rest of their network's gradient, for every optimizer (``None``: nothing to judge by).
 
-    RMSProp's update lr·g/(√v + ε) has the size lr whatever the size of g, so a gradient that is zero
-    up to rounding — a bias right before BN, which BN's mean subtraction cancels exactly — moves its
-    entry by ±lr with the sign of the rounding noise, which two correct routes need not share (measured:
-    a vmap stack of Linear + BN with biases, float32, ε = 1e-10: 158 times the tolerance on such a bias).
-    Such an entry is recognised by its running mean square v after the eager step (v ≥ (1 − α)·g²):
-    below RMS_NOISE² of the largest v of its network (over all its parameters), i.e. a gradient below
-    RMS_NOISE (1e-4 in float32, 1e-8 in float64) of the network's largest — 10–100 times above the
-    rounding level of a gradient sum (~√n·u relative).  Per network: a network exploding beside it does
-    not hide the rest.  A fault that zeroes a gradient the eager step computes is still caught (the
-    eager v is large there); one confined to such near-zero entries is not."""
+    A gradient that is zero up to rounding — a bias right before BN, which BN's mean subtraction cancels
+    exactly — has a sign and size that two correct routes need not share (their sums run in other orders).
+    Under RMSProp the update lr·g/(√v + ε) has the size lr whatever the size of g, so such an entry moves
+    by ±lr with the sign of the noise (measured: a vmap stack of Linear + BN with biases, float32, ε = 1e-10:
+    158 times the tolerance on such a bias).  Under SGD the update is the noise itself, and the comparison
+    ‖got − ref‖ ≤ κ·‖ref − start‖ + 8u·‖ref‖ has no scale to measure it against where the entry starts at
+    zero: the momentum buffer (zero before the first step; measured: a velocity of 1.6e-16 against a
+    difference of 2.0e-16 between the functional and the autograd gradient of the bias before BN of an
+    ``MLP(norm="bn")``, float64) and a zero-initialized bias.
+
+    Such an entry is recognised by the eager step's own numbers, per network (a network exploding beside
+    it does not hide the rest): under RMSProp its running mean square v (v ≥ (1 − α)·g²) below RMS_NOISE²
+    of the largest v of its network; under SGD with momentum its momentum buffer |b| below RMS_NOISE of
+    its network's largest; under plain SGD its update |Δθ| (= lr·|g + λθ|, one rate per network) below
+    RMS_NOISE of its network's largest — i.e. a gradient below RMS_NOISE (1e-4 in float32, 1e-8 in
+    float64) of the network's largest, 10–100 times above the rounding level of a gradient sum (~√n·u
+    relative).  A network whose every entry is zero (stopped: its update masked) leaves nothing out.  A
+    fault that zeroes a gradient the eager step computes is still caught (the eager value is large there);
+    one confined to such near-zero entries is not."""
     sq = ref.get("sq_avg")
-    if sq is None:
+    if sq is not None:
+        basis, power = [v.double() for v in sq], 2
+    elif ref.get("velocity") is not None:
+        basis, power = [v.double().abs() for v in ref["velocity"]], 1
+    elif start is not None and ref.get("params") is not None and start.get("params") is not None:
+        basis, power = [(r.double() - s.double()).abs() for r, s in zip(ref["params"], start["params"])], 1
+    else:
         return None
-    rows = param_rows or [(0, v.shape[0]) for v in sq]
+    rows = param_rows or [(0, v.shape[0]) for v in basis]
     networks = max(b for _, b in rows)
-    largest = torch.zeros(networks, dtype=torch.float64, device=sq[0].device)
-    for v, (a, b) in zip(sq, rows):
-        largest[a:b] = torch.maximum(largest[a:b], v.reshape(v.shape[0], -1).amax(dim=1).double())
+    largest = torch.zeros(networks, dtype=torch.float64, device=basis[0].device)
+    for v, (a, b) in zip(basis, rows):
+        largest[a:b] = torch.maximum(largest[a:b], v.reshape(v.shape[0], -1).amax(dim=1))
     masks = []
-    for v, (a, b) in zip(sq, rows):
-        tau = RMS_NOISE.get(v.dtype, 1e-2)
-        floor = (tau * tau) * largest[a:b].view(-1, *([1] * (v.ndim - 1)))
-        masks.append(v.double() <= floor)
-    ignore = {"params": masks, "sq_avg": masks}
-    for key in ("velocity", "denom"):
+    dtypes = sq if sq is not None else ref.get("velocity") or ref["params"]
+    for v, d, (a, b) in zip(basis, dtypes, rows):
+        tau = RMS_NOISE.get(d.dtype, 1e-2) ** power
+        floor = tau * largest[a:b].view(-1, *([1] * (v.ndim - 1)))
+        masks.append((v <= floor) & (floor > 0))
+    ignore = {"params": masks}
+    for key in ("sq_avg", "velocity", "denom"):
         if ref.get(key) is not None:
             ignore[key] = masks
     return ignore
