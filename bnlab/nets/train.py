@@ -198,16 +198,22 @@ def _as_tensors(name: str, data: Any, device: torch.device, dtype: torch.dtype):
     return x, y.to(device=device, dtype=torch.long)
 
 
-def _batches(n: int, batch_size: int, steps: int, gen: torch.Generator, device: torch.device):
+def _batches(n: int, batch_size: int, steps: int, gen: torch.Generator, device: torch.device, start: int = 0):
     """Yield ``steps`` index batches: reshuffled epochs (a permutation drawn on the CPU from ``gen``),
-    the last partial batch of each epoch dropped."""
+    the last partial batch of each epoch dropped.  With ``start``, the first ``start`` batches are
+    skipped (a resumed run): the permutations of the epochs before it are still drawn, so the batches
+    that follow are those of the whole sequence."""
     per_epoch = n // batch_size
     done = 0
     while done < steps:
-        perm = torch.randperm(n, generator=gen).to(device)
-        for i in range(min(per_epoch, steps - done)):
-            yield perm[i * batch_size : (i + 1) * batch_size]
-        done += min(per_epoch, steps - done)
+        take = min(per_epoch, steps - done)
+        if done + take <= start:  # an epoch wholly skipped: its permutation only advances ``gen``
+            torch.randperm(n, generator=gen)
+        else:
+            perm = torch.randperm(n, generator=gen).to(device)
+            for i in range(max(0, start - done), take):
+                yield perm[i * batch_size : (i + 1) * batch_size]
+        done += take
 
 
 def _build_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer:
