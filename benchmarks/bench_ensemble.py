@@ -28,6 +28,7 @@ issue's: 20 BN-MLPs of width 384, depths 5, 10, …, 100, B = 8, 784 inputs.
     python benchmarks/bench_ensemble.py --step-ab [--rounds 9]   # eager CPU step: e082aac against now, ~1 min
     python benchmarks/bench_ensemble.py --bn-ab [--rounds 9]     # eager CPU step: native BN kernel against ATen
     python benchmarks/bench_ensemble.py --layout-ab [--rounds 9] # vmap stack: gradients' layout against row-major
+    python benchmarks/bench_ensemble.py --checkpoint-ab [--rounds 5]  # a run saving at every check against none
 
 Random inputs (no dataset needed): the cost does not depend on the pixel values.  The JSON has ``rows``,
 ``variance`` and, from the route section, ``step_ms`` (route -> ms per step), ``ops_per_step`` (route ->
@@ -143,6 +144,10 @@ def main(argv=None) -> dict:
                     help="only the compiled CPU step with bnlab's Inductor options (buffer reuse off, "
                          "bnlab._inductor) against Inductor's default (reuse on), side by side: 3 float32 BN-MLPs "
                          "of depths 4, 8, 16, width 128, 784 inputs, B = 32; one thread, wall ms per steady step")
+    ap.add_argument("--checkpoint-ab", action="store_true",
+                    help="only train_ensemble with a checkpoint saved at every check (checkpoint_every=0, the most "
+                         "often it saves) against a run keeping none, side by side: a Yang et al. Fig. 3 column "
+                         "(width 128, depths 4…64, B = 8, SGD), one thread; wall ms per run, per save, MB per save")
     args = ap.parse_args(argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -250,7 +255,8 @@ def _main(args) -> dict:
                 print(f"  {r['run']:7s} {r['steps']:4d} steps  {r['cpu_s']:7.2f} s")
         return {"compile_reuse": rows}
     for key, run, show in (("bn_ab", _bn_ab, _print_bn_ab), ("step_ab", _step_ab, _print_step_ab),
-                           ("layout_ab", _layout_ab, _print_layout_ab)):
+                           ("layout_ab", _layout_ab, _print_layout_ab),
+                           ("checkpoint_ab", _checkpoint_ab, _print_checkpoint_ab)):
         if getattr(args, key):  # an A/B of the eager step, one thread, alternating rounds
             torch.set_num_threads(1)  # thread CPU time (device_clock) is the step's cost only on one thread
             rows = run(args.quick, args.rounds or (3 if args.quick else 9))
@@ -679,6 +685,63 @@ def _bn_route(name: str):
     finally:
         _native_bn._STATE.clear()
         _native_bn._STATE.update(saved)
+
+
+def _checkpoint_ab(quick: bool, rounds: int) -> list[dict]:
+    """Wall seconds of one ``train_ensemble`` run that saves a checkpoint at every check (every 10 steps,
+    ``checkpoint_every=0``: the most often it can) against the same run keeping none, rounds alternating
+    (medians); the cost per save is their difference over the number of saves, beside one step's time.
+    The first save also hashes the data and the initial models (the fingerprint), once per run."""
+    import os
+    import tempfile
+
+    import bnlab.nets._ensemble_checkpoint as ck
+    from bnlab.nets import BNMLP, train_ensemble
+
+    depths = [2, 3, 5] if quick else [4, 8, 12, 16, 24, 32, 48, 64]
+    width, steps, check_every = (16, 40, 10) if quick else (128, 200, 10)
+    x, y = _data(4096)
+    sizes, saves = [], []
+    real_write = ck.write
+
+    def measured_write(path, payload):
+        real_write(path, payload)
+        sizes.append(os.path.getsize(path))
+        saves.append(payload["done"])
+
+    def one(keep: bool) -> float:
+        models = [BNMLP(784, 10, depth=d, width=width, eps=1e-3, phi="relu", seed=i) for i, d in enumerate(depths)]
+        with tempfile.TemporaryDirectory() as folder:
+            extra = {"checkpoint": Path(folder) / "run.pt", "checkpoint_every": 0.0} if keep else {}
+            t = time.perf_counter()
+            train_ensemble(models, (x, y), lr=8e-3, batch_size=8, steps=steps, check_every=check_every,
+                           step_mode="eager", **extra)
+            return time.perf_counter() - t
+
+    ck.write = measured_write
+    try:
+        one(False), one(True)  # warm-up (the native kernel's build, allocator)
+        times = {"none": [], "every_check": []}
+        for _ in range(rounds):
+            times["none"].append(one(False))
+            sizes.clear(), saves.clear()
+            times["every_check"].append(one(True))
+    finally:
+        ck.write = real_write
+    none, keep = statistics.median(times["none"]), statistics.median(times["every_check"])
+    n_saves = len(saves)
+    return [{"depths": depths, "width": width, "steps": steps, "check_every": check_every, "saves": n_saves,
+             "none_s": round(none, 3), "every_check_s": round(keep, 3), "ratio": round(keep / none, 3),
+             "ms_per_save": round((keep - none) / max(n_saves, 1) * 1e3, 2),
+             "ms_per_step": round(none / steps * 1e3, 2), "mb_per_save": round(statistics.median(sizes) / 1e6, 2)}]
+
+
+def _print_checkpoint_ab(rows: list[dict]) -> None:
+    r = rows[0]
+    print(f"train_ensemble, one thread: BN-MLPs width {r['width']}, depths {r['depths']}, B = 8, {r['steps']} SGD "
+          f"steps; a checkpoint at every check ({r['saves']} saves) against none; wall s per run, medians")
+    print(f"  none {r['none_s']:.3f} s   every check {r['every_check_s']:.3f} s   ratio {r['ratio']:.3f}×")
+    print(f"  per save {r['ms_per_save']:.1f} ms ({r['mb_per_save']:.1f} MB) against {r['ms_per_step']:.1f} ms per step")
 
 
 def _bn_ab(quick: bool, rounds: int) -> list[dict]:

@@ -40,6 +40,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "_run_length": frozenset(),
     "_inductor": frozenset(),
     "_kernel_cache": frozenset(),
+    "_task_checkpoint": frozenset(),
     "activations": frozenset(),
     "theory": frozenset({"activations"}),
     "sim": frozenset({"activations"}),
@@ -69,7 +70,7 @@ PENDING: dict[tuple[str, str], tuple[str, str]] = {}
 
 #: Private modules at the bottom that every part may import.
 SHARED = frozenset({"bnlab._validation", "bnlab._threads", "bnlab._vocabulary", "bnlab._run_length",
-                    "bnlab._inductor", "bnlab._kernel_cache"})
+                    "bnlab._inductor", "bnlab._kernel_cache", "bnlab._task_checkpoint"})
 
 
 def part_of(module: str) -> str:

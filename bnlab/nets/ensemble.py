@@ -37,9 +37,13 @@ order per output element on the CPU, but BLAS may block a ``bmm`` differently fr
 from __future__ import annotations
 
 import copy
+import logging
 import math
+import os
 import time
-from dataclasses import dataclass, replace
+import warnings
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -48,7 +52,7 @@ from torch import nn
 
 from bnlab import _threads
 from bnlab._run_length import STEADY_FROM, note_steady_steps, timing_steps
-from bnlab._validation import check_choice, check_int, check_real, check_seed
+from bnlab._validation import check_choice, check_int, check_path, check_real, check_seed
 from bnlab.nets import _native_bn
 from bnlab.nets._ensemble_step import (
     STEP_MODES,
@@ -77,6 +81,8 @@ ENSEMBLE_OPTIMIZERS = ("sgd", "rmsprop")
 ENSEMBLE_LOSSES = ("cross_entropy", "mse")
 #: how :func:`train_ensemble` runs its step (``step_mode``): ``"auto"``, ``"eager"``, ``"compile"``, ``"cuda_graph"``
 ENSEMBLE_STEP_MODES = STEP_MODES
+_log = logging.getLogger("bnlab.nets")
+
 # batch indices drawn ahead per device copy: check_every steps, at most this many (bounded memory
 # for a run that never checks; the copy is asynchronous, so a window boundary is not a sync)
 _MAX_WINDOW = 1024
@@ -709,8 +715,9 @@ class _EnsembleRun:
         # data order: one generator per distinct seed, drawing exactly the batches train() draws, a
         # window of steps ahead (on the host; one asynchronous copy to the device per window)
         self._distinct = sorted(set(seeds))
-        self._gens = {s: _batches(x.shape[0], batch_size, steps, torch.Generator().manual_seed(s), torch.device("cpu"))
-                      for s in self._distinct}
+        self._order = (x.shape[0], batch_size, steps)
+        self._gens = self._data_orders(0)
+        self._drawn = 0  # steps whose batch indices have been drawn (the data orders' position)
         # no shape of the step's state depends on the run's length (``steps``): a compiled step is then the
         # same graph for a run of 12 steps and of 75 000, so Inductor's graph cache serves a plan's pilots
         # (a task cut to k₁ and k₂ steps) and a grid's tasks of the same shapes alike, and the pilots time
@@ -756,6 +763,12 @@ class _EnsembleRun:
         self._compact_at = 1.0 if route == "eager" else 0.5
         self._dropped_first_bad: dict[int, int] = {}  # caller index -> first bad step of a dropped network
 
+    def _data_orders(self, start: int) -> dict:
+        """One batch generator per distinct seed, from batch ``start`` on (``train()``'s order)."""
+        n, batch_size, steps = self._order
+        return {s: _batches(n, batch_size, steps, torch.Generator().manual_seed(s), torch.device("cpu"), start=start)
+                for s in self._distinct}
+
     def _flush(self) -> None:
         """Copy the losses of the steps done since the last flush from the ring into the history.  Windows
         start at multiples of the window (the slot restarts at 0 there), so step s is in slot s mod W; a
@@ -777,6 +790,7 @@ class _EnsembleRun:
                 draws = draws.pin_memory()
             self.state["idx"][:count].copy_(draws, non_blocking=True)
             self.state["slot"].zero_()
+            self._drawn += count
         self.runner(self.state)
         self.done += 1
 
@@ -823,6 +837,61 @@ class _EnsembleRun:
         self._flush()
         return self._history[: self.done].to(torch.float64).cpu().numpy()
 
+    #: the step's per-network and bookkeeping tensors a checkpoint keeps (besides the optimizer state)
+    _SAVED = ("idx", "slot", "which", "lr", "active", "first_bad", "t", "row_ids")
+    _SAVED_LISTS = ("sq_avg", "velocity")
+
+    def checkpoint_state(self) -> dict:
+        """What :meth:`restore` needs to go on from here, for a checkpoint (``_ensemble_checkpoint``); the
+        parameters and buffers are the models' (written back by the caller)."""
+        self._flush()
+        st = self.state
+        return {"done": self.done, "drawn": self._drawn, "history": self._history[: self.done].cpu(),
+                "dropped_first_bad": {int(k): int(v) for k, v in self._dropped_first_bad.items()},
+                **{k: st[k] for k in self._SAVED}, **{k: st[k] for k in self._SAVED_LISTS}}
+
+    def restore(self, path, saved: dict) -> None:
+        """Go on from :meth:`checkpoint_state` ``saved`` (read from ``path``), each entry checked first: the
+        stack has been built from the checkpoint's models and compacted to its rows (``row_ids``)."""
+        from bnlab.nets import _ensemble_checkpoint as ck
+
+        st = self.state
+        for k in self._SAVED + self._SAVED_LISTS:
+            ck.check_like(path, k, saved.get(k), st[k])
+        done, drawn, steps = saved.get("done"), saved.get("drawn"), self.steps
+        if not (isinstance(done, int) and isinstance(drawn, int) and 0 <= done <= steps):
+            raise ck._refused(path, f"its step count {done!r} is not one of this run's 0 … {steps}")
+        # the data orders are drawn a window at a time: at a window boundary up to the step done, else the window
+        whole = done if done % self._window == 0 else min(steps, (done // self._window + 1) * self._window)
+        slot = int(saved["slot"])
+        if drawn != whole or int(saved["t"]) != done or not 0 <= slot <= self._window or                 (done % self._window and slot != done % self._window):
+            raise ck._refused(path, f"its position in the data order (step {done}, {drawn} batches drawn, slot {slot})"
+                                    " is not one this run reaches")
+        if saved["row_ids"].tolist() != list(self.stack.rows):
+            raise ck._refused(path, "its stacked rows are not those of its models")
+        which, first_bad = saved["which"], saved["first_bad"]
+        if which.numel() and not (0 <= int(which.min()) and int(which.max()) < len(self._distinct)):
+            raise ck._refused(path, "its data-order index of a network is out of range")
+        if first_bad.numel() and not (0 <= int(first_bad.min()) and int(first_bad.max()) <= steps):
+            raise ck._refused(path, "its first bad step of a network is out of range")
+        history, dropped = saved.get("history"), saved.get("dropped_first_bad")
+        if not ck._same_tensor_kind(history, self._history[:done]):
+            raise ck._refused(path, f"its loss history is not a ({done}, {self.cfg.num_networks}) float32 tensor")
+        gone = set(range(self.cfg.num_networks)) - set(self.stack.rows)
+        if not isinstance(dropped, dict) or set(dropped) != gone or \
+                not all(isinstance(v, int) and 0 <= v <= steps for v in dropped.values()):
+            raise ck._refused(path, "its dropped networks are not those missing from its stacked rows")
+        with torch.no_grad():
+            for k in self._SAVED:
+                st[k].copy_(saved[k])
+            for k in self._SAVED_LISTS:
+                for own, value in zip(st[k] or [], saved[k] or []):
+                    own.copy_(value)  # into the tensor made like its parameter: the layout stays the gradient's
+            self._history[:done].copy_(history)
+        self.done, self._flushed, self._drawn = done, done, drawn
+        self._dropped_first_bad = dict(dropped)
+        self._gens = self._data_orders(drawn)
+
 
 def _synced_clock(dev: torch.device) -> float:
     """``time.perf_counter()`` once the device has finished the work queued so far."""
@@ -854,6 +923,8 @@ def train_ensemble(
     diverge_above: float | None = None,
     test_bn_mode: str = "eval",
     step_mode: str = "auto",
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: float = 300.0,
 ) -> list[TrainResult]:
     """Train M networks of one architecture together on one loss; one :class:`TrainResult` each.
 
@@ -908,6 +979,20 @@ def train_ensemble(
         back); else ``"eager"``.  :func:`auto_route_as_for` makes ``"auto"`` choose for another length
         (a plan's pilot runs the route of the whole task).  Every route computes the same numbers to
         rounding (``tests/nets/test_ensemble_step.py``); docs/nets.md says what each costs.
+    checkpoint:
+        A file in which the run keeps its state, to go on after an interruption (a batch job's time
+        limit, a killed worker): when the file exists, the run resumes from it — the models, given as
+        for a fresh run, are set to its state and training goes on from its step, computing the numbers
+        the uninterrupted run computes, to rounding; while training, the state is saved there at a
+        check (every ``check_every`` steps) once ``checkpoint_every`` seconds have passed since the
+        last save; once the run completes, the file is removed.  A file written by another run (other
+        models, data or options, or another bnlab version), and anything but a regular file that
+        ``torch.load(weights_only=True)`` reads as such a checkpoint, is a ``ValueError``
+        (``bnlab.nets._ensemble_checkpoint`` says what a checkpoint holds and how it is checked).
+        Inside a task of a sweep the engine gives one (``bnlab.experiments``; docs/paper-scale.md).
+    checkpoint_every:
+        Seconds between two saves (≥ 0; 0 saves at every check).  A save writes every network's
+        parameters and buffers and the optimizer state (for a Fig. 3a column at paper scale ~1 GB).
 
     Returns
     -------
@@ -926,7 +1011,11 @@ def train_ensemble(
                                     check_every=check_every, eval_batch_size=eval_batch_size)
     data = _EnsembleData.checked(models, train_data, test_data, dev, opts, batch_size=batch_size, steps=steps,
                                  epochs=epochs)
+    saver = _Checkpointer.for_run(checkpoint, checkpoint_every, models, data, opts)
+    saved = saver.resume(models, dev) if saver is not None else None
     stack = _make_stack(models, dev, data, opts)
+    if saved is not None:
+        saver.compact_to(stack, saved)
     route = resolve_step_mode(step_mode, dev, data.steps)
     for m in models:
         m.to(dev).train()
@@ -941,6 +1030,9 @@ def train_ensemble(
                      host_reads=route == "eager" and data.x.device.type == "cpu")
     run = _EnsembleRun(stack, cfg, route, data.x, data.y, lrs=opts.lrs, seeds=opts.seeds,
                        batch_size=data.batch_size, steps=data.steps, check_every=opts.check_every)
+    if saved is not None:
+        run.restore(saver.path, saved)
+        saver.restore_rng(saved, dev)
     # a plan's pilot (bnlab._run_length) learns the seconds of the steady steps, past warm-up and capture
     timed = timing_steps() and data.steps > STEADY_FROM
     t_steady = 0.0
@@ -948,12 +1040,135 @@ def train_ensemble(
         if timed and run.done == STEADY_FROM:
             t_steady = _synced_clock(dev)
         run.step()
-        if run.done % opts.check_every == 0 and run.done < data.steps and not run.check():
-            break  # every network has diverged: nothing left to train
+        if run.done % opts.check_every == 0 and run.done < data.steps:
+            if not run.check():
+                break  # every network has diverged: nothing left to train
+            if saver is not None and saver.due():
+                saver.save(run, stack, models, dev)
     if timed and run.done > STEADY_FROM:
         note_steady_steps(run.done - STEADY_FROM, _synced_clock(dev) - t_steady)
     stack.write_back()
+    if saver is not None:
+        saver.finish(run, stack, models, dev)
     return _ensemble_results(run, stack, data, opts, chance=1.0 / k_out)
+
+
+class _Checkpointer:
+    """The ``checkpoint`` of one :func:`train_ensemble` run: resume from it, save to it, remove it at the end.
+
+    ``in_task``: the file is one a sweep's engine names for a task (:mod:`bnlab._task_checkpoint`).  Then a
+    file that cannot be resumed from (another run's, unreadable) is removed with a warning and the run
+    starts from step 0, instead of the ``ValueError`` a caller's own file gets (a resumed sweep must not
+    fail on it forever); and a run that has saved at least once saves its final state too instead of
+    removing the file, so that a task that trains several ensembles in turn, interrupted in a later one,
+    does not train the finished ones again (the engine removes the task's files once it has finished)."""
+
+    def __init__(self, path: Path, every: float, fingerprint_of, in_task: bool):
+        self.path, self.every, self._fingerprint_of, self.in_task = path, every, fingerprint_of, in_task
+        self._fingerprint: str | None = None
+        self._last = time.monotonic()
+        self._saves = 0
+
+    @classmethod
+    def for_run(cls, checkpoint, every, models, data: "_EnsembleData", opts: "_EnsembleOptions") -> "_Checkpointer | None":
+        from bnlab import _task_checkpoint
+
+        in_task = False
+        if checkpoint is None:
+            claimed = _task_checkpoint.claim()  # a sweep's task: the engine's file for this call
+            if claimed is None:
+                return None
+            checkpoint, every, in_task = claimed[0], claimed[1], True
+        path = check_path("checkpoint", checkpoint, kind="file", replaced=True)
+        every = check_real("checkpoint_every", every, minimum=0.0)
+        tensors = {"x": data.x, "y": data.y, **({} if data.test is None else {"x_test": data.test[0],
+                                                                             "y_test": data.test[1]})}
+        options = {**asdict(opts), "batch_size": data.batch_size, "steps": data.steps}
+
+        def fingerprint_of() -> str:
+            from bnlab.nets import _ensemble_checkpoint as ck
+
+            return ck.fingerprint(models, tensors, options)
+
+        return cls(path, every, fingerprint_of, in_task)
+
+    def fingerprint(self) -> str:
+        # computed before the first save writes the training state back into the models (they hold their
+        # initial state until then): a run that never saves never hashes its data
+        if self._fingerprint is None:
+            self._fingerprint = self._fingerprint_of()
+        return self._fingerprint
+
+    def resume(self, models: list[nn.Module], dev: torch.device) -> dict | None:
+        """The checkpoint's state with the models set to it, or None (no file; or a bad one set aside)."""
+        from bnlab.nets import _ensemble_checkpoint as ck
+
+        try:
+            saved = ck.read(self.path, dev)
+            if saved is None:
+                return None
+            if saved["fingerprint"] != self.fingerprint():
+                raise ck._refused(self.path, "it was written by another run (other models, data or options, or "
+                                             "another bnlab version); remove it, or give another path")
+            ck.load_models(self.path, models, saved.get("models"))
+        except ValueError as exc:
+            if not self.in_task:
+                raise
+            warnings.warn(f"{exc}; it is removed and the run starts from step 0", RuntimeWarning, stacklevel=4)
+            ck.remove(self.path)
+            return None
+        _log.info("train_ensemble resumes from %s at step %d", self.path, saved.get("done", -1))
+        self._saves = 1  # the file holds this run's state
+        return saved
+
+    def compact_to(self, stack, saved: dict) -> None:
+        """Drop from the freshly built stack the networks the checkpointed run had dropped."""
+        from bnlab.nets import _ensemble_checkpoint as ck
+
+        rows = saved.get("row_ids")
+        full = list(stack.rows)
+        kept = rows.tolist() if isinstance(rows, torch.Tensor) and rows.dim() == 1 else None
+        if kept is None or not set(kept) <= set(full) or len(set(kept)) != len(kept) or not kept:
+            raise ck._refused(self.path, "its stacked rows are not networks of this run")
+        if kept != full:
+            if not stack.compactable:
+                raise ck._refused(self.path, "its stacked rows are not those of its models")
+            keep = torch.tensor(sorted(full.index(i) for i in kept), dtype=torch.long)
+            stack.compact(keep.to(rows.device))
+
+    @staticmethod
+    def restore_rng(saved: dict, dev: torch.device) -> None:
+        """torch's random state as it was at the save (a module's dropout goes on with the same numbers)."""
+        cpu = saved.get("rng_cpu")
+        if isinstance(cpu, torch.Tensor) and cpu.dtype == torch.uint8 and cpu.shape == torch.get_rng_state().shape:
+            torch.set_rng_state(cpu.cpu())
+        cuda = saved.get("rng_cuda")
+        if dev.type == "cuda" and isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8:
+            torch.cuda.set_rng_state(cuda.cpu(), dev)
+
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= self.every
+
+    def save(self, run: "_EnsembleRun", stack, models: list[nn.Module], dev: torch.device) -> None:
+        from bnlab.nets import _ensemble_checkpoint as ck
+
+        fingerprint = self.fingerprint()
+        stack.write_back()  # every network's state, a dropped one's included, into its model
+        payload = {"fingerprint": fingerprint, "models": [m.state_dict() for m in models], **run.checkpoint_state(),
+                   "rng_cpu": torch.get_rng_state(),
+                   "rng_cuda": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None}
+        ck.write(self.path, payload)
+        self._last = time.monotonic()
+        self._saves += 1
+
+    def finish(self, run: "_EnsembleRun", stack, models: list[nn.Module], dev: torch.device) -> None:
+        """The run is complete: its checkpoint is removed — or, in a task, its final state saved (see above)."""
+        from bnlab.nets import _ensemble_checkpoint as ck
+
+        if self.in_task and self._saves:
+            self.save(run, stack, models, dev)
+        else:
+            ck.remove(self.path)
 
 
 @dataclass(frozen=True)
