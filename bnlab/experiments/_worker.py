@@ -4,18 +4,22 @@ Kept free of heavy imports so that unpickling a task on a fresh worker is cheap.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import math
 import os
 import socket
+import stat
 import time
 import traceback
+import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from bnlab.experiments.spec import library_versions  # public in spec (the report reads it too)
 
-__all__ = ["execute_cell", "execute_group", "execute_task", "library_versions", "jsonable_metrics"]
+__all__ = ["execute_cell", "execute_group", "execute_task", "library_versions", "jsonable_metrics", "TaskCheckpoint"]
 
 #: Environment of a worker process: its torch thread count (its share of the cores), and "1" where the
 #: user fixed it (``--threads``; the chooser of small work then leaves it alone).  The local cluster
@@ -214,15 +218,59 @@ def execute_group(
     return outs
 
 
+@dataclass(frozen=True)
+class TaskCheckpoint:
+    """Where the trainers of one task keep their checkpoints (:mod:`bnlab._task_checkpoint`): ``directory``
+    (the folder beside the store), the task's ``name`` (a hash of its cells' keys) and ``every`` (seconds
+    between two saves)."""
+
+    directory: str
+    name: str
+    every: float
+
+
+def _checkpoint_folder(directory: str) -> bool:
+    """Whether this worker can keep checkpoints in ``directory`` (created, mode 0700, if missing): a real
+    folder, not a link.  On a worker that cannot (another machine without the store's file system, a
+    planted link) the task runs without checkpoints and a warning says why."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        st = os.lstat(directory)
+    except OSError as exc:
+        warnings.warn(f"checkpoints of this task are not kept: {directory!r} cannot be created ({exc.strerror})",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        warnings.warn(f"checkpoints of this task are not kept: {directory!r} is not a folder (a link or a file)",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
 def execute_task(
     run_cell: Callable[[Any], dict], run_group: Callable[[list[Any]], list[dict]] | None, cells: list[dict],
     limit_threads: bool = True, uses_gpu: bool = False, cell: type | None = None, experiment: str = "",
+    checkpoint: TaskCheckpoint | None = None,
 ) -> list[dict]:
     """One task of a sweep: ``run_group(cells)`` for a group (:func:`execute_group`), else ``run_cell`` of its
     one cell (:func:`execute_cell`); a list of one outcome per cell either way.  ``cell`` and ``experiment``:
-    the experiment's declared cell kind and its name (:attr:`bnlab.experiments.spec.Experiment.cell`)."""
-    if run_group is None:
-        if len(cells) != 1:
-            raise ValueError(f"a task without run_group holds one cell, not {len(cells)}")
-        return [execute_cell(run_cell, cells[0], limit_threads, uses_gpu, cell, experiment)]
-    return execute_group(run_group, cells, limit_threads, uses_gpu, cell, experiment)
+    the experiment's declared cell kind and its name (:attr:`bnlab.experiments.spec.Experiment.cell`).
+
+    With ``checkpoint``, the trainers of the task that can resume (:func:`bnlab.nets.train_ensemble`) save
+    their state there while they run and go on from it when the task runs again after an interruption;
+    once every cell of the task has succeeded, its checkpoints are removed (a failed task keeps them)."""
+    if run_group is None and len(cells) != 1:
+        raise ValueError(f"a task without run_group holds one cell, not {len(cells)}")
+    from bnlab import _task_checkpoint
+
+    keeps = checkpoint is not None and _checkpoint_folder(checkpoint.directory)
+    scope = (_task_checkpoint.task_checkpoints(checkpoint.directory, checkpoint.name, checkpoint.every) if keeps
+             else contextlib.nullcontext())
+    with scope:
+        if run_group is None:
+            outcomes = [execute_cell(run_cell, cells[0], limit_threads, uses_gpu, cell, experiment)]
+        else:
+            outcomes = execute_group(run_group, cells, limit_threads, uses_gpu, cell, experiment)
+    if keeps and all(o["ok"] for o in outcomes):
+        _task_checkpoint.discard(checkpoint.directory, checkpoint.name)
+    return outcomes

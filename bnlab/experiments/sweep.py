@@ -29,6 +29,7 @@ cells in-process, for debugging.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -41,10 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
+from bnlab import _task_checkpoint as _checkpoints
 from bnlab import _threads
-from bnlab._validation import atomic_output_path, check_choice, check_int, check_path
+from bnlab._validation import atomic_output_path, check_choice, check_int, check_path, check_real
 from bnlab.experiments._progress import SweepProgress
-from bnlab.experiments._worker import PINNED_ENV, THREADS_ENV, execute_task, library_versions, set_worker_threads
+from bnlab.experiments._worker import (PINNED_ENV, THREADS_ENV, TaskCheckpoint, execute_task, library_versions,
+                                       set_worker_threads)
 from bnlab.experiments.registry import experiment_module, get_experiment, list_experiments
 from bnlab.experiments.spec import SCALES, Experiment, cell_tasks
 from bnlab.experiments.store import ResultsStore
@@ -64,7 +67,12 @@ __all__ = [
     "open_client",
     "set_client_threads",
     "check_scheduler_address",
+    "checkpoint_folder",
+    "DEFAULT_CHECKPOINT_EVERY",
 ]
+
+#: seconds between two checkpoints of a task's trainer (:func:`run_sweep`'s ``checkpoint_every``)
+DEFAULT_CHECKPOINT_EVERY = _checkpoints.DEFAULT_EVERY
 
 _KILLED_HINT = (
     "the worker running this cell died repeatedly (distributed.scheduler.allowed-failures); "
@@ -338,19 +346,43 @@ def _commit_task(store: ResultsStore, members, outcomes, progress: SweepProgress
         _commit(store, row.key, outcome, progress)
 
 
-def _run_serial(experiment: Experiment, tasks, store: ResultsStore, progress: SweepProgress) -> int:
+def checkpoint_folder(store: Path) -> Path:
+    """The folder beside ``store`` in which its tasks keep checkpoints: ``<store>.checkpoints``.
+
+    ``ValueError`` naming it where something other than a folder is there (a file, or a symbolic link: a
+    task's checkpoints are read and written there, so a planted link is refused, as the store's lock is)."""
+    folder = store.with_name(store.name + ".checkpoints")
+    if os.path.islink(folder):
+        raise ValueError(f"checkpoint folder {str(folder)!r} is not allowed: it is a symbolic link; bnlab keeps a "
+                         "sweep's checkpoints only in a real folder beside its store (remove the link)")
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"checkpoint folder {str(folder)!r} is not allowed: it exists and is not a folder")
+    return folder
+
+
+def _task_checkpoint(members, folder: Path | None, every: float | None) -> TaskCheckpoint | None:
+    """Where the task of ``members`` keeps its trainers' checkpoints: ``folder``/<a hash of its cells' keys>."""
+    if folder is None or every is None:
+        return None
+    name = hashlib.sha256(",".join(r.key for r in members).encode()).hexdigest()[:24]
+    return TaskCheckpoint(str(folder), name, float(every))
+
+
+def _run_serial(experiment: Experiment, tasks, store: ResultsStore, progress: SweepProgress,
+                checkpoints: tuple[Path | None, float | None] = (None, None)) -> int:
     executed = 0
     for members, run_group in tasks:
         store.mark_submitted([r.key for r in members])
         outcomes = execute_task(experiment.run_cell, run_group, [r.params for r in members], False,
-                                experiment.uses_gpu, experiment.cell, experiment.name)
+                                experiment.uses_gpu, experiment.cell, experiment.name,
+                                _task_checkpoint(members, *checkpoints))
         _commit_task(store, members, outcomes, progress)
         executed += len(members)
     return executed
 
 
 def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: SweepProgress, client, retries: int,
-              stopped: list) -> int:
+              stopped: list, checkpoints: tuple[Path | None, float | None] = (None, None)) -> int:
     """Run ``tasks`` on ``client``, committing each as it finishes; the number of cells run.  Stopped before
     the end (Ctrl-C, an error), the futures still in flight are handed to ``stopped``, for the caller to
     cancel (:func:`_cancel_bounded`) once it has put the store right."""
@@ -370,6 +402,7 @@ def _run_dask(experiment: Experiment, tasks, store: ResultsStore, progress: Swee
         [experiment.uses_gpu] * len(tasks),
         [experiment.cell] * len(tasks),
         [experiment.name] * len(tasks),
+        [_task_checkpoint(members, *checkpoints) for members, _ in tasks],
         key=[f"bnlab-{experiment.name}-{members[0].key}{'-group' if len(members) > 1 else ''}-{tag}"
              for members, _ in tasks],
         pure=False,
@@ -437,6 +470,7 @@ def run_sweep(
     retry_failed: bool = False,
     progress: bool | IO = True,
     threads: int | None = None,
+    checkpoint_every: float | None = DEFAULT_CHECKPOINT_EVERY,
 ) -> SweepSummary:
     """Run (or continue) the sweep of ``experiment`` at ``scale``; return what happened.
 
@@ -471,6 +505,12 @@ def run_sweep(
         of the cores (cores // workers), an existing worker keeps its own setting, a serial run
         this process's count; the training entry points lower these to one thread for small
         work (:mod:`bnlab._threads`, docs/experiments.md "Threads").
+    checkpoint_every:
+        Seconds between two checkpoints of a task's ensemble training (:func:`bnlab.nets.train_ensemble`'s
+        ``checkpoint_every``; default 300), kept in ``<store>.checkpoints/`` and removed when the task
+        finishes: a task interrupted after a save (Ctrl-C, a time limit, a killed worker) goes on from it
+        when the sweep is resumed, instead of from its first step.  ``None``: no checkpoints.  Workers on
+        machines that do not share the store's file system run their tasks without (docs/paper-scale.md).
 
     Returns
     -------
@@ -495,12 +535,15 @@ def run_sweep(
         threads = _threads.check_threads(threads)
     if scheduler is not None:
         scheduler = check_scheduler_address(scheduler)
+    if checkpoint_every is not None:
+        checkpoint_every = check_real("checkpoint_every", checkpoint_every, minimum=0.0)
     if serial and (client is not None or scheduler is not None):
         raise ValueError("serial=True runs in this process; do not also give client= or scheduler=")
     cells = grid_cells(exp, scale)
     path = Path(store) if store is not None else store_path(exp.name, scale, results_dir)
     summary, _ = run_grid(exp, scale, cells, path, client=client, scheduler=scheduler, workers=workers, serial=serial,
-                          retries=retries, retry_failed=retry_failed, progress=progress, threads=threads)
+                          retries=retries, retry_failed=retry_failed, progress=progress, threads=threads,
+                          checkpoint_every=checkpoint_every)
     return summary
 
 
@@ -516,11 +559,14 @@ def run_grid(
     exp: Experiment, scale: str, cells: Sequence[dict], path: Path, *, client: Any = None,
     scheduler: str | None = None, workers: int | None = None, serial: bool = False, retries: int = 0,
     retry_failed: bool = False, progress: bool | IO = True, threads: int | None = None,
+    checkpoint_every: float | None = DEFAULT_CHECKPOINT_EVERY,
 ) -> tuple[SweepSummary, list]:
     """:func:`run_sweep` for a grid already computed (``cells``, from :func:`grid_cells`) and a store path,
     arguments already checked; returns the summary and the grid's rows (``CellRow``, in grid order) read
     through the same open store, so a caller that needs both (the report) opens the store once."""
     t0 = time.perf_counter()
+    folder = checkpoint_folder(path) if checkpoint_every is not None else None
+    checkpoints = (folder, checkpoint_every)
     connection = contextlib.ExitStack()
     if scheduler is not None and client is None:
         # connect before the store is opened: an unreachable scheduler is refused with nothing created
@@ -548,14 +594,14 @@ def run_grid(
                         pass
                     elif serial:
                         with _threads.pinned(threads):
-                            executed = _run_serial(exp, tasks, st, bar)
+                            executed = _run_serial(exp, tasks, st, bar, checkpoints)
                     elif client is not None:
                         if threads is not None:
                             set_client_threads(client, threads)
-                        executed = _run_dask(exp, tasks, st, bar, client, retries, stopped)
+                        executed = _run_dask(exp, tasks, st, bar, client, retries, stopped, checkpoints)
                     else:
                         dask_client = own_cluster.enter_context(open_client(scheduler, workers, threads))
-                        executed = _run_dask(exp, tasks, st, bar, dask_client, retries, stopped)
+                        executed = _run_dask(exp, tasks, st, bar, dask_client, retries, stopped, checkpoints)
             except BaseException as exc:
                 # Ctrl-C, SIGTERM, a lost scheduler...: what finished is committed; what was in flight runs again later.
                 requeued = st.requeue_running()
@@ -571,6 +617,9 @@ def run_grid(
                 bar.close()
         after = st.counts(keys)
         final = st.cells(keys=keys)
+    if folder is not None:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # once no task keeps a checkpoint (a folder that is not empty stays)
     summary = SweepSummary(
         experiment=exp.name,
         scale=scale,

@@ -150,3 +150,68 @@ def markers(directory: Path, kind: str) -> dict[int, list[str]]:
         _, i, pid, _ = p.name.split("-")
         out.setdefault(int(i), []).append(pid)
     return out
+
+
+# --------------------------------------------------------------------------- an ensemble task that checkpoints
+def ensemble_grid(scale: str) -> list[dict]:
+    """Four cells (BN-MLP seeds) trained as one ensemble at every scale; ``BNLAB_TEST_STEPS`` steps (default 40)."""
+    steps = int(os.environ.get("BNLAB_TEST_STEPS", "40"))
+    return [{"i": i, "seed": i, "depth": 2 + i, "steps": steps} for i in range(4)]
+
+
+def ensemble_group(params: dict, scale: str) -> str:
+    return "all"
+
+
+def _exit_after_first_save() -> None:
+    """With ``BNLAB_TEST_EXIT_AFTER_SAVE`` set: the first checkpoint write of the test ends its process right
+    after the file is on disk (``os._exit``, as a worker killed by the system), once (an ``exited`` marker)."""
+    d = os.environ.get("BNLAB_TEST_MARKERS")
+    if not os.environ.get("BNLAB_TEST_EXIT_AFTER_SAVE") or not d or Path(d, "exited").exists():
+        return
+    import bnlab.nets._ensemble_checkpoint as ck
+
+    real = ck.write
+
+    def write(path, payload):
+        real(path, payload)
+        Path(d, "exited").touch()
+        os._exit(3)
+
+    ck.write = write
+
+
+def run_ensemble_group(cells: list[dict]) -> list[dict]:
+    """The cells' BN-MLPs (depth 2 + i, seed i, width 8) trained together on a fixed synthetic 4-class task;
+    each cell's metrics: its final weights' sum of squares, last loss, and how many steps this execution ran."""
+    import torch
+
+    import bnlab.nets.ensemble as ens
+    from bnlab.nets import BNMLP, train_ensemble
+
+    _exit_after_first_save()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 6, generator=g, dtype=torch.float64)
+    y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
+    models = [BNMLP(6, 4, depth=c["depth"], width=8, seed=c["seed"], phi="tanh", dtype=torch.float64) for c in cells]
+    ran = []
+    real_step = ens._EnsembleRun.step
+
+    def counted(self):
+        ran.append(self.done)
+        real_step(self)
+
+    ens._EnsembleRun.step = counted
+    try:
+        results = train_ensemble(models, (x, y), lr=0.05, batch_size=16, steps=cells[0]["steps"],
+                                 seeds=[c["seed"] for c in cells])
+    finally:
+        ens._EnsembleRun.step = real_step
+    _mark("group", min(c["i"] for c in cells))
+    return [{"i": c["i"], "weights": float(sum(float((p.detach().double() ** 2).sum()) for p in m.parameters())),
+             "last_loss": r.history[-1], "steps_run": len(ran), "first_step": ran[0] if ran else None}
+            for c, m, r in zip(cells, models, results)]
+
+
+ENSEMBLE = _experiment("bnlab-test-ensemble", grid=ensemble_grid, group=ensemble_group, run_group=run_ensemble_group,
+                       compare=lambda records: [])

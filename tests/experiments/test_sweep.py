@@ -181,7 +181,7 @@ def test_interrupt_is_reported_before_the_local_cluster_is_torn_down(tmp_path, t
             with ResultsStore(path, readonly=True) as st:
                 cancelled.append((list(futures), st.counts()["running"], "interrupted:" in buf.getvalue()))
 
-    def interrupted_run(exp, tasks, st, bar, client, retries, stopped):
+    def interrupted_run(exp, tasks, st, bar, client, retries, stopped, checkpoints=(None, None)):
         st.mark_submitted([r.key for members, _ in tasks for r in members])  # cells in flight
         stopped.extend(["future-1", "future-2"])
         raise KeyboardInterrupt
