@@ -169,6 +169,13 @@ CLI_CASES: list[Case] = [
     # ----------------------------------------------------------------- sweep
     cli("sweep", "sweep", "run", "yang2019-fig1ab", "--scheduler", "tcp://127.0.0.1:9", "--store",
         "{root}/sched.sqlite", "--no-progress", names="scheduler", fast=False),
+    cli("sweep", "sweep", "run", "yang2019-fig1ab", "--checkpoint-every", "-1", "--store", "{root}/ck1.sqlite",
+        "--serial", "--no-progress", names="checkpoint_every"),
+    cli("sweep", "sweep", "run", "yang2019-fig1ab", "--checkpoint-every", "nan", "--store", "{root}/ck2.sqlite",
+        "--serial", "--no-progress", names="checkpoint_every"),
+    cli("sweep", "sweep", "run", "yang2019-fig1ab", "--store", "{root}/ck3.sqlite", "--serial", "--no-progress",
+        names="checkpoint folder",
+        setup="import os; os.path.lexists('ck3.sqlite.checkpoints') or os.symlink('nowhere', 'ck3.sqlite.checkpoints')"),
     # ---------------------------------------------------- simulate, theory (older commands' leftovers)
     cli("simulate", "simulate", *hc._SMALL_SIM, "--eps=1e308", names="eps"),
     cli("theory", "theory", "--phi", "relu", "-B", "100000000000000000", names="batch"),
@@ -372,6 +379,17 @@ API_CASES: list[Case] = [
     # ------------------------------------------------------------------ nets
     api("nets-api", _NETS + "nets.train_ensemble([nets.MLP(4, [4], 2)], (torch.randn(20, 4), "
         "torch.randint(0, 2, (20,))), lr=0.1, batch_size=4, steps=2, seeds=2**70)", names="seeds"),
+    api("nets-api", _NETS + "nets.train_ensemble([nets.MLP(4, [4], 2)], (torch.randn(20, 4), "
+        "torch.randint(0, 2, (20,))), lr=0.1, batch_size=4, steps=2, checkpoint='/dev/null')", names="checkpoint"),
+    api("nets-api", _NETS + "nets.train_ensemble([nets.MLP(4, [4], 2)], (torch.randn(20, 4), "
+        "torch.randint(0, 2, (20,))), lr=0.1, batch_size=4, steps=2, checkpoint='.')", names="checkpoint"),
+    api("nets-api", _NETS + "nets.train_ensemble([nets.MLP(4, [4], 2)], (torch.randn(20, 4), "
+        "torch.randint(0, 2, (20,))), lr=0.1, batch_size=4, steps=2, checkpoint='x.pt', "
+        "checkpoint_every=float('nan'))", names="checkpoint_every"),
+    api("nets-api", _NETS + "import os, tempfile\npath = os.path.join(tempfile.mkdtemp(), 'ck.pt')\n"
+        "open(path, 'wb').write(b'PK\\x03\\x04 planted')\n"
+        "nets.train_ensemble([nets.MLP(4, [4], 2)], (torch.randn(20, 4), "
+        "torch.randint(0, 2, (20,))), lr=0.1, batch_size=4, steps=2, checkpoint=path)", names="checkpoint"),
     api("nets-api", _NETS + "nets.MLP(784, [10**9], 10)", names="max_memory"),
     api("nets-api", _NETS + "nets.BNMLP(784, 10, depth=4, width=10**9)", names="max_memory"),
     api("nets-api", _NETS + "nets.MLP(784, [10**6, 10**6], 10)", names="max_memory"),

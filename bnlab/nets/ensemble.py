@@ -1157,7 +1157,15 @@ class _Checkpointer:
         payload = {"fingerprint": fingerprint, "models": [m.state_dict() for m in models], **run.checkpoint_state(),
                    "rng_cpu": torch.get_rng_state(),
                    "rng_cuda": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None}
-        ck.write(self.path, payload)
+        try:
+            ck.write(self.path, payload)
+        except OSError as exc:
+            # a full disk or a folder gone must not end the training the checkpoint is there to protect:
+            # the run goes on without saving (the previous save, if any, stays)
+            warnings.warn(f"train_ensemble: checkpoint={str(self.path)!r} could not be written ({exc.strerror or exc}); "
+                          "the run goes on without saving", RuntimeWarning, stacklevel=3)
+            self.every = math.inf
+            return
         self._last = time.monotonic()
         self._saves += 1
 

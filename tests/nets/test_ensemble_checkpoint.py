@@ -403,7 +403,7 @@ def test_a_run_resumed_on_the_compiled_route_equals_the_straight_eager_run(tmp_p
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
-def test_a_run_resumed_on_the_captured_route_equals_the_straight_eager_run_on_the_gpu(tmp_path, monkeypatch):
+def test_a_run_resumed_on_the_cuda_graph_route_equals_the_straight_eager_run(tmp_path, monkeypatch):
     # the CUDA-graph route (the default on a GPU for long runs) restores into the tensors it captured
     kw = _case(momentum=0.9, steps=40)
     kw["kwargs"]["device"] = "cuda"
@@ -416,4 +416,51 @@ def test_a_run_resumed_on_the_captured_route_equals_the_straight_eager_run_on_th
     resumed = _run(_bnmlps, kw, path, step_mode="cuda_graph")
     # float64 on the GPU: cuBLAS sums in another order than the eager route's kernels may: the tolerance
     # of test_ensemble_step.py's GPU comparison (1e-10 of each tensor's scale) holds for SGD
+    _assert_same(straight, resumed)
+
+
+def test_a_save_that_cannot_be_written_warns_and_the_run_goes_on(tmp_path, monkeypatch):
+    # a full disk while saving: the training the checkpoint protects is not lost for it
+    kw = _case()
+    straight = _run(_bnmlps, kw)
+    tries = []
+
+    def full(path, payload):
+        tries.append(payload["done"])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ck, "write", full)
+    with pytest.warns(RuntimeWarning, match="No space left on device"):
+        resumed = _run(_bnmlps, kw, tmp_path / "run.pt")
+    assert tries == [10]  # one try, then no more saves
+    _assert_same(straight, resumed)
+
+
+def test_a_run_resumed_on_the_captured_route_equals_the_straight_eager_run_with_stand_in_graphs(tmp_path,
+                                                                                               monkeypatch):
+    # the captured route's Python on the CPU (tests/nets/_fake_cuda_graphs.py: a capture records the step, a
+    # replay runs it on the captured state): the restored tensors are the ones captured, so the replays go on
+    # from the save
+    from . import _fake_cuda_graphs as fake_cuda_graphs
+
+    kw = _case(momentum=0.9)
+    straight = _run(_bnmlps, kw, step_mode="eager")
+    events: list = []
+    fake_cuda_graphs.install(monkeypatch, events)
+    path = tmp_path / "run.pt"
+    real_write, count = ck.write, []
+
+    def write(p, payload):
+        real_write(p, payload)
+        count.append(payload["done"])
+        if len(count) == 2:
+            raise _Stop
+
+    monkeypatch.setattr(ck, "write", write)
+    with pytest.raises(_Stop):
+        _run(_bnmlps, kw, path, step_mode="cuda_graph")
+    monkeypatch.setattr(ck, "write", real_write)
+    events.clear()
+    resumed = _run(_bnmlps, kw, path, step_mode="cuda_graph")
+    assert events.count("capture") == 1 and events.count("replay") >= 30  # steps 20 … 59 on the captured route
     _assert_same(straight, resumed)
