@@ -5,8 +5,8 @@ import argparse
 import dataclasses
 import sys
 
-from bnlab.cli._common import (add_data_dir_argument, add_threads_argument, apply_data_dir, check_cluster_arguments,
-                               check_output_dir, print_json, print_table)
+from bnlab.cli._common import (add_checkpoint_arguments, add_data_dir_argument, add_threads_argument, apply_data_dir,
+                               check_cluster_arguments, check_output_dir, checkpoint_every, print_json, print_table)
 from bnlab._vocabulary import SCALES
 
 
@@ -19,6 +19,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, help="worker processes of the local cluster (default: cores)")
     p.add_argument("--serial", action="store_true", help="run the cells in this process (debugging)")
     add_threads_argument(p, cells=True)
+    add_checkpoint_arguments(p)
     p.add_argument("--no-retry-failed", action="store_true", help="keep cells recorded as failed instead of rerunning them")
     p.add_argument("--no-progress", action="store_true", help="no progress bars or messages")
     add_data_dir_argument(p)
@@ -54,7 +55,7 @@ def run_options(args: argparse.Namespace) -> dict:
     """The keyword arguments of ``build_report``/``reproduce`` that :func:`add_run_arguments` parsed."""
     return dict(scale=args.scale, results_dir=args.results_dir, scheduler=args.scheduler, workers=args.workers,
                 serial=args.serial, retry_failed=not args.no_retry_failed, progress=not args.no_progress,
-                threads=args.threads)
+                threads=args.threads, checkpoint_every=checkpoint_every(args))
 
 
 #: The output folder of ``report`` and ``reproduce`` (one folder: reproduce's figures are the report's).

@@ -5,7 +5,7 @@ import argparse
 import dataclasses
 import sys
 
-from bnlab.cli._common import add_threads_argument, print_json, print_table
+from bnlab.cli._common import add_checkpoint_arguments, add_threads_argument, checkpoint_every, print_json, print_table
 from bnlab._vocabulary import SCALES
 
 
@@ -26,10 +26,7 @@ def _add_cluster(p: argparse.ArgumentParser) -> None:
     g.add_argument("--workers", type=int, default=None, help="worker processes of the local cluster (default: cores)")
     g.add_argument("--serial", action="store_true", help="run the cells in this process, one by one (debugging)")
     add_threads_argument(g, cells=True)
-    g.add_argument("--checkpoint-every", type=float, default=300.0, metavar="SECONDS",
-                   help="seconds between two checkpoints of a task's ensemble training, kept in <store>.checkpoints/ "
-                        "so that an interrupted task resumes mid-way (default 300)")
-    g.add_argument("--no-checkpoints", action="store_true", help="keep no checkpoints: an interrupted task starts over")
+    add_checkpoint_arguments(g)
     g.add_argument("--retry-failed", action="store_true", help="run cells recorded as failed again")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -82,7 +79,7 @@ def _cluster_kwargs(args) -> dict:
         "serial": args.serial,
         "threads": args.threads,
         "retry_failed": args.retry_failed,
-        "checkpoint_every": None if args.no_checkpoints else args.checkpoint_every,
+        "checkpoint_every": checkpoint_every(args),
         "progress": not args.no_progress,
     }
 

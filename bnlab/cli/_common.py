@@ -23,6 +23,8 @@ __all__ = [
     "yes_no",
     "add_threads_argument",
     "apply_threads",
+    "add_checkpoint_arguments",
+    "checkpoint_every",
     "BnlabParser",
     "add_choice_argument",
     "add_deprecated_flag",
@@ -183,6 +185,21 @@ def add_threads_argument(parser, *, cells: bool = False) -> None:
         text = ("intra-op threads of torch, OpenMP and BLAS (default: chosen by the size of the work: one "
                 "thread for small operators such as batch-1 training or the rank chain at d = 32, else all cores)")
     parser.add_argument("--threads", type=int, default=None, metavar="N", help=text)
+
+
+def add_checkpoint_arguments(parser) -> None:
+    """--checkpoint-every / --no-checkpoints: how often a task's ensemble training saves, so that an interrupted
+    sweep goes on mid-task (``run_sweep``'s ``checkpoint_every``; docs/paper-scale.md)."""
+    parser.add_argument("--checkpoint-every", type=float, default=300.0, metavar="SECONDS",
+                        help="seconds between two checkpoints of a task's ensemble training, kept in "
+                             "<store>.checkpoints/ so that an interrupted task resumes mid-way (default 300)")
+    parser.add_argument("--no-checkpoints", action="store_true",
+                        help="keep no checkpoints: an interrupted task starts over")
+
+
+def checkpoint_every(args: argparse.Namespace) -> float | None:
+    """``checkpoint_every`` of ``run_sweep``/``build_report`` from :func:`add_checkpoint_arguments`'s options."""
+    return None if args.no_checkpoints else args.checkpoint_every
 
 
 def apply_threads(args: argparse.Namespace) -> None:

@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Sequence
 
 from bnlab import _threads
-from bnlab._validation import check_choice
+from bnlab._validation import check_choice, check_real
 from bnlab.experiments.registry import discovery_errors, get_experiment, list_experiments
 from bnlab.experiments.spec import SCALES, VERDICTS, Comparison, Experiment, library_versions
 from bnlab.experiments.store import ResultsStore, cell_key
-from bnlab.experiments.sweep import grid_cells, open_client, run_grid, set_client_threads, store_path
+from bnlab.experiments.sweep import (DEFAULT_CHECKPOINT_EVERY, grid_cells, open_client, run_grid, set_client_threads,
+                                     store_path)
 
 __all__ = ["build_report", "reproduce", "verdict", "ledger", "Report", "ReportSection", "VERDICTS"]
 
@@ -212,10 +213,12 @@ def _needs_run(rows: list | None, keys: Sequence[str], retry_failed: bool) -> bo
 def _section(
     exp: Experiment, scale: str, results_dir, outdir: Path, retry_failed: bool, get_client, serial: bool,
     progress, *, prepared: tuple[list[dict], list[str]] | None = None,
+    checkpoint_every: float | None = DEFAULT_CHECKPOINT_EVERY,
 ) -> ReportSection:
     """Run or reuse one reproduction, plot and tabulate it, and judge it (:func:`verdict`); ``prepared``: its
     grid and cell keys, where the caller has computed them."""
-    sec = _run_section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress, prepared=prepared)
+    sec = _run_section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress, prepared=prepared,
+                       checkpoint_every=checkpoint_every)
     # one line for the verdict (the page and the terminal table show it inline): distinct reasons by "; "
     skip_reason = "; ".join(line for n in sec.notes if "skipped" in n["what"] for line in n["text"].splitlines())
     sec.verdict, sec.verdict_reason = verdict(sec.status, sec.comparisons, failed_cells=sec.failed,
@@ -226,6 +229,7 @@ def _section(
 def _run_section(
     exp: Experiment, scale: str, results_dir, outdir: Path, retry_failed: bool, get_client, serial: bool,
     progress, *, prepared: tuple[list[dict], list[str]] | None = None,
+    checkpoint_every: float | None = DEFAULT_CHECKPOINT_EVERY,
 ) -> ReportSection:
     path = store_path(exp.name, scale, results_dir)
     sec = ReportSection(
@@ -246,7 +250,8 @@ def _run_section(
         rows = _stored_rows(path, keys)
         if _needs_run(rows, keys, retry_failed):
             kwargs = {"serial": True} if serial else {"client": get_client()}
-            summary, rows = run_grid(exp, scale, cells, path, retry_failed=retry_failed, progress=progress, **kwargs)
+            summary, rows = run_grid(exp, scale, cells, path, retry_failed=retry_failed, progress=progress,
+                                     checkpoint_every=checkpoint_every, **kwargs)
             sec.reused = summary.reused
         else:
             sec.reused = sum(r.status == "done" for r in rows)
@@ -715,7 +720,7 @@ _SWEEPS_IN_FLIGHT = 2
 
 
 def _sections(exps: Sequence[Experiment], scale: str, results_dir, outdir: Path, retry_failed: bool, get_client,
-              serial: bool, progress) -> list[ReportSection]:
+              serial: bool, progress, checkpoint_every: float | None = DEFAULT_CHECKPOINT_EVERY) -> list[ReportSection]:
     """Every reproduction's section, in order.  The sweeps run ahead on the cluster, ``_SWEEPS_IN_FLIGHT`` at
     a time, submitted in the sections' order (Dask runs earlier submissions first); figures, tables and
     verdicts are made here, in this thread (matplotlib's pyplot is not thread-safe), each once its sweep is
@@ -734,7 +739,7 @@ def _sections(exps: Sequence[Experiment], scale: str, results_dir, outdir: Path,
             pending.append(e)
     if len(pending) < 2:
         return [_section(exp, scale, results_dir, outdir, retry_failed, get_client, serial, progress,
-                         prepared=prepared.get(exp.name)) for exp in exps]
+                         prepared=prepared.get(exp.name), checkpoint_every=checkpoint_every) for exp in exps]
     from concurrent.futures import ThreadPoolExecutor
 
     client = get_client()  # one cluster, started here (not by two threads at once)
@@ -742,7 +747,8 @@ def _sections(exps: Sequence[Experiment], scale: str, results_dir, outdir: Path,
     def sweep(exp: Experiment):
         try:
             summary, _ = run_grid(exp, scale, prepared[exp.name][0], store_path(exp.name, scale, results_dir),
-                                  retry_failed=retry_failed, progress=progress, client=client)
+                                  retry_failed=retry_failed, progress=progress, client=client,
+                                  checkpoint_every=checkpoint_every)
             return summary
         except Exception:
             return None
@@ -755,7 +761,7 @@ def _sections(exps: Sequence[Experiment], scale: str, results_dir, outdir: Path,
             summary = ahead[exp.name].result() if exp.name in ahead else None
             # the sweep above already retried failed cells: the section only reads (a failed cell runs once)
             sec = _section(exp, scale, results_dir, outdir, retry_failed and summary is None, get_client, serial,
-                           progress, prepared=prepared.get(exp.name))
+                           progress, prepared=prepared.get(exp.name), checkpoint_every=checkpoint_every)
             if summary is not None:
                 sec.reused = summary.reused
             sections.append(sec)
@@ -778,6 +784,7 @@ def build_report(
     retry_failed: bool = True,
     progress: bool | IO = True,
     threads: int | None = None,
+    checkpoint_every: float | None = DEFAULT_CHECKPOINT_EVERY,
 ) -> Report:
     """Run or reuse every reproduction's sweep at ``scale`` and write ``<out>/index.html``.
 
@@ -806,6 +813,9 @@ def build_report(
     threads:
         Intra-op threads of every process that runs cells, fixed (see
         :func:`~bnlab.experiments.sweep.run_sweep`; default: each local worker its share of the cores).
+    checkpoint_every:
+        Seconds between two checkpoints of a task's ensemble training, so that an interrupted report goes
+        on mid-task (see :func:`~bnlab.experiments.sweep.run_sweep`; default 300; ``None``: none).
 
     Returns
     -------
@@ -816,6 +826,8 @@ def build_report(
     check_choice("scale", scale, SCALES)
     if threads is not None:  # before anything is created
         threads = _threads.check_threads(threads)
+    if checkpoint_every is not None:
+        checkpoint_every = check_real("checkpoint_every", checkpoint_every, minimum=0.0)
     os.environ.setdefault("MPLBACKEND", "Agg")  # figures are files; never open a window
     t0 = time.perf_counter()
     outdir = Path(out)
@@ -833,7 +845,8 @@ def build_report(
         get_client = _LazyClient(stack, client, scheduler, workers, threads)
         if serial:
             stack.enter_context(_threads.pinned(threads))
-        sections = _sections(exps, scale, results_dir, outdir, retry_failed, get_client, serial, progress)
+        sections = _sections(exps, scale, results_dir, outdir, retry_failed, get_client, serial, progress,
+                             checkpoint_every)
     _say(progress, "writing the page …")
     report = Report(index=outdir / "index.html", scale=scale, sections=sections, broken_modules=broken,
                     seconds=time.perf_counter() - t0)
@@ -884,6 +897,7 @@ def reproduce(
     retry_failed: bool = True,
     progress: bool | IO = True,
     threads: int | None = None,
+    checkpoint_every: float | None = DEFAULT_CHECKPOINT_EVERY,
 ) -> ReportSection:
     """Run (or reuse) one reproduction's sweep, write its figures to ``<out>/figures/<name>/``, tabulate it.
 
@@ -899,8 +913,11 @@ def reproduce(
     outdir = Path(out)
     if threads is not None:
         threads = _threads.check_threads(threads)
+    if checkpoint_every is not None:
+        checkpoint_every = check_real("checkpoint_every", checkpoint_every, minimum=0.0)
     with contextlib.ExitStack() as stack:
         if serial:
             stack.enter_context(_threads.pinned(threads))
         return _section(exp, scale, results_dir, outdir, retry_failed,
-                        _LazyClient(stack, client, scheduler, workers, threads), serial, progress)
+                        _LazyClient(stack, client, scheduler, workers, threads), serial, progress,
+                        checkpoint_every=checkpoint_every)

@@ -114,3 +114,30 @@ def test_a_killed_dask_worker_s_task_resumes_from_its_checkpoint(tmp_path, test_
     assert all(m["first_step"] == 10 and m["steps_run"] == 50 for m in resumed.values())
     _same(_metrics(straight.store), resumed)
     assert len(markers(test_env, "group")[0]) == 2  # the straight run's execution and the resumed one
+
+
+@pytest.mark.parametrize("flags, expected", [([], 300.0), (["--checkpoint-every", "30"], 30.0),
+                                             (["--no-checkpoints"], None)])
+def test_the_cli_passes_the_checkpoint_interval_to_the_engine(monkeypatch, tmp_path, flags, expected):
+    # sweep run/resume, report and reproduce take the same options and hand them to run_sweep / build_report /
+    # reproduce as checkpoint_every
+    import bnlab.experiments.report as report
+    import bnlab.experiments.sweep as sweep
+    from bnlab.cli import main
+
+    seen = {}
+
+    def fake(name):
+        def run(*args, **kwargs):
+            seen[name] = kwargs.get("checkpoint_every", "missing")
+            raise ValueError("stop here")
+        return run
+
+    monkeypatch.setattr(sweep, "run_sweep", fake("sweep"))
+    monkeypatch.setattr(report, "build_report", fake("report"))
+    monkeypatch.setattr(report, "reproduce", fake("reproduce"))
+    for argv in (["sweep", "run", "yang2019-theory"], ["report", "--out", str(tmp_path / "r")],
+                 ["reproduce", "yang2019-theory", "--out", str(tmp_path / "r")]):
+        with pytest.raises(SystemExit):
+            main([*argv, *flags, "--results-dir", str(tmp_path)])
+    assert seen == {"sweep": expected, "report": expected, "reproduce": expected}
