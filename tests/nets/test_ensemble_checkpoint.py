@@ -384,18 +384,10 @@ def test_a_run_resumed_on_the_compiled_route_equals_the_straight_eager_run(tmp_p
     kw["kwargs"]["diverge_above"] = 50.0
     straight = _run(make, kw, step_mode="eager")
     path = tmp_path / "run.pt"
-    real_write, count = ck.write, []
-
-    def write(p, payload):
-        real_write(p, payload)
-        count.append(payload["done"])
-        if len(count) == 2:
-            raise _Stop
-
-    monkeypatch.setattr(ck, "write", write)
+    _interrupt_after(monkeypatch, 2)
     with pytest.raises(_Stop):
         _run(make, kw, path, step_mode="compile")
-    monkeypatch.setattr(ck, "write", real_write)
+    monkeypatch.setattr(ck, "write", _REAL_WRITE)  # torch.compile stays patched
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager warns: fail on it
         resumed = _run(make, kw, path, step_mode="compile")
@@ -448,18 +440,10 @@ def test_a_run_resumed_on_the_captured_route_equals_the_straight_eager_run_with_
     events: list = []
     fake_cuda_graphs.install(monkeypatch, events)
     path = tmp_path / "run.pt"
-    real_write, count = ck.write, []
-
-    def write(p, payload):
-        real_write(p, payload)
-        count.append(payload["done"])
-        if len(count) == 2:
-            raise _Stop
-
-    monkeypatch.setattr(ck, "write", write)
+    _interrupt_after(monkeypatch, 2)
     with pytest.raises(_Stop):
         _run(_bnmlps, kw, path, step_mode="cuda_graph")
-    monkeypatch.setattr(ck, "write", real_write)
+    monkeypatch.setattr(ck, "write", _REAL_WRITE)  # the stand-in graphs stay
     events.clear()
     resumed = _run(_bnmlps, kw, path, step_mode="cuda_graph")
     assert events.count("capture") == 1 and events.count("replay") >= 30  # steps 20 … 59 on the captured route
