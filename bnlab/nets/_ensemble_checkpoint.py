@@ -25,22 +25,32 @@ anything is loaded into a model, and a file written by another run is refused: i
 hashes the models' initial state and structure, the training data, every option of the run and
 bnlab's version.  It is written to a temporary file in the same folder and renamed over the old one
 (:func:`bnlab._validation.atomic_output_path`), so a crash while writing leaves the previous one.
+
+:class:`Checkpointer` is what ``train_ensemble`` holds for one run (when to save, resuming, the end); the
+run's own state goes in and out through ``_EnsembleRun.checkpoint_state`` / ``restore``.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import os
 import stat
+import time
+import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from bnlab._validation import atomic_output_path
+from bnlab._validation import atomic_output_path, check_path, check_real
 
-__all__ = ["FORMAT", "VERSION", "fingerprint", "read", "write", "load_models", "remove", "check_like"]
+_log = logging.getLogger("bnlab.nets")
+
+__all__ = ["FORMAT", "VERSION", "Checkpointer", "fingerprint", "read", "write", "load_models", "remove", "check_like"]
 
 #: what a checkpoint file says it is (``"format"``) and the layout's version (``"version"``)
 FORMAT = "bnlab.train_ensemble"
@@ -169,3 +179,122 @@ def check_like(path: Path, what: str, saved: Any, own: Any) -> None:
             check_like(path, f"{what}[{j}]", s, o)
     elif not _same_tensor_kind(saved, own):
         raise _refused(path, f"its {what} is not a {tuple(own.shape)} {own.dtype} tensor")
+
+
+class Checkpointer:
+    """The ``checkpoint`` of one :func:`train_ensemble` run: resume from it, save to it, remove it at the end.
+
+    ``in_task``: the file is one a sweep's engine names for a task (:mod:`bnlab._task_checkpoint`).  Then a
+    file that cannot be resumed from (another run's, unreadable) is removed with a warning and the run
+    starts from step 0, instead of the ``ValueError`` a caller's own file gets (a resumed sweep must not
+    fail on it forever); and a run that has saved at least once saves its final state too instead of
+    removing the file, so that a task that trains several ensembles in turn, interrupted in a later one,
+    does not train the finished ones again (the engine removes the task's files once it has finished)."""
+
+    def __init__(self, path: Path, every: float, fingerprint_of, in_task: bool):
+        self.path, self.every, self._fingerprint_of, self.in_task = path, every, fingerprint_of, in_task
+        self._fingerprint: str | None = None
+        self._last = time.monotonic()
+        self._saves = 0
+
+    @classmethod
+    def for_run(cls, checkpoint, every, models, data, opts) -> "Checkpointer | None":
+        """The checkpointer of a run of ``models`` on ``data`` (train_ensemble's checked data: ``x``, ``y``,
+        ``test``, ``batch_size``, ``steps``) with ``opts`` (its checked options, a dataclass), or None: no
+        ``checkpoint`` given and none claimed for a sweep's task."""
+        from bnlab import _task_checkpoint
+
+        in_task = False
+        if checkpoint is None:
+            claimed = _task_checkpoint.claim()  # a sweep's task: the engine's file for this call
+            if claimed is None:
+                return None
+            checkpoint, every, in_task = claimed[0], claimed[1], True
+        path = check_path("checkpoint", checkpoint, kind="file", replaced=True)
+        every = check_real("checkpoint_every", every, minimum=0.0)
+        tensors = {"x": data.x, "y": data.y, **({} if data.test is None else {"x_test": data.test[0],
+                                                                             "y_test": data.test[1]})}
+        options = {**asdict(opts), "batch_size": data.batch_size, "steps": data.steps}
+
+        def fingerprint_of() -> str:
+            return fingerprint(models, tensors, options)
+
+        return cls(path, every, fingerprint_of, in_task)
+
+    def fingerprint(self) -> str:
+        # computed before the first save writes the training state back into the models (they hold their
+        # initial state until then): a run that never saves never hashes its data
+        if self._fingerprint is None:
+            self._fingerprint = self._fingerprint_of()
+        return self._fingerprint
+
+    def resume(self, models: list[nn.Module], dev: torch.device) -> dict | None:
+        """The checkpoint's state with the models set to it, or None (no file; or a bad one set aside)."""
+        try:
+            saved = read(self.path, dev)
+            if saved is None:
+                return None
+            if saved["fingerprint"] != self.fingerprint():
+                raise _refused(self.path, "it was written by another run (other models, data or options, or "
+                                             "another bnlab version); remove it, or give another path")
+            load_models(self.path, models, saved.get("models"))
+        except ValueError as exc:
+            if not self.in_task:
+                raise
+            warnings.warn(f"{exc}; it is removed and the run starts from step 0", RuntimeWarning, stacklevel=4)
+            remove(self.path)
+            return None
+        _log.info("train_ensemble resumes from %s at step %d", self.path, saved.get("done", -1))
+        self._saves = 1  # the file holds this run's state
+        return saved
+
+    def compact_to(self, stack, saved: dict) -> None:
+        """Drop from the freshly built stack the networks the checkpointed run had dropped."""
+        rows = saved.get("row_ids")
+        full = list(stack.rows)
+        kept = rows.tolist() if isinstance(rows, torch.Tensor) and rows.dim() == 1 else None
+        if kept is None or not set(kept) <= set(full) or len(set(kept)) != len(kept) or not kept:
+            raise _refused(self.path, "its stacked rows are not networks of this run")
+        if kept != full:
+            if not stack.compactable:
+                raise _refused(self.path, "its stacked rows are not those of its models")
+            keep = torch.tensor(sorted(full.index(i) for i in kept), dtype=torch.long)
+            stack.compact(keep.to(rows.device))
+
+    @staticmethod
+    def restore_rng(saved: dict, dev: torch.device) -> None:
+        """torch's random state as it was at the save (a module's dropout goes on with the same numbers)."""
+        cpu = saved.get("rng_cpu")
+        if isinstance(cpu, torch.Tensor) and cpu.dtype == torch.uint8 and cpu.shape == torch.get_rng_state().shape:
+            torch.set_rng_state(cpu.cpu())
+        cuda = saved.get("rng_cuda")
+        if dev.type == "cuda" and isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8:
+            torch.cuda.set_rng_state(cuda.cpu(), dev)
+
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= self.every
+
+    def save(self, run, stack, models: list[nn.Module], dev: torch.device) -> None:
+        fingerprint = self.fingerprint()
+        stack.write_back()  # every network's state, a dropped one's included, into its model
+        payload = {"fingerprint": fingerprint, "models": [m.state_dict() for m in models], **run.checkpoint_state(),
+                   "rng_cpu": torch.get_rng_state(),
+                   "rng_cuda": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None}
+        try:
+            write(self.path, payload)
+        except OSError as exc:
+            # a full disk or a folder gone must not end the training the checkpoint is there to protect:
+            # the run goes on without saving (the previous save, if any, stays)
+            warnings.warn(f"train_ensemble: checkpoint={str(self.path)!r} could not be written ({exc.strerror or exc}); "
+                          "the run goes on without saving", RuntimeWarning, stacklevel=3)
+            self.every = math.inf
+            return
+        self._last = time.monotonic()
+        self._saves += 1
+
+    def finish(self, run, stack, models: list[nn.Module], dev: torch.device) -> None:
+        """The run is complete: its checkpoint is removed — or, in a task, its final state saved (see above)."""
+        if self.in_task and self._saves:
+            self.save(run, stack, models, dev)
+        else:
+            remove(self.path)
