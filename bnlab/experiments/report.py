@@ -720,7 +720,8 @@ _SWEEPS_IN_FLIGHT = 2
 
 
 def _sections(exps: Sequence[Experiment], scale: str, results_dir, outdir: Path, retry_failed: bool, get_client,
-              serial: bool, progress, checkpoint_every: float | None = DEFAULT_CHECKPOINT_EVERY) -> list[ReportSection]:
+              serial: bool, progress, *, checkpoint_every: float | None = DEFAULT_CHECKPOINT_EVERY
+              ) -> list[ReportSection]:
     """Every reproduction's section, in order.  The sweeps run ahead on the cluster, ``_SWEEPS_IN_FLIGHT`` at
     a time, submitted in the sections' order (Dask runs earlier submissions first); figures, tables and
     verdicts are made here, in this thread (matplotlib's pyplot is not thread-safe), each once its sweep is
@@ -846,7 +847,7 @@ def build_report(
         if serial:
             stack.enter_context(_threads.pinned(threads))
         sections = _sections(exps, scale, results_dir, outdir, retry_failed, get_client, serial, progress,
-                             checkpoint_every)
+                             checkpoint_every=checkpoint_every)
     _say(progress, "writing the page …")
     report = Report(index=outdir / "index.html", scale=scale, sections=sections, broken_modules=broken,
                     seconds=time.perf_counter() - t0)
