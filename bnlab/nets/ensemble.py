@@ -1030,7 +1030,8 @@ def train_ensemble(
         run.restore(saver.path, saved)
         saver.restore_rng(saved, dev)
     # a plan's pilot (bnlab._run_length) learns the seconds of the steady steps, past warm-up and capture
-    timed = timing_steps() and data.steps > STEADY_FROM
+    # (not a run resumed past STEADY_FROM: its clock would start nowhere)
+    timed = timing_steps() and data.steps > STEADY_FROM and run.done <= STEADY_FROM
     t_steady = 0.0
     while run.done < data.steps:
         if timed and run.done == STEADY_FROM:
