@@ -50,7 +50,7 @@ from bnlab._validation import atomic_output_path, check_path, check_real
 
 _log = logging.getLogger("bnlab.nets")
 
-__all__ = ["FORMAT", "VERSION", "Checkpointer", "fingerprint", "read", "write", "load_models", "remove", "check_like"]
+__all__ = ["FORMAT", "VERSION", "Checkpointer", "fingerprint", "read", "write", "load_models", "remove", "check_like", "refused", "same_kind"]
 
 #: what a checkpoint file says it is (``"format"``) and the layout's version (``"version"``)
 FORMAT = "bnlab.train_ensemble"
@@ -90,7 +90,8 @@ def fingerprint(models: Sequence[nn.Module], tensors: dict[str, torch.Tensor], o
     return h.hexdigest()
 
 
-def _refused(path: Path, why: str) -> ValueError:
+def refused(path: Path, why: str) -> ValueError:
+    """The ``ValueError`` for a checkpoint at ``path`` that cannot be resumed from, saying ``why``."""
     return ValueError(f"checkpoint={str(path)!r} is not allowed: {why}")
 
 
@@ -107,23 +108,23 @@ def read(path: Path, device: torch.device) -> dict | None:
         return None
     except OSError as exc:
         if os.path.islink(path):
-            raise _refused(path, "it is a symbolic link; a checkpoint is read only from a regular file") from None
-        raise _refused(path, f"it cannot be opened ({exc.strerror})") from None
+            raise refused(path, "it is a symbolic link; a checkpoint is read only from a regular file") from None
+        raise refused(path, f"it cannot be opened ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise _refused(path, "it is not a regular file")
+            raise refused(path, "it is not a regular file")
         try:
             obj = torch.load(f, map_location=device, weights_only=True)
         except Exception as exc:  # noqa: BLE001 — whatever the file holds, the answer is one ValueError
-            raise _refused(path, f"it is not a readable checkpoint ({type(exc).__name__}: {str(exc)[:200]}); "
+            raise refused(path, f"it is not a readable checkpoint ({type(exc).__name__}: {str(exc)[:200]}); "
                                  "remove it to train from the start") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise _refused(path, "it is not a train_ensemble checkpoint")
+        raise refused(path, "it is not a train_ensemble checkpoint")
     if obj.get("version") != VERSION:
-        raise _refused(path, f"it is a checkpoint of layout version {obj.get('version')!r}; this bnlab reads "
+        raise refused(path, f"it is a checkpoint of layout version {obj.get('version')!r}; this bnlab reads "
                              f"version {VERSION}")
     if not isinstance(obj.get("fingerprint"), str):
-        raise _refused(path, "its fingerprint is missing")
+        raise refused(path, "its fingerprint is missing")
     return obj
 
 
@@ -144,7 +145,8 @@ def remove(path: Path) -> None:
         pass
 
 
-def _same_tensor_kind(saved: Any, own: torch.Tensor) -> bool:
+def same_kind(saved: Any, own: torch.Tensor) -> bool:
+    """Whether ``saved`` is a tensor of ``own``'s dtype and shape."""
     return isinstance(saved, torch.Tensor) and saved.dtype == own.dtype and saved.shape == own.shape
 
 
@@ -152,15 +154,15 @@ def load_models(path: Path, models: Sequence[nn.Module], states: Any) -> None:
     """Load each model's saved ``state_dict`` into it, after checking every entry of every one (keys,
     dtypes, shapes), so that a refused file leaves every model as it was."""
     if not isinstance(states, list) or len(states) != len(models):
-        raise _refused(path, f"it holds {len(states) if isinstance(states, list) else 'no'} model states for "
+        raise refused(path, f"it holds {len(states) if isinstance(states, list) else 'no'} model states for "
                              f"{len(models)} models")
     for i, (m, sd) in enumerate(zip(models, states)):
         own = m.state_dict()
         if not isinstance(sd, dict) or set(sd) != set(own):
-            raise _refused(path, f"its state of models[{i}] has other entries than the model")
+            raise refused(path, f"its state of models[{i}] has other entries than the model")
         for k, v in own.items():
-            if not _same_tensor_kind(sd[k], v):
-                raise _refused(path, f"its {k!r} of models[{i}] is not a {tuple(v.shape)} {v.dtype} tensor")
+            if not same_kind(sd[k], v):
+                raise refused(path, f"its {k!r} of models[{i}] is not a {tuple(v.shape)} {v.dtype} tensor")
     with torch.no_grad():
         for m, sd in zip(models, states):
             m.load_state_dict(sd)
@@ -171,14 +173,14 @@ def check_like(path: Path, what: str, saved: Any, own: Any) -> None:
     of such (same length) or None where ``own`` is None."""
     if own is None:
         if saved is not None:
-            raise _refused(path, f"its {what} is given where this run keeps none")
+            raise refused(path, f"its {what} is given where this run keeps none")
     elif isinstance(own, (list, tuple)):
         if not isinstance(saved, (list, tuple)) or len(saved) != len(own):
-            raise _refused(path, f"its {what} does not hold {len(own)} tensors")
+            raise refused(path, f"its {what} does not hold {len(own)} tensors")
         for j, (s, o) in enumerate(zip(saved, own)):
             check_like(path, f"{what}[{j}]", s, o)
-    elif not _same_tensor_kind(saved, own):
-        raise _refused(path, f"its {what} is not a {tuple(own.shape)} {own.dtype} tensor")
+    elif not same_kind(saved, own):
+        raise refused(path, f"its {what} is not a {tuple(own.shape)} {own.dtype} tensor")
 
 
 class Checkpointer:
@@ -235,7 +237,7 @@ class Checkpointer:
             if saved is None:
                 return None
             if saved["fingerprint"] != self.fingerprint():
-                raise _refused(self.path, "it was written by another run (other models, data or options, or "
+                raise refused(self.path, "it was written by another run (other models, data or options, or "
                                              "another bnlab version); remove it, or give another path")
             load_models(self.path, models, saved.get("models"))
         except ValueError as exc:
@@ -254,10 +256,10 @@ class Checkpointer:
         full = list(stack.rows)
         kept = rows.tolist() if isinstance(rows, torch.Tensor) and rows.dim() == 1 else None
         if kept is None or not set(kept) <= set(full) or len(set(kept)) != len(kept) or not kept:
-            raise _refused(self.path, "its stacked rows are not networks of this run")
+            raise refused(self.path, "its stacked rows are not networks of this run")
         if kept != full:
             if not stack.compactable:
-                raise _refused(self.path, "its stacked rows are not those of its models")
+                raise refused(self.path, "its stacked rows are not those of its models")
             keep = torch.tensor(sorted(full.index(i) for i in kept), dtype=torch.long)
             stack.compact(keep.to(rows.device))
 

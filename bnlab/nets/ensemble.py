@@ -856,27 +856,28 @@ class _EnsembleRun:
             ck.check_like(path, k, saved.get(k), st[k])
         done, drawn, steps = saved.get("done"), saved.get("drawn"), self.steps
         if not (isinstance(done, int) and isinstance(drawn, int) and 0 <= done <= steps):
-            raise ck._refused(path, f"its step count {done!r} is not one of this run's 0 … {steps}")
+            raise ck.refused(path, f"its step count {done!r} is not one of this run's 0 … {steps}")
         # the data orders are drawn a window at a time: at a window boundary up to the step done, else the window
         whole = done if done % self._window == 0 else min(steps, (done // self._window + 1) * self._window)
         slot = int(saved["slot"])
-        if drawn != whole or int(saved["t"]) != done or not 0 <= slot <= self._window or                 (done % self._window and slot != done % self._window):
-            raise ck._refused(path, f"its position in the data order (step {done}, {drawn} batches drawn, slot {slot})"
+        if drawn != whole or int(saved["t"]) != done or not 0 <= slot <= self._window or \
+                (done % self._window and slot != done % self._window):
+            raise ck.refused(path, f"its position in the data order (step {done}, {drawn} batches drawn, slot {slot})"
                                     " is not one this run reaches")
         if saved["row_ids"].tolist() != list(self.stack.rows):
-            raise ck._refused(path, "its stacked rows are not those of its models")
+            raise ck.refused(path, "its stacked rows are not those of its models")
         which, first_bad = saved["which"], saved["first_bad"]
         if which.numel() and not (0 <= int(which.min()) and int(which.max()) < len(self._distinct)):
-            raise ck._refused(path, "its data-order index of a network is out of range")
+            raise ck.refused(path, "its data-order index of a network is out of range")
         if first_bad.numel() and not (0 <= int(first_bad.min()) and int(first_bad.max()) <= steps):
-            raise ck._refused(path, "its first bad step of a network is out of range")
+            raise ck.refused(path, "its first bad step of a network is out of range")
         history, dropped = saved.get("history"), saved.get("dropped_first_bad")
-        if not ck._same_tensor_kind(history, self._history[:done]):
-            raise ck._refused(path, f"its loss history is not a ({done}, {self.cfg.num_networks}) float32 tensor")
+        if not ck.same_kind(history, self._history[:done]):
+            raise ck.refused(path, f"its loss history is not a ({done}, {self.cfg.num_networks}) float32 tensor")
         gone = set(range(self.cfg.num_networks)) - set(self.stack.rows)
         if not isinstance(dropped, dict) or set(dropped) != gone or \
                 not all(isinstance(v, int) and 0 <= v <= steps for v in dropped.values()):
-            raise ck._refused(path, "its dropped networks are not those missing from its stacked rows")
+            raise ck.refused(path, "its dropped networks are not those missing from its stacked rows")
         with torch.no_grad():
             for k in self._SAVED:
                 st[k].copy_(saved[k])
@@ -988,7 +989,7 @@ def train_ensemble(
         Inside a task of a sweep the engine gives one (``bnlab.experiments``; docs/paper-scale.md).
     checkpoint_every:
         Seconds between two saves (≥ 0; 0 saves at every check).  A save writes every network's
-        parameters and buffers and the optimizer state (for a Fig. 3a column at paper scale ~1 GB).
+        parameters and buffers and the optimizer state (0.47 GB for a Fig. 3a column at paper scale).
 
     Returns
     -------
