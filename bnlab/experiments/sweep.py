@@ -365,7 +365,8 @@ def _task_checkpoint(members, folder: Path | None, every: float | None) -> TaskC
     if folder is None or every is None:
         return None
     name = hashlib.sha256(",".join(r.key for r in members).encode()).hexdigest()[:24]
-    return TaskCheckpoint(str(folder), name, float(every))
+    # absolute: a worker's working folder need not be the driver's
+    return TaskCheckpoint(os.path.abspath(folder), name, float(every))
 
 
 def _run_serial(experiment: Experiment, tasks, store: ResultsStore, progress: SweepProgress,
