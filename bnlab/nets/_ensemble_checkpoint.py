@@ -20,10 +20,11 @@ mid-window).
 
 A checkpoint file is trusted no further than it is checked: it is read with
 ``torch.load(weights_only=True)`` (unpickling runs no code), never through a symbolic link nor from
-anything but a regular file, each entry's type, dtype and shape are checked against the run before
-anything is loaded into a model, and a file written by another run is refused: its *fingerprint*
-hashes the models' initial state and structure, the training data, every option of the run and
-bnlab's version.  It is written to a temporary file in the same folder and renamed over the old one
+anything but a regular file, each entry's type, dtype and shape are checked against the run (the
+models' entries before any model is set to them; the rest against the run built from them, a refusal
+giving the models back the state they were given in), and a file written by another run is refused:
+its *fingerprint* hashes the models' initial state and structure, the training data, every option of
+the run and bnlab's version.  It is written to a temporary file in the same folder and renamed over the old one
 (:func:`bnlab._validation.atomic_output_path`), so a crash while writing leaves the previous one.
 
 :class:`Checkpointer` is what ``train_ensemble`` holds for one run (when to save, resuming, the end); the
@@ -50,7 +51,8 @@ from bnlab._validation import atomic_output_path, check_path, check_real
 
 _log = logging.getLogger("bnlab.nets")
 
-__all__ = ["FORMAT", "VERSION", "Checkpointer", "fingerprint", "read", "write", "load_models", "remove", "check_like", "refused", "same_kind"]
+__all__ = ["FORMAT", "VERSION", "Checkpointer", "CheckpointError", "fingerprint", "read", "write", "load_models",
+           "remove", "check_like", "refused", "same_kind"]
 
 #: what a checkpoint file says it is (``"format"``) and the layout's version (``"version"``)
 FORMAT = "bnlab.train_ensemble"
@@ -90,9 +92,13 @@ def fingerprint(models: Sequence[nn.Module], tensors: dict[str, torch.Tensor], o
     return h.hexdigest()
 
 
-def refused(path: Path, why: str) -> ValueError:
-    """The ``ValueError`` for a checkpoint at ``path`` that cannot be resumed from, saying ``why``."""
-    return ValueError(f"checkpoint={str(path)!r} is not allowed: {why}")
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be resumed from (a ``ValueError`` naming ``checkpoint``)."""
+
+
+def refused(path: Path, why: str) -> CheckpointError:
+    """The error for a checkpoint at ``path`` that cannot be resumed from, saying ``why``."""
+    return CheckpointError(f"checkpoint={str(path)!r} is not allowed: {why}")
 
 
 def read(path: Path, device: torch.device) -> dict | None:
@@ -196,6 +202,7 @@ class Checkpointer:
     def __init__(self, path: Path, every: float, fingerprint_of, in_task: bool):
         self.path, self.every, self._fingerprint_of, self.in_task = path, every, fingerprint_of, in_task
         self._fingerprint: str | None = None
+        self._given: list[dict] | None = None  # the models' state before a resume set them to the file's
         self._last = time.monotonic()
         self._saves = 0
 
@@ -231,24 +238,42 @@ class Checkpointer:
         return self._fingerprint
 
     def resume(self, models: list[nn.Module], dev: torch.device) -> dict | None:
-        """The checkpoint's state with the models set to it, or None (no file; or a bad one set aside)."""
+        """The checkpoint's state with the models set to it, or None (no file; or a bad one set aside).  The
+        rest of the file is checked against the run built from those models (``train_ensemble``); where it
+        is refused there, :meth:`abandon` gives the models back the state they had here."""
         try:
             saved = read(self.path, dev)
             if saved is None:
                 return None
             if saved["fingerprint"] != self.fingerprint():
                 raise refused(self.path, "it was written by another run (other models, data or options, or "
-                                             "another bnlab version); remove it, or give another path")
+                                         "another bnlab version); remove it, or give another path")
+            given = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
             load_models(self.path, models, saved.get("models"))
-        except ValueError as exc:
-            if not self.in_task:
-                raise
-            warnings.warn(f"{exc}; it is removed and the run starts from step 0", RuntimeWarning, stacklevel=4)
-            remove(self.path)
+        except CheckpointError as exc:
+            self._set_aside(exc)
             return None
+        self._given = given
         _log.info("train_ensemble resumes from %s at step %d", self.path, saved.get("done", -1))
         self._saves = 1  # the file holds this run's state
         return saved
+
+    def abandon(self, models: list[nn.Module], exc: CheckpointError) -> None:
+        """The checkpoint was refused after :meth:`resume` had set the models to it: they get their given
+        state back, then :meth:`_set_aside` (raises ``exc``, unless the file is a sweep task's)."""
+        with torch.no_grad():
+            for m, sd in zip(models, self._given or []):
+                m.load_state_dict(sd)
+        self._given, self._saves = None, 0
+        self._set_aside(exc)
+
+    def _set_aside(self, exc: CheckpointError) -> None:
+        """A caller's own file: ``exc`` is raised.  A sweep task's: it is removed with a warning, and the run
+        starts from step 0 (a resumed sweep must not fail on it forever)."""
+        if not self.in_task:
+            raise exc
+        warnings.warn(f"{exc}; it is removed and the run starts from step 0", RuntimeWarning, stacklevel=4)
+        remove(self.path)
 
     def compact_to(self, stack, saved: dict) -> None:
         """Drop from the freshly built stack the networks the checkpointed run had dropped."""
@@ -263,22 +288,24 @@ class Checkpointer:
             keep = torch.tensor(sorted(full.index(i) for i in kept), dtype=torch.long)
             stack.compact(keep.to(rows.device))
 
-    @staticmethod
-    def restore_rng(saved: dict, dev: torch.device) -> None:
+    def restore_rng(self, saved: dict, dev: torch.device) -> None:
         """torch's random state as it was at the save (a module's dropout goes on with the same numbers)."""
-        cpu = saved.get("rng_cpu")
-        if isinstance(cpu, torch.Tensor) and cpu.dtype == torch.uint8 and cpu.shape == torch.get_rng_state().shape:
-            torch.set_rng_state(cpu.cpu())
-        cuda = saved.get("rng_cuda")
-        if dev.type == "cuda" and isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8:
+        cpu, cuda = saved.get("rng_cpu"), saved.get("rng_cuda")
+        check_like(self.path, "CPU random state", cpu, torch.get_rng_state())
+        if dev.type == "cuda":
+            check_like(self.path, "CUDA random state", cuda, torch.cuda.get_rng_state(dev))
+        torch.set_rng_state(cpu.cpu())
+        if dev.type == "cuda":
             torch.cuda.set_rng_state(cuda.cpu(), dev)
 
     def due(self) -> bool:
         return time.monotonic() - self._last >= self.every
 
-    def save(self, run, stack, models: list[nn.Module], dev: torch.device) -> None:
+    def save(self, run, stack, models: list[nn.Module], dev: torch.device, written_back: bool = False) -> None:
+        """Write the run's state (``written_back``: the stack's state is in the models already)."""
         fingerprint = self.fingerprint()
-        stack.write_back()  # every network's state, a dropped one's included, into its model
+        if not written_back:
+            stack.write_back()  # every network's state, a dropped one's included, into its model
         payload = {"fingerprint": fingerprint, "models": [m.state_dict() for m in models], **run.checkpoint_state(),
                    "rng_cpu": torch.get_rng_state(),
                    "rng_cuda": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None}
@@ -295,8 +322,9 @@ class Checkpointer:
         self._saves += 1
 
     def finish(self, run, stack, models: list[nn.Module], dev: torch.device) -> None:
-        """The run is complete: its checkpoint is removed — or, in a task, its final state saved (see above)."""
+        """The run is complete (its state written back into the models): its checkpoint is removed — or, in
+        a task, its final state saved (see above)."""
         if self.in_task and self._saves:
-            self.save(run, stack, models, dev)
+            self.save(run, stack, models, dev, written_back=True)
         else:
             remove(self.path)

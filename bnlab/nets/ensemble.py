@@ -49,9 +49,10 @@ from torch import nn
 
 from bnlab import _threads
 from bnlab._run_length import STEADY_FROM, note_steady_steps, timing_steps
+from bnlab._task_checkpoint import DEFAULT_EVERY
 from bnlab._validation import check_choice, check_int, check_real, check_seed
 from bnlab.nets import _native_bn
-from bnlab.nets._ensemble_checkpoint import Checkpointer
+from bnlab.nets._ensemble_checkpoint import CheckpointError, Checkpointer
 from bnlab.nets._ensemble_step import (
     STEP_MODES,
     StepConfig,
@@ -921,7 +922,7 @@ def train_ensemble(
     test_bn_mode: str = "eval",
     step_mode: str = "auto",
     checkpoint: str | os.PathLike | None = None,
-    checkpoint_every: float = 300.0,
+    checkpoint_every: float = DEFAULT_EVERY,
 ) -> list[TrainResult]:
     """Train M networks of one architecture together on one loss; one :class:`TrainResult` each.
 
@@ -1010,26 +1011,12 @@ def train_ensemble(
                                  epochs=epochs)
     saver = Checkpointer.for_run(checkpoint, checkpoint_every, models, data, opts)
     saved = saver.resume(models, dev) if saver is not None else None
-    stack = _make_stack(models, dev, data, opts)
-    if saved is not None:
-        saver.compact_to(stack, saved)
     route = resolve_step_mode(step_mode, dev, data.steps)
-    for m in models:
-        m.to(dev).train()
-    # labels against the number of outputs, before any step (a bad label would fail inside the step)
-    k_out = stack.num_outputs(data.x[:data.batch_size])
-    for y in [data.y] + ([] if data.test is None else [data.test[1]]):
-        if int(y.min()) < 0 or int(y.max()) >= k_out:
-            raise ValueError(f"labels are not allowed: they must lie in [0, {k_out}) for models with {k_out} outputs")
-    cfg = StepConfig(loss=opts.loss, optimizer=opts.optimizer, momentum=opts.momentum,
-                     weight_decay=opts.weight_decay, rmsprop_alpha=opts.rmsprop_alpha, rmsprop_eps=opts.rmsprop_eps,
-                     diverge_above=opts.diverge_above, shared_order=len(set(opts.seeds)) == 1, num_networks=m_count,
-                     host_reads=route == "eager" and data.x.device.type == "cpu")
-    run = _EnsembleRun(stack, cfg, route, data.x, data.y, lrs=opts.lrs, seeds=opts.seeds,
-                       batch_size=data.batch_size, steps=data.steps, check_every=opts.check_every)
-    if saved is not None:
-        run.restore(saver.path, saved)
-        saver.restore_rng(saved, dev)
+    try:
+        stack, run, k_out = _start_run(models, dev, data, opts, route, saver, saved)
+    except CheckpointError as exc:  # refused after the models were set to it: they are given back their state
+        saver.abandon(models, exc)  # (raises, unless the file is a sweep task's: then the run starts afresh)
+        stack, run, k_out = _start_run(models, dev, data, opts, route, saver, None)
     # a plan's pilot (bnlab._run_length) learns the seconds of the steady steps, past warm-up and capture
     # (not a run resumed past STEADY_FROM: its clock would start nowhere)
     timed = timing_steps() and data.steps > STEADY_FROM and run.done <= STEADY_FROM
@@ -1049,6 +1036,33 @@ def train_ensemble(
     if saver is not None:
         saver.finish(run, stack, models, dev)
     return _ensemble_results(run, stack, data, opts, chance=1.0 / k_out)
+
+
+def _start_run(models: list[nn.Module], dev: torch.device, data: "_EnsembleData", opts: "_EnsembleOptions",
+               route: str, saver: Checkpointer | None, saved: dict | None) -> tuple[Any, "_EnsembleRun", int]:
+    """The stack, the run and the number of outputs of :func:`train_ensemble`, from step 0 or — with
+    ``saved``, the checkpoint ``saver`` read, whose models are loaded — from the checkpoint's step
+    (:class:`~bnlab.nets._ensemble_checkpoint.CheckpointError` where it does not fit the run)."""
+    stack = _make_stack(models, dev, data, opts)
+    if saved is not None:
+        saver.compact_to(stack, saved)
+    for m in models:
+        m.to(dev).train()
+    # labels against the number of outputs, before any step (a bad label would fail inside the step)
+    k_out = stack.num_outputs(data.x[:data.batch_size])
+    for y in [data.y] + ([] if data.test is None else [data.test[1]]):
+        if int(y.min()) < 0 or int(y.max()) >= k_out:
+            raise ValueError(f"labels are not allowed: they must lie in [0, {k_out}) for models with {k_out} outputs")
+    cfg = StepConfig(loss=opts.loss, optimizer=opts.optimizer, momentum=opts.momentum,
+                     weight_decay=opts.weight_decay, rmsprop_alpha=opts.rmsprop_alpha, rmsprop_eps=opts.rmsprop_eps,
+                     diverge_above=opts.diverge_above, shared_order=len(set(opts.seeds)) == 1,
+                     num_networks=len(models), host_reads=route == "eager" and data.x.device.type == "cpu")
+    run = _EnsembleRun(stack, cfg, route, data.x, data.y, lrs=opts.lrs, seeds=opts.seeds,
+                       batch_size=data.batch_size, steps=data.steps, check_every=opts.check_every)
+    if saved is not None:
+        run.restore(saver.path, saved)
+        saver.restore_rng(saved, dev)
+    return stack, run, k_out
 
 
 @dataclass(frozen=True)

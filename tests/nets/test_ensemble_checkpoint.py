@@ -288,29 +288,53 @@ def test_files_that_are_not_checkpoints_are_refused(tmp_path, monkeypatch):
         train_ensemble(_bnmlps(), *kw["args"], **kw["kwargs"], checkpoint=tmp_path / "b.pt", checkpoint_every=-1)
 
 
-def test_a_forged_checkpoint_with_wrong_shapes_is_refused_before_any_model_changes(tmp_path, monkeypatch):
+_FORGERIES = [
+    ("models", lambda s: s["models"][1].update({"readout.weight": torch.zeros(3, 3, dtype=F64)})),
+    ("velocity", lambda s: s.update(velocity=[torch.zeros(2)])),
+    ("lr", lambda s: s.update(lr=torch.zeros(7, dtype=F64))),
+    ("done", lambda s: s.update(done=10 ** 9)),
+    ("drawn", lambda s: s.update(drawn=s["drawn"] + 1)),
+    ("row_ids", lambda s: s.update(row_ids=torch.tensor([0, 0, 1]))),
+    ("history", lambda s: s.update(history=torch.zeros(3, 3))),
+    ("rng_cpu", lambda s: s.update(rng_cpu=torch.zeros(3, dtype=torch.uint8))),
+]
+
+
+def _forge(good: dict, forge) -> dict:
+    forged = {k: (list(v) if isinstance(v, list) else v) for k, v in good.items()}
+    forged["models"] = [dict(sd) for sd in good["models"]]
+    forge(forged)
+    return forged
+
+
+@pytest.mark.parametrize("key, forge", _FORGERIES, ids=[k for k, _ in _FORGERIES])
+def test_a_forged_checkpoint_is_refused_and_leaves_the_models_as_given(tmp_path, monkeypatch, key, forge):
+    # the models' entries are checked before any model changes; the rest (vectors, counts, random state)
+    # against the run built from the loaded models, after which the models get their given state back
     path, kw = _saved_checkpoint(tmp_path, monkeypatch)
-    good = torch.load(path, weights_only=True)
-    for key, forge in [
-        ("models", lambda s: s["models"][1].update({"readout.weight": torch.zeros(3, 3, dtype=F64)})),
-        ("velocity", lambda s: s.update(velocity=[torch.zeros(2)])),
-        ("lr", lambda s: s.update(lr=torch.zeros(7, dtype=F64))),
-        ("done", lambda s: s.update(done=10 ** 9)),
-        ("drawn", lambda s: s.update(drawn=s["drawn"] + 1)),
-        ("row_ids", lambda s: s.update(row_ids=torch.tensor([0, 0, 1]))),
-        ("history", lambda s: s.update(history=torch.zeros(3, 3))),
-    ]:
-        forged = {k: (list(v) if isinstance(v, list) else v) for k, v in good.items()}
-        forged["models"] = [dict(sd) for sd in good["models"]]
-        forge(forged)
-        torch.save(forged, path)
-        models = _bnmlps()
-        before = [{k: v.clone() for k, v in m.state_dict().items()} for m in models]
-        with pytest.raises(ValueError, match="checkpoint="):
-            train_ensemble(models, *kw["args"], **kw["kwargs"], checkpoint=path)
-        if key == "models":
-            for m, b in zip(models, before):
-                assert all(torch.equal(v, b[k]) for k, v in m.state_dict().items())
+    torch.save(_forge(torch.load(path, weights_only=True), forge), path)
+    models = _bnmlps()
+    before = [{k: v.clone() for k, v in m.state_dict().items()} for m in models]
+    with pytest.raises(ValueError, match="checkpoint="):
+        train_ensemble(models, *kw["args"], **kw["kwargs"], checkpoint=path)
+    for m, b in zip(models, before):
+        assert all(torch.equal(v, b[k]) for k, v in m.state_dict().items())
+
+
+@pytest.mark.parametrize("key", ["lr", "drawn"])
+def test_inside_a_task_a_checkpoint_refused_after_loading_its_models_starts_the_run_afresh(tmp_path, monkeypatch,
+                                                                                          key):
+    # refused once the models were set to it: in a sweep's task the run trains from step 0 with the models as
+    # given — the straight run's numbers — and the file is removed
+    kw = _case()
+    straight = _run(_bnmlps, kw)
+    path, _ = _saved_checkpoint(tmp_path, monkeypatch, kw)
+    task_file = tmp_path / "t-0.pt"
+    torch.save(_forge(torch.load(path, weights_only=True), dict(_FORGERIES)[key]), task_file)
+    with _task_checkpoints(tmp_path, "t", 1e9), pytest.warns(RuntimeWarning, match="starts from step 0"):
+        again = _run(_bnmlps, kw)
+    _assert_same(straight, again)
+    assert not task_file.exists()
 
 
 def test_inside_a_task_the_engine_names_the_file_and_a_bad_one_is_set_aside(tmp_path, monkeypatch):
