@@ -695,7 +695,7 @@ def _checkpoint_ab(quick: bool, rounds: int) -> list[dict]:
     import os
     import tempfile
 
-    import bnlab.nets._ensemble_checkpoint as ck
+    import bnlab.nets._checkpoint as ck
     from bnlab.nets import BNMLP, train_ensemble
 
     depths = [2, 3, 5] if quick else [4, 8, 12, 16, 24, 32, 48, 64]
@@ -704,8 +704,8 @@ def _checkpoint_ab(quick: bool, rounds: int) -> list[dict]:
     sizes, saves = [], []
     real_write = ck.write
 
-    def measured_write(path, payload):
-        real_write(path, payload)
+    def measured_write(path, payload, *kind):
+        real_write(path, payload, *kind)
         sizes.append(os.path.getsize(path))
         saves.append(payload["done"])
 

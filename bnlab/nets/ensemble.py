@@ -52,7 +52,7 @@ from bnlab._run_length import STEADY_FROM, note_steady_steps, timing_steps
 from bnlab._task_checkpoint import DEFAULT_EVERY
 from bnlab._validation import check_choice, check_int, check_real, check_seed
 from bnlab.nets import _native_bn
-from bnlab.nets._ensemble_checkpoint import CheckpointError, Checkpointer
+from bnlab.nets._checkpoint import CheckpointError, EnsembleCheckpointer
 from bnlab.nets._ensemble_step import (
     STEP_MODES,
     StepConfig,
@@ -839,7 +839,7 @@ class _EnsembleRun:
     _SAVED_LISTS = ("sq_avg", "velocity")
 
     def checkpoint_state(self) -> dict:
-        """What :meth:`restore` needs to go on from here, for a checkpoint (``_ensemble_checkpoint``); the
+        """What :meth:`restore` needs to go on from here, for a checkpoint (``_checkpoint``); the
         parameters and buffers are the models' (written back by the caller)."""
         self._flush()
         st = self.state
@@ -850,7 +850,7 @@ class _EnsembleRun:
     def restore(self, path, saved: dict) -> None:
         """Go on from :meth:`checkpoint_state` ``saved`` (read from ``path``), each entry checked first: the
         stack has been built from the checkpoint's models and compacted to its rows (``row_ids``)."""
-        from bnlab.nets import _ensemble_checkpoint as ck
+        from bnlab.nets import _checkpoint as ck
 
         st = self.state
         for k in self._SAVED + self._SAVED_LISTS:
@@ -986,7 +986,7 @@ def train_ensemble(
         last save; once the run completes, the file is removed.  A file written by another run (other
         models, data or options, or another bnlab version), and anything but a regular file that
         ``torch.load(weights_only=True)`` reads as such a checkpoint, is a ``ValueError``
-        (``bnlab.nets._ensemble_checkpoint`` says what a checkpoint holds and how it is checked).
+        (``bnlab.nets._checkpoint`` says what a checkpoint holds and how it is checked).
         Inside a task of a sweep the engine gives one (``bnlab.experiments``; docs/paper-scale.md).
     checkpoint_every:
         Seconds between two saves (≥ 0; 0 saves at every check).  A save writes every network's
@@ -1009,7 +1009,7 @@ def train_ensemble(
                                     check_every=check_every, eval_batch_size=eval_batch_size)
     data = _EnsembleData.checked(models, train_data, test_data, dev, opts, batch_size=batch_size, steps=steps,
                                  epochs=epochs)
-    saver = Checkpointer.for_run(checkpoint, checkpoint_every, models, data, opts)
+    saver = EnsembleCheckpointer.for_run(checkpoint, checkpoint_every, models, data, opts)
     saved = saver.resume(models, dev) if saver is not None else None
     route = resolve_step_mode(step_mode, dev, data.steps)
     try:
@@ -1039,10 +1039,10 @@ def train_ensemble(
 
 
 def _start_run(models: list[nn.Module], dev: torch.device, data: "_EnsembleData", opts: "_EnsembleOptions",
-               route: str, saver: Checkpointer | None, saved: dict | None) -> tuple[Any, "_EnsembleRun", int]:
+               route: str, saver: EnsembleCheckpointer | None, saved: dict | None) -> tuple[Any, "_EnsembleRun", int]:
     """The stack, the run and the number of outputs of :func:`train_ensemble`, from step 0 or — with
     ``saved``, the checkpoint ``saver`` read, whose models are loaded — from the checkpoint's step
-    (:class:`~bnlab.nets._ensemble_checkpoint.CheckpointError` where it does not fit the run)."""
+    (:class:`~bnlab.nets._checkpoint.CheckpointError` where it does not fit the run)."""
     stack = _make_stack(models, dev, data, opts)
     if saved is not None:
         saver.compact_to(stack, saved)

@@ -5,7 +5,7 @@ through, and run with an interruption right after the task's first checkpoint sa
 run, the worker process ending (``os._exit``, as the system kills a worker) on a Dask cluster — then
 resumed.  The resumed task must run only the steps after the save and give the straight run's metrics:
 the same float64 operations on the same operands in one process, so 1e-10 relative (the tolerance
-argument of tests/nets/test_ensemble_checkpoint.py); across processes on one machine the same.
+argument of tests/nets/test_checkpoint.py); across processes on one machine the same.
 """
 from __future__ import annotations
 
@@ -36,12 +36,12 @@ def test_an_interrupted_task_resumes_from_its_checkpoint(tmp_path, test_env, hel
     ref = _metrics(straight.store)
     assert all(m["steps_run"] == 60 and m["first_step"] == 0 for m in ref.values())
 
-    import bnlab.nets._ensemble_checkpoint as ck
+    import bnlab.nets._checkpoint as ck
 
     real = ck.write
 
-    def interrupt(path, payload):
-        real(path, payload)
+    def interrupt(path, payload, *kind):
+        real(path, payload, *kind)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(ck, "write", interrupt)

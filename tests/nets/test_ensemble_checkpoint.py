@@ -25,7 +25,7 @@ import pytest
 import torch
 from torch import nn
 
-import bnlab.nets._ensemble_checkpoint as ck
+import bnlab.nets._checkpoint as ck
 import bnlab.nets.ensemble as ens
 from bnlab import _task_checkpoint
 from bnlab.nets import BNMLP, MLP, train_ensemble
@@ -45,8 +45,8 @@ def _interrupt_after(monkeypatch, saves: int) -> list:
     """Make the ``saves``-th checkpoint write raise :class:`_Stop` once it is on disk; the list counts writes."""
     real, count = ck.write, []
 
-    def write(path, payload):
-        real(path, payload)
+    def write(path, payload, *kind):
+        real(path, payload, *kind)
         count.append(payload["done"])
         if len(count) == saves:
             raise _Stop
@@ -265,7 +265,7 @@ def test_files_that_are_not_checkpoints_are_refused(tmp_path, monkeypatch):
     refused(r"checkpoint=.*not a readable checkpoint")
     torch.save({"weights": torch.zeros(3)}, path)
     refused("not a train_ensemble checkpoint")
-    torch.save({"format": ck.FORMAT, "version": 99, "fingerprint": "x"}, path)
+    torch.save({"format": ck.FORMATS["train_ensemble"], "version": 99, "fingerprint": "x"}, path)
     refused("layout version 99")
 
     class Payload:  # a pickle that would run code: weights_only refuses it
@@ -461,7 +461,7 @@ def test_a_save_that_cannot_be_written_warns_and_the_run_goes_on(tmp_path, monke
     straight = _run(_bnmlps, kw)
     tries = []
 
-    def full(path, payload):
+    def full(path, payload, *kind):
         tries.append(payload["done"])
         raise OSError(28, "No space left on device")
 

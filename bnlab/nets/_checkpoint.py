@@ -1,22 +1,26 @@
-"""Checkpoints of a :func:`~bnlab.nets.train_ensemble` run: an interrupted run goes on where it stopped.
+"""Checkpoints of a training run: an interrupted run goes on where it stopped.
 
-A paper-scale trainability column trains for 10–40 minutes on one GPU (docs/paper-scale.md), longer
-than some allocations last (a batch job's time limit, a lent machine's quota, a preempted worker).
-Cells are the unit of the results store, so without this a task cut short starts over from step 0.
+A paper-scale trainability column trains for 10–40 minutes on one GPU, a paper-scale ResNet of Lange et
+al. for hours (docs/paper-scale.md): longer than some allocations last (a batch job's time limit, a lent
+machine's quota, a preempted worker).  Cells are the unit of the results store, so without this a task
+cut short starts over from step 0.  Both trainers keep checkpoints:
 
-A checkpoint holds everything the rest of the run depends on:
-
-* every network's parameters and buffers (written back into its model first, so a network the
-  stack has dropped at a check is included), as each model's ``state_dict()``;
-* the stacked optimizer state (momentum, RMSProp's averages) and the step's per-network vectors
-  (rates, mask, first bad step, the caller's index of each stacked row, the current window of
-  batch indices);
-* the loss history so far, the number of batches drawn from each data order, and torch's random
-  state (a module's dropout under ``vmap``).
+* :func:`~bnlab.nets.train_ensemble` (:class:`EnsembleCheckpointer`): every network's parameters and
+  buffers (written back into its model first, so a network the stack has dropped at a check is
+  included), as each model's ``state_dict()``; the stacked optimizer state (momentum, RMSProp's
+  averages) and the step's per-network vectors (rates, mask, first bad step, the caller's index of each
+  stacked row, the current window of batch indices); the loss history so far, the number of batches
+  drawn from each data order, and torch's random state (a module's dropout under ``vmap``);
+* :func:`~bnlab.nets.train` (:class:`TrainCheckpointer`): the model's and the optimizer's
+  ``state_dict()``; the ``state_dict()`` of every hook, callback and ``transform`` (each must have
+  ``state_dict``/``load_state_dict``: a BNP preconditioner's running statistics, an augmentation's
+  generator); the loss history, the end-of-epoch rows and torch's random state.  The data order
+  continues from the step count (:func:`bnlab.nets.train._batches`).
 
 Resumed, the run computes the numbers the uninterrupted run computes, to rounding
 (``tests/nets/test_ensemble_checkpoint.py``: float64, every optimizer and loss, after compaction,
-mid-window).
+mid-window; ``tests/nets/test_train_checkpoint.py``: momentum, weight decay, BNP, augmentation, the
+epoch tests).
 
 A checkpoint file is trusted no further than it is checked: it is read with
 ``torch.load(weights_only=True)`` (unpickling runs no code), never through a symbolic link nor from
@@ -27,8 +31,9 @@ its *fingerprint* hashes the models' initial state and structure, the training d
 the run and bnlab's version.  It is written to a temporary file in the same folder and renamed over the old one
 (:func:`bnlab._validation.atomic_output_path`), so a crash while writing leaves the previous one.
 
-:class:`Checkpointer` is what ``train_ensemble`` holds for one run (when to save, resuming, the end); the
-run's own state goes in and out through ``_EnsembleRun.checkpoint_state`` / ``restore``.
+:class:`Checkpointer` is what a trainer holds for one run (when to save, resuming, the end); the run's
+own state goes in and out through the trainer (``_EnsembleRun.checkpoint_state`` / ``restore``;
+:func:`bnlab.nets.train`'s loop).
 """
 from __future__ import annotations
 
@@ -51,11 +56,12 @@ from bnlab._validation import atomic_output_path, check_path, check_real
 
 _log = logging.getLogger("bnlab.nets")
 
-__all__ = ["FORMAT", "VERSION", "Checkpointer", "CheckpointError", "fingerprint", "read", "write", "load_models",
-           "remove", "check_like", "refused", "same_kind"]
+__all__ = ["FORMATS", "VERSION", "Checkpointer", "EnsembleCheckpointer", "TrainCheckpointer", "CheckpointError",
+           "fingerprint", "read", "write", "load_models", "remove", "check_like", "refused", "same_kind"]
 
-#: what a checkpoint file says it is (``"format"``) and the layout's version (``"version"``)
-FORMAT = "bnlab.train_ensemble"
+#: what a checkpoint file says it is (``"format"``), by the trainer that writes it, and the layout's
+#: version (``"version"``)
+FORMATS = {"train_ensemble": "bnlab.train_ensemble", "train": "bnlab.train"}
 VERSION = 1
 
 
@@ -72,7 +78,8 @@ def _plain_attributes(m: nn.Module) -> dict:
             if k != "training" and not k.startswith("_") and isinstance(v, (bool, int, float, str, type(None)))}
 
 
-def fingerprint(models: Sequence[nn.Module], tensors: dict[str, torch.Tensor], options: dict) -> str:
+def fingerprint(models: Sequence[nn.Module], tensors: dict[str, torch.Tensor], options: dict,
+                kind: str = "train_ensemble") -> str:
     """A hash of everything that makes one run: each model's class, ``repr``, plain attributes and
     initial parameters and buffers (their bytes), ``tensors`` (the training and test data) and the
     run's ``options`` (JSON-able), with bnlab's version and this format's.  Two runs with equal
@@ -80,7 +87,7 @@ def fingerprint(models: Sequence[nn.Module], tensors: dict[str, torch.Tensor], o
     from bnlab import __version__
 
     h = hashlib.blake2b(digest_size=20)
-    h.update(json.dumps({"format": FORMAT, "version": VERSION, "bnlab": __version__, "options": options},
+    h.update(json.dumps({"format": FORMATS[kind], "version": VERSION, "bnlab": __version__, "options": options},
                         sort_keys=True, default=str).encode())
     for i, m in enumerate(models):
         h.update(json.dumps([i, type(m).__module__, type(m).__qualname__, repr(m), _plain_attributes(m)],
@@ -101,12 +108,12 @@ def refused(path: Path, why: str) -> CheckpointError:
     return CheckpointError(f"checkpoint={str(path)!r} is not allowed: {why}")
 
 
-def read(path: Path, device: torch.device) -> dict | None:
+def read(path: Path, device: torch.device, kind: str = "train_ensemble") -> dict | None:
     """The checkpoint at ``path`` (tensors on ``device``), or None where there is none.
 
     ``ValueError`` naming ``checkpoint`` for a symbolic link, anything but a regular file, a file
     ``torch.load(weights_only=True)`` cannot read (truncated, not a torch file, a pickle that would
-    run code) and a torch file that is not a train_ensemble checkpoint of this version."""
+    run code) and a torch file that is not a checkpoint of ``kind`` (the trainer) of this version."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not hang
     try:
         fd = os.open(path, flags)
@@ -124,8 +131,8 @@ def read(path: Path, device: torch.device) -> dict | None:
         except Exception as exc:  # noqa: BLE001 — whatever the file holds, the answer is one ValueError
             raise refused(path, f"it is not a readable checkpoint ({type(exc).__name__}: {str(exc)[:200]}); "
                                  "remove it to train from the start") from None
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise refused(path, "it is not a train_ensemble checkpoint")
+    if not isinstance(obj, dict) or obj.get("format") != FORMATS[kind]:
+        raise refused(path, f"it is not a {kind} checkpoint")
     if obj.get("version") != VERSION:
         raise refused(path, f"it is a checkpoint of layout version {obj.get('version')!r}; this bnlab reads "
                              f"version {VERSION}")
@@ -134,11 +141,12 @@ def read(path: Path, device: torch.device) -> dict | None:
     return obj
 
 
-def write(path: Path, payload: dict) -> None:
-    """Write ``payload`` to ``path`` atomically (a temporary file in its folder, renamed over it)."""
+def write(path: Path, payload: dict, kind: str = "train_ensemble") -> None:
+    """Write ``payload`` (a checkpoint of ``kind``, the trainer) to ``path`` atomically (a temporary file in
+    its folder, renamed over it)."""
     with atomic_output_path(path, name="checkpoint") as tmp:
         with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, "version": VERSION, **payload}, f)
+            torch.save({"format": FORMATS[kind], "version": VERSION, **payload}, f)
             f.flush()
             os.fsync(f.fileno())
 
@@ -190,14 +198,17 @@ def check_like(path: Path, what: str, saved: Any, own: Any) -> None:
 
 
 class Checkpointer:
-    """The ``checkpoint`` of one :func:`train_ensemble` run: resume from it, save to it, remove it at the end.
+    """The ``checkpoint`` of one training run: resume from it, save to it, remove it at the end.
 
+    ``kind``: the trainer (``"train_ensemble"``, ``"train"``), named in the file and in messages.
     ``in_task``: the file is one a sweep's engine names for a task (:mod:`bnlab._task_checkpoint`).  Then a
     file that cannot be resumed from (another run's, unreadable) is removed with a warning and the run
     starts from step 0, instead of the ``ValueError`` a caller's own file gets (a resumed sweep must not
     fail on it forever); and a run that has saved at least once saves its final state too instead of
-    removing the file, so that a task that trains several ensembles in turn, interrupted in a later one,
+    removing the file, so that a task that trains several times in turn, interrupted in a later run,
     does not train the finished ones again (the engine removes the task's files once it has finished)."""
+
+    kind = "train_ensemble"
 
     def __init__(self, path: Path, every: float, fingerprint_of, in_task: bool):
         self.path, self.every, self._fingerprint_of, self.in_task = path, every, fingerprint_of, in_task
@@ -206,11 +217,10 @@ class Checkpointer:
         self._last = time.monotonic()
         self._saves = 0
 
-    @classmethod
-    def for_run(cls, checkpoint, every, models, data, opts) -> "Checkpointer | None":
-        """The checkpointer of a run of ``models`` on ``data`` (train_ensemble's checked data: ``x``, ``y``,
-        ``test``, ``batch_size``, ``steps``) with ``opts`` (its checked options, a dataclass), or None: no
-        ``checkpoint`` given and none claimed for a sweep's task."""
+    @staticmethod
+    def _claimed(checkpoint, every) -> tuple[Path, float, bool] | None:
+        """``(path, every, in_task)`` checked: the caller's ``checkpoint``, or the file the sweep's engine names
+        for this trainer call (:func:`bnlab._task_checkpoint.claim`), or None: neither."""
         from bnlab import _task_checkpoint
 
         in_task = False
@@ -221,28 +231,22 @@ class Checkpointer:
             checkpoint, every, in_task = claimed[0], claimed[1], True
         path = check_path("checkpoint", checkpoint, kind="file", replaced=True)
         every = check_real("checkpoint_every", every, minimum=0.0)
-        tensors = {"x": data.x, "y": data.y, **({} if data.test is None else {"x_test": data.test[0],
-                                                                             "y_test": data.test[1]})}
-        options = {**asdict(opts), "batch_size": data.batch_size, "steps": data.steps}
-
-        def fingerprint_of() -> str:
-            return fingerprint(models, tensors, options)
-
-        return cls(path, every, fingerprint_of, in_task)
+        return path, every, in_task
 
     def fingerprint(self) -> str:
-        # computed before the first save writes the training state back into the models (they hold their
-        # initial state until then): a run that never saves never hashes its data
+        # computed lazily, from the models' initial state (train_ensemble's models hold it until the first
+        # save writes the training state back; train keeps a copy): a run that never saves or resumes
+        # never hashes its data
         if self._fingerprint is None:
             self._fingerprint = self._fingerprint_of()
         return self._fingerprint
 
     def resume(self, models: list[nn.Module], dev: torch.device) -> dict | None:
         """The checkpoint's state with the models set to it, or None (no file; or a bad one set aside).  The
-        rest of the file is checked against the run built from those models (``train_ensemble``); where it
+        rest of the file is checked against the run built from those models (by the trainer); where it
         is refused there, :meth:`abandon` gives the models back the state they had here."""
         try:
-            saved = read(self.path, dev)
+            saved = read(self.path, dev, self.kind)
             if saved is None:
                 return None
             if saved["fingerprint"] != self.fingerprint():
@@ -254,7 +258,7 @@ class Checkpointer:
             self._set_aside(exc)
             return None
         self._given = given
-        _log.info("train_ensemble resumes from %s at step %d", self.path, saved.get("done", -1))
+        _log.info("%s resumes from %s at step %d", self.kind, self.path, saved.get("done", -1))
         self._saves = 1  # the file holds this run's state
         return saved
 
@@ -275,19 +279,6 @@ class Checkpointer:
         warnings.warn(f"{exc}; it is removed and the run starts from step 0", RuntimeWarning, stacklevel=4)
         remove(self.path)
 
-    def compact_to(self, stack, saved: dict) -> None:
-        """Drop from the freshly built stack the networks the checkpointed run had dropped."""
-        rows = saved.get("row_ids")
-        full = list(stack.rows)
-        kept = rows.tolist() if isinstance(rows, torch.Tensor) and rows.dim() == 1 else None
-        if kept is None or not set(kept) <= set(full) or len(set(kept)) != len(kept) or not kept:
-            raise refused(self.path, "its stacked rows are not networks of this run")
-        if kept != full:
-            if not stack.compactable:
-                raise refused(self.path, "its stacked rows are not those of its models")
-            keep = torch.tensor(sorted(full.index(i) for i in kept), dtype=torch.long)
-            stack.compact(keep.to(rows.device))
-
     def restore_rng(self, saved: dict, dev: torch.device) -> None:
         """torch's random state as it was at the save (a module's dropout goes on with the same numbers)."""
         cpu, cuda = saved.get("rng_cpu"), saved.get("rng_cuda")
@@ -301,30 +292,73 @@ class Checkpointer:
     def due(self) -> bool:
         return time.monotonic() - self._last >= self.every
 
-    def save(self, run, stack, models: list[nn.Module], dev: torch.device, written_back: bool = False) -> None:
-        """Write the run's state (``written_back``: the stack's state is in the models already)."""
-        fingerprint = self.fingerprint()
-        if not written_back:
-            stack.write_back()  # every network's state, a dropped one's included, into its model
-        payload = {"fingerprint": fingerprint, "models": [m.state_dict() for m in models], **run.checkpoint_state(),
-                   "rng_cpu": torch.get_rng_state(),
+    def _write(self, payload: dict, dev: torch.device) -> None:
+        """Write ``payload`` with the fingerprint and torch's random state; a file that cannot be written warns."""
+        payload = {"fingerprint": self.fingerprint(), **payload, "rng_cpu": torch.get_rng_state(),
                    "rng_cuda": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None}
         try:
-            write(self.path, payload)
+            write(self.path, payload, self.kind)
         except OSError as exc:
             # a full disk or a folder gone must not end the training the checkpoint is there to protect:
             # the run goes on without saving (the previous save, if any, stays)
-            warnings.warn(f"train_ensemble: checkpoint={str(self.path)!r} could not be written ({exc.strerror or exc}); "
-                          "the run goes on without saving", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{self.kind}: checkpoint={str(self.path)!r} could not be written ({exc.strerror or exc}); "
+                          "the run goes on without saving", RuntimeWarning, stacklevel=4)
             self.every = math.inf
             return
         self._last = time.monotonic()
         self._saves += 1
 
-    def finish(self, run, stack, models: list[nn.Module], dev: torch.device) -> None:
-        """The run is complete (its state written back into the models): its checkpoint is removed — or, in
-        a task, its final state saved (see above)."""
+    def _end(self, save_final) -> None:
+        """The run is complete: its checkpoint is removed — or, in a task, ``save_final()`` (see above)."""
         if self.in_task and self._saves:
-            self.save(run, stack, models, dev, written_back=True)
+            save_final()
         else:
             remove(self.path)
+
+
+class EnsembleCheckpointer(Checkpointer):
+    """The checkpoint of a :func:`~bnlab.nets.train_ensemble` run."""
+
+    kind = "train_ensemble"
+
+    @classmethod
+    def for_run(cls, checkpoint, every, models, data, opts) -> "EnsembleCheckpointer | None":
+        """The checkpointer of a run of ``models`` on ``data`` (train_ensemble's checked data: ``x``, ``y``,
+        ``test``, ``batch_size``, ``steps``) with ``opts`` (its checked options, a dataclass), or None: no
+        ``checkpoint`` given and none claimed for a sweep's task."""
+        claimed = cls._claimed(checkpoint, every)
+        if claimed is None:
+            return None
+        tensors = {"x": data.x, "y": data.y, **({} if data.test is None else {"x_test": data.test[0],
+                                                                             "y_test": data.test[1]})}
+        options = {**asdict(opts), "batch_size": data.batch_size, "steps": data.steps}
+
+        def fingerprint_of() -> str:
+            return fingerprint(models, tensors, options, cls.kind)
+
+        return cls(*claimed[:2], fingerprint_of, claimed[2])
+
+    def compact_to(self, stack, saved: dict) -> None:
+        """Drop from the freshly built stack the networks the checkpointed run had dropped."""
+        rows = saved.get("row_ids")
+        full = list(stack.rows)
+        kept = rows.tolist() if isinstance(rows, torch.Tensor) and rows.dim() == 1 else None
+        if kept is None or not set(kept) <= set(full) or len(set(kept)) != len(kept) or not kept:
+            raise refused(self.path, "its stacked rows are not networks of this run")
+        if kept != full:
+            if not stack.compactable:
+                raise refused(self.path, "its stacked rows are not those of its models")
+            keep = torch.tensor(sorted(full.index(i) for i in kept), dtype=torch.long)
+            stack.compact(keep.to(rows.device))
+
+    def save(self, run, stack, models: list[nn.Module], dev: torch.device, written_back: bool = False) -> None:
+        """Write the run's state (``written_back``: the stack's state is in the models already)."""
+        self.fingerprint()
+        if not written_back:
+            stack.write_back()  # every network's state, a dropped one's included, into its model
+        self._write({"models": [m.state_dict() for m in models], **run.checkpoint_state()}, dev)
+
+    def finish(self, run, stack, models: list[nn.Module], dev: torch.device) -> None:
+        """The run is complete (its state written back into the models): its checkpoint is removed — or, in
+        a task, its final state saved (see :class:`Checkpointer`)."""
+        self._end(lambda: self.save(run, stack, models, dev, written_back=True))
