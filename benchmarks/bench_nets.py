@@ -18,6 +18,12 @@ backward, step) for each normalization of ``bnlab.nets.NORMALIZATIONS`` and prin
 median time of one step of the library's loop (from callback to callback, after 3 warm-up steps, so
 the compilation is not counted), and the compiled/eager ratio.
 
+``--checkpoint-ab`` times instead ``train()`` of the BN MLP with SGD (momentum 0.9) saving a checkpoint at
+every check (``checkpoint_every=0``, every 10 steps: the most often it can) against the same run keeping
+none, rounds alternating (medians of ``--repeat``): the cost per save (their difference over the number of
+saves, the fingerprint's one hash of the data and the initial model included) beside one step's time, and
+the file's size.
+
 The configurations are timed interleaved (each repeat runs all of them in turn), so a change of load
 on a shared machine affects all alike; use ``--repeat`` ≥ 5 there.  Nothing is asserted;
 ``tests/nets/test_bench_nets.py`` runs ``--quick`` as a smoke test.
@@ -131,6 +137,56 @@ def _train_step_mode_times(width: int, depth: int, batch: int, steps: int, dtype
     return out
 
 
+def checkpoint_ab(width: int, depth: int, batch: int, steps: int, repeat: int, threads: int, dtype: str) -> dict:
+    """Seconds of one ``train()`` run saving at every check against one keeping no checkpoint (medians over
+    ``repeat`` alternating rounds), the saves made and the file's size; restores threads."""
+    import os
+    import tempfile
+
+    import bnlab.nets._checkpoint as ck
+
+    tdtype = {"float32": torch.float32, "float64": torch.float64}[dtype]
+    steps = max(steps, 20)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(batch * steps, IN, generator=g, dtype=tdtype)
+    y = torch.randint(0, OUT, (batch * steps,), generator=g)
+    sizes, saves = [], []
+    real_write = ck.write
+
+    def measured_write(path, payload, *kind):
+        real_write(path, payload, *kind)
+        sizes.append(os.path.getsize(path))
+        saves.append(payload["done"])
+
+    def one(keep: bool) -> float:
+        model = MLP(IN, [width] * depth, OUT, norm="bn", dtype=tdtype)
+        sgd = functools.partial(torch.optim.SGD, lr=1e-3, momentum=0.9)
+        with tempfile.TemporaryDirectory() as folder:
+            extra = {"checkpoint": Path(folder) / "run.pt", "checkpoint_every": 0.0} if keep else {}
+            t = time.perf_counter()
+            train(model, (x, y), optimizer=sgd, batch_size=batch, steps=steps, check_every=10, **extra)
+            return time.perf_counter() - t
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    ck.write = measured_write
+    try:
+        one(False)  # warm-up
+        without, with_saves = [], []
+        for _ in range(repeat):
+            without.append(one(False))
+            saves.clear()
+            with_saves.append(one(True))
+    finally:
+        ck.write = real_write
+        torch.set_num_threads(old)
+    t0, t1 = statistics.median(without), statistics.median(with_saves)
+    return {"steps": steps, "saves": len(saves), "without_s": t0, "with_s": t1, "ratio": t1 / t0,
+            "per_save_s": (t1 - t0) / max(len(saves), 1), "per_step_s": t0 / steps,
+            "file_mb": (sizes[-1] / 1e6) if sizes else 0.0,
+            "shape": dict(width=width, depth=depth, batch=batch, threads=threads, dtype=dtype)}
+
+
 def bench(width: int = 1024, depth: int = 4, batch: int = 128, steps: int = 30, repeat: int = 3, threads: int = 1,
           dtype: str = "float32", step_modes: tuple = ()) -> dict:
     """Seconds per step for every normalization, the matmul floor and the train() loop (and per
@@ -162,9 +218,21 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (smoke test)")
     p.add_argument("--step-modes", default="", help="e.g. eager,compile: train(step_mode=...) side by side")
+    p.add_argument("--checkpoint-ab", action="store_true",
+                   help="train() saving a checkpoint at every check against keeping none")
     a = p.parse_args(argv)
     if a.quick:
         a.width, a.depth, a.batch, a.steps, a.repeat = 64, 2, 16, 3, 1
+    if a.checkpoint_ab:
+        r = checkpoint_ab(a.width, a.depth, a.batch, a.steps, a.repeat, a.threads, a.dtype)
+        s = r["shape"]
+        print(f"train(), MLP 784 → {s['depth']}×{s['width']} → 10 with BN, batch {s['batch']}, {s['dtype']}, SGD with "
+              f"momentum, {s['threads']} thread(s); {r['steps']} steps, medians of {a.repeat} alternating rounds")
+        print(f"without checkpoints  {r['without_s']:.3f} s")
+        print(f"saving at every check {r['with_s']:.3f} s  ({r['ratio']:.2f}×; {r['saves']} saves of "
+              f"{r['file_mb']:.1f} MB)")
+        print(f"per save {1e3 * r['per_save_s']:.1f} ms against {1e3 * r['per_step_s']:.1f} ms per step")
+        return
     modes = tuple(m.strip() for m in a.step_modes.split(",") if m.strip())
     r = bench(a.width, a.depth, a.batch, a.steps, a.repeat, a.threads, a.dtype, modes)
     s = r["shape"]

@@ -158,6 +158,18 @@ CLI_CASES: list[Case] = [
     cli("train", "train", *_DIGITS, "--lr", "1e30", "--norm", "none", "--json", expect="ok",
         stdout='"diverged": true'),
     cli("train", "train", *_DIGITS, "--norm", "bn", "--json", expect="ok", stdout="test_accuracy"),
+    cli("train", "train", *_DIGITS, "--checkpoint", "/dev/null", names="checkpoint"),
+    cli("train", "train", *_DIGITS, "--checkpoint", ".", names="checkpoint"),
+    cli("train", "train", *_DIGITS, "--checkpoint", "{root}/t1.pt", "--checkpoint-every", "-1",
+        names="checkpoint_every"),
+    cli("train", "train", *_DIGITS, "--checkpoint", "{root}/t2.pt", "--checkpoint-every", "nan",
+        names="checkpoint_every"),
+    cli("train", "train", *_DIGITS, "--checkpoint", "{root}/t3.pt", names="checkpoint",
+        setup="open('t3.pt', 'wb').write(b'PK\\x03\\x04 planted')"),
+    cli("train", "train", *_DIGITS, "--checkpoint", "{root}/t4.pt", names="checkpoint",
+        setup="import os; os.path.lexists('t4.pt') or os.symlink('nowhere', 't4.pt')"),
+    cli("train", "train", *_DIGITS, "--checkpoint", "{root}/t5.pt", "--json", expect="ok",
+        stdout="test_accuracy"),
     # ------------------------------------------------------- reproduce, report
     cli("reproduce", "reproduce", "fisher-fig1", "--results-dir", "{root}/file.txt", "--serial", "--no-progress",
         "--out", "{root}/o1", names="results"),
@@ -390,6 +402,15 @@ API_CASES: list[Case] = [
         "open(path, 'wb').write(b'PK\\x03\\x04 planted')\n"
         "nets.train_ensemble([nets.MLP(4, [4], 2)], (torch.randn(20, 4), "
         "torch.randint(0, 2, (20,))), lr=0.1, batch_size=4, steps=2, checkpoint=path)", names="checkpoint"),
+    api("nets-api", _NETS + "nets.train(nets.MLP(4, [4], 2), (torch.randn(20, 4), torch.randint(0, 2, (20,))), "
+        "optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4, steps=2, checkpoint='/dev/null')",
+        names="checkpoint"),
+    api("nets-api", _NETS + "nets.train(nets.MLP(4, [4], 2), (torch.randn(20, 4), torch.randint(0, 2, (20,))), "
+        "optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4, steps=2, checkpoint='x.pt', "
+        "callbacks=[print])", names="callbacks"),
+    api("nets-api", _NETS + "nets.train(nets.MLP(4, [4], 2), (torch.randn(20, 4), torch.randint(0, 2, (20,))), "
+        "optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4, steps=2, checkpoint='x.pt', "
+        "checkpoint_every=-5)", names="checkpoint_every"),
     api("nets-api", _NETS + "nets.MLP(784, [10**9], 10)", names="max_memory"),
     api("nets-api", _NETS + "nets.BNMLP(784, 10, depth=4, width=10**9)", names="max_memory"),
     api("nets-api", _NETS + "nets.MLP(784, [10**6, 10**6], 10)", names="max_memory"),

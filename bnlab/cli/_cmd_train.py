@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from bnlab._task_checkpoint import DEFAULT_EVERY
 from bnlab.cli._common import (NORM_ALIASES, add_choice_argument, add_data_dir_argument, add_threads_argument, print_json,
                                print_table)
 
@@ -46,6 +47,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_data_dir_argument(p)
     p.add_argument("--max-memory-gb", type=float, default=1.0,
                    help="bound on the network's parameters, checked before it is built (default 1)")
+    p.add_argument("--checkpoint", default=None, metavar="FILE",
+                   help="keep the run's state in FILE (every --checkpoint-every seconds): the same command run "
+                        "again goes on from the last save instead of the first step; removed once the run ends")
+    p.add_argument("--checkpoint-every", type=float, default=DEFAULT_EVERY, metavar="SECONDS",
+                   help=f"seconds between two saves of --checkpoint (default {DEFAULT_EVERY:g})")
     add_threads_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -60,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, norm=args.norm, dataset=args.dataset, batch_size=args.batch_size, epochs=args.epochs,
         lr=args.lr, momentum=args.momentum, widths=args.widths, train_size=args.train_size,
         test_size=args.test_size, rho=args.rho, eps1=args.eps1, eps2=args.eps2, native=args.native, seed=args.seed,
-        device=args.device, data_dir=args.data_dir, max_memory_bytes=max_bytes,
+        device=args.device, data_dir=args.data_dir, max_memory_bytes=max_bytes, checkpoint=args.checkpoint,
+        checkpoint_every=args.checkpoint_every,
     )
     if args.json:
         print_json(res.to_dict())

@@ -188,12 +188,12 @@ def add_threads_argument(parser, *, cells: bool = False) -> None:
 
 
 def add_checkpoint_arguments(parser) -> None:
-    """--checkpoint-every / --no-checkpoints: how often a task's ensemble training saves, so that an interrupted
-    sweep goes on mid-task (``run_sweep``'s ``checkpoint_every``; docs/paper-scale.md)."""
+    """--checkpoint-every / --no-checkpoints: how often a task's training saves, so that an interrupted sweep
+    goes on mid-task (``run_sweep``'s ``checkpoint_every``; docs/paper-scale.md)."""
     from bnlab._task_checkpoint import DEFAULT_EVERY
 
     parser.add_argument("--checkpoint-every", type=float, default=DEFAULT_EVERY, metavar="SECONDS",
-                        help="seconds between two checkpoints of a task's ensemble training, kept in "
+                        help="seconds between two checkpoints of a task's training, kept in "
                              f"<store>.checkpoints/ so that an interrupted task resumes mid-way (default {DEFAULT_EVERY:g})")
     parser.add_argument("--no-checkpoints", action="store_true",
                         help="keep no checkpoints: an interrupted task starts over")

@@ -62,5 +62,28 @@ class RandomCropFlip:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return random_crop_flip(x, padding=self.padding, flip=self.flip, generator=self.generator)
 
+    def state_dict(self) -> dict:
+        """The settings and the generator's state (``torch.nn.Module``'s convention: what a checkpoint of
+        :func:`bnlab.nets.train` keeps, so a resumed run draws the crops it would have drawn)."""
+        return {"padding": self.padding, "flip": self.flip, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore :meth:`state_dict` output (the same settings); a ``ValueError`` leaves this one as it was."""
+        if not isinstance(state_dict, dict) or set(state_dict) != {"padding", "flip", "generator"}:
+            raise ValueError("state_dict is not allowed: expected the mapping returned by RandomCropFlip.state_dict() "
+                             "(keys 'padding', 'flip', 'generator')")
+        if state_dict["padding"] != self.padding or state_dict["flip"] is not self.flip:
+            raise ValueError(f"state_dict has padding={state_dict['padding']!r}, flip={state_dict['flip']!r} but this "
+                             f"transform uses padding={self.padding}, flip={self.flip}")
+        state, own = state_dict["generator"], self.generator.get_state()
+        if not (isinstance(state, torch.Tensor) and state.dtype == own.dtype and state.shape == own.shape):
+            raise ValueError(f"state_dict['generator'] is not allowed: expected a {tuple(own.shape)} {own.dtype} "
+                             "tensor (torch.Generator.get_state())")
+        try:
+            self.generator.set_state(state.cpu())
+        except RuntimeError as exc:
+            self.generator.set_state(own)
+            raise ValueError(f"state_dict['generator'] is not allowed: {exc}") from None
+
     def __repr__(self) -> str:
         return f"RandomCropFlip(padding={self.padding}, flip={self.flip})"

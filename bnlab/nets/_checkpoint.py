@@ -37,6 +37,8 @@ own state goes in and out through the trainer (``_EnsembleRun.checkpoint_state``
 """
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
 import logging
@@ -71,6 +73,34 @@ def _feed_tensor(h: "hashlib._Hash", name: str, t: torch.Tensor) -> None:
     h.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
 
 
+def _feed_state(h: "hashlib._Hash", name: str, obj: Any) -> None:
+    """Feed a ``state_dict()``-like value (tensors, mappings, sequences, plain values) to ``h``; another
+    object by its type's name only (its ``repr`` may hold a memory address: not the same in another process)."""
+    if isinstance(obj, torch.Tensor):
+        _feed_tensor(h, name, obj)
+    elif isinstance(obj, dict):
+        for k in sorted(obj, key=repr):
+            _feed_state(h, f"{name}.{k!r}", obj[k])
+    elif isinstance(obj, (list, tuple)):
+        h.update(json.dumps([name, type(obj).__name__, len(obj)]).encode())
+        for i, v in enumerate(obj):
+            _feed_state(h, f"{name}[{i}]", v)
+    elif isinstance(obj, (bool, int, float, str, type(None))):
+        h.update(json.dumps([name, obj]).encode())
+    else:
+        h.update(json.dumps([name, type(obj).__module__, type(obj).__qualname__]).encode())
+
+
+def _name_of(fn: Any) -> str:
+    """A callable's module and qualified name (its type's for an object), the same in every process."""
+    if isinstance(fn, functools.partial):
+        return f"partial({_name_of(fn.func)})"
+    own = getattr(fn, "__qualname__", None)
+    if isinstance(own, str) and not isinstance(fn, type):
+        return f"{getattr(fn, '__module__', '?')}.{own}"
+    return f"{type(fn).__module__}.{type(fn).__qualname__}"
+
+
 def _plain_attributes(m: nn.Module) -> dict:
     """A module's settings that are not tensors (a BN-MLP's γ, β, ε, depth, ...): its plain attributes,
     without ``training`` (the mode a caller left it in is not part of the run)."""
@@ -79,11 +109,12 @@ def _plain_attributes(m: nn.Module) -> dict:
 
 
 def fingerprint(models: Sequence[nn.Module], tensors: dict[str, torch.Tensor], options: dict,
-                kind: str = "train_ensemble") -> str:
+                kind: str = "train_ensemble", states: Sequence[dict] | None = None) -> str:
     """A hash of everything that makes one run: each model's class, ``repr``, plain attributes and
-    initial parameters and buffers (their bytes), ``tensors`` (the training and test data) and the
-    run's ``options`` (JSON-able), with bnlab's version and this format's.  Two runs with equal
-    fingerprints train the same networks on the same data the same way."""
+    initial parameters and buffers (their bytes; ``states``: each model's initial ``state_dict()`` where
+    the models have trained since), ``tensors`` (the training and test data) and the run's ``options``
+    (JSON-able), with bnlab's version and this format's.  Two runs with equal fingerprints train the
+    same networks on the same data the same way."""
     from bnlab import __version__
 
     h = hashlib.blake2b(digest_size=20)
@@ -92,7 +123,8 @@ def fingerprint(models: Sequence[nn.Module], tensors: dict[str, torch.Tensor], o
     for i, m in enumerate(models):
         h.update(json.dumps([i, type(m).__module__, type(m).__qualname__, repr(m), _plain_attributes(m)],
                             default=str).encode())
-        for name, t in [*m.named_parameters(), *m.named_buffers()]:
+        own = [*m.named_parameters(), *m.named_buffers()] if states is None else list(states[i].items())
+        for name, t in own:
             _feed_tensor(h, name, t)
     for name, t in tensors.items():
         _feed_tensor(h, name, t)
@@ -362,3 +394,157 @@ class EnsembleCheckpointer(Checkpointer):
         """The run is complete (its state written back into the models): its checkpoint is removed — or, in
         a task, its final state saved (see :class:`Checkpointer`)."""
         self._end(lambda: self.save(run, stack, models, dev, written_back=True))
+
+
+def has_state(part: Any) -> bool:
+    """Whether ``part`` (a hook, callback or transform of :func:`~bnlab.nets.train`) keeps its state the
+    ``torch`` way: ``state_dict()`` and ``load_state_dict()``."""
+    return callable(getattr(part, "state_dict", None)) and callable(getattr(part, "load_state_dict", None))
+
+
+class TrainCheckpointer(Checkpointer):
+    """The checkpoint of a :func:`~bnlab.nets.train` run (one network).
+
+    Besides the model, the run's state lives in its optimizer and in the ``parts``: its hooks, callbacks
+    and ``transform``, each of which must keep its state the ``torch`` way (:func:`has_state`; a
+    stateless one returns ``{}``) — a BNP preconditioner's running statistics, an augmentation's
+    generator.  A part without it is refused with a ``ValueError`` when the caller asks for a
+    checkpoint; inside a sweep's task that call keeps none (its task resumes at whole cells)."""
+
+    kind = "train"
+
+    def __init__(self, path, every, fingerprint_of, in_task, parts: tuple):
+        super().__init__(path, every, fingerprint_of, in_task)
+        self.parts = parts
+
+    @classmethod
+    def for_run(cls, checkpoint, every, model: nn.Module, opt: torch.optim.Optimizer, run) -> "TrainCheckpointer | None":
+        """The checkpointer of ``train``'s run ``run`` (its checked arguments) of ``model`` with ``opt``, or
+        None: no ``checkpoint`` given and none claimed for a sweep's task (or a task's run with a part that
+        keeps no state)."""
+        claimed = cls._claimed(checkpoint, every)
+        if claimed is None:
+            return None
+        named = [*((f"hooks[{i}]", h) for i, h in enumerate(run.hooks)),
+                 *((f"callbacks[{i}]", c) for i, c in enumerate(run.callbacks)),
+                 *([("transform", run.transform)] if run.transform is not None else [])]
+        stateless = [(n, p) for n, p in named if not has_state(p)]
+        if stateless:
+            if claimed[2]:
+                _log.debug("train: no checkpoint for this call of the task (%s keeps no state_dict)", stateless[0][0])
+                return None
+            n, p = stateless[0]
+            raise ValueError(
+                f"{n}={p!r} is not allowed with checkpoint={str(claimed[0])!r}: a resumed run needs the state of "
+                "every hook, callback and transform; give it state_dict() and load_state_dict() (a stateless one "
+                "returns {} and accepts {}), or train without a checkpoint")
+        parts = tuple(p for _, p in named)
+        # what the run starts from, hashed now (small: the optimizer's state, the parts' states), and the
+        # model's initial state kept for the fingerprint, which hashes the data only if the run saves or resumes
+        setup = hashlib.blake2b(digest_size=20)
+        _feed_state(setup, "optimizer", opt.state_dict())
+        for (n, _), part in zip(named, parts):
+            _feed_state(setup, n, part.state_dict())
+        options = {"optimizer": f"{type(opt).__module__}.{type(opt).__qualname__}", "setup": setup.hexdigest(),
+                   "parts": [[n, _name_of(p)] for n, p in named], "loss_fn": _name_of(run.loss_fn),
+                   "device": run.device.type, "dtype": str(run.dtype),
+                   **{k: getattr(run, k) for k in ("batch_size", "steps", "per_epoch", "seed", "check_every",
+                                                   "eval_batch_size", "diverge_above", "test_bn_mode",
+                                                   "eval_every_epoch", "step_mode")}}
+        initial = [{k: v.detach().clone() for k, v in model.state_dict().items()}]
+        tensors = {"x": run.x_train, "y": run.y_train,
+                   **({} if run.test is None else {"x_test": run.test[0], "y_test": run.test[1]})}
+
+        def fingerprint_of() -> str:
+            return fingerprint([model], tensors, options, cls.kind, states=initial)
+
+        return cls(claimed[0], claimed[1], fingerprint_of, claimed[2], parts)
+
+    def save(self, model: nn.Module, opt: torch.optim.Optimizer, progress, dev: torch.device) -> None:
+        """Write the run's state: the model, the optimizer, the parts, and ``progress`` (train's loop state)."""
+        self._write({"models": [model.state_dict()], "optimizer": opt.state_dict(),
+                     "parts": [p.state_dict() for p in self.parts], "done": progress.done,
+                     "history": progress.losses[: progress.done].cpu(), "chance": progress.chance,
+                     "epoch_rows": progress.epoch_rows, "epoch_eval": progress.epoch_eval,
+                     "stopped": progress.stopped, "diverged_at": progress.diverged_at}, dev)
+
+    def finish(self, model: nn.Module, opt: torch.optim.Optimizer, progress, dev: torch.device) -> None:
+        """The run has ended: its checkpoint is removed — or, in a task, its final state saved."""
+        self._end(lambda: self.save(model, opt, progress, dev))
+
+    def restore(self, opt: torch.optim.Optimizer, run, progress, saved: dict, dev: torch.device) -> None:
+        """Set the optimizer, the parts and ``progress`` to the checkpoint ``saved`` (whose model state is
+        loaded), every entry checked first; a :class:`CheckpointError` leaves them as they were."""
+        path = self.path
+        done = saved.get("done")
+        if not (isinstance(done, int) and not isinstance(done, bool) and 0 <= done <= run.steps):
+            raise refused(path, f"its step count {done!r} is not one of this run's 0 … {run.steps}")
+        history = saved.get("history")
+        if not (isinstance(history, torch.Tensor) and history.dtype == progress.losses.dtype
+                and history.shape == (done,)):
+            raise refused(path, f"its loss history is not a ({done},) {progress.losses.dtype} tensor")
+        chance, stopped, diverged_at = saved.get("chance"), saved.get("stopped"), saved.get("diverged_at")
+        if not (chance is None or (isinstance(chance, float) and 0.0 < chance <= 1.0)):
+            raise refused(path, f"its chance level {chance!r} is not None or a number in (0, 1]")
+        if done and chance is None and run.test is not None and not run.y_train.is_floating_point():
+            raise refused(path, "its chance level is missing for a classifier")
+        if not isinstance(stopped, bool):
+            raise refused(path, f"its stop flag {stopped!r} is not True or False")
+        if not (diverged_at is None or (isinstance(diverged_at, int) and 0 <= diverged_at < max(done, 1))):
+            raise refused(path, f"its first bad step {diverged_at!r} is not one of the {done} steps taken")
+        rows = saved.get("epoch_rows")
+        epochs = done // run.per_epoch if run.eval_every_epoch else 0
+        if not (isinstance(rows, list) and len(rows) == epochs and all(
+                isinstance(r, dict) and set(r) == {"epoch", "train_loss", "test_accuracy"} and r["epoch"] == e + 1
+                for e, r in enumerate(rows))):
+            raise refused(path, f"its end-of-epoch rows are not the {epochs} rows of the epochs done")
+        epoch_eval = saved.get("epoch_eval")
+        if not (epoch_eval is None or (isinstance(epoch_eval, tuple) and len(epoch_eval) == 2
+                                       and isinstance(epoch_eval[0], int) and 0 < epoch_eval[0] <= done
+                                       and isinstance(epoch_eval[1], tuple) and len(epoch_eval[1]) == 3)):
+            raise refused(path, f"its last epoch test {epoch_eval!r} is not one of this run's")
+        self._check_optimizer(opt, saved.get("optimizer"))
+        states = saved.get("parts")
+        if not (isinstance(states, list) and len(states) == len(self.parts)):
+            raise refused(path, f"it holds {len(states) if isinstance(states, list) else 'no'} hook, callback and "
+                                f"transform states for {len(self.parts)}")
+        cpu, cuda = saved.get("rng_cpu"), saved.get("rng_cuda")
+        check_like(path, "CPU random state", cpu, torch.get_rng_state())
+        if dev.type == "cuda":
+            check_like(path, "CUDA random state", cuda, torch.cuda.get_rng_state(dev))
+        given_opt = copy.deepcopy(opt.state_dict())
+        given_parts = [copy.deepcopy(p.state_dict()) for p in self.parts]
+        try:
+            opt.load_state_dict(saved["optimizer"])
+            for part, state in zip(self.parts, states):
+                part.load_state_dict(state)
+        except (ValueError, KeyError, TypeError, RuntimeError, IndexError) as exc:
+            opt.load_state_dict(given_opt)
+            for part, state in zip(self.parts, given_parts):
+                part.load_state_dict(state)
+            raise refused(path, f"its optimizer, hook, callback or transform state does not load "
+                                f"({type(exc).__name__}: {str(exc)[:200]})") from None
+        progress.losses[:done].copy_(history)
+        progress.done, progress.chance, progress.stopped, progress.diverged_at = done, chance, stopped, diverged_at
+        progress.epoch_rows, progress.epoch_eval = [dict(r) for r in rows], epoch_eval
+        self.restore_rng(saved, dev)
+
+    def _check_optimizer(self, opt: torch.optim.Optimizer, saved: Any) -> None:
+        """The saved optimizer state has this optimizer's groups (the same parameters, the same settings'
+        names) and holds, per parameter, tensors of its shape or single numbers (a step count): what
+        torch.optim's ``load_state_dict`` does not check before a step fails on it."""
+        own = opt.state_dict()
+        groups = saved.get("param_groups") if isinstance(saved, dict) else None
+        if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict) and isinstance(groups, list)
+                and len(groups) == len(own["param_groups"])
+                and all(isinstance(g, dict) and set(g) == set(o) and g["params"] == o["params"]
+                        for g, o in zip(groups, own["param_groups"]))):
+            raise refused(self.path, f"its optimizer state is not one of this {type(opt).__name__}'s")
+        shapes = {i: p.shape for g, o in zip(opt.param_groups, own["param_groups"]) for i, p in zip(o["params"], g["params"])}
+        for i, entry in saved["state"].items():
+            if i not in shapes or not isinstance(entry, dict):
+                raise refused(self.path, f"its optimizer state names a parameter {i!r} this optimizer does not have")
+            for k, v in entry.items():
+                if isinstance(v, torch.Tensor) and v.shape != shapes[i] and v.numel() != 1:
+                    raise refused(self.path, f"its optimizer state {k!r} of parameter {i} is not a "
+                                             f"{tuple(shapes[i])} tensor")

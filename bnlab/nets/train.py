@@ -17,6 +17,7 @@ the CLI) maps it to a factory itself, e.g. ``functools.partial(torch.optim.SGD, 
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -29,7 +30,9 @@ import copy
 
 from bnlab import _threads
 from bnlab._inductor import compile_options
+from bnlab._task_checkpoint import DEFAULT_EVERY
 from bnlab._validation import check_choice, check_device, check_int, check_real, check_seed
+from bnlab.nets._checkpoint import CheckpointError, TrainCheckpointer
 from bnlab.nets._compile import compile_failure, fresh_function
 
 __all__ = ["TrainResult", "StepInfo", "train", "train_classifier", "layer_norm_trajectory", "resolve_device",
@@ -302,6 +305,8 @@ def train(
     diverge_above: float | None = None,
     test_bn_mode: str = "eval",
     step_mode: str = "eager",
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: float = DEFAULT_EVERY,
 ) -> TrainResult:
     """Train ``model`` by minibatch steps and (with ``test_data``) report its test accuracy.
 
@@ -361,6 +366,19 @@ def train(
         eager between them.  Same numbers to rounding; a model or optimizer that does not compile gives
         a warning and the eager step.  Worth it where a step is many small operations (small batches,
         a GPU); compiling takes seconds to minutes, once per call.
+    checkpoint:
+        A file to keep the run's state in, so that a run cut short (a batch job's time limit, a killed
+        worker, Ctrl-C) goes on from its last save when called again with the same arguments: if the
+        file exists, the model (given as for a fresh run), the optimizer, the hooks, callbacks and
+        ``transform`` are set to the saved state and training goes on from the saved step; the state is
+        saved after a divergence check once ``checkpoint_every`` seconds have passed since the last
+        save; the file is removed when the run ends.  Every hook, callback and ``transform`` must keep
+        its state the ``torch`` way (``state_dict()`` / ``load_state_dict()``; a stateless one returns
+        ``{}``), else a ``ValueError``.  A file of another run (other model, data, optimizer or options),
+        or anything but such a checkpoint, is a ``ValueError`` (``bnlab.nets._checkpoint`` says what a
+        checkpoint holds and how it is checked).  Inside a sweep's task the engine names the file.
+    checkpoint_every:
+        Seconds between two saves (default 300; 0: at every check).
 
     Returns
     -------
@@ -383,7 +401,18 @@ def train(
     model.to(run.device).train()
     opt = _build_optimizer(optimizer, model)
     _check_hyperparameters(opt, run.dtype)
-    progress = _train_steps(model, opt, run)
+    saver = TrainCheckpointer.for_run(checkpoint, checkpoint_every, model, opt, run)
+    progress = _TrainProgress(losses=torch.empty(run.steps, device=run.device))
+    saved = saver.resume([model], run.device) if saver is not None else None
+    if saved is not None:
+        try:
+            saver.restore(opt, run, progress, saved, run.device)
+        except CheckpointError as exc:  # the model is given back its state (raises, unless in a sweep's task)
+            saver.abandon([model], exc)
+            progress = _TrainProgress(losses=torch.empty(run.steps, device=run.device))
+    _train_steps(model, opt, run, progress, saver)
+    if saver is not None:
+        saver.finish(model, opt, progress, run.device)
     return _train_result(model, run, progress)
 
 
@@ -475,13 +504,18 @@ class _TrainProgress:
     epoch_eval: tuple | None = None
 
 
-def _train_steps(model: nn.Module, opt: torch.optim.Optimizer, run: _TrainRun) -> _TrainProgress:
-    """The step loop: batch, loss, backward, hooks, optimizer step, callbacks, divergence checks, epoch tests."""
+def _train_steps(model: nn.Module, opt: torch.optim.Optimizer, run: _TrainRun, progress: _TrainProgress,
+                 saver: TrainCheckpointer | None = None) -> _TrainProgress:
+    """The step loop: batch, loss, backward, hooks, optimizer step, callbacks, divergence checks, epoch tests
+    and saves; from ``progress.done`` on (a resumed run), unless that run had ended."""
+    if progress.stopped or progress.diverged_at is not None or progress.done == run.steps:
+        return progress
     step_fns = _StepFunctions(model, run.loss_fn, opt, run.step_mode)
     gen = torch.Generator().manual_seed(run.seed)
-    progress = _TrainProgress(losses=torch.empty(run.steps, device=run.device))
     x_tr, y_tr = run.x_train, run.y_train
-    for step, idx in enumerate(_batches(x_tr.shape[0], run.batch_size, run.steps, gen, run.device)):
+    start = progress.done
+    for step, idx in enumerate(_batches(x_tr.shape[0], run.batch_size, run.steps, gen, run.device, start=start),
+                               start=start):
         xb = x_tr[idx]
         xb = xb if run.transform is None else run.transform(xb)
         if step == 0:  # eager: the labels are checked against the outputs before the loss sees them
@@ -502,7 +536,8 @@ def _train_steps(model: nn.Module, opt: torch.optim.Optimizer, run: _TrainRun) -
             progress.stopped = True
         last = done == run.steps or progress.stopped
         end_of_epoch = done % run.per_epoch == 0
-        if done % run.check_every == 0 or last or (run.eval_every_epoch and end_of_epoch):
+        checked = done % run.check_every == 0 or last or (run.eval_every_epoch and end_of_epoch)
+        if checked:
             progress.diverged_at = _first_bad_step(progress.losses, done, run.check_every, run.diverge_above)
             if progress.diverged_at is not None:
                 break
@@ -510,6 +545,8 @@ def _train_steps(model: nn.Module, opt: torch.optim.Optimizer, run: _TrainRun) -
             _test_epoch(model, run, progress)
         if progress.stopped:
             break
+        if checked and not last and saver is not None and saver.due():
+            saver.save(model, opt, progress, run.device)
     return progress
 
 

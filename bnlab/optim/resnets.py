@@ -18,10 +18,12 @@ Interpretations (the paper leaves these open; see also :mod:`bnlab.reproductions
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import torch
 
+from bnlab._task_checkpoint import DEFAULT_EVERY
 from bnlab._validation import check_choice, check_int, check_real
 
 __all__ = ["RESNET_METHODS", "WARMUPS", "resnet_learning_rate", "train_resnet"]
@@ -116,6 +118,8 @@ def train_resnet(
     device: str = "cpu",
     data_dir: str | None = None,
     callbacks: Sequence[Any] = (),
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: float = DEFAULT_EVERY,
 ):
     """Train one ResNet of Lange et al. Figs. 6-7 and return per-epoch training loss and test accuracy.
 
@@ -153,6 +157,11 @@ def train_resnet(
     callbacks:
         :func:`bnlab.nets.train` callbacks, called after every step (once the learning rate of the
         next step is set).
+    checkpoint, checkpoint_every:
+        A file that a run cut short (hours at the paper's length) goes on from when called again with
+        the same arguments, saved every that many seconds (:func:`bnlab.nets.train`'s: the network,
+        SGD's momentum, BNP's statistics, the augmentation's generator); ``callbacks`` must then keep
+        their state the ``torch`` way.  Inside a sweep's task the engine names the file.
 
     Returns
     -------
@@ -225,12 +234,29 @@ def train_resnet(
 
     set_rate(0)
 
-    def next_rate(info) -> None:  # after step t, the rate of step t + 1
-        set_rate(info.step + 1)
+    next_rate = _NextRate(set_rate)
 
     transform = RandomCropFlip(padding=4, seed=seed) if augment else None
     model = f"{'preact_' if preact else ''}resnet{depth}"
     return _train_and_record(net, train_data, test_data, model=model, norm=method, dataset=name, optimizer=opt,
                              batch_size=batch_size, epochs=epochs, lr=lr, seed=seed, device=device,
                              callbacks=[next_rate, *callbacks], bnp=dict(rho=rho, eps1=eps1, eps2=eps2),
-                             transform=transform)
+                             transform=transform, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+
+
+class _NextRate:
+    """The callback that, after step t, sets the learning rate of step t + 1 (a function of the step only: it
+    keeps no state; the rate itself lives in the optimizer's ``param_groups``, which a checkpoint keeps)."""
+
+    def __init__(self, set_rate):
+        self._set_rate = set_rate
+
+    def __call__(self, info) -> None:
+        self._set_rate(info.step + 1)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state_dict) -> None:
+        if state_dict != {}:
+            raise ValueError(f"state_dict={state_dict!r} is not allowed: the learning-rate schedule keeps no state")

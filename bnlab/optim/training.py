@@ -10,12 +10,14 @@ is the vanilla network with a :class:`~bnlab.optim.BNPreconditioner` between ``b
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
+from bnlab._task_checkpoint import DEFAULT_EVERY
 from bnlab._validation import (DEFAULT_MAX_MEMORY_BYTES, check_choice, check_device, check_int, check_real,
                                check_seed)
 from bnlab._vocabulary import NORM_ALIASES, canonical_value
@@ -131,6 +133,8 @@ def train_network(
     callbacks: Sequence[Callable] = (),
     data_dir: str | None = None,
     max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: float = DEFAULT_EVERY,
 ) -> NetworkTrainingResult:
     """Train Lange et al.'s FC network or 5-layer CNN with ``norm`` and report per-epoch loss and accuracy.
 
@@ -144,6 +148,9 @@ def train_network(
     ``widths`` are the FC network's hidden widths (the CNN has fixed ones: ``widths`` with
     ``model="cnn"`` is refused unless it is the default).  The network's parameters are checked against
     ``max_memory_bytes`` (default 1 GiB; ``bnlab train --max-memory-gb``) before it is built.
+    ``checkpoint``, ``checkpoint_every``: a file that a run cut short goes on from when called again with
+    the same arguments, saved every that many seconds (:func:`bnlab.nets.train`'s; BNP's running
+    statistics included); ``callbacks`` must then keep their state the ``torch`` way.
     """
     from bnlab.data import load_dataset
     from bnlab.optim.bnp import BNPreconditioner
@@ -206,19 +213,40 @@ def train_network(
 
     return _train_and_record(net, train_data, test_data, model=model, norm=norm, dataset=dataset,
                              optimizer=make_optimizer, batch_size=batch_size, epochs=epochs, lr=lr, seed=seed,
-                             device=device, callbacks=callbacks, bnp=dict(rho=rho, eps1=eps1, eps2=eps2, native=native))
+                             device=device, callbacks=callbacks, bnp=dict(rho=rho, eps1=eps1, eps2=eps2, native=native),
+                             checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+
+
+class _PreconditionerStep:
+    """The hook of a BNP run: ``pre.step()`` between ``backward()`` and ``optimizer.step()``, keeping the
+    preconditioner's state the ``torch`` way, so a checkpoint of :func:`bnlab.nets.train` holds its running
+    statistics."""
+
+    def __init__(self, pre):
+        self.pre = pre
+
+    def __call__(self, _model) -> None:
+        self.pre.step()
+
+    def state_dict(self) -> dict:
+        return self.pre.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.pre.load_state_dict(state_dict)
 
 
 def _train_and_record(net, train_data, test_data, *, model: str, norm: str, dataset: str, optimizer, batch_size: int,
                       epochs: float, lr: float, seed: int, device, callbacks: Sequence[Callable], bnp: dict,
-                      transform=None) -> NetworkTrainingResult:
+                      transform=None, checkpoint=None, checkpoint_every: float = DEFAULT_EVERY
+                      ) -> NetworkTrainingResult:
     """The one training driver under :func:`train_network` and :func:`~bnlab.optim.train_resnet`.
 
     Moves ``net`` to ``device``; for ``norm`` ``"bnp"``/``"bnp_gn"`` attaches a
     :class:`~bnlab.optim.BNPreconditioner` (``bnp``: its keyword arguments) stepped between
     ``backward()`` and ``step()``; trains with :func:`bnlab.nets.train` (``optimizer``: an optimizer or
-    a factory, evaluation every epoch); and returns the per-epoch rows, closed by a row at the
-    fractional epoch count when training stopped mid-epoch.  Arguments are checked by the callers.
+    a factory, evaluation every epoch; ``checkpoint``, ``checkpoint_every`` as there); and returns the
+    per-epoch rows, closed by a row at the fractional epoch count when training stopped mid-epoch.
+    Arguments are checked by the callers.
     """
     from bnlab.nets import train
     from bnlab.optim.bnp import BNPreconditioner
@@ -226,12 +254,11 @@ def _train_and_record(net, train_data, test_data, *, model: str, norm: str, data
     net = net.to(device)
     hooks = []
     if norm in ("bnp", "bnp_gn"):
-        pre = BNPreconditioner(net, **bnp)
-        hooks.append(lambda _model: pre.step())
+        hooks.append(_PreconditionerStep(BNPreconditioner(net, **bnp)))
     t0 = time.perf_counter()
     res = train(net, train_data, optimizer=optimizer, batch_size=batch_size, epochs=epochs, test_data=test_data,
                 hooks=hooks, callbacks=callbacks, eval_every_epoch=True, seed=seed, device=device,
-                transform=transform)
+                transform=transform, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
     seconds = time.perf_counter() - t0
     rows = [dict(r) for r in (res.epochs or [])]
     steps_per_epoch = len(train_data.y) // batch_size

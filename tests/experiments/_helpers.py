@@ -215,3 +215,33 @@ def run_ensemble_group(cells: list[dict]) -> list[dict]:
 
 ENSEMBLE = _experiment("bnlab-test-ensemble", grid=ensemble_grid, group=ensemble_group, run_group=run_ensemble_group,
                        compare=lambda records: [])
+
+
+def run_single_group(cells: list[dict]) -> list[dict]:
+    """The cells' BN-MLPs (as :func:`run_ensemble_group`'s) trained one after another by ``bnlab.nets.train``
+    (SGD with momentum): one trainer call per cell in one task; each cell's metrics as there."""
+    import functools
+
+    import torch
+
+    from bnlab.nets import BNMLP, train
+
+    _exit_after_first_save()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 6, generator=g, dtype=torch.float64)
+    y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
+    out = []
+    for c in cells:
+        model = BNMLP(6, 4, depth=c["depth"], width=8, seed=c["seed"], phi="tanh", dtype=torch.float64)
+        ran = []
+        model.register_forward_pre_hook(lambda m, a, ran=ran: ran.append(1) if m.training else None)
+        res = train(model, (x, y), optimizer=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+                    batch_size=16, steps=c["steps"], seed=c["seed"])
+        out.append({"i": c["i"], "weights": float(sum(float((p.detach() ** 2).sum()) for p in model.parameters())),
+                    "last_loss": res.history[-1], "steps_run": len(ran)})
+    _mark("group", min(c["i"] for c in cells))
+    return out
+
+
+SINGLE = _experiment("bnlab-test-single", grid=ensemble_grid, group=ensemble_group, run_group=run_single_group,
+                     compare=lambda records: [])

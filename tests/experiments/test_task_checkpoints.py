@@ -5,7 +5,7 @@ through, and run with an interruption right after the task's first checkpoint sa
 run, the worker process ending (``os._exit``, as the system kills a worker) on a Dask cluster — then
 resumed.  The resumed task must run only the steps after the save and give the straight run's metrics:
 the same float64 operations on the same operands in one process, so 1e-10 relative (the tolerance
-argument of tests/nets/test_checkpoint.py); across processes on one machine the same.
+argument of tests/nets/test_ensemble_checkpoint.py); across processes on one machine the same.
 """
 from __future__ import annotations
 
@@ -60,6 +60,38 @@ def test_an_interrupted_task_resumes_from_its_checkpoint(tmp_path, test_env, hel
     assert all(m["steps_run"] == 50 and m["first_step"] == 10 for m in resumed.values())
     _same(ref, resumed)
     assert not folder.exists()  # removed once its task finished and nothing else is kept there
+
+
+def test_a_task_training_networks_one_by_one_resumes_each_from_its_checkpoint(tmp_path, test_env, helpers,
+                                                                             monkeypatch):
+    # bnlab.nets.train, one call per cell: Ctrl-C right after the second network's first save; on resume the
+    # first network resumes at its saved end (no step again), the second from step 10, the last two from 0
+    monkeypatch.setenv("BNLAB_TEST_STEPS", "30")
+    ref = _metrics(run_sweep(helpers.SINGLE, results_dir=tmp_path / "a", serial=True, progress=False).store)
+    assert all(m["steps_run"] == 30 for m in ref.values())
+
+    import bnlab.nets._checkpoint as ck
+
+    real, writes = ck.write, []
+
+    def interrupt(path, payload, *kind):
+        real(path, payload, *kind)
+        writes.append((path.name, payload["done"]))
+        if path.name.endswith("-1.pt"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ck, "write", interrupt)
+    store = tmp_path / "b" / "run.sqlite"
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(helpers.SINGLE, store=store, serial=True, progress=False, checkpoint_every=0)
+    assert [d for _, d in writes] == [10, 20, 30, 10]  # the first run's checks, its final state, then the second's
+    monkeypatch.setattr(ck, "write", real)
+    done = run_sweep(helpers.SINGLE, store=store, serial=True, progress=False, checkpoint_every=1e9)
+    assert (done.done, done.executed) == (4, 4)
+    resumed = _metrics(store)
+    assert [resumed[i]["steps_run"] for i in range(4)] == [0, 20, 30, 30]
+    _same(ref, resumed)
+    assert not checkpoint_folder(store).exists()
 
 
 def test_without_checkpoints_an_interrupted_task_starts_over(tmp_path, test_env, helpers, monkeypatch):

@@ -16,6 +16,16 @@ def test_bench_quick_runs_and_times_every_normalization(capsys):
     assert "matmuls" in out and "train() loop" in out
 
 
+def test_bench_nets_checkpoint_ab_quick_runs(capsys):
+    # the plumbing of the A/B: the run that keeps checkpoints saves at every check (20 steps, every 10: one
+    # save, the run's end removes the file) and both times are printed
+    module = load_benchmark("bench_nets")
+    r = module.checkpoint_ab(16, 1, 8, 3, 1, 1, "float32")
+    assert r["steps"] == 20 and r["saves"] == 1 and r["file_mb"] > 0 and r["with_s"] > 0 and r["without_s"] > 0
+    module.main(["--quick", "--checkpoint-ab"])
+    assert "per save" in capsys.readouterr().out
+
+
 def test_bench_ensemble_buffer_reuse_ab_quick_runs(monkeypatch):
     # the plumbing of the A/B (both option sets used, rows, ratio) with torch.compile as the identity:
     # the comparison itself (two Inductor compilations) is the benchmark's, not the suite's
