@@ -2,10 +2,12 @@
 ``sys.path``)."""
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 
 def median_time(fn: Callable[[], object], repeat: int = 5, *, warmup: bool = False) -> float:
@@ -91,3 +93,25 @@ def bmm_gflops(k: int, batch: int, width: int, repeat: int = 50) -> float:
     for _ in range(repeat):
         torch.bmm(a, w)
     return 2.0 * k * batch * width * width * repeat / max(time.process_time() - t, 1e-9) / 1e9
+
+
+@contextlib.contextmanager
+def measured_checkpoint_writes() -> Iterator[tuple[list[int], list[int]]]:
+    """Within it, every checkpoint ``bnlab.nets`` writes (either trainer's) is recorded: yields the lists
+    ``(sizes, steps)`` — each file's size in bytes and the step it was saved at — which the caller may clear."""
+    import bnlab.nets._checkpoint as ck
+
+    sizes: list[int] = []
+    steps: list[int] = []
+    real = ck.write
+
+    def write(path, payload, *kind):
+        real(path, payload, *kind)
+        sizes.append(os.path.getsize(path))
+        steps.append(payload["done"])
+
+    ck.write = write
+    try:
+        yield sizes, steps
+    finally:
+        ck.write = real

@@ -54,7 +54,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import LAUNCH_CALLS, bmm_gflops, device_clock, device_sync, worst_check  # noqa: E402
+from _timing import (LAUNCH_CALLS, bmm_gflops, device_clock, device_sync, measured_checkpoint_writes,  # noqa: E402
+                     worst_check)
 
 
 def _data(n: int, seed: int = 0):
@@ -692,22 +693,13 @@ def _checkpoint_ab(quick: bool, rounds: int) -> list[dict]:
     ``checkpoint_every=0``: the most often it can) against the same run keeping none, rounds alternating
     (medians); the cost per save is their difference over the number of saves, beside one step's time.
     The first save also hashes the data and the initial models (the fingerprint), once per run."""
-    import os
     import tempfile
 
-    import bnlab.nets._checkpoint as ck
     from bnlab.nets import BNMLP, train_ensemble
 
     depths = [2, 3, 5] if quick else [4, 8, 12, 16, 24, 32, 48, 64]
     width, steps, check_every = (16, 40, 10) if quick else (128, 200, 10)
     x, y = _data(4096)
-    sizes, saves = [], []
-    real_write = ck.write
-
-    def measured_write(path, payload, *kind):
-        real_write(path, payload, *kind)
-        sizes.append(os.path.getsize(path))
-        saves.append(payload["done"])
 
     def one(keep: bool) -> float:
         models = [BNMLP(784, 10, depth=d, width=width, eps=1e-3, phi="relu", seed=i) for i, d in enumerate(depths)]
@@ -718,16 +710,13 @@ def _checkpoint_ab(quick: bool, rounds: int) -> list[dict]:
                            step_mode="eager", **extra)
             return time.perf_counter() - t
 
-    ck.write = measured_write
-    try:
+    with measured_checkpoint_writes() as (sizes, saves):
         one(False), one(True)  # warm-up (the native kernel's build, allocator)
         times = {"none": [], "every_check": []}
         for _ in range(rounds):
             times["none"].append(one(False))
             sizes.clear(), saves.clear()
             times["every_check"].append(one(True))
-    finally:
-        ck.write = real_write
     none, keep = statistics.median(times["none"]), statistics.median(times["every_check"])
     n_saves = len(saves)
     return [{"depths": depths, "width": width, "steps": steps, "check_every": check_every, "saves": n_saves,

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _timing, the benchmarks' shared helpers
 
 from bnlab.nets import MLP, NORMALIZATIONS, train  # noqa: E402
 
@@ -140,24 +141,15 @@ def _train_step_mode_times(width: int, depth: int, batch: int, steps: int, dtype
 def checkpoint_ab(width: int, depth: int, batch: int, steps: int, repeat: int, threads: int, dtype: str) -> dict:
     """Seconds of one ``train()`` run saving at every check against one keeping no checkpoint (medians over
     ``repeat`` alternating rounds), the saves made and the file's size; restores threads."""
-    import os
     import tempfile
 
-    import bnlab.nets._checkpoint as ck
+    from _timing import measured_checkpoint_writes
 
     tdtype = {"float32": torch.float32, "float64": torch.float64}[dtype]
     steps = max(steps, 20)
     g = torch.Generator().manual_seed(4)
     x = torch.randn(batch * steps, IN, generator=g, dtype=tdtype)
     y = torch.randint(0, OUT, (batch * steps,), generator=g)
-    sizes, saves = [], []
-    real_write = ck.write
-
-    def measured_write(path, payload, *kind):
-        real_write(path, payload, *kind)
-        sizes.append(os.path.getsize(path))
-        saves.append(payload["done"])
-
     def one(keep: bool) -> float:
         model = MLP(IN, [width] * depth, OUT, norm="bn", dtype=tdtype)
         sgd = functools.partial(torch.optim.SGD, lr=1e-3, momentum=0.9)
@@ -169,16 +161,15 @@ def checkpoint_ab(width: int, depth: int, batch: int, steps: int, repeat: int, t
 
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
-    ck.write = measured_write
     try:
-        one(False)  # warm-up
-        without, with_saves = [], []
-        for _ in range(repeat):
-            without.append(one(False))
-            saves.clear()
-            with_saves.append(one(True))
+        with measured_checkpoint_writes() as (sizes, saves):
+            one(False)  # warm-up
+            without, with_saves = [], []
+            for _ in range(repeat):
+                without.append(one(False))
+                saves.clear()
+                with_saves.append(one(True))
     finally:
-        ck.write = real_write
         torch.set_num_threads(old)
     t0, t1 = statistics.median(without), statistics.median(with_saves)
     return {"steps": steps, "saves": len(saves), "without_s": t0, "with_s": t1, "ratio": t1 / t0,

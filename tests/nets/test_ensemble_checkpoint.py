@@ -31,28 +31,12 @@ from bnlab import _task_checkpoint
 from bnlab.nets import BNMLP, MLP, train_ensemble
 
 from ._data import digits
+from ._interrupt import REAL_WRITE as _REAL_WRITE
+from ._interrupt import Stop as _Stop
+from ._interrupt import interrupt_after as _interrupt_after
 
 torch.set_num_threads(1)
 F64 = torch.float64
-_REAL_WRITE = ck.write
-
-
-class _Stop(Exception):
-    """Stands for what ends a process mid-run (a time limit, a kill)."""
-
-
-def _interrupt_after(monkeypatch, saves: int) -> list:
-    """Make the ``saves``-th checkpoint write raise :class:`_Stop` once it is on disk; the list counts writes."""
-    real, count = ck.write, []
-
-    def write(path, payload, *kind):
-        real(path, payload, *kind)
-        count.append(payload["done"])
-        if len(count) == saves:
-            raise _Stop
-
-    monkeypatch.setattr(ck, "write", write)
-    return count
 
 
 def _bnmlps():
