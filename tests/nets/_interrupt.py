@@ -25,3 +25,15 @@ def interrupt_after(monkeypatch, saves: int) -> list:
 
     monkeypatch.setattr(ck, "write", write)
     return count
+
+
+def disk_full(monkeypatch) -> list:
+    """Make every checkpoint write fail as on a full disk; the list holds the step of each try."""
+    tries = []
+
+    def full(path, payload, *kind):
+        tries.append(payload["done"])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ck, "write", full)
+    return tries

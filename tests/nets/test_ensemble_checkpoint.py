@@ -33,6 +33,7 @@ from bnlab.nets import BNMLP, MLP, train_ensemble
 from ._data import digits
 from ._interrupt import REAL_WRITE as _REAL_WRITE
 from ._interrupt import Stop as _Stop
+from ._interrupt import disk_full
 from ._interrupt import interrupt_after as _interrupt_after
 
 torch.set_num_threads(1)
@@ -443,13 +444,7 @@ def test_a_save_that_cannot_be_written_warns_and_the_run_goes_on(tmp_path, monke
     # a full disk while saving: the training the checkpoint protects is not lost for it
     kw = _case()
     straight = _run(_bnmlps, kw)
-    tries = []
-
-    def full(path, payload, *kind):
-        tries.append(payload["done"])
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(ck, "write", full)
+    tries = disk_full(monkeypatch)
     with pytest.warns(RuntimeWarning, match="No space left on device"):
         resumed = _run(_bnmlps, kw, tmp_path / "run.pt")
     assert tries == [10]  # one try, then no more saves

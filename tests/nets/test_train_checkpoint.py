@@ -35,6 +35,7 @@ from bnlab.nets import train
 from ._data import digits
 from ._interrupt import REAL_WRITE as _REAL_WRITE
 from ._interrupt import Stop as _Stop
+from ._interrupt import disk_full
 from ._interrupt import interrupt_after as _interrupt_after
 
 torch.set_num_threads(1)
@@ -352,13 +353,7 @@ def test_a_task_s_finished_run_keeps_its_final_state_and_a_later_run_resumes(tmp
 
 def test_a_save_that_cannot_be_written_warns_and_the_run_goes_on(tmp_path, monkeypatch):
     straight = _run()
-    tries = []
-
-    def full(path, payload, *kind):
-        tries.append(payload["done"])
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(ck, "write", full)
+    tries = disk_full(monkeypatch)
     with pytest.warns(RuntimeWarning, match="No space left on device"):
         resumed = _run(checkpoint=tmp_path / "run.pt")
     assert tries == [5]
