@@ -216,7 +216,8 @@ def _buffer_reuse_ab(quick: bool = False) -> list[dict]:
     rows = []
     kept, before = inductor_options.COMPILE_OPTIONS, os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     try:
-        for label, options in (("bnlab (allow_buffer_reuse=False)", dict(kept)), ("Inductor default", {})):
+        reuse = {k: v for k, v in kept.items() if k != "allow_buffer_reuse"}  # bnlab's, but Inductor's default reuse
+        for label, options in (("bnlab (allow_buffer_reuse=False)", dict(kept)), ("Inductor default reuse", reuse)):
             inductor_options.COMPILE_OPTIONS = options
             with tempfile.TemporaryDirectory() as cache:
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache

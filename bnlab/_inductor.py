@@ -8,7 +8,7 @@ import itertools
 import math
 from typing import Any, Iterator
 
-#: Inductor's buffer reuse off (``allow_buffer_reuse``).
+#: The options of every compiled route.  Inductor's buffer reuse off (``allow_buffer_reuse``).
 #:
 #: With it on (torch 2.13.0 on CPU, 2026-11-28), the compiled step of
 #: :func:`bnlab.nets.train_ensemble` on BN-MLPs of unequal depths computed a wrong weight gradient for
@@ -29,7 +29,19 @@ from typing import Any, Iterator
 #: step with it off against 5.4 ms with Inductor's default, the least of 3 runs each, whose runs spread
 #: over 3.8–6.7 and 5.4–7.3 ms.  On a GPU the compiled step is replayed from a CUDA graph, whose
 #: private memory pool recycles freed blocks within the capture either way; not yet measured there.
-COMPILE_OPTIONS: dict[str, object] = {"allow_buffer_reuse": False}
+#:
+#: Inductor's random numbers drawn by torch's own kernels (``fallback_random``).
+#:
+#: By default Inductor generates its own random numbers for a module's dropout (its own stream, other
+#: numbers than the eager kernels draw from the same generator state).  A compiled step then never equals
+#: the eager one: :func:`bnlab.nets.train_ensemble`'s check of its first compiled calls against the eager
+#: step found every step of a module with dropout "wrong" and fell back to the eager step (correct, slow),
+#: and :func:`bnlab.nets.train`'s compiled run was another run than the eager one (measured on the CPU,
+#: torch 2.13.0, 2026-11-28: a float64 BN-MLP with ``Dropout(0.2)``, 20 SGD steps: losses 0.17 apart by step
+#: 5 with Inductor's numbers, equal to the last bit with this option).  With it the compiled code calls the
+#: eager random kernels, so a compiled run draws the eager run's numbers; where a step has no random
+#: operation it changes nothing.
+COMPILE_OPTIONS: dict[str, object] = {"allow_buffer_reuse": False, "fallback_random": True}
 
 
 def compile_options() -> dict[str, object]:

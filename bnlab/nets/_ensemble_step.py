@@ -359,6 +359,27 @@ def _rounding_noise(ref: dict, param_rows: list[tuple[int, int]] | None, start: 
 
 
 # --------------------------------------------------------------------------- routes
+def _random_state(device: torch.device) -> dict:
+    """torch's random state that a step on ``device`` draws from (the CPU generator; the device's on CUDA)."""
+    out = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        out["cuda"] = torch.cuda.get_rng_state(device)
+    return out
+
+
+def _set_random_state(saved: dict, device: torch.device) -> None:
+    """Set :func:`_random_state`'s ``saved``.  Where torch refuses (a CUDA generator's state is not
+    settable in some state of graph capture), the generators are left as they are: the eager step then
+    draws other numbers than a step with dropout drew, the check sees it and the run goes on eager — slower,
+    never wrong."""
+    try:
+        torch.set_rng_state(saved["cpu"])
+        if "cuda" in saved:
+            torch.cuda.set_rng_state(saved["cuda"], device)
+    except RuntimeError:
+        pass
+
+
 class StepRunner:
     """Runs a step by one route; ``reset()`` after the state's tensors were replaced (a compaction).
 
@@ -414,8 +435,15 @@ class StepRunner:
         disagreement the state is set to the eager step's result and the eager step runs from then on."""
         start = snapshot_state(state)
         reference = snapshot_state(state)
+        device = state["x"].device
+        before = _random_state(device)
         run(state)
+        after = _random_state(device)
+        # the eager step draws the random numbers the checked one drew (a module's dropout): from the same
+        # state of torch's generators, and the run goes on from the state the checked step left
+        _set_random_state(before, device)
         self._eager(reference)
+        _set_random_state(after, device)
         worst, where = step_disagreement(state, reference, start,
                                          self._param_rows() if self._param_rows is not None else None)
         agrees = worst <= 1.0

@@ -428,8 +428,7 @@ class _VmapStack:
         The probe differentiates as the eager step does (autograd through the vmapped forward); the compiled
         routes' ``vmap(grad(·))`` returns each gradient in its parameter's layout, so it agrees with either.
         The probe draws no random number the training would (a module's dropout): the generators are forked."""
-        cuda = [x.device.index or 0] if x.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda), torch.enable_grad():
+        with torch.random.fork_rng(devices=_cuda_devices(x)), torch.enable_grad():
             leaves = [p.detach().requires_grad_() for p in self.param_list]
             out = self._vmapped(leaves, {k: v.clone() for k, v in self.buffers.items()}, x, True)
             grads = torch.autograd.grad(out.sum(), leaves, allow_unused=True)
@@ -445,14 +444,17 @@ class _VmapStack:
         return self.buffers
 
     def num_outputs(self, x: torch.Tensor) -> int:
-        """Outputs per network: the last axis of a forward on ``x`` (buffers untouched)."""
-        with torch.no_grad():
+        """Outputs per network: the last axis of a forward on ``x`` (buffers untouched; the generators forked,
+        as for every probe: it draws no random number the training would)."""
+        with torch.random.fork_rng(devices=_cuda_devices(x)), torch.no_grad():
             return self.forward(x, True, update_stats=False).shape[-1]
 
     def used_params(self, x: torch.Tensor) -> list[bool]:
         """Which parameters the output on ``x`` depends on (an unused one gets no optimizer step, as in
-        torch.optim); structural, so one probe with autograd (buffers untouched) answers for every step."""
-        with torch.enable_grad():
+        torch.optim); structural, so one probe with autograd (buffers untouched) answers for every step.
+        The generators are forked: only the compiled routes probe, and a module's dropout must draw the
+        numbers the eager route draws."""
+        with torch.random.fork_rng(devices=_cuda_devices(x)), torch.enable_grad():
             leaves = [p.detach().requires_grad_() for p in self.param_list]
             out = self._vmapped(leaves, {k: v.clone() for k, v in self.buffers.items()}, x, True)
             grads = torch.autograd.grad(out.sum(), leaves, allow_unused=True)
@@ -889,6 +891,11 @@ class _EnsembleRun:
         self.done, self._flushed, self._drawn = done, done, drawn
         self._dropped_first_bad = dict(dropped)
         self._gens = self._data_orders(drawn)
+
+
+def _cuda_devices(x: torch.Tensor) -> list[int]:
+    """The CUDA devices whose generators a probe on ``x`` forks (``torch.random.fork_rng``'s ``devices``)."""
+    return [x.device.index or 0] if x.device.type == "cuda" else []
 
 
 def _synced_clock(dev: torch.device) -> float:

@@ -389,19 +389,13 @@ def test_batches_from_a_start_are_the_rest_of_the_whole_sequence():
             assert all(torch.equal(u, v) for u, v in zip(rest, whole[start:]))
 
 
-def _grouped_without_dropout():
-    # a compiled step draws dropout's random numbers otherwise than the eager step it is checked against
-    # (StepRunner), which then distrusts it: the compiled comparison is made without dropout
-    return [MLP(64, [16, 16], 10, norm="bn", seed=0, dtype=F64), MLP(64, [16, 16], 10, norm="bn", seed=1, dtype=F64),
-            MLP(64, [12], 10, norm="bn", seed=2, dtype=F64), MLP(64, [16, 16], 10, norm="bn", seed=3, dtype=F64),
-            MLP(64, [12], 10, norm="bn", seed=4, dtype=F64)]
-
-
-@pytest.mark.parametrize("make", [_bnmlps, _grouped_without_dropout], ids=["bnmlp", "grouped"])
+@pytest.mark.parametrize("make", [_bnmlps, _generic], ids=["bnmlp", "grouped-with-dropout"])
 def test_a_run_resumed_on_the_compiled_route_equals_the_straight_eager_run(tmp_path, monkeypatch, make):
     # the compiled route keeps its state in the same tensors and restores into them; compiled here by Dynamo's
     # own backend "aot_eager" (the traced functional step without Inductor's code generation: seconds, and the
-    # summation order of the eager kernels), so the 1e-10 argument above holds.  The grouped case saves after
+    # summation order of the eager kernels), so the 1e-10 argument above holds.  The grouped stack has dropout:
+    # the compiled step draws the eager step's random numbers (StepRunner checks it from the same generator
+    # state, and no probe of the compiled route draws from it), so its check passes.  The grouped case saves after
     # its stopped networks were dropped (the compiled route compacts once half the rows have stopped: 2 of 5
     # here does not, so the resumed run compacts at its own first check — the straight run did at step 10)
     import bnlab.nets._ensemble_step as step_mod
