@@ -495,6 +495,21 @@ def _same_models(a, b, tol=1e-10):
                 torch.testing.assert_close(y, x, rtol=tol, atol=tol, msg=k)
 
 
+def test_the_captured_route_with_dropout_passes_its_checks_with_stand_in_graphs(monkeypatch):
+    # the captured route's Python on the CPU (tests/nets/_fake_cuda_graphs.py; a replay runs the step, drawing
+    # from the generators as a replayed graph does): the warm-up's compiled calls and the first replay are
+    # checked from the same generator state, pass, and the run is the eager one
+    from . import _fake_cuda_graphs as fake_cuda_graphs
+
+    events: list = []
+    fake_cuda_graphs.install(monkeypatch, events)
+    finals, runner = _dropout_stack_runs(monkeypatch, ("eager", "cuda_graph"))
+    assert runner.route == "cuda_graph" and "capture" in events
+    assert [c["what"] for c in runner.checks] == ["compiled step", "compiled step", "captured step"]
+    assert max(c["worst"] for c in runner.checks) < 0.05
+    _same_models(finals["eager"], finals["cuda_graph"])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_captured_step_of_a_stack_with_dropout_on_cuda_passes_the_check(monkeypatch):
     # on CUDA the replayed graph draws from the generator's offsets as the eager kernels do (torch registers
