@@ -389,3 +389,23 @@ def test_a_run_resumed_on_the_compiled_route_equals_the_straight_eager_run(tmp_p
     # the compiled graphs' decompositions may order a float64 sum otherwise than the eager kernels: u ≈ 1e-16
     # per operation over 84 steps amplified by ≤ 10³ (module docstring), so 1e-9 with a factor 10 to spare
     _assert_same(straight, resumed, tol=1e-9)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_resumed_run_on_cuda_equals_the_straight_run(tmp_path, monkeypatch):
+    # the model, the optimizer state and the data on the GPU, dropout drawing from the CUDA generator (its
+    # state saved and restored beside the CPU one); cuBLAS may pick other kernels for restored tensors, so
+    # the module docstring's argument with a factor 100 to spare: 1e-8
+    def on_cuda(checkpoint=None, every=0.0):
+        torch.cuda.manual_seed(7)
+        return _run("sgd", checkpoint, every, device="cuda")
+
+    straight = on_cuda()
+    path = tmp_path / "run.pt"
+    _interrupt_after(monkeypatch, 3)
+    with pytest.raises(_Stop):
+        on_cuda(path)
+    monkeypatch.setattr(ck, "write", _REAL_WRITE)
+    resumed = on_cuda(path, every=1e9)
+    assert resumed[2] == 84 - 15
+    _assert_same(straight, resumed, tol=1e-8)
