@@ -289,6 +289,7 @@ def check_path(name: str, value: Any, *, kind: str = "file", readonly: bool = Fa
 
     The one path validator of bnlab (results stores, exports, output folders).  Refused:
 
+    * anything but a ``str``, ``bytes`` or path-like object (``os.PathLike``);
     * an empty or blank path, white space at either end, a NUL character, ``"."``/``".."`` for a
       file, more than :data:`MAX_PATH_BYTES` bytes or 255 in one part — ``expected`` (default "a file
       path" / "a directory path") says what was wanted;
@@ -304,8 +305,12 @@ def check_path(name: str, value: Any, *, kind: str = "file", readonly: bool = Fa
     import stat
 
     kind = check_choice("kind", kind, _PATH_KINDS)
-    text = "" if value is None else str(value)
     wanted = expected or ("a file path" if kind == "file" else "a directory path (an empty path is not the current folder)")
+    if value is not None and not isinstance(value, (str, bytes, os.PathLike)):
+        # str() would make a path of anything (123 -> "123", b"x" -> "b'x'")
+        raise ValueError(f"{name}={value!r} is not allowed: expected {wanted} (a str or a path-like object), "
+                         f"got {type(value).__name__}")
+    text = "" if value is None else os.fsdecode(os.fspath(value))
     if not text.strip() or (kind == "file" and text in (".", "..")):
         raise ValueError(f"{name}={text!r} is not allowed: expected {wanted}")
     if text.strip() != text:

@@ -406,6 +406,9 @@ API_CASES: list[Case] = [
         "optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4, steps=2, checkpoint='/dev/null')",
         names="checkpoint"),
     api("nets-api", _NETS + "nets.train(nets.MLP(4, [4], 2), (torch.randn(20, 4), torch.randint(0, 2, (20,))), "
+        "optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4, steps=2, checkpoint=123)",
+        names="checkpoint"),
+    api("nets-api", _NETS + "nets.train(nets.MLP(4, [4], 2), (torch.randn(20, 4), torch.randint(0, 2, (20,))), "
         "optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4, steps=2, checkpoint='x.pt', "
         "callbacks=[print])", names="callbacks"),
     api("nets-api", _NETS + "nets.train(nets.MLP(4, [4], 2), (torch.randn(20, 4), torch.randint(0, 2, (20,))), "

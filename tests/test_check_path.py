@@ -26,6 +26,22 @@ def test_empty_paths_are_refused_naming_the_argument(value):
     _bad(r"dir=.* expected a directory path", "dir", value, kind="directory")
 
 
+@pytest.mark.parametrize("value", [123, 1.5, ["a.pt"], object()])
+def test_anything_but_a_path_is_refused_not_made_one(value):
+    # str() would make a path of anything: 123 -> "123", b"x" -> "b'x'"
+    _bad(r"out=.* expected a file path \(a str or a path-like object\), got", "out", value)
+
+
+def test_bytes_and_path_like_values_are_paths(tmp_path):
+    assert check_path("out", os.fsencode(tmp_path / "b.pt")) == tmp_path / "b.pt"
+
+    class Like:
+        def __fspath__(self):
+            return str(tmp_path / "c.pt")
+
+    assert check_path("out", Like()) == tmp_path / "c.pt"
+
+
 def test_malformed_paths_are_refused(tmp_path):
     _bad("white space", "out", " x.csv")
     _bad("NUL", "out", "a\x00b")
