@@ -417,18 +417,22 @@ class TrainCheckpointer(Checkpointer):
         super().__init__(path, every, fingerprint_of, in_task)
         self.parts = parts
 
+    @staticmethod
+    def _named_parts(run) -> list[tuple[str, Any]]:
+        return [*((f"hooks[{i}]", h) for i, h in enumerate(run.hooks)),
+                *((f"callbacks[{i}]", c) for i, c in enumerate(run.callbacks)),
+                *([("transform", run.transform)] if run.transform is not None else [])]
+
     @classmethod
-    def for_run(cls, checkpoint, every, model: nn.Module, opt: torch.optim.Optimizer, run) -> "TrainCheckpointer | None":
-        """The checkpointer of ``train``'s run ``run`` (its checked arguments) of ``model`` with ``opt``, or
-        None: no ``checkpoint`` given and none claimed for a sweep's task (or a task's run with a part that
-        keeps no state)."""
+    def claim(cls, checkpoint, every, run) -> tuple[Path, float, bool] | None:
+        """``(path, every, in_task)`` for ``train``'s run ``run`` (its checked arguments), checked before the
+        model is moved or the optimizer built, or None: no ``checkpoint`` given and none claimed for a
+        sweep's task, or a task's run with a part that keeps no state (a ``ValueError`` for the caller's
+        own ``checkpoint``)."""
         claimed = cls._claimed(checkpoint, every)
         if claimed is None:
             return None
-        named = [*((f"hooks[{i}]", h) for i, h in enumerate(run.hooks)),
-                 *((f"callbacks[{i}]", c) for i, c in enumerate(run.callbacks)),
-                 *([("transform", run.transform)] if run.transform is not None else [])]
-        stateless = [(n, p) for n, p in named if not has_state(p)]
+        stateless = [(n, p) for n, p in cls._named_parts(run) if not has_state(p)]
         if stateless:
             if claimed[2]:
                 _log.debug("train: no checkpoint for this call of the task (%s keeps no state_dict)", stateless[0][0])
@@ -438,6 +442,13 @@ class TrainCheckpointer(Checkpointer):
                 f"{n}={p!r} is not allowed with checkpoint={str(claimed[0])!r}: a resumed run needs the state of "
                 "every hook, callback and transform; give it state_dict() and load_state_dict() (a stateless one "
                 "returns {} and accepts {}), or train without a checkpoint")
+        return claimed
+
+    @classmethod
+    def for_run(cls, claimed: tuple[Path, float, bool], model: nn.Module, opt: torch.optim.Optimizer,
+                run) -> "TrainCheckpointer":
+        """The checkpointer of ``train``'s run ``run`` of ``model`` with ``opt``, at :meth:`claim`'s file."""
+        named = cls._named_parts(run)
         parts = tuple(p for _, p in named)
         # what the run starts from, hashed now (small: the optimizer's state, the parts' states), and the
         # model's initial state kept for the fingerprint, which hashes the data only if the run saves or resumes

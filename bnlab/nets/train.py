@@ -398,10 +398,11 @@ def train(
         check_every=check_every, eval_batch_size=eval_batch_size, transform=transform, diverge_above=diverge_above,
         test_bn_mode=test_bn_mode, step_mode=step_mode,
     )
+    claimed = TrainCheckpointer.claim(checkpoint, checkpoint_every, run)
     model.to(run.device).train()
     opt = _build_optimizer(optimizer, model)
     _check_hyperparameters(opt, run.dtype)
-    saver = TrainCheckpointer.for_run(checkpoint, checkpoint_every, model, opt, run)
+    saver = TrainCheckpointer.for_run(claimed, model, opt, run) if claimed is not None else None
     progress = _TrainProgress(losses=torch.empty(run.steps, device=run.device))
     saved = saver.resume([model], run.device) if saver is not None else None
     if saved is not None:
