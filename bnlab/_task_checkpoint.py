@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["task_checkpoints", "claim", "discard", "DEFAULT_EVERY"]
+__all__ = ["task_checkpoints", "claim", "discard", "kept", "DEFAULT_EVERY"]
 
 #: seconds between two saves of a task's trainer, unless the sweep says otherwise: a task shorter than
 #: this (every task at the ``small`` scale on a CPU, most at ``paper`` scale on a GPU) never writes one
@@ -61,3 +61,31 @@ def discard(directory: str | os.PathLike, task: str) -> int:
             except (FileNotFoundError, IsADirectoryError, PermissionError):
                 pass
     return removed
+
+
+def kept(directory: str | os.PathLike) -> list[dict]:
+    """The checkpoints kept in ``directory`` (a sweep's ``<store>.checkpoints``): per file its name, size in
+    bytes and when it was last saved (UTC, ISO 8601), newest first; [] where there is no such folder.  Only
+    regular files named as :func:`claim` names them are listed — nothing is read or followed (a link or a
+    temporary file a killed save left is not a checkpoint a task resumes from)."""
+    import datetime
+    import stat
+
+    folder = Path(directory)
+    out = []
+    try:
+        entries = list(os.scandir(folder)) if folder.is_dir() and not folder.is_symlink() else []
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.name.endswith(".pt"):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        saved = datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc)
+        out.append({"file": entry.name, "bytes": st.st_size, "saved": saved.isoformat(timespec="seconds")})
+    return sorted(out, key=lambda d: d["saved"], reverse=True)

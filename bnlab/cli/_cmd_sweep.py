@@ -136,6 +136,7 @@ def run_status(args) -> int:
             ("cell time (s)", st.cell_seconds),
             ("mean cell time (s)", st.mean_cell_seconds),
             ("updated", st.updated),
+            ("checkpoints", _checkpoints(st)),
         ],
         header=["", "value"],
     )
@@ -155,6 +156,16 @@ def _running(st) -> str:
     if st.driver_alive:
         return f"{n} (running now: {who})"
     return f"{n} interrupted ({who} is gone; bnlab sweep resume {st.store} runs them again)"
+
+
+def _checkpoints(st) -> str:
+    """The tasks' checkpoints beside the store: how many, their size and the latest save."""
+    files = st.checkpoints
+    if not files:
+        return "none"
+    size = sum(f["bytes"] for f in files) / 1e6
+    return (f"{len(files)} file(s), {size:.1f} MB, last saved {files[0]['saved']} (an interrupted task goes on "
+            "from its file when the sweep is resumed)")
 
 
 def run_export(args) -> int:

@@ -159,6 +159,9 @@ class SweepStatus:
     driver: dict | None = None  # the last driver recorded in the store: pid, host, started
     driver_alive: bool = False  # a process holds the store's writer lock now
     interrupted: int = 0  # cells left "running" by a driver that is gone (a resume runs them again)
+    # the checkpoints its tasks keep beside the store (bnlab._task_checkpoint.kept): an interrupted task whose
+    # file is listed goes on from it when the sweep is resumed
+    checkpoints: list[dict] = field(default_factory=list)
 
 
 # -- clusters ------------------------------------------------------------------------------------------
@@ -722,7 +725,18 @@ def sweep_status(store: str | os.PathLike) -> SweepStatus:
         driver=driver,
         driver_alive=alive,
         interrupted=0 if alive else counts["running"],
+        checkpoints=_task_checkpoint_files(path),
     )
+
+
+def _task_checkpoint_files(store: Path) -> list[dict]:
+    """:func:`bnlab._task_checkpoint.kept` of the store's checkpoint folder; [] where a planted file or link
+    stands in its place (status reports; run and resume refuse it)."""
+    try:
+        folder = checkpoint_folder(store)
+    except ValueError:
+        return []
+    return _checkpoints.kept(folder)
 
 
 def export_sweep(store: str | os.PathLike, output: str | os.PathLike, format: str | None = None) -> Path:

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from bnlab.experiments import ResultsStore
-from bnlab.experiments.sweep import checkpoint_folder, run_sweep
+from bnlab.experiments.sweep import checkpoint_folder, run_sweep, sweep_status
 
 from ._helpers import markers
 
@@ -52,6 +52,13 @@ def test_an_interrupted_task_resumes_from_its_checkpoint(tmp_path, test_env, hel
     kept = list(folder.iterdir())
     assert [p.suffix for p in kept] == [".pt"]  # one task, one trainer call: one file, no temporary left
     assert folder.stat().st_mode & 0o077 == 0  # the worker made it private
+    # sweep status lists it (a link or a killed save's temporary file beside it is not a checkpoint)
+    (folder / "planted.pt").symlink_to(kept[0])
+    (folder / f".{kept[0].stem}.pt.123.tmp.pt").write_bytes(b"partial")
+    listed = sweep_status(store).checkpoints
+    assert [(c["file"], c["bytes"]) for c in listed] == [(kept[0].name, kept[0].stat().st_size)]
+    (folder / "planted.pt").unlink()
+    (folder / f".{kept[0].stem}.pt.123.tmp.pt").unlink()
     monkeypatch.setattr(ck, "write", real)
     done = run_sweep(helpers.ENSEMBLE, store=store, serial=True, progress=False, checkpoint_every=0)
     assert (done.done, done.executed) == (4, 4)
@@ -60,6 +67,7 @@ def test_an_interrupted_task_resumes_from_its_checkpoint(tmp_path, test_env, hel
     assert all(m["steps_run"] == 50 and m["first_step"] == 10 for m in resumed.values())
     _same(ref, resumed)
     assert not folder.exists()  # removed once its task finished and nothing else is kept there
+    assert sweep_status(store).checkpoints == []
 
 
 def test_a_task_training_networks_one_by_one_resumes_each_from_its_checkpoint(tmp_path, test_env, helpers,
