@@ -505,7 +505,9 @@ class TrainCheckpointer(Checkpointer):
             raise refused(path, f"its first bad step {diverged_at!r} is not one of the {done} steps taken")
         rows = saved.get("epoch_rows")
         epochs = done // run.per_epoch if run.eval_every_epoch else 0
-        if not (isinstance(rows, list) and len(rows) == epochs and all(
+        # a divergence found at an epoch's end stops the run before that epoch's test
+        allowed = (epochs, epochs - 1) if diverged_at is not None and epochs else (epochs,)
+        if not (isinstance(rows, list) and len(rows) in allowed and all(
                 isinstance(r, dict) and set(r) == {"epoch", "train_loss", "test_accuracy"} and r["epoch"] == e + 1
                 for e, r in enumerate(rows))):
             raise refused(path, f"its end-of-epoch rows are not the {epochs} rows of the epochs done")

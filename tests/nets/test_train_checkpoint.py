@@ -323,6 +323,51 @@ def test_in_a_task_a_bad_file_is_set_aside_and_a_stateless_callback_keeps_none(t
     assert writes == [] and not list(folder.iterdir())
 
 
+class _NaNAfter(nn.Module):
+    """A BN network whose training output turns NaN after ``k`` training forward passes (counted in a buffer,
+    so the count is part of its state): a divergence at a step the test chooses."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.body, self.k = _mlp(), k
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        out = self.body(x)
+        if self.training:
+            self.calls += 1
+            if int(self.calls) > self.k:
+                out = out * float("nan")
+        return out
+
+
+def test_a_task_s_run_that_diverged_at_an_epoch_s_end_resumes_at_its_end(tmp_path, monkeypatch):
+    # 28 steps an epoch, checks every 14: saved at step 14, NaN from step 21, found at the check of step 28
+    # (the end of epoch 1, whose test the divergence skips); its final state has no epoch row and is resumed
+    # as it is (not set aside as a file that does not fit the run)
+    (xtr, ytr), (xte, yte) = digits()
+
+    def run():
+        model = _NaNAfter(20)
+        counted = _Counted(model)
+        res = train(model, (xtr, ytr), optimizer=_OPTIMIZERS["sgd"], batch_size=50, epochs=3, test_data=(xte, yte),
+                    eval_every_epoch=True, seed=4, check_every=14)
+        return res, counted.steps
+
+    straight, steps = run()
+    assert straight.diverged and straight.diverged_at_step == 20 and straight.steps == 28 and not straight.epochs
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    with _task_checkpoints(folder, every=0.0):
+        run()
+    assert [p.name for p in folder.iterdir()] == ["task-0.pt"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a file set aside warns
+        with _task_checkpoints(folder):
+            again, steps = run()
+    assert steps == 0 and again.diverged_at_step == 20 and again.steps == 28 and again.epochs == []
+
+
 def _task_checkpoints(folder, every=1e9):
     return _task_checkpoint.task_checkpoints(folder, "task", every)
 
