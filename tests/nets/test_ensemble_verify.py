@@ -457,20 +457,7 @@ def test_inductors_step_of_linear_bn_with_biases_under_rmsprop_passes_the_check(
 def _dropout_stack_runs(monkeypatch, modes, device="cpu"):
     """Three networks with dropout trained as one ensemble by each route of ``modes`` from the same
     generator state; returns the models per route and the StepRunner of the last."""
-    from torch import nn
-
-    class Dropping(nn.Module):
-        def __init__(self, seed):
-            super().__init__()
-            g = torch.Generator().manual_seed(seed)
-            self.body = nn.Sequential(nn.Linear(64, 12, dtype=torch.float64), nn.BatchNorm1d(12, dtype=torch.float64),
-                                      nn.Tanh(), nn.Dropout(0.2), nn.Linear(12, 10, dtype=torch.float64))
-            with torch.no_grad():
-                for q in self.body.parameters():
-                    q.copy_(torch.randn(q.shape, generator=g, dtype=torch.float64) * 0.3)
-
-        def forward(self, x):
-            return self.body(x)
+    from ._models import dropout_bn_mlp
 
     runners = _runners(monkeypatch)
     train_set, _ = digits(np.float64)
@@ -479,7 +466,7 @@ def _dropout_stack_runs(monkeypatch, modes, device="cpu"):
         torch.manual_seed(5)
         if device == "cuda":
             torch.cuda.manual_seed(5)
-        models = [Dropping(i) for i in range(3)]
+        models = [dropout_bn_mlp(i, width=12) for i in range(3)]
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
             train_ensemble(models, train_set, lr=0.05, momentum=0.9, batch_size=8, steps=30, step_mode=mode,

@@ -36,6 +36,7 @@ from ._data import digits
 from ._interrupt import REAL_WRITE as _REAL_WRITE
 from ._interrupt import Stop as _Stop
 from ._interrupt import disk_full
+from ._models import dropout_bn_mlp
 from ._interrupt import interrupt_after as _interrupt_after
 
 torch.set_num_threads(1)
@@ -44,13 +45,7 @@ F64 = torch.float64
 
 def _mlp(seed: int = 0) -> nn.Module:
     """A float64 BN network with dropout (torch's random state) and a bias before BN."""
-    g = torch.Generator().manual_seed(seed)
-    m = nn.Sequential(nn.Linear(64, 24, dtype=F64), nn.BatchNorm1d(24, dtype=F64), nn.Tanh(), nn.Dropout(0.1),
-                      nn.Linear(24, 10, dtype=F64))
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=F64) * 0.3)
-    return m
+    return dropout_bn_mlp(seed, width=24, p=0.1)
 
 
 class _Counted:

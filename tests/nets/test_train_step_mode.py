@@ -87,22 +87,13 @@ def test_a_compiled_step_with_dropout_draws_the_eager_steps_random_numbers():
     # Inductor generates its own random numbers unless told to call the eager kernels (bnlab._inductor's
     # fallback_random): without it this run's losses were 0.17 apart from the eager run's by step 5
     # (measured 2026-11-28); with it the compiled run is the eager run to rounding (the tolerance above)
-    from torch import nn
-
-    def make():
-        g = torch.Generator().manual_seed(0)
-        m = nn.Sequential(nn.Linear(64, 16, dtype=F64), nn.BatchNorm1d(16, dtype=F64), nn.Tanh(), nn.Dropout(0.2),
-                          nn.Linear(16, 10, dtype=F64))
-        with torch.no_grad():
-            for q in m.parameters():
-                q.copy_(torch.randn(q.shape, generator=g, dtype=F64) * 0.3)
-        return m
+    from ._models import dropout_bn_mlp
 
     train_set, test_set = digits(np.float64)
     runs = []
     for mode in ("eager", "compile"):
         torch.manual_seed(5)  # dropout's generator: the same start
-        model = make()
+        model = dropout_bn_mlp(0)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             res = train(model, train_set, optimizer=SGD, batch_size=16, steps=20, test_data=test_set, seed=3,
