@@ -311,15 +311,18 @@ class Checkpointer:
         warnings.warn(f"{exc}; it is removed and the run starts from step 0", RuntimeWarning, stacklevel=4)
         remove(self.path)
 
+    def check_rng(self, saved: dict, dev: torch.device) -> None:
+        """``CheckpointError`` unless the saved random states are ones torch can be set to on ``dev``."""
+        check_like(self.path, "CPU random state", saved.get("rng_cpu"), torch.get_rng_state())
+        if dev.type == "cuda":
+            check_like(self.path, "CUDA random state", saved.get("rng_cuda"), torch.cuda.get_rng_state(dev))
+
     def restore_rng(self, saved: dict, dev: torch.device) -> None:
         """torch's random state as it was at the save (a module's dropout goes on with the same numbers)."""
-        cpu, cuda = saved.get("rng_cpu"), saved.get("rng_cuda")
-        check_like(self.path, "CPU random state", cpu, torch.get_rng_state())
+        self.check_rng(saved, dev)
+        torch.set_rng_state(saved["rng_cpu"].cpu())
         if dev.type == "cuda":
-            check_like(self.path, "CUDA random state", cuda, torch.cuda.get_rng_state(dev))
-        torch.set_rng_state(cpu.cpu())
-        if dev.type == "cuda":
-            torch.cuda.set_rng_state(cuda.cpu(), dev)
+            torch.cuda.set_rng_state(saved["rng_cuda"].cpu(), dev)
 
     def due(self) -> bool:
         return time.monotonic() - self._last >= self.every
@@ -521,10 +524,7 @@ class TrainCheckpointer(Checkpointer):
         if not (isinstance(states, list) and len(states) == len(self.parts)):
             raise refused(path, f"it holds {len(states) if isinstance(states, list) else 'no'} hook, callback and "
                                 f"transform states for {len(self.parts)}")
-        cpu, cuda = saved.get("rng_cpu"), saved.get("rng_cuda")
-        check_like(path, "CPU random state", cpu, torch.get_rng_state())
-        if dev.type == "cuda":
-            check_like(path, "CUDA random state", cuda, torch.cuda.get_rng_state(dev))
+        self.check_rng(saved, dev)  # before anything is set (restore_rng sets it last)
         given_opt = copy.deepcopy(opt.state_dict())
         given_parts = [copy.deepcopy(p.state_dict()) for p in self.parts]
         try:
@@ -553,7 +553,8 @@ class TrainCheckpointer(Checkpointer):
                 and all(isinstance(g, dict) and set(g) == set(o) and g["params"] == o["params"]
                         for g, o in zip(groups, own["param_groups"]))):
             raise refused(self.path, f"its optimizer state is not one of this {type(opt).__name__}'s")
-        shapes = {i: p.shape for g, o in zip(opt.param_groups, own["param_groups"]) for i, p in zip(o["params"], g["params"])}
+        shapes = {i: p.shape for g, o in zip(opt.param_groups, own["param_groups"])
+                  for i, p in zip(o["params"], g["params"])}
         for i, entry in saved["state"].items():
             if i not in shapes or not isinstance(entry, dict):
                 raise refused(self.path, f"its optimizer state names a parameter {i!r} this optimizer does not have")
