@@ -3,8 +3,9 @@
 The results store commits whole cells, so a task interrupted before it finishes (a batch job's time
 limit, a killed worker, Ctrl-C) would start over.  Around each task the engine (``bnlab.experiments``)
 names a folder, the task and how often to save (:func:`task_checkpoints`); a trainer that can resume
-(:func:`bnlab.nets.train_ensemble`) asks :func:`claim` for its file — the n-th trainer call of the task
-gets ``<folder>/<task>-<n>.pt``, so a task that trains several ensembles in turn resumes each — and the
+(:func:`bnlab.nets.train_ensemble`, :func:`bnlab.nets.train`) asks :func:`claim` for its file — the n-th
+trainer call of the task gets ``<folder>/<task>-<n>.pt``, so a task that trains several times in turn
+resumes each — and the
 engine removes the task's files once it has finished (:func:`discard`).  Shared by both parts, like
 :mod:`bnlab._run_length`: neither imports the other.
 """

@@ -815,7 +815,7 @@ def build_report(
         Intra-op threads of every process that runs cells, fixed (see
         :func:`~bnlab.experiments.sweep.run_sweep`; default: each local worker its share of the cores).
     checkpoint_every:
-        Seconds between two checkpoints of a task's ensemble training, so that an interrupted report goes
+        Seconds between two checkpoints of a task's training, so that an interrupted report goes
         on mid-task (see :func:`~bnlab.experiments.sweep.run_sweep`; default 300; ``None``: none).
 
     Returns

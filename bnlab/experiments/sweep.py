@@ -510,8 +510,8 @@ def run_sweep(
         this process's count; the training entry points lower these to one thread for small
         work (:mod:`bnlab._threads`, docs/experiments.md "Threads").
     checkpoint_every:
-        Seconds between two checkpoints of a task's ensemble training (:func:`bnlab.nets.train_ensemble`'s
-        ``checkpoint_every``; default 300), kept in ``<store>.checkpoints/`` and removed when the task
+        Seconds between two checkpoints of a task's training (the ``checkpoint_every`` of
+        :func:`bnlab.nets.train_ensemble` and :func:`bnlab.nets.train`; default 300), kept in ``<store>.checkpoints/`` and removed when the task
         finishes: a task interrupted after a save (Ctrl-C, a time limit, a killed worker) goes on from it
         when the sweep is resumed, instead of from its first step.  ``None``: no checkpoints.  Workers on
         machines that do not share the store's file system run their tasks without (docs/paper-scale.md).
