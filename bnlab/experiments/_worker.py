@@ -258,8 +258,8 @@ def execute_task(
 
     With ``checkpoint``, the trainers of the task that can resume (:func:`bnlab.nets.train_ensemble`,
     :func:`bnlab.nets.train`) save their state there while they run and go on from it when the task runs
-    again after an interruption;
-    once every cell of the task has succeeded, its checkpoints are removed (a failed task keeps them)."""
+    again after an interruption; once every cell of the task has succeeded, its checkpoints are removed (a
+    failed task keeps them)."""
     if run_group is None and len(cells) != 1:
         raise ValueError(f"a task without run_group holds one cell, not {len(cells)}")
     from bnlab import _task_checkpoint
