@@ -211,6 +211,11 @@ _NETS = """
 import torch
 from bnlab import nets
 """
+# one small training call of each trainer, with the arguments under test in place of {}
+_ENSEMBLE_CALL = _NETS + ("nets.train_ensemble([nets.MLP(4, [4], 2)], (torch.randn(20, 4), torch.randint(0, 2, (20,))), "
+                          "lr=0.1, batch_size=4, steps=2, {})")
+_TRAIN_CALL = _NETS + ("nets.train(nets.MLP(4, [4], 2), (torch.randn(20, 4), torch.randint(0, 2, (20,))), "
+                       "optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4, steps=2, {})")
 _DATA = """
 import torch
 from bnlab import nets
@@ -389,31 +394,17 @@ API_CASES: list[Case] = [
     api("fisher-api", "from bnlab.fisher import fisher_order_parameters\n"
         "fisher_order_parameters('fc:10-10-2', input_q=1e308)", names="input_q"),
     # ------------------------------------------------------------------ nets
-    api("nets-api", _NETS + "nets.train_ensemble([nets.MLP(4, [4], 2)], (torch.randn(20, 4), "
-        "torch.randint(0, 2, (20,))), lr=0.1, batch_size=4, steps=2, seeds=2**70)", names="seeds"),
-    api("nets-api", _NETS + "nets.train_ensemble([nets.MLP(4, [4], 2)], (torch.randn(20, 4), "
-        "torch.randint(0, 2, (20,))), lr=0.1, batch_size=4, steps=2, checkpoint='/dev/null')", names="checkpoint"),
-    api("nets-api", _NETS + "nets.train_ensemble([nets.MLP(4, [4], 2)], (torch.randn(20, 4), "
-        "torch.randint(0, 2, (20,))), lr=0.1, batch_size=4, steps=2, checkpoint='.')", names="checkpoint"),
-    api("nets-api", _NETS + "nets.train_ensemble([nets.MLP(4, [4], 2)], (torch.randn(20, 4), "
-        "torch.randint(0, 2, (20,))), lr=0.1, batch_size=4, steps=2, checkpoint='x.pt', "
-        "checkpoint_every=float('nan'))", names="checkpoint_every"),
-    api("nets-api", _NETS + "import os, tempfile\npath = os.path.join(tempfile.mkdtemp(), 'ck.pt')\n"
-        "open(path, 'wb').write(b'PK\\x03\\x04 planted')\n"
-        "nets.train_ensemble([nets.MLP(4, [4], 2)], (torch.randn(20, 4), "
-        "torch.randint(0, 2, (20,))), lr=0.1, batch_size=4, steps=2, checkpoint=path)", names="checkpoint"),
-    api("nets-api", _NETS + "nets.train(nets.MLP(4, [4], 2), (torch.randn(20, 4), torch.randint(0, 2, (20,))), "
-        "optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4, steps=2, checkpoint='/dev/null')",
+    api("nets-api", _ENSEMBLE_CALL.format("seeds=2**70"), names="seeds"),
+    api("nets-api", _ENSEMBLE_CALL.format("checkpoint='/dev/null'"), names="checkpoint"),
+    api("nets-api", _ENSEMBLE_CALL.format("checkpoint='.'"), names="checkpoint"),
+    api("nets-api", _ENSEMBLE_CALL.format("checkpoint='x.pt', checkpoint_every=float('nan')"), names="checkpoint_every"),
+    api("nets-api", "import os, tempfile\npath = os.path.join(tempfile.mkdtemp(), 'ck.pt')\n"
+        "open(path, 'wb').write(b'PK\\x03\\x04 planted')\n" + _ENSEMBLE_CALL.format("checkpoint=path"),
         names="checkpoint"),
-    api("nets-api", _NETS + "nets.train(nets.MLP(4, [4], 2), (torch.randn(20, 4), torch.randint(0, 2, (20,))), "
-        "optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4, steps=2, checkpoint=123)",
-        names="checkpoint"),
-    api("nets-api", _NETS + "nets.train(nets.MLP(4, [4], 2), (torch.randn(20, 4), torch.randint(0, 2, (20,))), "
-        "optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4, steps=2, checkpoint='x.pt', "
-        "callbacks=[print])", names="callbacks"),
-    api("nets-api", _NETS + "nets.train(nets.MLP(4, [4], 2), (torch.randn(20, 4), torch.randint(0, 2, (20,))), "
-        "optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4, steps=2, checkpoint='x.pt', "
-        "checkpoint_every=-5)", names="checkpoint_every"),
+    api("nets-api", _TRAIN_CALL.format("checkpoint='/dev/null'"), names="checkpoint"),
+    api("nets-api", _TRAIN_CALL.format("checkpoint=123"), names="checkpoint"),
+    api("nets-api", _TRAIN_CALL.format("checkpoint='x.pt', callbacks=[print]"), names="callbacks"),
+    api("nets-api", _TRAIN_CALL.format("checkpoint='x.pt', checkpoint_every=-5"), names="checkpoint_every"),
     api("nets-api", _NETS + "nets.MLP(784, [10**9], 10)", names="max_memory"),
     api("nets-api", _NETS + "nets.BNMLP(784, 10, depth=4, width=10**9)", names="max_memory"),
     api("nets-api", _NETS + "nets.MLP(784, [10**6, 10**6], 10)", names="max_memory"),
