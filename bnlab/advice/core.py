@@ -103,7 +103,6 @@ def _structure_line(s) -> str:
 
 # --------------------------------------------------------------------------------------------- inputs
 def _loss_spec(loss) -> LossSpec:
-    import torch
     from torch import nn
 
     from bnlab.nets import half_squared_error

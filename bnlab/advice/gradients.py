@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 

@@ -76,7 +76,6 @@ def load_model(spec: str, *, input_shape=None, num_classes: int | None = None, d
     set the MLPs' hidden layers (default 10 × 128, BN, relu) and the norm/φ of the others and of an
     architecture string.
     """
-    import torch
     from torch import nn
 
     if not isinstance(spec, str) or not spec.strip():

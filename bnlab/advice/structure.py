@@ -14,7 +14,7 @@ Each paper's assumptions are listed as :class:`Assumption` rows; a prediction of
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from bnlab.advice._probe import BATCH_NORMS, Probe

@@ -10,6 +10,7 @@ report calls ``plot`` and ``compare``.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -96,9 +97,7 @@ class Check:
     meaning: str  # what agreement means, with the window (e.g. "… within [16ξ/1.6, 1.6·16ξ]")
 
 
-def _check_pattern(name: str) -> "re.Pattern[str]":
-    import re
-
+def _check_pattern(name: str) -> re.Pattern[str]:
     return re.compile(".*?".join(re.escape(part) for part in name.split("…")), re.DOTALL)
 
 

@@ -4,12 +4,15 @@ naming the argument, the value and what is allowed, before anything changes)."""
 from __future__ import annotations
 
 import fnmatch
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 from torch import nn
 
 from bnlab.optim._layers import _layer_label
+
+if TYPE_CHECKING:  # _bnp_layers imports this module
+    from bnlab.optim._bnp_layers import BNPLayer
 
 __all__ = ["bad_input", "check_layer", "entry_mapping", "skip_entries", "state_tensor"]
 

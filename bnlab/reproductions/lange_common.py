@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
 from bnlab.experiments.cells import Cell, cell_param
-from bnlab.experiments.spec import Record
+from bnlab.experiments.spec import Record, TaskCost
 from bnlab.reproductions.plotting import pyplot, save_figure
 
 __all__ = ["LangeCell", "LABEL", "CHUNKED",
@@ -175,7 +175,7 @@ def run_chunked_cells(model: str, cells: Sequence[LangeCell | dict], ensemble: b
     return out
 
 
-def cell_cost(model: str, cells: Sequence[dict]) -> "TaskCost":
+def cell_cost(model: str, cells: Sequence[dict]) -> TaskCost:
     """A Lange task's SGD steps and relative work (batch × networks per step; the test passes for the rest),
     for a plan; one kind per (model, method, batch size) — BNP's step and a batch of 1 cost differently."""
     from bnlab.experiments.spec import TaskCost
