@@ -22,7 +22,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-# PyTorch first, pinned to the CPU wheel, so that the range in pyproject.toml installs nothing more.
+# PyTorch first, pinned (the CPU wheel on this project's machines; see the README), so that the range in pyproject.toml installs nothing more.
 $PY -m pip install -q torch==2.13.0
 extra=""
 if [ "${1:-}" = "--test" ]; then extra="[test]"; fi

@@ -36,6 +36,31 @@ def test_the_ledger_is_complete_enough():
         assert (c.status == "checked") == bool(c.strength) == (not c.not_checked)
 
 
+def _ledger_counts(paper: str | None) -> list[int]:
+    """One row of docs/claims.md's count table, computed from the ledger as the command above it does."""
+    c = [x.to_dict() for x in (claims.all_claims() if paper is None else claims.claims_of(paper))]
+    return [len(c), sum(x["status"] == "checked" for x in c), sum(bool(x["tests"]) for x in c),
+            sum(bool(x["checks"]) for x in c), sum(x["status"] == "not_checked" for x in c),
+            *[sum(x["strength"] == s for x in c) for s in claims.STRENGTHS]]
+
+
+def test_the_counts_on_the_docs_pages_are_the_ledgers():
+    """docs/claims.md's table and the README's claim count are numbers of the ledger as it is now (a claim
+    added without them fails here, not on the page)."""
+    rows = {}
+    for line in (ROOT / "docs" / "claims.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 10 and cells[1].isdigit():
+            rows[cells[0]] = [int(c) for c in cells[1:]]
+    names = {"Yang et al. 2019": "yang2019", "Daneshmand et al. 2020": "daneshmand2020",
+             "the Fisher paper": "fisher", "Lange et al.": "lange", "all": None}
+    assert set(rows) == set(names), sorted(rows)
+    for label, paper in names.items():
+        assert rows[label] == _ledger_counts(paper), label
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"four papers ({len(claims.all_claims())}: theorems" in readme
+
+
 def test_every_reproduction_declares_checks_and_limitations():
     bare = {n: (bool(e.checks), bool(e.limitations)) for n, e in list_experiments().items()
             if not n.startswith("bnlab-test") and not (e.checks and e.limitations)}

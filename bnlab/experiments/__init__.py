@@ -15,7 +15,17 @@ from bnlab.experiments.cells import Cell, cell_param, parse_cell
 from bnlab.experiments.registry import get_experiment, list_experiments, register_experiment
 from bnlab.experiments.report import build_report
 from bnlab.experiments.plan import ExperimentPlan, Plan, format_plan, plan_experiment, plan_experiments
-from bnlab.experiments.spec import SCALES, Comparison, Experiment, Record, TaskCost, cell_device, cell_tasks
+from bnlab.experiments.spec import (
+    SCALES,
+    Check,
+    Comparison,
+    Experiment,
+    Record,
+    Setting,
+    TaskCost,
+    cell_device,
+    cell_tasks,
+)
 from bnlab.experiments.store import ResultsStore, cell_key, salvage_store
 from bnlab.experiments.sweep import (
     SweepStatus,
@@ -34,6 +44,8 @@ __all__ = [
     "parse_cell",
     "Record",
     "Comparison",
+    "Check",
+    "Setting",
     "SCALES",
     "cell_device",
     "cell_tasks",

@@ -391,3 +391,24 @@ def test_sub_linear_alpha_relu_rate_converges(monkeypatch):
     finally:
         E._homogeneous_angular.cache_clear()
     assert coarse == pytest.approx(fine, rel=1e-7)
+
+
+def test_the_example_table_of_the_docs_is_what_the_code_gives():
+    """docs/theory-epsilon-symmetry-nngp.md's table of λ_G↓ at B = 8 is the code's, to its 5 digits: each
+    cell is parsed (value and "(collapsed)") and recomputed, so a change of the numerics shows up here and
+    not as a stale page.  The page states ≤ 1e-11 accuracy for these φ, far below the table's rounding
+    (half a unit of the 5th digit, 5e-6 absolute; 1.5e-5 allows the rounding of values printed with fewer
+    digits such as 0.5)."""
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "theory-epsilon-symmetry-nngp.md"
+    lines = page.read_text(encoding="utf-8").split("| ε | relu λ_G↓ | tanh λ_G↓ | relu(x+2) λ_G↓ |")[1].splitlines()
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines[2:] if ln.startswith("|")]
+    assert len(rows) == 6
+    phis = (get_activation("relu"), get_activation("tanh"), get_activation("relu", beta=2.0))
+    for eps_txt, *cells in rows:
+        for phi, cell in zip(phis, cells):
+            r = epsilon_analysis(phi, 8, float(eps_txt))
+            value = float(cell.split()[0])
+            assert abs(r.grad_explosion_rate - value) <= 1.5e-5, (eps_txt, phi.name, r.grad_explosion_rate, cell)
+            assert r.collapsed == ("(collapsed)" in cell), (eps_txt, phi.name, cell)
