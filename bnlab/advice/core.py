@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from bnlab._validation import check_choice, check_int, check_real
 
-__all__ = ["PARTS", "SKIPPABLE", "Advice", "advise", "DEFAULT_MAX_MEMORY_GB"]
+__all__ = ["PARTS", "SKIPPABLE", "Advice", "advise", "DEFAULT_MAX_MEMORY_GB", "PartNotEvaluated"]
 
 #: The parts of the advice, in order; every part but the structure can be skipped.
 PARTS = ("structure", "gradients", "learning_rate", "rank", "batch_size")
@@ -32,6 +32,16 @@ SKIPPABLE = PARTS[1:]
 #: ``max_memory_gb`` default: the estimated peak memory (see :func:`_memory_estimate`) must stay below it.
 DEFAULT_MAX_MEMORY_GB = 8.0
 _CURVATURES = ("hessian", "ggn", "fisher")
+
+
+class PartNotEvaluated(Exception):
+    """Raised by a part that cannot measure this network (e.g. its curvature overflows even in float64):
+    :func:`advise` reports that part as not evaluated, with this reason, and still runs and prints the others
+    — one part's failure never loses the whole advice.  Bad input is still a ``ValueError``."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -48,7 +58,8 @@ class LossSpec:
 
 @dataclass(frozen=True)
 class Advice:
-    """What :func:`advise` found.  ``None`` parts were skipped (``skipped``) or could not run (``notes``)."""
+    """What :func:`advise` found.  ``None`` parts were skipped (``skipped``) or could not be evaluated on this
+    network (``not_evaluated``: part → the reason)."""
 
     structure: Any
     gradients: Any = None
@@ -60,22 +71,28 @@ class Advice:
     cpu_seconds: dict = field(default_factory=dict)
     data: str = ""
     notes: tuple = ()
+    not_evaluated: dict = field(default_factory=dict)
 
     def parts(self) -> dict:
         return {p: getattr(self, p) for p in PARTS}
 
     def verdicts(self) -> dict:
-        """Part → its one-line verdict (None for skipped parts)."""
+        """Part → its one-line verdict (None for skipped parts; "not evaluated: <reason>" for parts that could not
+        be measured on this network)."""
         out = {"structure": _structure_line(self.structure)}
         for p in SKIPPABLE:
             part = getattr(self, p)
-            out[p] = None if part is None else part.verdict
+            if p in self.not_evaluated:
+                out[p] = f"not evaluated: {self.not_evaluated[p]}"
+            else:
+                out[p] = None if part is None else part.verdict
         return out
 
     def to_dict(self) -> dict:
         """JSON-ready (non-finite floats are left for the caller's encoder; the CLI maps them to null)."""
         out = {"data": self.data, "skipped": list(self.skipped), "seconds": dict(self.seconds),
-               "cpu_seconds": dict(self.cpu_seconds), "notes": list(self.notes), "verdicts": self.verdicts()}
+               "cpu_seconds": dict(self.cpu_seconds), "notes": list(self.notes),
+               "not_evaluated": dict(self.not_evaluated), "verdicts": self.verdicts()}
         for p in PARTS:
             part = getattr(self, p)
             out[p] = None if part is None else part.to_dict()
@@ -411,6 +428,7 @@ def advise(
         seconds["structure"], cpu["structure"] = time.perf_counter() - t0, time.process_time() - c0
 
         parts: dict = {}
+        not_evaluated: dict = {}
         captured: dict = {}
         trainable_bn = not (b < 2 and has_batch_stats)
 
@@ -418,7 +436,11 @@ def advise(
             if name in skip:
                 return
             t, c = time.perf_counter(), time.process_time()
-            parts[name] = fn()
+            try:
+                parts[name] = fn()
+            except PartNotEvaluated as exc:  # this part only: the others still run and print
+                not_evaluated[name] = exc.reason
+                say(f"{name}: not evaluated — {exc.reason}")
             seconds[name], cpu[name] = time.perf_counter() - t, time.process_time() - c
 
         def grads():
@@ -441,7 +463,7 @@ def advise(
             notes.append("B = 1 with BN: gradients, curvature and ranks describe the network with its running "
                          "statistics, not a training step (which BN cannot take at B = 1)")
     return Advice(structure=structure, skipped=skip, seconds=seconds, cpu_seconds=cpu, data=described,
-                  notes=tuple(notes) + tuple(structure.notes), **parts)
+                  notes=tuple(notes) + tuple(structure.notes), not_evaluated=not_evaluated, **parts)
 
 
 def _find_bnmlp(model):

@@ -183,10 +183,51 @@ def _verdict(lr, limit, kind, eta_full, normalized, loss, opt_kind) -> tuple[flo
     return ratio, band, text
 
 
-def learning_rate_part(work, x, targets, loss_spec, structure: Structure, *, lr, momentum, optimizer_kind,
-                       curvature, tol, seed, progress) -> LearningRateAdvice:
+def _overflowed(exc: Exception) -> bool:
+    """Whether ``curvature_spectrum`` refused because a product, a BN variance or the output overflowed its dtype
+    (its ValueErrors for that say "overflow"; every other ValueError is bad input and is raised as such)."""
+    return isinstance(exc, ValueError) and "overflow" in str(exc)
+
+
+def _measure(work, x, targets, *, curvature, loss, bn_mode, tol, seed, blocks, progress):
+    """(``curvature_spectrum``'s result, a note or ""), measured in the network's dtype and, where that overflows,
+    again in float64.  ``curvature_spectrum`` measures a copy converted to ``dtype`` (``work`` itself, already
+    the advice's private copy, is not converted), so the user's module is never changed.
+
+    Raises :class:`~bnlab.advice.core.PartNotEvaluated` (this part is then reported as not evaluated and the other
+    parts still run) where float64 overflows too."""
+    import torch
+
+    from bnlab.advice.core import PartNotEvaluated
     from bnlab.fisher import curvature_spectrum
 
+    def spectrum(dtype):
+        return curvature_spectrum(work, x, targets, curvature=curvature, loss=loss, bn_mode=bn_mode, tol=tol,
+                                  seed=seed, blocks=blocks, dtype=dtype)
+
+    own = next(work.parameters()).dtype
+    try:
+        return spectrum(None), ""
+    except ValueError as exc:
+        if not _overflowed(exc):
+            raise
+        if own == torch.float64:
+            raise PartNotEvaluated(f"λmax of the {curvature} was not measured: {exc}") from None
+        first = str(exc)
+    progress(f"learning rate: the {curvature} overflows {own}; measuring again in float64")
+    try:
+        res = spectrum(torch.float64)
+    except ValueError as exc:
+        if not _overflowed(exc):
+            raise
+        raise PartNotEvaluated(f"λmax of the {curvature} was not measured: it overflows in {own} and in float64 "
+                               f"too ({exc})") from None
+    return res, (f"the {curvature} products overflow {own} on this network ({first.split(':')[0]}): λmax was measured "
+                 "in float64, on a float64 copy (your module is unchanged)")
+
+
+def learning_rate_part(work, x, targets, loss_spec, structure: Structure, *, lr, momentum, optimizer_kind,
+                       curvature, tol, seed, progress) -> LearningRateAdvice:
     names = [n for n, p in work.named_parameters() if p.requires_grad]
     invariant = {n for layer in structure.layers if layer.scale_invariant for n in layer.params}
     invariant &= set(names)
@@ -201,8 +242,10 @@ def learning_rate_part(work, x, targets, loss_spec, structure: Structure, *, lr,
     blocks = {"free": free} if invariant and free else None
     progress(f"learning rate: top eigenvalue of the {curv} ({'two runs' if blocks else 'one run'} of Lanczos)")
     mode = structure.measured_bn_mode
-    res = curvature_spectrum(work, x, targets if curv != "fisher" else None, curvature=curv, loss=closs, bn_mode=mode,
-                             tol=tol, seed=seed, blocks=blocks)
+    res, note = _measure(work, x, targets if curv != "fisher" else None, curvature=curv, loss=closs, bn_mode=mode,
+                         tol=tol, seed=seed, blocks=blocks, progress=progress)
+    if note:
+        notes.append(note)
     scale = loss_spec.curvature_scale
     lam = res.lambda_max * scale
     lam_free = res.blocks["free"][0] * scale if blocks else None

@@ -113,6 +113,8 @@ def advice_text(a) -> str:
                 out.append(f"… and {len(bs.norm_layers) - 8} more")
         out += ["BNP (two lines):", *("    " + line for line in bs.bnp_code.splitlines())]
         out += [f"note: {n}" for n in bs.notes]
+    for part, reason in a.not_evaluated.items():
+        out += ["", _TITLES[part], f"not evaluated: {reason}"]
     out += ["", "time per part (wall s / CPU s): " + ", ".join(
         f"{p} {a.seconds[p]:.1f}/{a.cpu_seconds.get(p, float('nan')):.1f}" for p in a.seconds)]
     if a.skipped:
@@ -271,6 +273,8 @@ def advice_html(a) -> str:
                                      ["normalization", "kind", "values per statistic", "variance spread"]))
         parts.append(f"<p>BNP in two lines:</p><pre>{html.escape(bs.bnp_code)}</pre>")
         parts += [f'<p class="muted">{html.escape(n)}</p>' for n in bs.notes]
+    for part, reason in a.not_evaluated.items():
+        parts.append(f"<h2>{_TITLES[part]}</h2><p><b>Not evaluated.</b> {html.escape(reason)}</p>")
     times = ", ".join(f"{p} {a.seconds[p]:.1f} s" for p in a.seconds)
     parts.append(f'<p class="muted">Time per part (wall): {html.escape(times)}.</p>')
     body = "\n".join(parts)
