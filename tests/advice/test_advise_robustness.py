@@ -65,3 +65,17 @@ def test_other_curvature_errors_are_not_swallowed(monkeypatch):
     x, y = _xy()
     with pytest.raises(ValueError, match="something the caller must fix"):
         advise(MLP(12, [10, 10], 3, norm="bn", seed=1), (x, y), skip=("gradients", "rank", "batch_size"))
+
+
+def test_a_tol_lanczos_cannot_reach_reports_the_part_not_evaluated(capsys):
+    # the audit's D5: --tol 1e-12 in float32 ended in a RuntimeError traceback after the other parts had run
+    from bnlab.cli import main
+
+    code = main(["advise", "--model", "mlp", "--depth", "3", "--width", "32", "--input-shape", "64", "-B", "8",
+                 "--skip", "gradients,rank,batch_size", "--tol", "1e-12", "--quiet", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    d = json.loads(out)
+    reason = d["not_evaluated"]["learning_rate"]
+    assert "did not reach tol=1e-12" in reason and "tol=1e-12" in reason and d["learning_rate"] is None
+    assert d["verdicts"]["learning_rate"].startswith("not evaluated: ")
