@@ -10,8 +10,10 @@ averages used at test time do not match).  Small B also raises the gradient expl
 BNP (Lange et al., :class:`bnlab.optim.BNPreconditioner`) normalizes the gradients instead of the
 activations, so it trains at any batch size — at batch 1 only once the BN layers are gone (they would
 still refuse or degenerate).  Its overhead is measured on this model: SGD steps of a copy without its
-batch-statistics layers, with and without the preconditioner, at the user's batch, median of
-interleaved rounds of process CPU time.
+batch-statistics layers, with and without the preconditioner, at the user's batch, in interleaved rounds of
+many steps each until each side has run half a second (one thread's CPU time, torch on one thread; on a GPU
+synchronized wall time: :func:`measure_bnp_overhead`, :func:`interleaved_ratio`); the figure is the median of
+the rounds' ratios, shown with their quartiles.
 """
 from __future__ import annotations
 
@@ -72,25 +74,97 @@ def without_batch_norm(model):
     return work, targets
 
 
-def _time_steps(model, x, targets, loss_fn, pre, rounds: int) -> list[float]:
+#: The BNP/SGD timing (:func:`interleaved_ratio`): one round runs each variant for about ``ROUND_SECONDS``
+#: (enough steps that the clock's resolution and a scheduler slice are small against it), and rounds go on
+#: until each variant has run ``MIN_TOTAL_SECONDS`` and at least ``MIN_ROUNDS`` rounds (at most ``MAX_ROUNDS``).
+#: The audit found the old figure (median of 3 single steps) ranging 0.01× … 14.8× on one small MLP.
+ROUND_SECONDS = 0.02
+MIN_TOTAL_SECONDS = 0.5
+MIN_ROUNDS = 5
+MAX_ROUNDS = 200
+MAX_STEPS_PER_ROUND = 1000
+
+
+def interleaved_ratio(step_a, step_b, *, clock=time.process_time, round_seconds: float = ROUND_SECONDS,
+                      min_total_seconds: float = MIN_TOTAL_SECONDS, min_rounds: int = MIN_ROUNDS,
+                      max_rounds: int = MAX_ROUNDS) -> tuple[float | None, dict]:
+    """(median over rounds of the per-step time of ``step_b`` / that of ``step_a``, details).
+
+    ``step_a()`` and ``step_b()`` each run one step.  One untimed step of each first (allocations, hooks), then
+    timed batches of 1, 2, 4, … steps of ``step_a`` set the steps per round n (about ``round_seconds`` of
+    ``clock``; at most ``MAX_STEPS_PER_ROUND``).  Each round times n steps of both, in alternating order (a load change or a warm
+    cache favours neither side), and gives one ratio; rounds continue until both have run ``min_total_seconds``
+    in all and at least ``min_rounds`` rounds have run, or ``max_rounds``.  The median of the rounds' ratios is
+    the figure; its quartiles show the spread.  None where no round measured a positive time for ``step_a``.
+    """
+    def timed(step, n):
+        t0 = clock()
+        for _ in range(n):
+            step()
+        return clock() - t0
+
+    step_a()
+    step_b()
+    # steps per round: double until a batch of steps takes half a round (one step alone is too short to time),
+    # then scale to a whole round
+    n = 1
+    while True:
+        spent = timed(step_a, n)
+        if spent >= round_seconds / 2 or n >= MAX_STEPS_PER_ROUND:
+            break
+        n = min(2 * n, MAX_STEPS_PER_ROUND)
+    if spent > 0:
+        n = max(1, min(MAX_STEPS_PER_ROUND, round(n * round_seconds / spent)))
+
+    per_a, per_b, ratios = [], [], []
+    total_a = total_b = 0.0
+    rounds = 0
+    while rounds < max_rounds and (rounds < min_rounds or min(total_a, total_b) < min_total_seconds):
+        if rounds % 2 == 0:
+            a, b = timed(step_a, n), timed(step_b, n)
+        else:
+            b, a = timed(step_b, n), timed(step_a, n)
+        rounds += 1
+        total_a, total_b = total_a + a, total_b + b
+        per_a.append(a / n)
+        per_b.append(b / n)
+        if a > 0:
+            ratios.append(b / a)
+    detail = {"rounds": rounds, "steps_per_round": n, "sgd_step_s": statistics.median(per_a),
+              "bnp_step_s": statistics.median(per_b), "timed_s": total_a + total_b}
+    if not ratios:
+        return None, detail
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    detail["ratio_quartiles"] = (q[0], q[2])
+    return statistics.median(ratios), detail
+
+
+def _step_fn(model, x, targets, loss_fn, pre):
+    """One SGD step of ``model`` (a negligible lr: the timed steps barely move it), preconditioned by ``pre``."""
     import torch
 
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-    times = []
-    for r in range(rounds + 1):
-        t = time.process_time()
+
+    def step():
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x), targets).backward()
         if pre is not None:
             pre.step()
         opt.step()
-        if r:  # the first step warms up (allocations, hooks)
-            times.append(time.process_time() - t)
-    return times
+    return step
 
 
-def measure_bnp_overhead(work, x, targets, loss_fn, *, rounds: int = 3) -> tuple[float | None, dict]:
-    """(BNP step / SGD step, details) on a copy of ``work`` without its batch-statistics layers."""
+def measure_bnp_overhead(work, x, targets, loss_fn, *, clock=None, **timing) -> tuple[float | None, dict]:
+    """(BNP step / SGD step, details) on copies of ``work`` without its batch-statistics layers: SGD steps with and
+    without :class:`bnlab.optim.BNPreconditioner`, timed by :func:`interleaved_ratio` (``timing`` goes to it).
+
+    Default clock on CPU: this thread's CPU time, with torch on one thread for the timing (restored after).  On a
+    shared machine wall time would add the other jobs' load and the scheduler's preemptions to whichever side
+    ran at the busier moment, and process CPU time with several torch threads adds their varying spin-waits
+    (measured: 0.7–4.8× quartiles on a 3-layer MLP at B = 8, against 1.8–2.0× on one thread).  On a GPU: wall
+    time, synchronized.  A small batch (where this is measured) runs on one core in practice too."""
+    import torch
+
     from bnlab.optim import BNPreconditioner
 
     plain, removed = without_batch_norm(work)
@@ -101,14 +175,35 @@ def measure_bnp_overhead(work, x, targets, loss_fn, *, rounds: int = 3) -> tuple
         pre = BNPreconditioner(with_bnp)
     except ValueError as exc:
         return None, {"error": str(exc)}
-    a, b = [], []
-    for _ in range(rounds):  # interleaved: the machine's load hits both sides alike
-        a += _time_steps(plain, x, targets, loss_fn, None, 1)
-        b += _time_steps(with_bnp, x, targets, loss_fn, pre, 1)
-    sgd, bnp = statistics.median(a), statistics.median(b)
-    pre.remove()
-    return (bnp / sgd if sgd > 0 else None), {"sgd_step_cpu_s": sgd, "bnp_step_cpu_s": bnp, "rounds": rounds,
-                                               "removed_layers": removed, "clock": "process CPU time"}
+    cuda = x.device.type == "cuda"
+    if clock is None:
+        if cuda:
+            def clock():
+                torch.cuda.synchronize(x.device)
+                return time.perf_counter()
+            what = "wall time, synchronized"
+        else:
+            clock, what = time.thread_time, "CPU time of one thread"
+    else:
+        what = getattr(clock, "__name__", repr(clock))
+    threads = torch.get_num_threads()
+    try:
+        if not cuda:
+            torch.set_num_threads(1)
+        ratio, detail = interleaved_ratio(_step_fn(plain, x, targets, loss_fn, None),
+                                          _step_fn(with_bnp, x, targets, loss_fn, pre), clock=clock, **timing)
+    finally:
+        torch.set_num_threads(threads)
+        pre.remove()
+    detail.update(removed_layers=removed, clock=what)
+    return ratio, detail
+
+
+def _overhead_text(overhead: float, detail: dict) -> str:
+    lo, hi = detail.get("ratio_quartiles", (overhead, overhead))
+    return (f"BNP costs {overhead:.2f}× an SGD step on this model (measured: median of {detail['rounds']} "
+            f"interleaved rounds of {detail['steps_per_round']} steps each, {detail['clock']}; quartiles "
+            f"{lo:.2f}–{hi:.2f}×)")
 
 
 def batch_part(work, x, targets, loss_fn, structure: Structure, probe_events, *, measure_bnp: bool | None,
@@ -177,7 +272,7 @@ def batch_part(work, x, targets, loss_fn, structure: Structure, probe_events, *,
         verdict = (f"B = {b}: BN's statistics are reliable (relative spread of the variance ≤ {100 * worst:.0f}%); "
                    "no reason to replace BN for the batch size's sake" if worst is not None else f"B = {b}")
     if overhead is not None:
-        verdict += f"; BNP costs {overhead:.2f}× an SGD step on this model (measured)"
+        verdict += "; " + _overhead_text(overhead, detail)
     return BatchSizeAdvice(batch_size=b, small=small, norm_layers=tuple(rows), bnp_supported=supported,
                            bnp_unsupported=tuple(unsupported), bnp_code=BNP_CODE, bn_layers_must_go=must_go,
                            bnp_overhead=overhead, bnp_overhead_detail=detail, verdict=verdict, notes=tuple(notes))
