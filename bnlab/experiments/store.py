@@ -142,13 +142,27 @@ def _check_store_path(path: Path, *, readonly: bool) -> None:
     check_path("store", path, readonly=readonly, expected="a path to a .sqlite file")
 
 
+#: How a lock file is opened to probe it: never through a link, and without blocking (a FIFO planted at
+#: ``<store>.lock`` would otherwise hang the open until something writes to it — ``sweep status`` too).
+_LOCK_PROBE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def _refuse_irregular_lock(fd: int, lock_path: Path) -> None:
+    """``ValueError`` (closing ``fd``) if the opened lock file is not a regular file (a FIFO, a device)."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"lock file {str(lock_path)!r} is not a regular file; remove it")
+
+
 def _refuse_if_locked(real: Path, text: str) -> None:
     """``ValueError`` if a live driver holds ``<real>.lock`` (probed without creating anything)."""
+    lock_path = real.with_name(real.name + ".lock")
     try:
-        fd = os.open(real.with_name(real.name + ".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(lock_path, _LOCK_PROBE_FLAGS)
     except OSError:
         return
     try:
+        _refuse_irregular_lock(fd, lock_path)
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         raise ValueError(
@@ -435,7 +449,7 @@ class ResultsStore:
         # never truncated or written (the driver's pid lives in the store), so even a planted hard
         # link cannot make bnlab overwrite another file.
         try:
-            fd = os.open(lock_path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd = os.open(lock_path, _LOCK_PROBE_FLAGS | os.O_CREAT, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise ValueError(
@@ -443,9 +457,7 @@ class ResultsStore:
                     "(remove it if you did not create it)"
                 ) from None
             raise ValueError(f"cannot create the lock file {str(lock_path)!r}: {exc.strerror}") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise ValueError(f"lock file {str(lock_path)!r} is not a regular file; remove it")
+        _refuse_irregular_lock(fd, lock_path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -466,8 +478,11 @@ class ResultsStore:
         if self._lock_fd is not None:
             return True
         try:
-            fd = os.open(self._lock_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(self._lock_path(), _LOCK_PROBE_FLAGS)
         except OSError:
+            return False
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # not a lock any driver holds (a run refuses it)
+            os.close(fd)
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -111,6 +111,28 @@ def test_single_writer_lock(tmp_path):
         pass
 
 
+@pytest.mark.timeout(60)
+def test_a_fifo_planted_at_the_lock_neither_hangs_nor_is_taken_for_a_lock(tmp_path):
+    """Opening a FIFO for reading blocks until a writer comes: before, ``sweep status`` (the reader's
+    driver probe), ``sweep run`` and ``reproduce`` hung on a FIFO at ``<store>.lock``.  Now a reader sees no
+    driver and a writer refuses the file; each open would block without ``O_NONBLOCK`` (the timeout fails
+    the test then)."""
+    import os
+
+    with _store(tmp_path):
+        pass
+    lock = tmp_path / "s.sqlite.lock"
+    lock.unlink()
+    os.mkfifo(lock)
+    with ResultsStore(tmp_path / "s.sqlite", readonly=True) as r:
+        assert not r.writer_alive() and r.counts()["pending"] == 4
+    with pytest.raises(ValueError, match="lock file .* is not a regular file; remove it"):
+        ResultsStore(tmp_path / "s.sqlite")
+    with pytest.raises(ValueError, match="not a regular file"):  # the same for a store not yet created
+        os.mkfifo(tmp_path / "new.sqlite.lock")
+        ResultsStore(tmp_path / "new.sqlite")
+
+
 def test_bad_inputs(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         ResultsStore(tmp_path / "missing.sqlite", readonly=True)
