@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import sys
 import urllib.error
 import urllib.request
@@ -25,6 +26,20 @@ class DownloadTooLargeError(ValueError):
     """The server sent (or announced) more bytes than the download's size limit."""
 
 _CHUNK = 1 << 16
+
+
+def _leftover_part(part: Path) -> bool:
+    """Whether an earlier download left ``part`` to resume.  Anything but a regular file there is refused
+    with an ``OSError`` naming it, never opened: reading a FIFO blocks until something writes to it (the
+    download hung), and appending through a planted link would write into the link's target."""
+    try:
+        mode = os.lstat(part).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(mode):
+        raise OSError(f"the partial download {str(part)!r} is not a regular file (a link, FIFO, folder or device); "
+                      "bnlab neither reads nor writes through it: remove it")
+    return True
 
 
 def _hash_existing(path: Path, hashers) -> int:
@@ -80,9 +95,11 @@ def download_file(
     md = hashlib.md5() if md5 else None
     hashers = [h for h in (sha, md) if h is not None]
 
-    if part.exists() and max_bytes is not None and part.stat().st_size > max_bytes:
+    leftover = _leftover_part(part)
+    if leftover and max_bytes is not None and part.stat().st_size > max_bytes:
         part.unlink()  # a leftover larger than the file can be is not resumed
-    have = _hash_existing(part, hashers) if part.exists() else 0
+        leftover = False
+    have = _hash_existing(part, hashers) if leftover else 0
     request = urllib.request.Request(url, headers={"User-Agent": "bnlab"})
     if have:
         request.add_header("Range", f"bytes={have}-")
@@ -120,7 +137,10 @@ def download_file(
                 bar = tqdm(total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024,
                            desc=target.name, file=sys.stderr, leave=True)
             try:
-                with open(part, "ab" if have else "wb") as out:
+                # O_NOFOLLOW | O_NONBLOCK: what was checked above cannot have become a link or a FIFO since
+                flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if have else os.O_TRUNC)
+                fd = os.open(part, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+                with os.fdopen(fd, "ab" if have else "wb") as out:
                     size = have
                     for chunk in iter(lambda: response.read(_CHUNK), b""):
                         size += len(chunk)

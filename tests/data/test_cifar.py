@@ -232,6 +232,23 @@ def test_download_resumes_from_part_file(tmp_path, served_cifar10, supports_rang
     assert (dest / "cifar-10-python.tar.gz").read_bytes() == data and not part.exists()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("planted", ["fifo", "link", "folder"])
+def test_a_planted_part_file_is_refused_unread(tmp_path, served_cifar10, planted):
+    """A ``.part`` that is not a regular file is neither read nor written: a FIFO hung the download (its
+    read blocks; the timeout fails the test), a link would have had the download appended to its target."""
+    _, archive, sha = served_cifar10
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    part = dest / "cifar-10-python.tar.gz.part"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    {"fifo": lambda: os.mkfifo(part), "link": lambda: part.symlink_to(victim), "folder": part.mkdir}[planted]()
+    with pytest.raises(OSError, match="partial download .* is not a regular file"):
+        bd.download_cifar("cifar10", dest, url=archive.as_uri(), sha256=sha, progress=False)
+    assert victim.read_text() == "precious" and not (dest / "cifar-10-python.tar.gz").exists()
+
+
 @pytest.mark.parametrize(
     "kwargs, arg",
     [
