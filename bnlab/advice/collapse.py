@@ -4,7 +4,8 @@ Measured on the batch at initialization (the same forward pass as the gradient p
 the batch's statistics): the representation H entering every weight layer but the first (d × N: d
 features per sample, N samples) — :func:`bnlab.rank.rank_measures` on H rescaled to tr M = d
 (:func:`bnlab.rank.rescale_to_unit_trace`, the scale BN gives): the soft rank rank_τ (Eq. 3, τ = ½), the
-bound r(H) = tr(M)²/‖M‖²_F (Eq. 4) and the numerical rank.
+bound r(H) = tr(M)²/‖M‖²_F (Eq. 4) and the numerical rank.  Since r(H) ≤ rank(H) ≤ min(d, N), a representation
+with min(d, N) ≤ 2 (a batch of two samples) fails r(H) < 2 at full rank too: it is not judged.
 
 Flags: BN keeps rank_τ ≥ Ω(√d) at any depth (Thm 2, linear networks), while vanilla linear networks
 collapse to rank one (Lemma 3).  A layer is *collapsed* when r(H) < 2 (one direction carries most of the
@@ -21,10 +22,12 @@ from dataclasses import asdict, dataclass
 
 from bnlab.advice.structure import Structure
 
-__all__ = ["RankAdvice", "COLLAPSE_R"]
+__all__ = ["RankAdvice", "COLLAPSE_R", "NOT_JUDGED"]
 
 #: r(H) below this: one direction carries most of the batch's energy (r(H) = 1 for a rank-one H).
 COLLAPSE_R = 2.0
+#: The status of a representation with min(d, N) ≤ 2, where r(H) ≤ min(d, N) cannot pass the criterion.
+NOT_JUDGED = "not judged (min(d, N) ≤ 2)"
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class RankAdvice:
     r_bound: tuple
     numerical_rank: tuple
     reference: tuple  # √min(d, N)
-    status: tuple  # "ok", "below √d", "collapsed"
+    status: tuple  # "ok", "below √d", "collapsed", or NOT_JUDGED (min(d, N) ≤ 2)
     collapsed: bool
     basis: str
     verdict: str
@@ -74,7 +77,12 @@ def rank_part(captured: dict, structure: Structure) -> RankAdvice:
         num.append(int(m.numerical_rank))
         reference = math.sqrt(min(d, n))
         ref.append(reference)
-        status.append("collapsed" if r[-1] < COLLAPSE_R else "below √d" if soft[-1] < reference else "ok")
+        if min(d, n) <= COLLAPSE_R:
+            # r(H) ≤ rank(H) ≤ min(d, N): with two samples (or two features) r(H) < 2 holds at full rank too, so
+            # the criterion says nothing there
+            status.append(NOT_JUDGED)
+        else:
+            status.append("collapsed" if r[-1] < COLLAPSE_R else "below √d" if soft[-1] < reference else "ok")
     hidden = structure.layers[:-1]
     linear = all(x.activation in (None, "identity") for x in hidden) and all(x.kind == "fc" for x in structure.layers)
     norms = {x.norm for x in hidden}
@@ -83,7 +91,13 @@ def rank_part(captured: dict, structure: Structure) -> RankAdvice:
     if not layers:
         return RankAdvice((), (), n, (), (), (), (), (), False, basis,
                           "no hidden representation to measure (a single weight layer, or N < 2)")
-    judged = [i for i in range(len(layers)) if not pooled[i]] or list(range(len(layers)))
+    if n <= COLLAPSE_R:
+        return RankAdvice(tuple(layers), tuple(width), n, tuple(soft), tuple(r), tuple(num), tuple(ref), tuple(status),
+                          False, basis,
+                          f"N = {n} samples: rank collapse cannot be judged at this batch size — r(H) ≤ min(d, N) ≤ {n}, "
+                          f"so the collapse criterion r(H) < {COLLAPSE_R:g} holds even at full rank (measured: rank_τ = {soft[-1]}, "
+                          f"numerical rank {num[-1]} at {layers[-1]}); measure with a batch of at least 3 samples")
+    judged = [i for i in range(len(layers)) if not pooled[i] and status[i] != NOT_JUDGED] or list(range(len(layers)))
     last = judged[-1]
     collapsed = status[last] == "collapsed"
     low = status[last] == "below √d"
