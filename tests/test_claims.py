@@ -198,3 +198,29 @@ def test_cli_lists_filters_and_reads_a_report(tmp_path, capsys):
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)["claims"]
     assert got and all(c["verdict"] == "agrees" and c["checks"] for c in got)
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"claims": {"papers": [{"claims": [{"id": "yang2019/eq8"}]}]}}', "no key 'verdict'"),
+    ('{"claims": {"papers": [{"claims": [{"id": "yang2019/eq8", "verdict": "agrees"}]}]}}', "no key 'links'"),
+    ('{"claims": {"papers": [{"claims": [{"id": "yang2019/eq8", "verdict": NaN, "links": []}]}]}}', "NaN is not JSON"),
+    ('{"claims": {"papers": [{"claims": [{"id": "yang2019/eq8", "verdict": ["x"], "links": []}]}]}}',
+     "is not a claim's verdict"),
+    ('{"claims": {"papers": [{"claims": [{"id": "yang2019/eq8", "verdict": "\\u001b[31mno", "links": []}]}]}}',
+     "is not a claim's verdict"),
+    ('{"claims": {"papers": [{"claims": [{"id": 7, "verdict": "agrees", "links": []}]}]}}', "is not a claim's"),
+    ("[" * 100_000 + "]" * 100_000, "recursion"),
+])
+def test_cli_refuses_a_planted_report(tmp_path, capsys, text, why):
+    """A report.json that is not a report's ledger is a clean error (exit 2) saying why: before, a row
+    without a verdict or links was a KeyError traceback, deep nesting a RecursionError, and a NaN or an
+    escape sequence was printed and counted as a verdict."""
+    from bnlab.cli import main
+
+    (tmp_path / "report.json").write_text(text)
+    try:
+        code = main(["claims", "--report", str(tmp_path)])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and "holds no claim ledger" in err and why in err and "Traceback" not in err

@@ -23,18 +23,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+#: A report's ``report.json`` is a few hundred kB; anything far larger is not one (and is not read whole).
+MAX_REPORT_BYTES = 64 << 20
+
+
 def _report_rows(folder: str) -> dict[str, dict]:
-    """``{claim id: row}`` from the ``claims`` part of ``<folder>/report.json``."""
+    """``{claim id: row}`` from the ``claims`` part of ``<folder>/report.json``, every row checked: the file
+    may have been planted or edited, and its verdicts are printed and counted as they stand."""
+    from bnlab.claims import VERDICTS
+
     path = Path(folder) / "report.json"
     if not path.is_file():
         raise ValueError(f"--report {folder!r} is not allowed: {path} does not exist (run `bnlab report --out "
                          f"{folder}` first)")
+    if path.stat().st_size > MAX_REPORT_BYTES:
+        raise ValueError(f"--report {folder!r} is not allowed: {path} is larger than a report's "
+                         f"({path.stat().st_size} bytes > {MAX_REPORT_BYTES})")
+
+    def no_constant(name):  # NaN and ±Infinity are no verdicts (json.loads would accept them)
+        raise ValueError(f"{name} is not JSON")
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        papers = data["claims"]["papers"]
-        return {c["id"]: c for p in papers for c in p["claims"]}
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"--report {folder!r} is not allowed: {path} holds no claim ledger ({exc})") from None
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=no_constant)
+        rows = [c for p in data["claims"]["papers"] for c in p["claims"]]
+        for c in rows:
+            if not (isinstance(c, dict) and isinstance(c["id"], str) and c["verdict"] in VERDICTS
+                    and isinstance(c["links"], list) and all(isinstance(x, dict) for x in c["links"])):
+                raise ValueError(f"a claim row {str(c)[:200]!r} is not a claim's verdict (verdicts: {VERDICTS})")
+        return {c["id"]: c for c in rows}
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        why = f"no key {exc}" if isinstance(exc, KeyError) else str(exc)[:300]
+        raise ValueError(f"--report {folder!r} is not allowed: {path} holds no claim ledger ({why})") from None
 
 
 def run(args: argparse.Namespace) -> int:
