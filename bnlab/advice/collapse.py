@@ -97,11 +97,29 @@ def rank_part(captured: dict, structure: Structure) -> RankAdvice:
                           f"N = {n} samples: rank collapse cannot be judged at this batch size — r(H) ≤ min(d, N) ≤ {n}, "
                           f"so the collapse criterion r(H) < {COLLAPSE_R:g} holds even at full rank (measured: rank_τ = {soft[-1]}, "
                           f"numerical rank {num[-1]} at {layers[-1]}); measure with a batch of at least 3 samples")
-    judged = [i for i in range(len(layers)) if not pooled[i] and status[i] != NOT_JUDGED] or list(range(len(layers)))
+    judged = [i for i in range(len(layers)) if not pooled[i] and status[i] != NOT_JUDGED]
+    if not judged:
+        # e.g. one conv layer, global average pooling, the head: the only measured representation is the pooled
+        # one, whose r(H) near 1 is what pooling gives (module docstring) — nothing is left to judge
+        why = []
+        if any(pooled):
+            i = pooled.index(True)
+            why.append(f"the measured representations follow global average pooling ({layers[i]}: r(H) = {r[i]:.3g}; "
+                       "the mean over positions dominates every sample's features — what pooling does, not collapse)")
+        narrow = [layers[i] for i, st in enumerate(status) if st == NOT_JUDGED]
+        if narrow:
+            why.append(f"{', '.join(narrow[:3])}{' …' if len(narrow) > 3 else ''}: min(d, N) ≤ 2, where r(H) < 2 "
+                       "holds at full rank too")
+        verdict = ("rank collapse not judged: " + "; ".join(why) + ". No other representation is measured (the first "
+                   "weight layer's input is the data)")
+        return RankAdvice(tuple(layers), tuple(width), n, tuple(soft), tuple(r), tuple(num), tuple(ref), tuple(status),
+                          False, basis, verdict)
     last = judged[-1]
     collapsed = status[last] == "collapsed"
     low = status[last] == "below √d"
-    head = (f"{'last hidden representation' if last == len(layers) - 1 else 'last representation before global pooling'} ({layers[last]}, d = {width[last]}, N = {n}): rank_τ = {soft[last]}, "
+    what = ("last representation before global pooling" if any(pooled[last + 1:]) else
+            "last hidden representation" if last == len(layers) - 1 else "last judged representation")
+    head = (f"{what} ({layers[last]}, d = {width[last]}, N = {n}): rank_τ = {soft[last]}, "
             f"r(H) = {r[last]:.3g}, numerical rank {num[last]}")
     remedies = ()
     if collapsed or low:

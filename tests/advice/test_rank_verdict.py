@@ -25,3 +25,16 @@ def test_three_samples_are_judged():
     x = torch.randn(3, 64, generator=g)
     r = advise(MLP(64, [32, 32], 10, norm="bn", seed=0), x, skip=SKIP).rank
     assert NOT_JUDGED not in r.status and "cannot be judged" not in r.verdict
+
+
+def test_one_conv_layer_then_global_pooling_is_not_judged_and_does_not_contradict_itself():
+    # the audit's D7: the only measured representation (the head's input) follows the pooling; the verdict called
+    # it a collapse and, in the same sentence, "what pooling does, not judged as collapse"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(8, 10))
+    x = torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    r = advise(model, x, skip=SKIP).rank
+    assert len(r.layers) == 1 and r.r_bound[0] < 2  # pooled: the features' common mean dominates
+    assert not r.collapsed and not r.remedies
+    assert r.verdict.startswith("rank collapse not judged") and "rank collapse —" not in r.verdict
