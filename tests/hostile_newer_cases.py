@@ -188,6 +188,15 @@ CLI_CASES: list[Case] = [
     cli("sweep", "sweep", "run", "yang2019-fig1ab", "--store", "{root}/ck3.sqlite", "--serial", "--no-progress",
         names="checkpoint folder",
         setup="import os; os.path.lexists('ck3.sqlite.checkpoints') or os.symlink('nowhere', 'ck3.sqlite.checkpoints')"),
+    # a FIFO at the lock hung the open (run, status and reproduce alike)
+    cli("sweep", "sweep", "run", "yang2019-fig1ab", "--store", "{root}/fifo.sqlite", "--serial", "--no-progress",
+        names="lock file", setup="import os; os.path.lexists('fifo.sqlite.lock') or os.mkfifo('fifo.sqlite.lock')"),
+    cli("reproduce", "reproduce", "fisher-fig1", "--results-dir", "{root}/fifo-res", "--serial", "--no-progress",
+        "--out", "{root}/o3", names="lock file",
+        setup="import os; os.makedirs('fifo-res', exist_ok=True); p = 'fifo-res/fisher-fig1-small.sqlite.lock'; "
+              "os.path.lexists(p) or os.mkfifo(p)"),
+    *[cli(c, c, *(("fisher-fig1",) if c == "reproduce" else ("--only", "fisher-fig1")), "--plan", "--plan-budget", b,
+          "--out", "{root}/p1", names="--plan-budget") for c in ("reproduce", "report") for b in ("1e10", "nan")],
     # ---------------------------------------------------- simulate, theory (older commands' leftovers)
     cli("simulate", "simulate", *hc._SMALL_SIM, "--eps=1e308", names="eps"),
     cli("theory", "theory", "--phi", "relu", "-B", "100000000000000000", names="batch"),

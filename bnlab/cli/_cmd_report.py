@@ -38,9 +38,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_plan(args: argparse.Namespace, names) -> int:
     """``--plan``: pilot the reproductions ``names`` and print the estimate (the table, or JSON)."""
-    from bnlab.experiments.plan import format_plan, plan_experiments
+    from bnlab._validation import check_real
+    from bnlab.experiments.plan import MAX_BUDGET_S, format_plan, plan_experiments
 
     check_cluster_arguments(args)
+    check_real("--plan-budget", args.plan_budget, minimum=0.0, strict_minimum=True, maximum=MAX_BUDGET_S)
     apply_data_dir(args)
     plan = plan_experiments(names, args.scale, device=args.device, workers=args.workers, budget=args.plan_budget,
                             progress=not args.no_progress and not args.json)

@@ -52,6 +52,9 @@ __all__ = ["Pilot", "ExperimentPlan", "Plan", "plan_experiment", "plan_experimen
 
 #: steps of the first and second pilot run of a task (k₁, k₂)
 DEFAULT_PILOT_STEPS = (2, 12)
+#: The longest pilot budget of one reproduction, seconds (a week): a plan is minutes before a run, and the
+#: pilots' deadlines must stay within what a clock and ``select`` can take (1e10 s overflowed ``time_t``).
+MAX_BUDGET_S = 7 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -393,7 +396,7 @@ def plan_experiment(
     """
     exp = get_experiment(experiment)
     check_choice("scale", scale, SCALES)
-    budget = check_real("budget", budget, minimum=0.0, strict_minimum=True)
+    budget = check_real("budget", budget, minimum=0.0, strict_minimum=True, maximum=MAX_BUDGET_S)
     k1 = check_int("pilot_steps[0]", pilot_steps[0], minimum=1)
     k2 = check_int("pilot_steps[1]", pilot_steps[1], minimum=k1 + 1)
     clock = check_choice("clock", clock, tuple(_CLOCKS))
@@ -542,9 +545,10 @@ def plan_experiments(
     """
     exps = [get_experiment(e) for e in experiments]
     check_choice("scale", scale, SCALES)
-    budget = check_real("budget", budget, minimum=0.0, strict_minimum=True)
+    budget = check_real("budget", budget, minimum=0.0, strict_minimum=True, maximum=MAX_BUDGET_S)
     hard_limit = 2 * budget + 60 if hard_limit is None else check_real("hard_limit", hard_limit, minimum=0.0,
-                                                                          strict_minimum=True)
+                                                                          strict_minimum=True,
+                                                                          maximum=3 * MAX_BUDGET_S)
     clock = check_choice("clock", clock, tuple(_CLOCKS))
     device = _check_device(device)
     if workers is not None:
@@ -554,7 +558,8 @@ def plan_experiments(
     plans: list[ExperimentPlan] = []
     runner = _ChildRunner() if isolate else None
     if total_budget is not None:
-        total_budget = check_real("total_budget", total_budget, minimum=0.0, strict_minimum=True)
+        total_budget = check_real("total_budget", total_budget, minimum=0.0, strict_minimum=True,
+                                  maximum=MAX_BUDGET_S * max(1, len(exps)))
     try:
         for i, exp in enumerate(exps):
             b, hard = budget, hard_limit
