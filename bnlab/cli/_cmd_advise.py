@@ -70,6 +70,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _check_html_writable(text: str) -> None:
+    """``ValueError`` naming --html unless a file can be created where the page goes — checked before the advice
+    runs (minutes), not after.  Permission bits do not tell (root passes ``os.access`` on /sys and /proc, whose
+    file systems still refuse new files), so this creates a temporary file in the page's folder — or, where that
+    folder does not exist yet, a temporary folder in its nearest existing ancestor — and removes it at once:
+    nothing is left behind and no folder of the path is created here."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(os.path.abspath(text)).parent
+    probe_in = folder
+    while not probe_in.exists() and probe_in != probe_in.parent:
+        probe_in = probe_in.parent
+    try:
+        if probe_in == folder:
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".bnlab-advise-probe.")
+            os.close(fd)
+            os.unlink(tmp)
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=probe_in, prefix=".bnlab-advise-probe."))
+    except OSError as exc:
+        raise ValueError(f"--html={text!r} is not allowed: cannot create a file in {str(probe_in)!r} "
+                         f"({exc.strerror or type(exc).__name__}); give a writable path") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from bnlab._validation import atomic_output_path, check_path
     from bnlab.advice import DEFAULT_MAX_MEMORY_GB, advise, batch_for, load_model
@@ -77,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     apply_data_dir(args)
     if args.html is not None:
         check_path("--html", args.html)
+        _check_html_writable(args.html)
     max_gb = DEFAULT_MAX_MEMORY_GB if args.max_memory_gb is None else args.max_memory_gb
     data, shape, classes = batch_for(dataset=args.dataset, input_shape=args.input_shape, num_classes=args.classes,
                                      batch_size=args.batch_size, seed=args.seed, max_memory_gb=max_gb)
@@ -88,14 +115,20 @@ def run(args: argparse.Namespace) -> int:
                     measure_bnp=args.bnp_overhead, seed=args.seed,
                     max_memory_gb=max_gb,
                     progress=not args.quiet)
-    if args.html is not None:
-        # written beside the path and renamed over it: a link planted at --html is replaced, never followed
-        with atomic_output_path(args.html, name="--html") as tmp:
-            tmp.write_text(advice.to_html(), encoding="utf-8")
+    # the advice is printed before the page is written: a page that cannot be written after all (the folder
+    # changed during the run) does not lose it
     if args.json:
         print_json(advice.to_dict())
     else:
         print(advice.to_text())
-        if args.html is not None:
+    if args.html is not None:
+        try:
+            # written beside the path and renamed over it: a link planted at --html is replaced, never followed
+            with atomic_output_path(args.html, name="--html") as tmp:
+                tmp.write_text(advice.to_html(), encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"--html={args.html!r}: the page could not be written ({exc.strerror or exc}); the "
+                             "advice is printed above") from None
+        if not args.json:
             print(f"HTML: {args.html}")
     return 0

@@ -92,3 +92,27 @@ def test_factory_that_returns_something_else(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["advise", "--model", f"{src}:build", *SMALL])
     assert "the factory returned int" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", ["/proc/a.html", "/proc/no/such/folder/a.html", "/sys/a.html"])
+def test_an_unwritable_html_path_is_refused_before_the_advice_runs(capsys, monkeypatch, path):
+    # the audit's D8: /sys and /proc pass the permission bits as root; the page failed after the whole run, rc 1,
+    # with a message about a temporary file and not naming --html
+    import bnlab.advice
+
+    def never(*args, **kwargs):
+        raise AssertionError("the advice ran before --html was checked")
+
+    monkeypatch.setattr(bnlab.advice, "advise", never)
+    with pytest.raises(SystemExit) as info:
+        main(["advise", "--model", "mlp", "--depth", "2", "--width", "8", "--html", path, *SMALL])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"--html={path!r} is not allowed" in err, err
+
+
+def test_the_html_check_leaves_nothing_behind(tmp_path):
+    from bnlab.cli._cmd_advise import _check_html_writable
+
+    _check_html_writable(str(tmp_path / "page.html"))
+    _check_html_writable(str(tmp_path / "not" / "yet" / "page.html"))  # its folders are made only when written
+    assert list(tmp_path.iterdir()) == []
