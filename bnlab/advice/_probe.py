@@ -11,7 +11,9 @@ forward pass it records, in execution order:
 * **activations** — activation modules (``nn.ReLU`` …, bnlab's ``ActivationModule``) and functional
   calls (``torch.relu``, ``F.gelu`` …) outside them, resolved to a :class:`bnlab.activations.Activation`
   where bnlab knows the function;
-* **pooling** and **residual additions** (the sum of two activations of the same shape).
+* **pooling** (``F.*pool*``, and a ``mean`` over all the positions of a tensor (N, C, …) once a conv layer
+  has run: global average pooling written as ``x.mean((2, 3))``) and **residual additions** (the sum of two
+  activations of the same shape).
 
 Every record keeps the identities of its input and output tensors, so the caller can follow the data:
 which normalization consumes a weight op's output directly (its weights are then scale-invariant), and
@@ -41,6 +43,8 @@ _NORM_FUNCS = {F.batch_norm: "batchnorm", F.layer_norm: "layernorm", F.group_nor
 _POOL_FUNCS = {F.max_pool1d, F.max_pool2d, F.max_pool3d, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d,
                F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d, F.adaptive_max_pool1d,
                F.adaptive_max_pool2d, F.adaptive_max_pool3d}
+#: means over the spatial dimensions of a conv feature map: global average pooling written as ``x.mean((2, 3))``
+_MEAN_FUNCS = {torch.mean, torch.Tensor.mean}
 _ADD_FUNCS = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.add_,
               torch.Tensor.__iadd__}
 _VIEW_NAMES = ("__get__", "t", "transpose", "permute", "reshape", "view", "contiguous", "flatten", "squeeze",
@@ -367,6 +371,9 @@ class Probe(TorchFunctionMode):
             glob = isinstance(out, torch.Tensor) and out.ndim >= 2 and int(math.prod(out.shape[2:])) == 1
             self._push("pool", getattr(func, "__name__", "pool"), [a0], out, {"global": glob})
             return
+        if func in _MEAN_FUNCS and self._is_global_mean(a0, args, kwargs, out):
+            self._push("pool", "mean", [a0], out, {"global": True, "via": "mean"})
+            return
         if func in _DROPOUT_FUNCS:
             self._push("dropout", getattr(func, "__name__", "dropout"), [a0], out, {})
             return
@@ -375,6 +382,25 @@ class Probe(TorchFunctionMode):
             if (len(ops) == 2 and ops[0].shape == ops[1].shape and ops[0].ndim >= 2
                     and all(self._param_of(t) is None for t in ops) and isinstance(out, torch.Tensor)):
                 self._push("residual", "add", ops, out, {})
+
+    def _is_global_mean(self, a0, args, kwargs, out) -> bool:
+        """Whether a ``mean`` call is global average pooling: the mean over every dimension after (N, C) — all the
+        positions — of a tensor with positions, once a conv layer has run in this pass (so ``x.mean((2, 3))`` on a
+        feature map counts, as ``F.adaptive_avg_pool2d(x, 1)`` does, and the mean over the tokens of an embedding
+        in a network without convolutions does not)."""
+        if not isinstance(a0, torch.Tensor) or not isinstance(out, torch.Tensor) or a0.ndim < 3:
+            return False
+        if not any(e.kind == "weight" and e.info.get("kind") == "conv" for e in self.events):
+            return False
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if dim is None or isinstance(dim, torch.dtype):
+            return False  # the mean of everything (a scalar), not a per-sample, per-channel pooling
+        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        try:
+            dims = {int(d) % a0.ndim for d in dims}
+        except (TypeError, ValueError):
+            return False
+        return dims == set(range(2, a0.ndim))
 
     def _weight_event(self, pname: str, x: torch.Tensor, out: torch.Tensor, info: dict) -> None:
         owner = pname.rsplit(".", 1)[0] if pname.endswith((".weight", ".bias")) else pname
