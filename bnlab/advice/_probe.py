@@ -133,6 +133,16 @@ def module_activation(module: nn.Module):
     return None
 
 
+def _unknown_elementwise_candidate(module: nn.Module) -> bool:
+    """A module of the user's own (not torch's, not bnlab's) without submodules or parameters: it may be an
+    activation bnlab does not know (``x * torch.sigmoid(1.7 * x)``).  The probe records it as an unknown φ when
+    its output has its input's shape — never as linear, so no linearity assumption is granted for it."""
+    if list(module.children()) or list(module.parameters(recurse=False)):
+        return False
+    origin = type(module).__module__ or ""
+    return not origin.startswith(("torch.", "bnlab."))
+
+
 @dataclass
 class Event:
     """One recorded operation of the forward pass."""
@@ -181,6 +191,8 @@ class Probe(TorchFunctionMode):
                 role = "norm"
             elif module_activation(module) is not None:
                 role = "activation"
+            elif _unknown_elementwise_candidate(module):
+                role = "unknown"
             self._roles[id(module)] = role
             self._handles.append(module.register_forward_pre_hook(self._make_pre(name, module)))
             self._handles.append(module.register_forward_hook(self._make_post(name, module)))
@@ -206,6 +218,12 @@ class Probe(TorchFunctionMode):
             elif role == "activation" and not self._inside_leaf_role(skip_top=True):
                 label, act = module_activation(module)
                 self._push("activation", name, [first], None, dict(label=label, activation=act))
+            elif role == "unknown" and not self._inside_leaf_role(skip_top=True) and first is not None:
+                # the user's own parameter-free module (x * sigmoid(1.7 x), a custom reshape ...): recorded as one
+                # step; the post hook decides what it was from the shapes
+                self._push("activation", name, [first], None,
+                           dict(label=type(module).__name__, activation=None, unknown=True,
+                                input_shape=tuple(first.shape)))
         return pre
 
     def _make_post(self, name, module):
@@ -213,7 +231,22 @@ class Probe(TorchFunctionMode):
             if self.stack and self.stack[-1][1] is module:
                 self.stack.pop()
             role = self._roles[id(module)]
-            if role in ("norm", "activation") and isinstance(output, torch.Tensor):
+            if role == "unknown":
+                ev = next((e for e in reversed(self.events) if e.name == name and e.info.get("unknown")
+                           and e.output is None), None)
+                if ev is None:
+                    return
+                if not isinstance(output, torch.Tensor) or tuple(output.shape) != ev.info["input_shape"]:
+                    # not elementwise (a reshape, a reduction, several outputs): not a φ; the data flows on
+                    # under the output's identity
+                    self.events.remove(ev)
+                    for i, e in enumerate(self.events):
+                        e.order = i
+                    if isinstance(output, torch.Tensor) and ev.inputs:
+                        self.alias[id(output)] = ev.inputs[0]
+                        self._keep(output)
+                    return
+            if role in ("norm", "activation", "unknown") and isinstance(output, torch.Tensor):
                 # the module-level record takes the module's output
                 for ev in reversed(self.events):
                     if ev.name == name and ev.kind in ("norm", "activation") and ev.output is None:
@@ -227,7 +260,7 @@ class Probe(TorchFunctionMode):
     def _inside_leaf_role(self, skip_top: bool = False) -> bool:
         """Whether a norm or activation module is running (its internals are not recorded again)."""
         frames = self.stack[:-1] if skip_top else self.stack
-        return any(self._roles[id(m)] in ("norm", "activation") for _, m in frames)
+        return any(self._roles[id(m)] in ("norm", "activation", "unknown") for _, m in frames)
 
     def close(self) -> None:
         for h in self._handles:

@@ -91,7 +91,7 @@ class Structure:
     layers: tuple
     depth: int  # weight layers before the output layer (the papers' L)
     norm_counts: dict
-    placement: str  # "pre", "post", "mixed", "none"
+    placement: str  # "pre", "post", "mixed", "none" (no norm), "no φ" (norms with no φ next to them)
     activations: tuple  # distinct φ labels in execution order
     residual_adds: int
     pooling: int
@@ -237,7 +237,8 @@ def describe_structure(model, probe: Probe, *, batch_size: int, input_shape: tup
             norm_counts[e.info["norm"]] = norm_counts.get(e.info["norm"], 0) + 1
     if is_bnmlp:
         norm_counts["batchnorm"] = norm_counts.get("batchnorm", 0) + bnmlp.depth
-    placements = {x.placement for x in hidden if x.norm is not None}
+    # a norm with no φ directly before or after it (a linear BN network) has no placement: "no φ", never None
+    placements = {x.placement or "no φ" for x in hidden if x.norm is not None}
     placement = "none" if not placements else (placements.pop() if len(placements) == 1 else "mixed")
     acts = tuple(dict.fromkeys(e.info["label"] for e in events if e.kind == "activation"))
     if is_bnmlp:
@@ -321,10 +322,10 @@ def _assumptions(layers, hidden, placement, residual, pooling, spec, batch_size,
                    "" if fc_only else "convolutions: an extrapolation"),
         Assumption(DANESHMAND, "linear layers (Thm 2, Lemma 3; ReLU is the paper's experiment, not its theorem)",
                    all(x.activation in (None, "identity") for x in hidden),
-                   ", ".join(sorted({str(x.activation) for x in hidden})) or "no hidden layers"),
+                   ", ".join(sorted({x.activation or "none (linear)" for x in hidden})) or "no hidden layers"),
         Assumption(DANESHMAND, "BN (or BN without centering) after every hidden layer, or no normalization at all",
                    all(x.norm in ("batchnorm", "batchnorm_no_mean") for x in hidden) or no_norm,
-                   ", ".join(sorted({str(x.norm) for x in hidden})) or "no hidden layers"),
+                   ", ".join(sorted({x.norm or "none" for x in hidden})) or "no hidden layers"),
         Assumption(DANESHMAND, "the representation H of a batch has N ≥ width columns (d × N, N samples)",
                    batch_size >= min_width if widths else False, f"N = {batch_size}, width {min_width}"),
         Assumption(LANGE, "the weights sit in nn.Linear / nn.Conv1d / nn.Conv2d modules (what BNP preconditions)",
