@@ -268,6 +268,13 @@ def learning_rate_part(work, x, targets, loss_spec, structure: Structure, *, lr,
     from bnlab.advice.structure import FISHER
 
     bound, reason = mean_field_bound(structure, x, mu)
+    if bound is not None and scale != 1.0:
+        # the recursions give the Fisher of ½‖f − y‖²; the loss's curvature is ``scale`` times it (nn.MSELoss:
+        # 2/K), as the measured λmax above is — both rows then describe the same loss
+        for m in ("eval", "train"):
+            lam_b = bound[m]["lambda_max"] * scale
+            bound[m] = {"lambda_max": lam_b, "eta_star": _eta(lam_b, mu)}
+        bound["scale"] = scale
     bound_basis = None if bound is None else ("theorem" if structure.theorem.get(FISHER) else "extrapolation")
     if bound is not None and closs != "mse":
         reason = "the bound is the Fisher of ½‖f − y‖² (Eq. 10); your loss is cross-entropy: a reference only"

@@ -61,7 +61,8 @@ def _lr_rows(lr):
                      lr.lambda_max_free, f"η* = {_fmt(lr.eta_star_free)}"))
     if lr.bound is not None:
         for mode in ("eval", "train"):
-            rows.append((f"mean field bound λ̄max ({mode} mode, {lr.bound['arch']}; {lr.bound_basis})",
+            scaled = f", × {lr.bound['scale']:.3g} for your loss" if "scale" in lr.bound else ""
+            rows.append((f"mean field bound λ̄max ({mode} mode, {lr.bound['arch']}{scaled}; {lr.bound_basis})",
                          lr.bound[mode]["lambda_max"],
                          f"η* = {_fmt(lr.bound[mode]['eta_star'])}"))
     return rows
