@@ -253,12 +253,15 @@ def _decode(row: sqlite3.Row) -> CellRow:
         raise _Damaged(f"cell {key!r}: its params are missing")
     if row["status"] not in STATUSES:
         raise _Damaged(f"cell {key!r}: status {row['status']!r} is not one of {STATUSES}")
+    metrics = j("metrics")
+    if row["status"] == "done" and metrics is None:  # record_done always writes a JSON object
+        raise _Damaged(f"cell {key!r}: it is done but its metrics are missing")
     return CellRow(
         key=key,
         idx=row["idx"],
         params=params,
         status=row["status"],
-        metrics=j("metrics"),
+        metrics=metrics,
         error=row["error"],
         attempts=row["attempts"],
         submitted=row["submitted"],

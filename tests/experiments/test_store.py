@@ -133,6 +133,31 @@ def test_a_fifo_planted_at_the_lock_neither_hangs_nor_is_taken_for_a_lock(tmp_pa
         ResultsStore(tmp_path / "new.sqlite")
 
 
+def test_a_done_cell_without_metrics_is_damage(tmp_path):
+    """``record_done`` always writes a JSON object, so a finished cell whose metrics are NULL was edited or
+    planted: before, status counted it done, resume reused it and the report's compare() met a KeyError
+    traceback.  Now reading it is the damaged-store error, and salvage leaves it out as unreadable."""
+    import sqlite3
+
+    from bnlab.experiments.store import salvage_store
+
+    with _store(tmp_path) as s:
+        keys = [c.key for c in s.cells()]
+        s.record_done(keys[0], {"v": 0})
+        s.record_done(keys[1], {"v": 1})
+    conn = sqlite3.connect(tmp_path / "s.sqlite")
+    with conn:
+        conn.execute("UPDATE cells SET metrics = NULL WHERE key = ?", (keys[1],))
+    conn.close()
+    with ResultsStore(tmp_path / "s.sqlite", readonly=True) as r:
+        with pytest.raises(ValueError, match="damaged results store: .* it is done but its metrics are missing"):
+            r.records()
+    got = salvage_store(tmp_path / "s.sqlite", tmp_path / "new.sqlite")
+    assert (got["recovered"], got["unreadable"]) == (1, 1)
+    with ResultsStore(tmp_path / "new.sqlite", readonly=True) as r:
+        assert [rec.metrics for rec in r.records()] == [{"v": 0}]
+
+
 def test_bad_inputs(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         ResultsStore(tmp_path / "missing.sqlite", readonly=True)
