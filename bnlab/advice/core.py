@@ -44,6 +44,16 @@ class PartNotEvaluated(Exception):
         self.reason = reason
 
 
+class LabelRangeError(ValueError):
+    """Class labels outside [0, outputs): a ``ValueError`` that carries the model's number of outputs, so that a
+    caller that drew the labels itself (``bnlab advise --input-shape`` with ``--classes``) can name its option."""
+
+    def __init__(self, message: str, outputs: int, largest: int):
+        super().__init__(message)
+        self.outputs = outputs
+        self.largest = largest
+
+
 @dataclass(frozen=True)
 class LossSpec:
     """The user's loss: the callable, and how bnlab's curvature operator represents it."""
@@ -489,11 +499,16 @@ def _targets(y, out, loss_spec: LossSpec, seed: int):
         if y.is_floating_point() or y.ndim != 1:
             raise ValueError(f"targets are not allowed with loss={loss_spec.label}: expected {b} integer class labels")
         if int(y.min()) < 0 or int(y.max()) >= k:
-            raise ValueError(f"targets are not allowed: class labels must lie in [0, {k}) for a model with {k} outputs")
+            raise LabelRangeError(f"targets are not allowed: class labels must lie in [0, {k}) for a model with {k} "
+                                  f"outputs (they range over [{int(y.min())}, {int(y.max())}])", k, int(y.max()))
         return y.long()
     if loss_spec.curvature_loss == "mse" and not y.is_floating_point():
-        if y.ndim != 1 or int(y.min()) < 0 or int(y.max()) >= k:
-            raise ValueError(f"targets are not allowed: integer labels must lie in [0, {k}) for a model with {k} outputs")
+        if y.ndim != 1:
+            raise ValueError(f"targets are not allowed: expected {b} integer labels or float targets, got integer "
+                             f"targets of shape {tuple(y.shape)}")
+        if int(y.min()) < 0 or int(y.max()) >= k:
+            raise LabelRangeError(f"targets are not allowed: integer labels must lie in [0, {k}) for a model with {k} "
+                                  f"outputs (they range over [{int(y.min())}, {int(y.max())}])", k, int(y.max()))
         return torch.nn.functional.one_hot(y.long(), k).to(out.dtype).reshape(out.shape)
     if loss_spec.curvature_loss == "mse" and y.reshape(b, -1).shape[1] != k:
         raise ValueError(f"targets are not allowed: shape {tuple(y.shape)} does not match the outputs {tuple(out.shape)}")

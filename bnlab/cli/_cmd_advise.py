@@ -99,6 +99,7 @@ def _check_html_writable(text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from bnlab._validation import atomic_output_path, check_path
     from bnlab.advice import DEFAULT_MAX_MEMORY_GB, advise, batch_for, load_model
+    from bnlab.advice.core import LabelRangeError
 
     apply_data_dir(args)
     if args.html is not None:
@@ -110,11 +111,18 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, input_shape=shape, num_classes=classes, depth=args.depth, width=args.width,
                        norm=args.norm, phi=args.phi, seed=args.seed)
     skip = [s for group in args.skip for s in group]
-    advice = advise(model, data, loss=args.loss, lr=args.lr, momentum=args.momentum, batch_size=args.batch_size,
-                    skip=skip, draws=args.draws, curvature=args.curvature, tol=args.tol, bn_mode=args.bn_mode,
-                    measure_bnp=args.bnp_overhead, seed=args.seed,
-                    max_memory_gb=max_gb,
-                    progress=not args.quiet)
+    try:
+        advice = advise(model, data, loss=args.loss, lr=args.lr, momentum=args.momentum, batch_size=args.batch_size,
+                        skip=skip, draws=args.draws, curvature=args.curvature, tol=args.tol, bn_mode=args.bn_mode,
+                        measure_bnp=args.bnp_overhead, seed=args.seed,
+                        max_memory_gb=max_gb,
+                        progress=not args.quiet)
+    except LabelRangeError as exc:
+        if args.input_shape is None:
+            raise
+        # the labels are the random ones drawn over --classes: the option to change is --classes, not "targets"
+        raise ValueError(f"--classes={args.classes} is not allowed with this model: it has {exc.outputs} outputs, so "
+                         f"the random labels must lie in [0, {exc.outputs}); set --classes {exc.outputs}") from None
     # the advice is printed before the page is written: a page that cannot be written after all (the folder
     # changed during the run) does not lose it
     if args.json:

@@ -74,6 +74,8 @@ def test_html_is_never_written_through_a_planted_link(tmp_path, capsys):
     (["--model", "resnet20"], "needs images"),
     (["--model", "mlp", "--input-shape", "3x224x224", "--batch-size", "100000"], "the inputs alone take"),
     (["--model", "mlp", "--max-memory-gb", "-1"], "max_memory_gb=-1.0 is not allowed"),
+    # random labels over --classes 3 and a model with 2 outputs: the option to change is --classes (audit D12)
+    (["--model", "fc:12-8-2"], "--classes=3 is not allowed with this model: it has 2 outputs"),
 ])
 def test_bad_input_exits_2_with_the_message(capsys, argv, needle):
     args = ["advise", *argv]
