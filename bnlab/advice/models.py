@@ -143,8 +143,13 @@ def parse_shape(text: str) -> tuple:
         shape = tuple(int(p) for p in parts)
     except ValueError:
         raise ValueError(f"input_shape={text!r} is not allowed: expected sizes joined by 'x', e.g. 3x32x32 or 784") from None
+    return _check_shape(shape, text)
+
+
+def _check_shape(shape: tuple, given) -> tuple:
+    """``shape`` if it has 1 to 4 positive sizes and at most 5e7 values, else ``ValueError`` showing ``given``."""
     if not shape or any(s < 1 for s in shape) or len(shape) > 4 or math.prod(shape) > 50_000_000:
-        raise ValueError(f"input_shape={text!r} is not allowed: expected 1 to 4 positive sizes (at most 5e7 values)")
+        raise ValueError(f"input_shape={given!r} is not allowed: expected 1 to 4 positive sizes (at most 5e7 values)")
     return shape
 
 
@@ -164,7 +169,15 @@ def batch_for(*, dataset: str | None = None, input_shape=None, num_classes: int 
 
         ds = load_dataset(dataset, "train")
         return dataset, tuple(ds.image_shape), int(ds.num_classes)
-    shape = parse_shape(input_shape) if isinstance(input_shape, str) else tuple(int(s) for s in input_shape)
+    if isinstance(input_shape, str):
+        shape = parse_shape(input_shape)
+    else:
+        try:  # a tuple of sizes: the same rules as the text form (integers: 3.0 is 3, 3.5 and True are refused)
+            shape = tuple(check_int("input_shape", s) for s in input_shape)
+        except (TypeError, ValueError):
+            raise ValueError(f"input_shape={input_shape!r} is not allowed: expected sizes such as (3, 32, 32) or "
+                             "'3x32x32'") from None
+        shape = _check_shape(shape, input_shape)
     num_classes = check_int("num_classes", num_classes, minimum=2, maximum=100_000)
     need = 4.0 * batch_size * math.prod(shape)
     if need > max_memory_gb * 1e9 / 4:

@@ -118,3 +118,19 @@ def test_the_html_check_leaves_nothing_behind(tmp_path):
     _check_html_writable(str(tmp_path / "page.html"))
     _check_html_writable(str(tmp_path / "not" / "yet" / "page.html"))  # its folders are made only when written
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("shape", [(-3, 4), (0, 4), (), (2.5,), (True, 3), "3x-1", (1, 2, 3, 4, 5), None.__class__])
+def test_batch_for_refuses_bad_input_shapes_with_a_value_error(shape):
+    # the audit's D13: (-3, 4) reached torch.randn (RuntimeError) and (0, 4) drew empty inputs
+    from bnlab.advice import batch_for
+
+    with pytest.raises(ValueError, match="input_shape=.* is not allowed"):
+        batch_for(input_shape=shape)
+
+
+def test_batch_for_accepts_a_tuple_like_its_text():
+    from bnlab.advice import batch_for
+
+    (x, _), shape, _ = batch_for(input_shape=(3, 4.0), batch_size=2)
+    assert shape == (3, 4) and tuple(x.shape) == (2, 3, 4)
