@@ -170,7 +170,11 @@ class Probe(TorchFunctionMode):
         self.capture_inputs = capture_inputs
         self.grad_hooks = grad_hooks
         self.check_finite = check_finite
-        self.param_name = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+        # a parameter shared by several modules (one Linear called twice) is named by its first owner, the name
+        # model.named_parameters() and named_modules() keep: every lookup by that name then finds it
+        self.param_name: dict[int, str] = {}
+        for n, p in model.named_parameters(remove_duplicate=False):
+            self.param_name.setdefault(id(p), n)
         self.params = {id(p): p for p in model.parameters()}
         self.views: dict[int, tuple[str, torch.Tensor]] = {}  # id(view) -> (parameter name, the view: kept alive)
         self.alias: dict[int, int] = {}  # id(view of an activation) -> id of the tensor it views

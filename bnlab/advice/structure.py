@@ -293,6 +293,8 @@ def _assumptions(layers, hidden, placement, residual, pooling, spec, batch_size,
     sw = [x.sigma_w2 for x in hidden if math.isfinite(x.sigma_w2)]
     same_width = len(set(widths)) <= 1
     min_width = min(widths) if widths else 0
+    # a module called twice in one forward pass (its second call is "name#2"): the same weights in two layers
+    reused = sorted({x.name.split("#")[0] for x in layers if "#" in x.name})
     rows = [
         Assumption(YANG, "fully connected layers", fc_only,
                    "" if fc_only else "convolutions: the mean field theory is for MLPs (extrapolation)"),
@@ -328,6 +330,9 @@ def _assumptions(layers, hidden, placement, residual, pooling, spec, batch_size,
                    ", ".join(sorted({x.norm or "none" for x in hidden})) or "no hidden layers"),
         Assumption(DANESHMAND, "the representation H of a batch has N ≥ width columns (d × N, N samples)",
                    batch_size >= min_width if widths else False, f"N = {batch_size}, width {min_width}"),
+        *(Assumption(paper, "every weight layer is used once (independent weights per layer, as the theory draws them)",
+                     not reused, f"used again: {', '.join(reused[:3])}" if reused else "")
+          for paper in (YANG, FISHER, DANESHMAND)),
         Assumption(LANGE, "the weights sit in nn.Linear / nn.Conv1d / nn.Conv2d modules (what BNP preconditions)",
                    bnp_ok == len(layers), f"{bnp_ok} of {len(layers)} weight layers"),
     ]
