@@ -117,6 +117,11 @@ CLI_CASES: list[Case] = [
     cli("fisher", *_FISHER_MEASURE, "--tol", "nan", names="tol"),
     cli("fisher", *_FISHER_MEASURE, "--max-memory-gb", "1e308", names="max_memory_gb"),
     cli("fisher", *_FISHER_MEASURE, "--max-memory-gb", "0", names="max_memory_gb"),
+    cli("fisher", *_FISHER_MEASURE, "--tol", "2", names="tol"),  # was accepted: a λmax half the true one
+    # the measurement's options without --measure were ignored without a word
+    *[cli("fisher", "fisher", "--arch", "fc:64-32-10", *opt, names="without --measure")
+      for opt in (("--tol", "nan"), ("--seed", "-5"), ("-B", "0"), ("--dataset", "nosuch"), ("--device", "tpu"),
+                  ("--max-memory-gb", "-1"))],
     cli("fisher", "fisher", "--measure", "--dataset", "digits", "--arch", "fc:64-32-10", "--phi", "tanh",
         "--batch-size", "32", "--json", expect="ok", stdout="ratio_measured_to_bound", fast=False),
     cli("fisher", "fisher", "--measure", "--arch", "fc:784-20000-20000-10", names="max_memory", fast=False),
@@ -261,6 +266,7 @@ API_CASES: list[Case] = [
     api("fisher-api", _FISHER_NET + "curvature_spectrum(model, x, seed='abc')", names="seed"),
     api("fisher-api", _FISHER_NET + "curvature_spectrum(model, x, seed=2**70)", names="seed"),
     api("fisher-api", _FISHER_NET + "curvature_spectrum(model, x, seed=-1)", names="seed"),
+    api("fisher-api", _FISHER_NET + "curvature_spectrum(model, x, tol=2.0)", names="tol"),
     api("fisher-api", _FISHER_NET + "x[3, 2] = float('nan')\ncurvature_spectrum(model, x)", names="inputs"),
     api("fisher-api", _FISHER_NET + _d("""
         r = curvature_spectrum(model, x * 1e30)  # train-mode BN normalizes the scale away: a number, not an error

@@ -25,6 +25,12 @@ def _real_list(text: str) -> "float | list[float]":
     return vals[0] if len(vals) == 1 else vals
 
 
+#: The measurement's options and their defaults: without --measure each must keep its default (a value given
+#: there would otherwise be ignored without a word).
+_MEASURE_DEFAULTS = {"dataset": "mnist", "data_dir": None, "batch_size": 256, "curvature": "fisher", "tol": 1e-4,
+                     "seed": 0, "device": "cpu", "max_memory_gb": 1.0}
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "fisher",
@@ -58,19 +64,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     m = p.add_argument_group("measurement")
     m.add_argument("--measure", action="store_true", help="also measure λmax of a random network on real data")
-    m.add_argument("--dataset", default="mnist", help="dataset for --measure (bnlab data list; default mnist)")
-    m.add_argument("--data-dir", default=None, help="dataset directory (see bnlab data)")
-    m.add_argument("--batch-size", "-B", type=int, default=256, help="samples in the fixed batch (default 256)")
+    m.add_argument("--dataset", default=_MEASURE_DEFAULTS["dataset"],
+                   help="dataset for --measure (bnlab data list; default mnist)")
+    m.add_argument("--data-dir", default=_MEASURE_DEFAULTS["data_dir"], help="dataset directory (see bnlab data)")
+    m.add_argument("--batch-size", "-B", type=int, default=_MEASURE_DEFAULTS["batch_size"],
+                   help="samples in the fixed batch (default 256)")
     m.add_argument(
         "--curvature",
         choices=("fisher", "ggn", "hessian", "empirical_fisher"),
-        default="fisher",
+        default=_MEASURE_DEFAULTS["curvature"],
         help="which matrix to measure (default fisher: Eq. 10); ggn/hessian/empirical_fisher use cross-entropy",
     )
-    m.add_argument("--tol", type=float, default=1e-4, help="Lanczos relative tolerance (default 1e-4)")
-    m.add_argument("--seed", type=int, default=0, help="seed of the network and of the batch (default 0)")
-    m.add_argument("--device", default="cpu", help="device of --measure: cpu or cuda (default cpu)")
-    m.add_argument("--max-memory-gb", type=float, default=1.0,
+    m.add_argument("--tol", type=float, default=_MEASURE_DEFAULTS["tol"],
+                   help="Lanczos relative tolerance, at most 0.5 (default 1e-4)")
+    m.add_argument("--seed", type=int, default=_MEASURE_DEFAULTS["seed"],
+                   help="seed of the network and of the batch (default 0)")
+    m.add_argument("--device", default=_MEASURE_DEFAULTS["device"],
+                   help="device of --measure: cpu or cuda (default cpu)")
+    m.add_argument("--max-memory-gb", type=float, default=_MEASURE_DEFAULTS["max_memory_gb"],
                    help="memory bound of --measure (network, its copy, Lanczos vectors and the batch's activations, "
                         "estimated before anything is allocated; default 1)")
     add_threads_argument(p)
@@ -82,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
     from bnlab.fisher import fisher_order_parameters, parse_arch
 
     arch = parse_arch(args.arch)
+    if not args.measure:
+        given = [k for k, default in _MEASURE_DEFAULTS.items() if getattr(args, k) != default]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ValueError(f"{flag}={getattr(args, given[0])!r} is not allowed without --measure: it is an option "
+                             "of the measurement (add --measure, or leave it out)")
     kwargs = dict(_network_keywords(args), momentum=args.momentum, formula=args.formula, bn_mode=args.bn_mode)
     out: dict = {}
     if args.measure:
@@ -121,7 +138,7 @@ def _measure(args: argparse.Namespace, arch) -> tuple[dict, dict]:
     device = check_device("--device", args.device)
     batch = check_int("--batch-size", args.batch_size, minimum=1)
     seed = check_seed("--seed", args.seed)
-    check_real("--tol", args.tol, minimum=0.0)
+    check_real("--tol", args.tol, minimum=0.0, maximum=0.5)
     max_bytes = check_max_memory_gb("max_memory_gb", args.max_memory_gb)
     _check_measure_memory(arch, batch, max_bytes)
     if args.norm == "bn" and args.bn_mode == "train" and batch < 2:

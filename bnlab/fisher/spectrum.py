@@ -900,7 +900,7 @@ def curvature_spectrum(
     leading batch dimension, and a BN batch variance that overflows the dtype are ``ValueError``.
     """
     k = check_int("k", k, minimum=1)
-    tol = check_real("tol", tol, minimum=0.0)
+    tol = check_real("tol", tol, minimum=0.0, maximum=0.5)  # a relative error; ≥ 1 stops at once (wrong λmax)
     seed = check_seed("seed", seed)
     method = check_choice("method", method, ("auto", "lanczos", "arpack"))
     stop = check_choice("stop", stop, STOPS)
