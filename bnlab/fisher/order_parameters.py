@@ -420,19 +420,22 @@ def _forward(inputs: _Inputs, geos: list) -> _Forward:
             fwd.s2.append(None)
             break
         if inputs.norm == "bn":
-            _forward_bn_layer(inputs, fwd, l)
+            _forward_bn_layer(inputs, fwd, l, sw2[l - 1] * rho)
         else:
             _forward_vanilla_layer(inputs.phi, fwd)
     return fwd
 
 
-def _forward_bn_layer(inputs: _Inputs, fwd: _Forward, l: int) -> None:
-    """Append h^l and the backward gains of hidden layer l followed by BN (Eqs. 56–60; Errata E2)."""
+def _forward_bn_layer(inputs: _Inputs, fwd: _Forward, l: int, gain: float) -> None:
+    """Append h^l and the backward gains of hidden layer l followed by BN (Eqs. 56–60; Errata E2);
+    ``gain`` = σ_w²·ρ of the layer, which maps h^{l−1}'s order parameters to z^l's."""
     act = inputs.phi.with_affine(inputs.gamma[l - 1], inputs.beta[l - 1])
     # u = (z − μ)/s is N(0, 1) per unit; different samples independent (Eqs. 56–60)
     m2, m11 = _pair(act, 1.0, 0.0)
     d2, d11 = _derivative_pair(act, 1.0, 0.0)
-    var = (fwd.q[-1] - fwd.q_xy[-1]) if inputs.measured else fwd.q[-1]  # Errata E2
+    # Errata E2: the data variance q − q_xy.  Both carry σ_b², which cancels exactly; it is left out of the
+    # difference (formed from h^{l−1}'s) so a large σ_b² cannot cancel the variance away (σ_b² = 1e15 lost 13 %).
+    var = gain * (fwd.qh[-1] - fwd.qh_xy[-1]) if inputs.measured else fwd.q[-1]
     if not var > 0:
         raise ValueError(
             f"layer {l}: the data variance of the pre-activations s² = {var:g} is not positive "

@@ -298,3 +298,17 @@ def test_mean_route_at_a_kink_off_zero_matches_the_closed_form(shift):
         s = math.sqrt(var)
         exact = s * normal.pdf(shift / s) - shift * normal.sf(shift / s)
         assert _gaussian_mean(act, act.kinks, var) == pytest.approx(exact, rel=1e-12)
+
+
+@pytest.mark.parametrize("arch", ["fc:784-256-256-10", "conv:1x28x28-c8k3s2-c8k3s2-fc10"])
+def test_bn_bound_does_not_depend_on_the_bias_variance_even_where_it_dwarfs_the_data(arch):
+    """A bias added before BN is removed with the batch mean, so under BN the bound cannot depend on σ_b²
+    (Eqs. 56–60 use the data variance q − q_xy, in which σ_b² cancels).  Formed as the difference of two
+    values that both carry σ_b², the variance lost its digits to cancellation: σ_b² = 1e15 moved λ̄max by
+    13 % and 1e16 made it "not positive".  Now it is formed without σ_b²: equal to rounding (a few ulps of
+    the O(1) recursions, 1e-12 relative) up to σ_b² = 1e300."""
+    base = fisher_order_parameters(parse_arch(arch), sigma_b2=0.0).lambda_max_bound
+    assert base > 0
+    for sb2 in (0.5, 1e8, 1e15, 1e16, 1e300):
+        got = fisher_order_parameters(parse_arch(arch), sigma_b2=sb2).lambda_max_bound
+        assert got == pytest.approx(base, rel=1e-12), sb2
