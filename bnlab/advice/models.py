@@ -74,7 +74,8 @@ def load_model(spec: str, *, input_shape=None, num_classes: int | None = None, d
 
     ``input_shape`` (per sample) and ``num_classes`` size bnlab's models; ``depth``, ``width``, ``norm``, ``phi``
     set the MLPs' hidden layers (default 10 × 128, BN, relu) and the norm/φ of the others and of an
-    architecture string.
+    architecture string.  An option the named kind does not use is a ``ValueError`` naming it: any of the
+    four with a factory, ``depth``/``width`` with an architecture string or a model other than mlp/bnmlp.
     """
     from torch import nn
 
@@ -83,6 +84,20 @@ def load_model(spec: str, *, input_shape=None, num_classes: int | None = None, d
     spec = spec.strip()
     seed = check_int("seed", seed, minimum=0)
     low = spec.lower()
+    # options a kind of model does not use are refused, not silently ignored
+    if ":" in spec and not low.startswith(("fc:", "conv:")):
+        unused = ("depth", "width", "norm", "phi")
+        why = "the factory builds the module itself"
+    elif low.startswith(("fc:", "conv:")):
+        unused, why = ("depth", "width"), "the architecture string sets the layers"
+    elif low not in ("mlp", "bnmlp"):
+        unused, why = ("depth", "width"), "they size mlp and bnmlp only"
+    else:
+        unused, why = (), ""
+    given = {"depth": depth, "width": width, "norm": norm, "phi": phi}
+    for opt in unused:
+        if given[opt] is not None:
+            raise ValueError(f"{opt}={given[opt]!r} is not allowed with model={spec!r}: {why}")
     if low.startswith(("fc:", "conv:")):
         from bnlab.fisher import build_model, parse_arch
 

@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d = p.add_argument_group("data")
     d.add_argument("--dataset", default=None, help="a dataset name (bnlab data list), standardized")
     d.add_argument("--input-shape", default=None, help="random standard normal inputs of this shape, e.g. 3x32x32")
-    d.add_argument("--classes", type=int, default=10, help="classes of the random labels (default 10)")
+    d.add_argument("--classes", type=int, default=None,
+                   help="classes of the random labels of --input-shape (default 10; a dataset has its own)")
     d.add_argument("--batch-size", "-B", type=int, default=64, help="the batch B the normalizations see (default 64)")
     add_data_dir_argument(d)
     t = p.add_argument_group("training setup")
@@ -106,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
         check_path("--html", args.html)
         _check_html_writable(args.html)
     max_gb = DEFAULT_MAX_MEMORY_GB if args.max_memory_gb is None else args.max_memory_gb
-    data, shape, classes = batch_for(dataset=args.dataset, input_shape=args.input_shape, num_classes=args.classes,
+    if args.classes is not None and args.dataset is not None:
+        raise ValueError(f"--classes={args.classes} is not allowed with --dataset={args.dataset!r}: the dataset's "
+                         "labels set the classes; --classes is for the random labels of --input-shape")
+    data, shape, classes = batch_for(dataset=args.dataset, input_shape=args.input_shape,
+                                     num_classes=10 if args.classes is None else args.classes,
                                      batch_size=args.batch_size, seed=args.seed, max_memory_gb=max_gb)
     model = load_model(args.model, input_shape=shape, num_classes=classes, depth=args.depth, width=args.width,
                        norm=args.norm, phi=args.phi, seed=args.seed)
@@ -121,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         if args.input_shape is None:
             raise
         # the labels are the random ones drawn over --classes: the option to change is --classes, not "targets"
-        raise ValueError(f"--classes={args.classes} is not allowed with this model: it has {exc.outputs} outputs, so "
+        raise ValueError(f"--classes={10 if args.classes is None else args.classes} is not allowed with this model: "
+                         f"it has {exc.outputs} outputs, so "
                          f"the random labels must lie in [0, {exc.outputs}); set --classes {exc.outputs}") from None
     # the advice is printed before the page is written: a page that cannot be written after all (the folder
     # changed during the run) does not lose it

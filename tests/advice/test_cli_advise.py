@@ -76,6 +76,11 @@ def test_html_is_never_written_through_a_planted_link(tmp_path, capsys):
     (["--model", "mlp", "--max-memory-gb", "-1"], "max_memory_gb=-1.0 is not allowed"),
     # random labels over --classes 3 and a model with 2 outputs: the option to change is --classes (audit D12)
     (["--model", "fc:12-8-2"], "--classes=3 is not allowed with this model: it has 2 outputs"),
+    # options the model does not use are refused, not silently ignored (audit D10)
+    (["--model", "fc:12-8-3", "--depth", "5"], "depth=5 is not allowed with model='fc:12-8-3'"),
+    (["--model", "resnet20", "--input-shape", "3x8x8", "--width", "7"], "width=7 is not allowed with model='resnet20'"),
+    (["--model", "json:dumps", "--phi", "tanh"], "phi='tanh' is not allowed with model='json:dumps'"),
+    (["--model", "mlp", "--dataset", "mnist"], "--classes=3 is not allowed with --dataset='mnist'"),
 ])
 def test_bad_input_exits_2_with_the_message(capsys, argv, needle):
     args = ["advise", *argv]
