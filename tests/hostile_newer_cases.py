@@ -146,6 +146,7 @@ CLI_CASES: list[Case] = [
     cli("rank", "rank", "--depth", "1000000000", "--width", "8", "--batch-size", "8", names="depth"),
     cli("rank", *_RANK, "--residual-gamma", "abc", names="residual_gamma"),
     cli("rank", *_RANK, "--width", "-1", names="width"),
+    cli("rank", "rank", "--depth", "10", "--width", "8", "--batch-size", "1", "--norm", "bn", names="batch_size"),
     cli("rank", *_RANK, "--json", expect="ok", stdout="mean_soft_rank"),
     # ----------------------------------------------------------------- train
     *[cli("train", "train", *_DIGITS, "--device", d, names="device", expect=_plain_cuda(d))

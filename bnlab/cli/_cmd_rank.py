@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
             max_seconds=check_real("max_hours", args.max_hours, minimum=0.0, strict_minimum=True) * 3600.0,
         )
     except FloatingPointError as exc:
-        # not bad input but a chain BN cannot normalize (a zero row): say so and which option helps
-        print(f"bnlab rank: error: {exc} (--eps)", file=sys.stderr)
+        # not bad input but a chain that cannot go on (a zero row, an overflow): the message names the option
+        print(f"bnlab rank: error: {exc}", file=sys.stderr)
         return 1
     out = res.to_dict()
     if args.json:

@@ -384,6 +384,9 @@ def _check_chain_args(width, batch_size, depth, *, chains, norm, phi, placement,
     tau = check_real("tau", tau, minimum=0.0, strict_minimum=True)
     seed = check_seed("seed", seed)
     eps = check_real("eps", eps, minimum=0.0)
+    if norm == "bn" and n == 1:
+        raise ValueError("batch_size=1 is not allowed with norm='bn': subtracting the mean of a batch of one sample "
+                         "leaves zeros, which no eps normalizes (use batch_size >= 2, or norm='bn_nomean')")
     block_size = check_int("block_size", block_size, minimum=1)
     measure_every = check_int("measure_every", measure_every, minimum=1, maximum=depth)
     max_memory_bytes = check_int("max_memory_bytes", max_memory_bytes, minimum=1)
@@ -512,15 +515,18 @@ class _ChainMeter:
         if layer_ids[-1] == self.cfg.depth:
             self.final.update(sr=sr[-1].cpu().numpy(), r=r[-1].cpu().numpy(), nr=nr[-1].cpu().numpy())
 
-    @staticmethod
-    def _check_finite(buf: torch.Tensor, layer_ids: list[int]) -> None:
+    def _check_finite(self, buf: torch.Tensor, layer_ids: list[int]) -> None:
         if not bool(torch.isfinite(buf).all()):
             pos = int((~torch.isfinite(buf)).flatten(1).any(1).nonzero()[0, 0])
             lo = layer_ids[pos - 1] + 1 if pos > 0 else 1
             where = f"layer {lo}" if lo == layer_ids[pos] else f"one of layers {lo}..{layer_ids[pos]}"
-            raise FloatingPointError(
-                f"{where} produced non-finite values (under BN with eps=0 a row of zeros has no scale); "
-                "use eps > 0")
+            if self.cfg.eps == 0 and self.cfg.norm != "none":
+                why = "under BN with eps=0 a row of zeros has no scale; use eps > 0 (--eps)"
+            else:  # eps > 0 normalizes a zero row, so the values overflowed the dtype
+                why = (f"they overflow {str(self.cfg.dtype).replace('torch.', '')} (residual_gamma="
+                       f"{self.cfg.gamma:g} with width {self.cfg.width}); use a smaller residual_gamma "
+                       "(--residual-gamma)" + ("" if self.cfg.dtype == torch.float64 else " or float64"))
+            raise FloatingPointError(f"{where} produced non-finite values: {why}")
 
     def _check_underflow(self, buf: torch.Tensor, layer_ids: list[int]) -> None:
         peak = buf.abs().amax(dim=(-2, -1))  # (b, chains)
@@ -530,7 +536,10 @@ class _ChainMeter:
             raise FloatingPointError(
                 f"layer {layer_ids[pos]} underflows: its largest entry is {float(peak[low].max()):.3g}, below "
                 f"{self.underflow:.3g}; eps={self.cfg.eps:g} dominates the variance, so every layer shrinks the "
-                "representation by ~1/sqrt(eps) and it would read as rank 0 (use a smaller --eps)")
+                "representation by ~1/sqrt(eps) and it would read as rank 0 (use a smaller --eps)"
+                + ("" if not (math.isfinite(self.cfg.gamma) and self.cfg.gamma > 1) else
+                   f"; or the batch variance overflowed {str(self.cfg.dtype).replace('torch.', '')} and BN divided "
+                   f"by inf (residual_gamma={self.cfg.gamma:g}: use a smaller --residual-gamma)"))
 
     def _accumulate(self, idx: torch.Tensor, sr, r, nr) -> None:
         """Add the layers ℓ ≥ 1 with ℓ % measure_every == 0 to the running sums of the means."""

@@ -156,6 +156,21 @@ def test_zero_row_under_bn_raises():
     assert np.all(np.isfinite(res.rank_lower_bound))
 
 
+def test_the_failures_of_a_chain_name_their_cause():
+    """Each failure says which option helps: the zero row of BN without eps (eps), an overflow with eps > 0
+    (residual_gamma; the message before blamed eps=0 and sent the user to --eps), and one sample under
+    mean-subtracting BN, refused before the chain starts (no eps normalizes the zeros it leaves)."""
+    x = torch.ones(32, 8, dtype=torch.float64)
+    with pytest.raises(FloatingPointError, match="eps=0 a row of zeros has no scale; use eps > 0"):
+        run_chain(32, 8, 5, inputs=x, phi="relu", placement="post", norm="bn_nomean", seed=0)
+    with pytest.raises(FloatingPointError, match=r"overflow float64 \(residual_gamma=1e\+308.*smaller residual_gamma"):
+        run_chain(8, 8, 10, residual_gamma=1e308, eps=1e-5, seed=0)
+    with pytest.raises(ValueError, match="batch_size=1 is not allowed with norm='bn'"):
+        run_chain(8, 1, 10, norm="bn", eps=1e-5, seed=0)
+    res = run_chain(8, 1, 10, norm="bn_nomean", seed=0)  # one sample: BN_{0,1} only rescales it
+    assert np.all(res.final_soft_rank == 1)
+
+
 def test_default_record_layers():
     np.testing.assert_array_equal(default_record_layers(5), np.arange(6))
     big = default_record_layers(10**6)
