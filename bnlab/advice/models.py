@@ -69,13 +69,16 @@ def _load_factory(spec: str):
 
 
 def load_model(spec: str, *, input_shape=None, num_classes: int | None = None, depth: int | None = None,
-               width: int | None = None, norm: str | None = None, phi: str | None = None, seed: int = 0):
+               width: int | None = None, norm: str | None = None, phi: str | None = None, seed: int = 0,
+               max_memory_gb: float = 8.0):
     """The ``nn.Module`` that ``spec`` names (see the module docstring).
 
     ``input_shape`` (per sample) and ``num_classes`` size bnlab's models; ``depth``, ``width``, ``norm``, ``phi``
     set the MLPs' hidden layers (default 10 × 128, BN, relu) and the norm/φ of the others and of an
     architecture string.  An option the named kind does not use is a ``ValueError`` naming it: any of the
     four with a factory, ``depth``/``width`` with an architecture string or a model other than mlp/bnmlp.
+    ``max_memory_gb`` bounds the parameters of the models bnlab builds (``bnlab advise --max-memory-gb``; the
+    builders' own default bound is 1 GiB).
     """
     from torch import nn
 
@@ -83,6 +86,8 @@ def load_model(spec: str, *, input_shape=None, num_classes: int | None = None, d
         raise ValueError(f"model={spec!r} is not allowed: expected a non-empty string")
     spec = spec.strip()
     seed = check_int("seed", seed, minimum=0)
+    max_memory_gb = check_real("max_memory_gb", max_memory_gb, minimum=0.0, strict_minimum=True)
+    limit = int(max_memory_gb * 1e9)
     low = spec.lower()
     # options a kind of model does not use are refused, not silently ignored
     if ":" in spec and not low.startswith(("fc:", "conv:")):
@@ -108,7 +113,7 @@ def load_model(spec: str, *, input_shape=None, num_classes: int | None = None, d
             if want != have and not (len(want) == 1 and want[0] == math.prod(have)):
                 raise ValueError(f"model={spec!r} is not allowed with this data: the architecture takes inputs of "
                                  f"shape {want}, the data has {have}")
-        model = build_model(arch, norm=norm or "bn", phi=phi or "relu", seed=seed)
+        model = build_model(arch, norm=norm or "bn", phi=phi or "relu", seed=seed, max_memory_bytes=limit)
         if len(arch.input_shape) == 1:
             model = nn.Sequential(nn.Flatten(), *model)
         return model
@@ -132,7 +137,14 @@ def load_model(spec: str, *, input_shape=None, num_classes: int | None = None, d
     d = 10 if depth is None else check_int("depth", depth, minimum=1)
     w = 128 if width is None else check_int("width", width, minimum=1)
     n_in = int(math.prod(shape))
-    kw = {} if phi is None else {"phi": phi}
+    kw = {"max_memory_bytes": limit} if phi is None else {"phi": phi, "max_memory_bytes": limit}
+    if name in ("mlp", "bnmlp"):
+        # checked here in one line: the builder's own refusal lists every hidden width (100 KB at depth 20 000)
+        n_params = n_in * w + (d - 1) * w * w + w * classes + 3 * d * w + classes
+        if 4.0 * n_params > limit:
+            raise ValueError(f"model={name!r} is not allowed with depth={d}, width={w}: its {n_params:.3g} parameters "
+                             f"need about {4.0 * n_params / 1e9:.2f} GB, more than max_memory_gb={max_memory_gb:g} "
+                             "(--max-memory-gb); use fewer or narrower layers, or raise it")
     if name == "mlp":
         return nets.MLP(n_in, [w] * d, classes, norm=norm or "bn", seed=seed, **kw)
     if name == "bnmlp":

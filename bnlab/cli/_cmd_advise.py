@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                                      num_classes=10 if args.classes is None else args.classes,
                                      batch_size=args.batch_size, seed=args.seed, max_memory_gb=max_gb)
     model = load_model(args.model, input_shape=shape, num_classes=classes, depth=args.depth, width=args.width,
-                       norm=args.norm, phi=args.phi, seed=args.seed)
+                       norm=args.norm, phi=args.phi, seed=args.seed, max_memory_gb=max_gb)
     skip = [s for group in args.skip for s in group]
     try:
         advice = advise(model, data, loss=args.loss, lr=args.lr, momentum=args.momentum, batch_size=args.batch_size,

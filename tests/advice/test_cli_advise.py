@@ -139,3 +139,18 @@ def test_batch_for_accepts_a_tuple_like_its_text():
 
     (x, _), shape, _ = batch_for(input_shape=(3, 4.0), batch_size=2)
     assert shape == (3, 4) and tuple(x.shape) == (2, 3, 4)
+
+
+def test_max_memory_gb_reaches_the_models_bnlab_builds(monkeypatch):
+    # the audit's D9: --max-memory-gb 50 ended in the builder's 1 GiB default and a 100 KB message
+    from bnlab import nets
+    from bnlab.advice import load_model
+
+    with pytest.raises(ValueError) as info:
+        load_model("mlp", input_shape=(64,), num_classes=10, depth=20000, width=128, max_memory_gb=1)
+    msg = str(info.value)
+    assert len(msg) < 400 and "max_memory_gb=1 " in msg and "depth=20000" in msg
+    seen = {}
+    monkeypatch.setattr(nets, "MLP", lambda *a, **k: seen.update(k))
+    load_model("mlp", input_shape=(64,), num_classes=10, max_memory_gb=50)
+    assert seen["max_memory_bytes"] == 50 * 10 ** 9
