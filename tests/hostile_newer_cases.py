@@ -194,6 +194,10 @@ CLI_CASES: list[Case] = [
     cli("sweep", "sweep", "run", "yang2019-fig1ab", "--store", "{root}/ck3.sqlite", "--serial", "--no-progress",
         names="checkpoint folder",
         setup="import os; os.path.lexists('ck3.sqlite.checkpoints') or os.symlink('nowhere', 'ck3.sqlite.checkpoints')"),
+    # accepted and then ignored, where reproduce and report refused the same combination
+    cli("sweep", "sweep", "run", "yang2019-fig1ab", "--serial", "--workers", "3", "--store", "{root}/sw.sqlite",
+        "--no-progress", names="--workers=3 is not allowed with --serial"),
+    cli("reproduce", "reproduce", "--list", "yang2019-fig1ab", names="--list is not allowed with a name"),
     # a FIFO at the lock hung the open (run, status and reproduce alike)
     cli("sweep", "sweep", "run", "yang2019-fig1ab", "--store", "{root}/fifo.sqlite", "--serial", "--no-progress",
         names="lock file", setup="import os; os.path.lexists('fifo.sqlite.lock') or os.mkfifo('fifo.sqlite.lock')"),

@@ -30,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from bnlab.experiments.registry import discovery_errors, list_experiments
 
+    if args.list and args.name is not None:
+        raise ValueError(f"--list is not allowed with a name ({args.name!r}): --list lists every reproduction, a name "
+                         "runs one; give one of them")
     if args.list or args.name is None:
         exps = list_experiments()
         errors = discovery_errors()

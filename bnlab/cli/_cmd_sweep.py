@@ -5,7 +5,8 @@ import argparse
 import dataclasses
 import sys
 
-from bnlab.cli._common import add_checkpoint_arguments, add_threads_argument, checkpoint_every, print_json, print_table
+from bnlab.cli._common import (add_checkpoint_arguments, add_threads_argument, check_cluster_arguments, checkpoint_every,
+                               print_json, print_table)
 from bnlab._vocabulary import SCALES
 
 
@@ -73,6 +74,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cluster_kwargs(args) -> dict:
+    check_cluster_arguments(args)  # the same combinations as reproduce and report refuse
     return {
         "scheduler": args.scheduler,
         "workers": args.workers,

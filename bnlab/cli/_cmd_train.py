@@ -12,6 +12,10 @@ TRAIN_MODELS = ("fc", "cnn")
 TRAIN_NORMS = ("bnp", "bnp_gn", "none", "bn", "brn", "ln", "gn")
 
 
+#: BNP's options and their defaults (bnlab.optim.training.train_network's).
+_BNP_DEFAULTS = {"rho": 0.99, "eps1": 1e-2, "eps2": 1e-4}
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
@@ -35,9 +39,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--widths", type=int, nargs="+", default=[100, 100, 100], help="FC hidden widths")
     p.add_argument("--train-size", type=int, default=None, help="train on this many examples (seeded draw)")
     p.add_argument("--test-size", type=int, default=None, help="test on this many examples (seeded draw)")
-    p.add_argument("--rho", type=float, default=0.99, help="BNP running-average factor")
-    p.add_argument("--eps1", type=float, default=1e-2, help="BNP epsilon_1")
-    p.add_argument("--eps2", type=float, default=1e-4, help="BNP epsilon_2")
+    p.add_argument("--rho", type=float, default=_BNP_DEFAULTS["rho"],
+                   help="BNP running-average factor (only with --norm bnp or bnp_gn)")
+    p.add_argument("--eps1", type=float, default=_BNP_DEFAULTS["eps1"], help="BNP epsilon_1 (only with BNP)")
+    p.add_argument("--eps2", type=float, default=_BNP_DEFAULTS["eps2"], help="BNP epsilon_2 (only with BNP)")
     p.add_argument("--native", action="store_true",
                    help="BNP: compiled CPU kernels for the dense layers (a C++ compiler; built once, ~20 s; "
                         "same gradients to rounding, faster steps at small batches); only with --norm bnp or "
@@ -51,7 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="keep the run's state in FILE (every --checkpoint-every seconds): the same command run "
                         "again goes on from the last save instead of the first step; removed once the run ends")
     p.add_argument("--checkpoint-every", type=float, default=DEFAULT_EVERY, metavar="SECONDS",
-                   help=f"seconds between two saves of --checkpoint (default {DEFAULT_EVERY:g})")
+                   help=f"seconds between two saves of --checkpoint (default {DEFAULT_EVERY:g}; only with "
+                        "--checkpoint)")
     add_threads_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -61,6 +67,15 @@ def run(args: argparse.Namespace) -> int:
     from bnlab._validation import check_max_memory_gb
     from bnlab.optim.training import train_network
 
+    # options that would be ignored without a word (as --native is refused without BNP)
+    if args.norm not in ("bnp", "bnp_gn"):
+        for name, default in _BNP_DEFAULTS.items():
+            if getattr(args, name) != default:
+                raise ValueError(f"--{name}={getattr(args, name)!r} is not allowed with --norm {args.norm}: it is an "
+                                 "option of BNP (--norm bnp or bnp_gn); leave it out")
+    if args.checkpoint is None and args.checkpoint_every != DEFAULT_EVERY:
+        raise ValueError(f"--checkpoint-every={args.checkpoint_every!r} is not allowed without --checkpoint FILE: "
+                         "there is nothing to save")
     max_bytes = check_max_memory_gb("max_memory_gb", args.max_memory_gb)
     res = train_network(
         model=args.model, norm=args.norm, dataset=args.dataset, batch_size=args.batch_size, epochs=args.epochs,

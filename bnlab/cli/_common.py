@@ -172,6 +172,9 @@ def check_cluster_arguments(args: argparse.Namespace) -> None:
             raise ValueError("workers applies to a local cluster only; an existing cluster (--scheduler) has its own")
     if getattr(args, "serial", False) and getattr(args, "scheduler", None) is not None:
         raise ValueError("--serial runs in this process; do not also give --scheduler")
+    if getattr(args, "serial", False) and getattr(args, "workers", None) is not None:
+        raise ValueError(f"--workers={args.workers} is not allowed with --serial, which runs every cell in this "
+                         "process; give one of them")
 
 
 def add_threads_argument(parser, *, cells: bool = False) -> None:
@@ -290,7 +293,18 @@ def _fmt(v: Any) -> str:
         return f"{float(v):.10g}"
     if v is None:
         return "-"
-    return str(v)
+    return _visible(str(v))
+
+
+def _visible(text: str) -> str:
+    """``text`` with its control characters written as escapes (``\\x1b``): a table shows values read from
+    stores and reports, which could be planted, and an escape sequence must not reach the terminal."""
+    import unicodedata
+
+    if text.isprintable():
+        return text
+    return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) == "Cc" else c
+                   for c in text)
 
 
 def print_table(rows: Iterable[Sequence[Any]], header: Sequence[str] | None = None, file=None,

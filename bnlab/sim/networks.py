@@ -788,19 +788,20 @@ def _check_finite(cat: dict, config: dict) -> None:
         q = cat["q"][net]
         finite_q = q[np.isfinite(q)]
         value = float(arr[net, layer])
+        wider = "" if "float64" in str(config["dtype"]) else ", or use dtype='float64'"  # no wider type past it
         if math.isinf(value) or (finite_q.size and finite_q.max() > 1e30) or abs(config.get("residual_scale") or 0) > 1e15:
             peak = f" (q reached {finite_q.max():.3g})" if finite_q.size and finite_q.max() > 1e30 else ""
             why = (f"the activations overflowed {config['dtype']}{peak}: reduce "
-                   "sigma_w2, gamma, beta, residual_scale or the nonlinearity's growth, or use dtype='float64'")
+                   f"sigma_w2, sigma_b2, gamma, beta, residual_scale or the nonlinearity's growth{wider}")
         elif key in ("q", "c") and (finite_q.size and finite_q.min() == 0.0):
             why = ("a batch lost all spread (q = 0: is phi constant, e.g. '0*x'?), and batch normalization "
                    "divides by the spread; use eps > 0 or another phi")
         elif key in ("q", "c"):
             why = (f"the forward pass produced NaN/inf in {config['dtype']} (overflow of phi or of the weights, "
-                   "or phi undefined on some inputs): reduce sigma_w2 or gamma, or use dtype='float64'")
+                   f"or phi undefined on some inputs): reduce sigma_w2, sigma_b2 or gamma{wider}")
         else:
             why = (f"the backward pass overflowed {config['dtype']} (gradients explode at rate λ_G per layer): "
-                   "reduce depth, use eps > 0 or dtype='float64'")
+                   "reduce depth or use eps > 0" + wider.replace(", or use", " or"))
         raise ValueError(
             f"the simulation's {what} is {value!r} at layer {layer + 1} of network {net}: {why}"
         )

@@ -51,6 +51,11 @@ def test_readable_output_fractional_epochs(capsys):
     # --native selects BNP's kernels: with a norm that trains without BNP it used to be ignored silently
     (["--norm", "bn", "--native"], "native=True is not allowed with norm='bn'"),
     (["--norm", "none", "--native"], "native=True is not allowed with norm='none'"),
+    # BNP's settings and the checkpoint interval were ignored silently where they do nothing
+    (["--norm", "bn", "--rho", "0.5"], "--rho=0.5 is not allowed with --norm bn"),
+    (["--norm", "none", "--eps1", "0.5"], "--eps1=0.5 is not allowed with --norm none"),
+    (["--norm", "gn", "--eps2", "0.001"], "--eps2=0.001 is not allowed with --norm gn"),
+    (["--checkpoint-every", "5"], "--checkpoint-every=5.0 is not allowed without --checkpoint"),
 ])
 def test_bad_input_exits_2(argv, needle, capsys):
     with pytest.raises(SystemExit) as exc:
