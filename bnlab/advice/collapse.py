@@ -51,6 +51,23 @@ class RankAdvice:
         return asdict(self)
 
 
+def _nothing_judged(layers, r, pooled, status) -> str:
+    """The verdict where no measured representation can be judged: e.g. one conv layer, global average pooling,
+    the head — the only measured representation is the pooled one, whose r(H) near 1 is what pooling gives
+    (module docstring) — or representations with min(d, N) ≤ 2."""
+    why = []
+    if any(pooled):
+        i = pooled.index(True)
+        why.append(f"the measured representations follow global average pooling ({layers[i]}: r(H) = {r[i]:.3g}; "
+                   "the mean over positions dominates every sample's features — what pooling does, not collapse)")
+    narrow = [layers[i] for i, st in enumerate(status) if st == NOT_JUDGED]
+    if narrow:
+        why.append(f"{', '.join(narrow[:3])}{' …' if len(narrow) > 3 else ''}: min(d, N) ≤ 2, where r(H) < 2 "
+                   "holds at full rank too")
+    return ("rank collapse not judged: " + "; ".join(why) + ". No other representation is measured (the first "
+            "weight layer's input is the data)")
+
+
 def rank_part(captured: dict, structure: Structure) -> RankAdvice:
     import torch
 
@@ -99,21 +116,8 @@ def rank_part(captured: dict, structure: Structure) -> RankAdvice:
                           f"numerical rank {num[-1]} at {layers[-1]}); measure with a batch of at least 3 samples")
     judged = [i for i in range(len(layers)) if not pooled[i] and status[i] != NOT_JUDGED]
     if not judged:
-        # e.g. one conv layer, global average pooling, the head: the only measured representation is the pooled
-        # one, whose r(H) near 1 is what pooling gives (module docstring) — nothing is left to judge
-        why = []
-        if any(pooled):
-            i = pooled.index(True)
-            why.append(f"the measured representations follow global average pooling ({layers[i]}: r(H) = {r[i]:.3g}; "
-                       "the mean over positions dominates every sample's features — what pooling does, not collapse)")
-        narrow = [layers[i] for i, st in enumerate(status) if st == NOT_JUDGED]
-        if narrow:
-            why.append(f"{', '.join(narrow[:3])}{' …' if len(narrow) > 3 else ''}: min(d, N) ≤ 2, where r(H) < 2 "
-                       "holds at full rank too")
-        verdict = ("rank collapse not judged: " + "; ".join(why) + ". No other representation is measured (the first "
-                   "weight layer's input is the data)")
         return RankAdvice(tuple(layers), tuple(width), n, tuple(soft), tuple(r), tuple(num), tuple(ref), tuple(status),
-                          False, basis, verdict)
+                          False, basis, _nothing_judged(layers, r, pooled, status))
     last = judged[-1]
     collapsed = status[last] == "collapsed"
     low = status[last] == "below √d"

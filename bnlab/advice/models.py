@@ -68,6 +68,23 @@ def _load_factory(spec: str):
     return factory
 
 
+def _refuse_unused_options(spec: str, given: dict) -> None:
+    """``ValueError`` naming the first option in ``given`` (not None) that the kind of model ``spec`` does not
+    use: an option that would be silently ignored misleads more than a refusal."""
+    low = spec.lower()
+    if ":" in spec and not low.startswith(("fc:", "conv:")):
+        unused, why = ("depth", "width", "norm", "phi"), "the factory builds the module itself"
+    elif low.startswith(("fc:", "conv:")):
+        unused, why = ("depth", "width"), "the architecture string sets the layers"
+    elif low not in ("mlp", "bnmlp"):
+        unused, why = ("depth", "width"), "they size mlp and bnmlp only"
+    else:
+        return
+    for opt in unused:
+        if given[opt] is not None:
+            raise ValueError(f"{opt}={given[opt]!r} is not allowed with model={spec!r}: {why}")
+
+
 def load_model(spec: str, *, input_shape=None, num_classes: int | None = None, depth: int | None = None,
                width: int | None = None, norm: str | None = None, phi: str | None = None, seed: int = 0,
                max_memory_gb: float = 8.0):
@@ -89,20 +106,7 @@ def load_model(spec: str, *, input_shape=None, num_classes: int | None = None, d
     max_memory_gb = check_real("max_memory_gb", max_memory_gb, minimum=0.0, strict_minimum=True)
     limit = int(max_memory_gb * 1e9)
     low = spec.lower()
-    # options a kind of model does not use are refused, not silently ignored
-    if ":" in spec and not low.startswith(("fc:", "conv:")):
-        unused = ("depth", "width", "norm", "phi")
-        why = "the factory builds the module itself"
-    elif low.startswith(("fc:", "conv:")):
-        unused, why = ("depth", "width"), "the architecture string sets the layers"
-    elif low not in ("mlp", "bnmlp"):
-        unused, why = ("depth", "width"), "they size mlp and bnmlp only"
-    else:
-        unused, why = (), ""
-    given = {"depth": depth, "width": width, "norm": norm, "phi": phi}
-    for opt in unused:
-        if given[opt] is not None:
-            raise ValueError(f"{opt}={given[opt]!r} is not allowed with model={spec!r}: {why}")
+    _refuse_unused_options(spec, {"depth": depth, "width": width, "norm": norm, "phi": phi})
     if low.startswith(("fc:", "conv:")):
         from bnlab.fisher import build_model, parse_arch
 
