@@ -209,6 +209,8 @@ CLI_CASES: list[Case] = [
           "--out", "{root}/p1", names="--plan-budget") for c in ("reproduce", "report") for b in ("1e10", "nan")],
     # ---------------------------------------------------- simulate, theory (older commands' leftovers)
     cli("simulate", "simulate", *hc._SMALL_SIM, "--eps=1e308", names="eps"),
+    # passed the memory check and peaked at 1.7 GB (autograd's per-layer records were not counted)
+    cli("simulate", "simulate", "--width", "8", "--depth", "100000", "--networks", "1", "-B", "4", names="max_memory"),
     cli("theory", "theory", "--phi", "relu", "-B", "100000000000000000", names="batch"),
 ]
 
