@@ -117,7 +117,8 @@ CLI_CASES: list[Case] = [
     cli("fisher", *_FISHER_MEASURE, "--tol", "nan", names="tol"),
     cli("fisher", *_FISHER_MEASURE, "--max-memory-gb", "1e308", names="max_memory_gb"),
     cli("fisher", *_FISHER_MEASURE, "--max-memory-gb", "0", names="max_memory_gb"),
-    cli("fisher", *_FISHER_MEASURE, "--tol", "2", names="tol"),  # was accepted: a λmax half the true one
+    cli("fisher", *_FISHER_MEASURE, "--tol", "2", names="tol"),
+    cli("fisher", "fisher", "--measure", "--arch", "fc:64-32-10", "--dataset", "nosuch", names="--dataset="),  # was accepted: a λmax half the true one
     # the measurement's options without --measure were ignored without a word
     *[cli("fisher", "fisher", "--arch", "fc:64-32-10", *opt, names="without --measure")
       for opt in (("--tol", "nan"), ("--seed", "-5"), ("-B", "0"), ("--dataset", "nosuch"), ("--device", "tpu"),

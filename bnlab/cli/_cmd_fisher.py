@@ -132,9 +132,12 @@ def _measure(args: argparse.Namespace, arch) -> tuple[dict, dict]:
     """
     import torch
 
-    from bnlab._validation import check_device, check_int, check_max_memory_gb, check_real, check_seed
+    from bnlab._validation import check_choice, check_device, check_int, check_max_memory_gb, check_real, check_seed
     from bnlab.fisher import build_model, calibrate_batchnorm_, curvature_spectrum
 
+    from bnlab.data import DATASET_NAMES
+
+    check_choice("--dataset", args.dataset, DATASET_NAMES)
     device = check_device("--device", args.device)
     batch = check_int("--batch-size", args.batch_size, minimum=1)
     seed = check_seed("--seed", args.seed)

@@ -152,10 +152,11 @@ def train_network(
     the same arguments, saved every that many seconds (:func:`bnlab.nets.train`'s; BNP's running
     statistics included); ``callbacks`` must then keep their state the ``torch`` way.
     """
-    from bnlab.data import load_dataset
+    from bnlab.data import DATASET_NAMES, load_dataset
     from bnlab.optim.bnp import BNPreconditioner
 
     model = check_choice("model", model, TRAIN_MODELS)
+    dataset = check_choice("dataset", dataset, DATASET_NAMES)  # named as the caller knows it, before any work
     norm = check_choice("norm", canonical_value("norm", norm, NORM_ALIASES), TRAIN_NORMS)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     epochs = check_real("epochs", epochs, minimum=0.0, strict_minimum=True)

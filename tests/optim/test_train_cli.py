@@ -47,7 +47,7 @@ def test_readable_output_fractional_epochs(capsys):
     (["--rho", "1.0"], "rho=1.0"),
     (["--eps1", "-0.1"], "eps1=-0.1"),
     (["--batch-size", "0"], "batch_size=0"),
-    (["--dataset", "imagenet"], "imagenet"),
+    (["--dataset", "imagenet"], "dataset='imagenet'"),  # named as the option, not load_dataset's name=
     # --native selects BNP's kernels: with a norm that trains without BNP it used to be ignored silently
     (["--norm", "bn", "--native"], "native=True is not allowed with norm='bn'"),
     (["--norm", "none", "--native"], "native=True is not allowed with norm='none'"),
