@@ -210,8 +210,9 @@ def _measure(work, x, targets, *, curvature, loss, bn_mode, tol, seed, blocks, p
             # reach (e.g. 1e-12 in float32) is not reached: that is an outcome of this part, not a crash
             if "did not reach tol" not in str(exc):
                 raise
-            raise PartNotEvaluated(f"λmax of the {curvature} was not measured: {exc} (advise's tol={tol:g}; the "
-                                   "default 1e-2 gives η* to 1 %)") from None
+            # curvature_spectrum's own hint names its options (maxiter, method), which advise does not take
+            raise PartNotEvaluated(f"λmax of the {curvature} was not measured: {str(exc).split(';')[0]}; raise tol "
+                                   "(the default 1e-2 gives η* to 1 %)") from None
 
     own = next(work.parameters()).dtype
     try:
