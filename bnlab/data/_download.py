@@ -52,6 +52,29 @@ def _hash_existing(path: Path, hashers) -> int:
     return size
 
 
+def _write_part(response, part: Path, have: int, hashers, max_bytes: int | None, url: str, bar) -> None:
+    """Append (``have`` > 0) or write ``response``'s bytes to ``part``, hashing them, within ``max_bytes``."""
+    # O_NOFOLLOW | O_NONBLOCK: what _leftover_part checked cannot have become a link or a FIFO since
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if have else os.O_TRUNC)
+    fd = os.open(part, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    with os.fdopen(fd, "ab" if have else "wb") as out:
+        size = have
+        for chunk in iter(lambda: response.read(_CHUNK), b""):
+            size += len(chunk)
+            if max_bytes is not None and size > max_bytes:
+                raise DownloadTooLargeError(
+                    f"download of {url} stopped: more than {max_bytes} bytes (the expected archive's size); it is "
+                    "not the expected file"
+                )
+            out.write(chunk)
+            for h in hashers:
+                h.update(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+        out.flush()
+        os.fsync(out.fileno())
+
+
 def download_file(
     url: str,
     target: Path,
@@ -137,25 +160,7 @@ def download_file(
                 bar = tqdm(total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024,
                            desc=target.name, file=sys.stderr, leave=True)
             try:
-                # O_NOFOLLOW | O_NONBLOCK: what was checked above cannot have become a link or a FIFO since
-                flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if have else os.O_TRUNC)
-                fd = os.open(part, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-                with os.fdopen(fd, "ab" if have else "wb") as out:
-                    size = have
-                    for chunk in iter(lambda: response.read(_CHUNK), b""):
-                        size += len(chunk)
-                        if max_bytes is not None and size > max_bytes:
-                            raise DownloadTooLargeError(
-                                f"download of {url} stopped: more than {max_bytes} bytes (the expected archive's "
-                                "size); it is not the expected file"
-                            )
-                        out.write(chunk)
-                        for h in hashers:
-                            h.update(chunk)
-                        if bar is not None:
-                            bar.update(len(chunk))
-                    out.flush()
-                    os.fsync(out.fileno())
+                _write_part(response, part, have, hashers, max_bytes, url, bar)
             except DownloadTooLargeError:
                 part.unlink(missing_ok=True)
                 raise
