@@ -67,10 +67,18 @@ def test_other_curvature_errors_are_not_swallowed(monkeypatch):
         advise(MLP(12, [10, 10], 3, norm="bn", seed=1), (x, y), skip=("gradients", "rank", "batch_size"))
 
 
-def test_a_tol_lanczos_cannot_reach_reports_the_part_not_evaluated(capsys):
-    # the audit's D5: --tol 1e-12 in float32 ended in a RuntimeError traceback after the other parts had run
+def test_a_tol_lanczos_cannot_reach_reports_the_part_not_evaluated(capsys, monkeypatch):
+    # the audit's D5: --tol 1e-12 in float32 ended in a RuntimeError traceback after the other parts had run.
+    # Whether Lanczos reaches 1e-12 within its 300 products depends on the rounding (the thread count, the BLAS):
+    # it did in one full-suite run, so the non-convergence is curvature_spectrum's own error, raised here.
+    import bnlab.fisher
     from bnlab.cli import main
 
+    def unreached(*args, tol, **kwargs):
+        raise RuntimeError(f"Lanczos did not reach tol={tol:g} in 300 products; raise maxiter or tol, or use "
+                           "method='arpack'")
+
+    monkeypatch.setattr(bnlab.fisher, "curvature_spectrum", unreached)
     code = main(["advise", "--model", "mlp", "--depth", "3", "--width", "32", "--input-shape", "64", "-B", "8",
                  "--skip", "gradients,rank,batch_size", "--tol", "1e-12", "--quiet", "--json"])
     out = capsys.readouterr().out
