@@ -50,6 +50,15 @@ def check_layer(module: nn.Module, name: str) -> None:
     if not isinstance(weight, torch.Tensor):
         raise ValueError(f"BNP cannot precondition layer {_layer_label(name)} ({kind}): it has no weight tensor; "
                          f"skip it with skip=[{name!r}]")
+    if isinstance(weight, nn.parameter.UninitializedParameter):
+        raise ValueError(f"BNP cannot precondition layer {_layer_label(name)} ({kind}) yet: it is a lazy module whose "
+                         "weight is not initialized; run one forward pass before creating the preconditioner")
+    if not isinstance(weight, nn.Parameter):
+        # weight_norm, spectral_norm, nn.utils.parametrize: the weight is computed from other parameters in every
+        # forward, so it has no .grad for BNP to rewrite (the layer was listed, and step() changed nothing)
+        raise ValueError(f"BNP cannot precondition layer {_layer_label(name)} ({kind}): its weight is computed "
+                         "(weight_norm, spectral_norm or another parametrization), not a parameter whose gradient BNP "
+                         f"could precondition; skip it with skip=[{name!r}]")
     if not weight.is_floating_point():
         raise ValueError(f"BNP cannot precondition layer {_layer_label(name)} ({kind}) of dtype {weight.dtype}: "
                          f"expected a real floating dtype; skip it with skip=[{name!r}]")

@@ -74,6 +74,9 @@ class BNPLayer:
         self.s2: torch.Tensor | None = None
         self.batch_mean: torch.Tensor | None = None
         self.batch_var: torch.Tensor | None = None
+        # forwards recorded outside a backward pass since the last step that a checkpoint's recomputation
+        # inside backward has not replayed yet (see BNPreconditioner's hook)
+        self.unreplayed = 0
 
     # --- pending statistics -----------------------------------------------------------------
     @property
@@ -88,10 +91,17 @@ class BNPLayer:
     def clear_pending(self) -> None:
         self.samples = self.rows = 0
         self.s1 = self.s2 = self.batch_mean = self.batch_var = None
+        self.unreplayed = 0
 
     def has_grad(self) -> bool:
         module = self.module
         return any(p.grad is not None for p in (module.weight, getattr(module, "bias", None)) if p is not None)
+
+    def zero_grad_only(self) -> bool:
+        """Whether every gradient this layer has is all zeros (zeroed, then not used by the step)."""
+        module = self.module
+        return all(not bool(p.grad.any()) for p in (module.weight, getattr(module, "bias", None))
+                   if p is not None and p.grad is not None)
 
     def record(self, x: torch.Tensor, workspace: dict) -> None:
         """Algorithm 2 / 3 step 1 for one forward's input on the eager route (pooled with the

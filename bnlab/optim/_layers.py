@@ -102,6 +102,8 @@ class LayerHandler:
     """
 
     expected_input_ndim: int = 2
+    #: The input's axis that holds the features the statistics are kept for (Linear: the last; conv: channels).
+    width_axis: int = -1
 
     def __init__(self, module: nn.Module, name: str, **options):
         self.module = module
@@ -117,12 +119,27 @@ class LayerHandler:
         """Length of the mean/variance vectors kept for this layer."""
         raise NotImplementedError
 
+    def input_width(self) -> int:
+        """The size the input must have along :attr:`width_axis` (the module's own would refuse another)."""
+        raise NotImplementedError
+
+    def fits(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` is an input this module accepts: checked before anything is recorded, so that an input
+        the module then refuses leaves no statistics of the wrong width behind."""
+        return x.dim() == self.expected_input_ndim and x.shape[self.width_axis] == self.input_width()
+
     def check_input(self, x: torch.Tensor) -> None:
         if x.dim() != self.expected_input_ndim:
             raise ValueError(
                 f"BNP layer {_layer_label(self.name)} ({type(self.module).__name__}) got an input of shape "
                 f"{tuple(x.shape)}: expected a {self.expected_input_ndim}-D batched input"
                 f"{self._input_hint()}; skip the layer with skip=[{self.name!r}] if it cannot be given one"
+            )
+        if x.shape[self.width_axis] != self.input_width():
+            raise ValueError(
+                f"BNP layer {_layer_label(self.name)} ({type(self.module).__name__}) got an input of shape "
+                f"{tuple(x.shape)}: expected {self.input_width()} features along dimension {self.width_axis}"
+                f"{self._input_hint()}, as the layer itself does"
             )
 
     def _input_hint(self) -> str:
@@ -173,6 +190,9 @@ class LinearHandler(LayerHandler):
     expected_input_ndim = 2
 
     def num_columns(self) -> int:
+        return self.module.in_features
+
+    def input_width(self) -> int:
         return self.module.in_features
 
     def _input_hint(self) -> str:
@@ -234,6 +254,7 @@ class _ConvHandler(LayerHandler):
     """
 
     nd: int = 2
+    width_axis = 1
 
     def __init__(self, module, name, *, conv_statistics: str = "channel", **options):
         super().__init__(module, name)
@@ -265,6 +286,9 @@ class _ConvHandler(LayerHandler):
         if self.statistics == "channel":
             return self.in_channels
         return self.in_channels * self.kernel_numel
+
+    def input_width(self) -> int:
+        return self.in_channels
 
     def _input_hint(self) -> str:
         return " (N, C, L)" if self.nd == 1 else " (N, C, H, W)"

@@ -126,6 +126,12 @@ _HANDLERS: dict[type, type[LayerHandler]] = {
 }
 
 
+def _in_backward() -> bool:
+    """Whether this thread is running a backward pass (autograd's graph task): a forward run there is the
+    recomputation of activation checkpointing (``torch.utils.checkpoint``)."""
+    return torch._C._current_graph_task_id() != -1
+
+
 def register_layer_handler(module_type: type, handler: type[LayerHandler]) -> None:
     """Register (or replace) the :class:`LayerHandler` subclass BNP uses for ``module_type``.
 
@@ -234,8 +240,9 @@ class BNPreconditioner:
     eps1, eps2:
         ε₁, ε₂ ≥ 0 of σ̃² = σ² + ε₁·max σ² + ε₂ (Algorithm 2 step 3).
     skip:
-        Layers not to precondition: qualified module names (``fnmatch`` patterns allowed, e.g.
-        ``"head.*"``) or module types.  A name pattern that matches no module is an error.
+        Layers not to precondition: qualified module names (a container's name skips every layer in it;
+        ``fnmatch`` patterns allowed, e.g. ``"head.*"``) or module types.  A name pattern that matches no
+        module is an error.
     conv_statistics:
         ``"channel"`` (Algorithm 3, Eqs. 21-22) or ``"unfold"`` (per kernel column with zero
         padding counted, Eqs. 19-20).
@@ -367,7 +374,9 @@ class BNPreconditioner:
             handler_cls = _handler_for(module)
             if handler_cls is None:
                 continue
-            if isinstance(module, tuple(types)) or any(name == p or fnmatch.fnmatchcase(name, p) for p in names):
+            # a name skips its module and everything inside it: skip=["head"] of a Sequential head skips its layers
+            if isinstance(module, tuple(types)) or any(name == p or fnmatch.fnmatchcase(name, p)
+                                                       or name.startswith(p + ".") for p in names):
                 skipped.append(name)
                 continue
             handler_cls.check(module, name, conv_statistics=self.conv_statistics)
@@ -488,6 +497,8 @@ class BNPreconditioner:
         def hook(module, args, kwargs):
             if not (self._recording and module.training and torch.is_grad_enabled()):
                 return None
+            if module is not layer.module:  # a deepcopy of the model carries this hook: its forwards are not ours
+                return None
             if args:
                 x = args[0]
             elif "input" in kwargs:
@@ -497,10 +508,19 @@ class BNPreconditioner:
             if not isinstance(x, torch.Tensor):
                 return None
             handler = layer.handler
-            if x.dim() != handler.expected_input_ndim:
-                handler.check_input(x)  # raises, naming the layer
+            if not handler.fits(x):
+                handler.check_input(x)  # raises, naming the layer, before anything is recorded
             if not x.is_floating_point() or x.shape[0] == 0:
                 _checks.bad_input(layer, x)
+            if _in_backward():
+                # a recomputation inside backward (activation checkpointing): a forward recorded before is
+                # replayed and must not count twice; one that was not recorded (the reentrant checkpoint's
+                # first pass runs under no_grad) is recorded now
+                if layer.unreplayed:
+                    layer.unreplayed -= 1
+                    return None
+            else:
+                layer.unreplayed += 1
             route = self._route(layer, x)
             if route == "eager":
                 layer.record(x, self._workspace)
@@ -616,7 +636,9 @@ class BNPreconditioner:
                 "model forward in training mode with gradients enabled between steps"
             )
         for s in layers:
-            if not s.pending and s.has_grad():
+            # a layer this step did not use, its gradient zeroed in place (zero_grad(set_to_none=False)), has
+            # nothing to precondition: left alone (the check syncs with the device, on this rare path only)
+            if not s.pending and s.has_grad() and not s.zero_grad_only():
                 raise RuntimeError(
                     f"BNP layer {_layer_label(s.name)} has a gradient but its forward hook recorded no input "
                     "since the last step (was it called through its forward()?); skip it with "
