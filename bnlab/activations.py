@@ -570,13 +570,14 @@ def _wrap_callable(fn, probe: np.ndarray):
     try:
         out = fn(probe)
         if type(out).__module__.split(".")[0] != "torch":
+            _refuse_complex(np.iscomplexobj(out), getattr(out, "dtype", type(out).__name__))
             arr = np.asarray(out, dtype=np.float64)
             if arr.shape != probe.shape:
                 raise _NotElementwise(
                     f"phi callable must act elementwise: input shape {probe.shape} gave output shape {arr.shape}"
                 )
             return (lambda x: np.asarray(fn(x), dtype=np.float64)), None, None, False
-    except _NotElementwise:
+    except (_NotElementwise, _ComplexPhi):
         raise
     except Exception as exc:  # the user's function failed on an array: try torch next
         numpy_error = exc
@@ -587,6 +588,9 @@ def _wrap_callable(fn, probe: np.ndarray):
             raise TypeError(f"returned {type(out_t).__name__}, not a tensor")
         if tuple(out_t.shape) != probe.shape:
             raise ValueError(f"input shape {probe.shape} gave output shape {tuple(out_t.shape)}")
+        _refuse_complex(out_t.is_complex(), out_t.dtype)
+    except _ComplexPhi:
+        raise
     except Exception as exc:
         raise ValueError(
             "phi callable must act elementwise on a float64 NumPy array (e.g. lambda x: np.tanh(x)) or on a "
@@ -607,7 +611,24 @@ def _wrap_callable(fn, probe: np.ndarray):
         (g,) = t.autograd.grad(y.sum(), xt, allow_unused=True)
         return np.zeros(xt.shape) if g is None else g.detach().numpy()
 
-    return base, deriv, fn, True
+    torch_fn = fn
+    if not (out_t.is_floating_point() or out_t.is_complex()):
+        # an integer or boolean φ (a step, a rounding) is real-valued: the simulator gets it in the input's dtype,
+        # with its derivative, 0 almost everywhere, in the graph (as torch.sign has), so gradients flow as zeros
+        def torch_fn(x):
+            return fn(x).to(x.dtype) + 0.0 * x
+
+    return base, deriv, torch_fn, True
+
+
+class _ComplexPhi(ValueError):
+    """A callable φ that returns complex values (refused: φ must be real)."""
+
+
+def _refuse_complex(is_complex: bool, dtype) -> None:
+    if is_complex:
+        raise _ComplexPhi(f"phi callable returned complex values ({dtype}): phi must be real-valued (take .real "
+                          "or abs() yourself if that is what you mean)")
 
 
 # ---------------------------------------------------------------------------

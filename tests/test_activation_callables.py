@@ -75,3 +75,29 @@ def test_a_numpy_error_that_mentions_elementwise_still_tries_torch():
     act = activation_from_callable(torch_only)
     xs = np.linspace(-2.0, 2.0, 9)
     np.testing.assert_allclose(act(xs), np.tanh(xs), rtol=1e-12)
+
+
+@pytest.mark.parametrize("fn", [lambda x: np.exp(1j * np.asarray(x)), lambda x: torch.exp(1j * torch.as_tensor(x))],
+                         ids=["numpy", "torch"])
+def test_a_complex_valued_callable_is_refused(fn):
+    """exp(i x) was analysed as its real part cos(x) (NumPy's cast only warned), and the simulator raised a
+    NotImplementedError from deep inside; φ must be real."""
+    with pytest.raises(ValueError, match="phi callable returned complex values .*phi must be real-valued"):
+        activation_from_callable(fn)
+    from bnlab.theory import analyze
+
+    with pytest.raises(ValueError, match="complex values"):
+        analyze(fn, 8)
+
+
+def test_zero_derivative_phi_simulates_with_zero_gradients():
+    """An integer-valued torch φ (a rounding) failed in the simulator's Cholesky ("Got Long"), and a φ whose
+    derivative is 0 almost everywhere (sign) cut autograd's graph ("not used in the graph").  Both are real
+    networks: the forward statistics are those of φ, every gradient below the readout layer is exactly 0."""
+    from bnlab.sim import simulate
+
+    rounded = simulate(lambda x: torch.round(x).to(torch.int64), 8, width=32, depth=4, networks=2, seed=0)
+    as_float = simulate(lambda x: torch.round(x), 8, width=32, depth=4, networks=2, seed=0)
+    np.testing.assert_allclose(rounded.q, as_float.q, rtol=1e-12)
+    for res in (rounded, simulate("sign(x)", 8, width=32, depth=4, networks=2, seed=0)):
+        assert np.all(res.grad_norm_sq[:, :-1] == 0) and np.all(res.grad_norm_sq[:, -1] > 0)

@@ -808,7 +808,9 @@ def _check_finite(cat: dict, config: dict) -> None:
                    "divides by the spread; use eps > 0 or another phi")
         elif key in ("q", "c"):
             why = (f"the forward pass produced NaN/inf in {config['dtype']} (overflow of phi or of the weights, "
-                   f"or phi undefined on some inputs): reduce sigma_w2, sigma_b2 or gamma{wider}")
+                   "phi undefined on some inputs, or a batch without spread, e.g. a constant phi, that batch "
+                   f"normalization with eps = 0 divides by): reduce sigma_w2, sigma_b2 or gamma{wider}, or use "
+                   "eps > 0 or another phi")
         else:
             why = (f"the backward pass overflowed {config['dtype']} (gradients explode at rate λ_G per layer): "
                    "reduce depth or use eps > 0" + wider.replace(", or use", " or"))
@@ -1039,7 +1041,10 @@ def _gradient_norms(s: _NetworkSpec, passes: _Passes, gen, pre, record) -> tuple
         record["readout"] = v.clone()
     # loss = Σ v ⊙ h^L: seed the backward pass with ∂L/∂h^L = v directly (no product, no
     # broadcast of the scalar gradient over (networks, rows, N))
-    deltas = torch.autograd.grad(passes.hs[-1], passes.hs, grad_outputs=v)
+    # allow_unused: a φ whose derivative is 0 almost everywhere (sign, a rounding) cuts the graph; the layers
+    # below it then get exactly zero gradients, which is what the network does
+    deltas = torch.autograd.grad(passes.hs[-1], passes.hs, grad_outputs=v, allow_unused=True)
+    deltas = [torch.zeros_like(h) if d is None else d for d, h in zip(deltas, passes.hs)]
     passes.hs.clear()
     del v
     grams_in = torch.empty((depth, n, k, b, b), dtype=dt, device=dev)
