@@ -506,7 +506,9 @@ def activation_from_callable(
     fails or returns a torch tensor, it is called with a float64 torch tensor instead and must
     return a tensor of the same shape, e.g. ``lambda x: torch.tanh(x)``.  A function that works
     on neither (e.g. one using ``math.tanh``, which takes scalars only) is a ``ValueError`` that
-    says how to adapt it (``np.vectorize(f)`` or the NumPy/torch version of each call).
+    says how to adapt it (``np.vectorize(f)`` or the NumPy/torch version of each call).  φ must be real:
+    a complex result is a ``ValueError``; an integer or boolean torch result (a step, a rounding) is taken in
+    the input's floating dtype.
 
     Derivative: ``derivative`` when given; otherwise, for a torch callable, exact by autograd
     (``fn`` is also the torch implementation for ``bnlab.sim``); for a NumPy callable, a central
