@@ -126,7 +126,17 @@ def _gegenbauer(act: Activation, b: int, rtol: float = 1e-13, max_terms: int = 1
     and for analytic φ it stops as soon as the two-point tail is negligible instead of waiting for the
     Parseval tail (tanh at B = 32: 32 terms instead of 64, the result moves by ≤ 1e-13 relative, by
     which the truncated Parseval sum fell short of E f²).
+
+    B ≥ 4: at B = 3 the normalization c_{B−1,l} = (B−3)/(B−3+2l) of Thm 3.4 vanishes and the series' R_l(ξ)
+    are 0/0 (the result was NaN c*, μ*, ν*): a ``ValueError`` naming batch_size, as the forward, backward and
+    cross-batch Gegenbauer routes give.
     """
+    if b < 4:
+        raise ValueError(
+            f"batch_size={b} is not allowed for method='gegenbauer': the Gegenbauer expansion needs batch_size >= 4 "
+            "(its normalization c_{B-1,l} = (B-3)/(B-3+2l) vanishes at B = 3, Yang et al. 2019, Thm 3.4); "
+            f"use method='sphere' for batch_size={b}"
+        )
     xi = -1.0 / (b - 1)
     n = 32
     while True:

@@ -166,3 +166,17 @@ def test_iterate_batch_covariance_shapes_and_limit():
         iterate_batch_covariance("relu", s0, -1)
     with pytest.raises(ValueError, match="Sigma0"):
         iterate_batch_covariance("relu", s0[:4], 2)
+
+
+@pytest.mark.parametrize("phi", ["relu", "tanh", "identity"])
+def test_gegenbauer_fixed_point_refuses_batch_size_3(phi):
+    """method='gegenbauer' at B = 3: Thm 3.4's normalization c_{B−1,l} = (B−3)/(B−3+2l) vanishes, so the route
+    refuses with a ValueError naming batch_size (it returned NaN c*, μ*, ν*, abs_error), as the forward, backward
+    and cross-batch Gegenbauer routes do; the sphere route (and auto) still answer at B = 3.  No tolerance: an
+    exception or not."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match=r"batch_size=3 is not allowed for method='gegenbauer'.*batch_size >= 4"):
+            bsb1_fixed_point(phi, 3, method="gegenbauer")
+        fp = bsb1_fixed_point(phi, 3, method="auto")
+    assert all(math.isfinite(v) for v in (fp.q_star, fp.c_star, fp.mu_star, fp.nu_star, fp.abs_error))
