@@ -39,6 +39,7 @@ at B = 8), no BSB1 quantity is returned (all None) and ``warnings`` says why.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings as _warnings
 from dataclasses import asdict, dataclass, field, replace
 
@@ -81,6 +82,9 @@ def depth_scale(rate: float) -> float:
         returned (:func:`analyze` adds a warning saying so).  rate ≤ 0, NaN or
         inf raise ``ValueError``.
     """
+    if isinstance(rate, numbers.Integral) and not isinstance(rate, bool) and rate > 1:
+        # math.log takes a Python int of any size exactly, where float(rate) (check_real) overflows beyond 1.8e308
+        return 1.0 / math.log(int(rate))
     r = check_real("rate", rate, minimum=0.0, strict_minimum=True)
     if r <= 1.0:
         return math.inf

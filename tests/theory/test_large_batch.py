@@ -10,6 +10,7 @@ is one ulp of 1 (2.2e-16): the returned λ is correctly rounded (within one roun
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -87,3 +88,36 @@ def test_cli_relu_at_three_hundred_million_is_bsb1():
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["fixed_point_kind"] == "BSB1" and d["forward_lambda_L"] < 1.0
+
+
+@pytest.mark.parametrize("b", [10**400, 10**100 + 1])
+@pytest.mark.parametrize("name", ["analyze", "gradient_explosion_rate", "bsb1_fixed_point", "forward_eigenvalues",
+                                  "backward_eigenvalues", "cross_batch_rate", "epsilon_analysis"])
+def test_astronomical_batch_size_refused_naming_batch_size(name, b):
+    """B beyond 1e100 (bnlab.theory._checks.MAX_BATCH_SIZE) is a ValueError naming batch_size: the closed forms
+    evaluate powers of B up to B³ in float64, and 10**400 raised OverflowError ("int too large to convert to
+    float") from inside (10**150 already in λ_G↓'s cubic).  No tolerance: an exception or not."""
+    import bnlab.theory as T
+
+    fn = getattr(T, name)
+    args = ("relu", b, 0.1) if name == "epsilon_analysis" else ("relu", b)
+    with pytest.raises(ValueError, match=r"batch_size=1\.000e(400|100) \(an int of \d+ digits\) is not allowed"):
+        fn(*args)
+
+
+def test_batch_size_at_the_cap_still_answers():
+    """B = 1e100 (the cap itself) still answers: λ_G↓ of relu equals its value at B = 1e20 (both the B → ∞ limit
+    π/(π−1)·… to float64 rounding: the closed form's 1/B corrections are < 1e-16 there).  Tolerance 4 ulp
+    (1e-15 relative): rounding of the closed form's few operations."""
+    from bnlab.theory import gradient_explosion_rate
+
+    assert gradient_explosion_rate("relu", 10**100) == pytest.approx(gradient_explosion_rate("relu", 10**20),
+                                                                       rel=1e-15, abs=0.0)
+
+
+def test_depth_scale_of_a_huge_integer_rate():
+    """depth_scale(10**400) = 1/log(10**400) = 1/(400 ln 10): math.log takes a Python int of any size, where
+    float(10**400) overflowed (OverflowError).  Tolerance 1e-15 relative: one log and one division."""
+    from bnlab.theory import depth_scale
+
+    assert depth_scale(10**400) == pytest.approx(1.0 / (400.0 * math.log(10.0)), rel=1e-15, abs=0.0)
