@@ -81,9 +81,13 @@ Numerical method and accuracy
   lines x_i = −β/(γA) cut the disk; the rule is then aligned with them per amplitude A
   (radial split at T = k², crossing angles as arc ends; :func:`bnlab.theory._quadrature.sphere.kinked_pair_nodes`).
 Overall relative accuracy ≈ 1e−12 for smooth φ and for positive-homogeneous φ
-(measured against Thms 3.5/3.10: ≤ 1e−13 for B up to 5000).  For relu(x + 2) (Fig. 5d)
-measured against a 2.4× finer aligned rule: ≤ 1e−11 at B = 8, ≤ 2e−6 (λ_G↓) and ≤ 1e−8
-(q*, c*) at B = 32 (the unaligned rule gave 4e−4).  Kinks the registry does not know
+(measured against Thms 3.5/3.10: ≤ 1e−13 for B up to 5000).  Shifted kinks (relu(x + β)): the aligned
+rule is not cut at T* = 2k²(B−1)/(B−2), where the kink lines x_1 = k and x_2 = k cross; where T* < 1 the
+radial integrand has a corner there and the rule converges algebraically.  Measured at ε = 1e−12 against
+the ε = 0 sphere routes (≤ 1e−12), β ∈ {−0.5, 0.5, 1, 2}, 3 ≤ B ≤ 32: λ_G↓ ≤ 6e−5 relative, q*, c* ≤ 1e−6
+(B ≥ 4) and ≤ 1e−4 at B = 3 (unaligned there); ≤ 1e−12 where the crossing is outside the disk (relu(x + 2)
+at B ≤ 8).  The ≤ 1e−11 (B = 8) / 2e−6 (B = 32) stated before came from a finer rule with the same missing
+cut (the unaligned rule gave 4e−4).  Kinks the registry does not know
 (user expressions/callables) converge algebraically (O(1/n) for a jump of φ'), ≈ 1e−4.
 For B > 400 the unaligned rule is used.
 

@@ -412,3 +412,27 @@ def test_the_example_table_of_the_docs_is_what_the_code_gives():
             value = float(cell.split()[0])
             assert abs(r.grad_explosion_rate - value) <= 1.5e-5, (eps_txt, phi.name, r.grad_explosion_rate, cell)
             assert r.collapsed == ("(collapsed)" in cell), (eps_txt, phi.name, cell)
+
+
+@pytest.mark.parametrize("beta", [-0.5, 1.0, 2.0])
+@pytest.mark.parametrize("b", [3, 4, 8, 16])
+def test_shifted_relu_eps_to_zero_within_stated_accuracy(beta, b):
+    """ε → 0 (ε = 1e-12, s = Bε/μ* ~ 1e-11: the ε = 0 values to ~1e-11) for relu(x + β) against the ε = 0 sphere
+    routes (kink-split, ≤ 1e-12).  The ε route's aligned pair rule lacks a cut where its two kink lines cross, so it
+    converges algebraically: the stated accuracy (bnlab.theory.epsilon, docs/theory-epsilon-symmetry-nngp.md) is
+    λ_G↓ ≤ 6e-5, q*, c* ≤ 1e-6 for B ≥ 4 and ≤ 1e-4 at B = 3; tolerances 1e-4 (λ_G↓), 2e-6 / 2e-4 (q*, c*) are those
+    statements with room for the unmeasured (β, B) here, and ε's own ~1e-11.  Only the statement was corrected (it
+    said ≤ 1e-11 at B = 8): this test pins it and does not fail on the previous code."""
+    from bnlab.theory import backward_eigenvalues, bsb1_fixed_point
+
+    act = get_activation("relu", beta=beta)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = epsilon_analysis(act, b, 1e-12)
+        fp = bsb1_fixed_point(act, b, method="sphere")
+    tol_fp = 2e-4 if b == 3 else 2e-6
+    assert abs(e.q_star / fp.q_star - 1.0) <= tol_fp
+    assert abs(e.c_star - fp.c_star) <= tol_fp
+    if b >= 4:
+        lam = backward_eigenvalues(act, b, method="sphere").lambda_G
+        assert abs(e.grad_explosion_rate / lam - 1.0) <= 1e-4
