@@ -364,7 +364,9 @@ def epsilon_analysis(
     phi : Activation or str
         The nonlinearity (e.g. ``get_activation("relu", beta=2)``).
     batch_size : int
-        B ≥ 3 (B = 2 is rejected and B = 3 warns, see ``check_batch_size``).
+        3 ≤ B ≤ :data:`MAX_EPSILON_BATCH_SIZE` = 1e8 (B = 2 is rejected and B = 3 warns, see
+        ``check_batch_size``; past 1e8 the quadrature loses accuracy, and the quantities are at their
+        B → ∞ values to 1e-8 there).
     eps : float
         ε ≥ 0 added to the batch variance.
     sigma_w2 : float, optional
@@ -398,8 +400,18 @@ def epsilon_analysis(
     return _epsilon_analysis(phi, b, eps, sigma_w2, sigma_b2)
 
 
+#: The largest B of the ε > 0 analysis (measured: relu, ε = 0.1, λ_G↓ converges like 1/B to 2.7e-8 between
+#: B = 1e7 and 1e8, then moves the wrong way by 3e-7 at 1e9, 1.4e-6 at 1e10 and 26 % at 1e14; q* = 0 from 1e15).
+MAX_EPSILON_BATCH_SIZE = 10**8
+
+
 def _epsilon_analysis(phi: Activation, b: int, eps: float, sigma_w2: float, sigma_b2: float = 0.0) -> EpsilonResult:
     """The kernel of :func:`epsilon_analysis`: φ resolved, B, ε, σ_w², σ_b² checked."""
+    if b > MAX_EPSILON_BATCH_SIZE:
+        raise ValueError(
+            f"batch_size={b} is not allowed for the ε analysis: expected batch_size <= "
+            f"{MAX_EPSILON_BATCH_SIZE:.0e} (its quadrature loses accuracy beyond: relu at ε = 0.1 drifts 3e-7 at "
+            "B = 1e9 and 26 % at 1e14, while its quantities are within 1e-8 of their B → ∞ values by B = 1e8)")
     ratio = eps / sigma_w2
     mu_unit, converged, contraction = _solve_mu(phi, b, ratio)
     collapsed = mu_unit == 0.0

@@ -436,3 +436,21 @@ def test_shifted_relu_eps_to_zero_within_stated_accuracy(beta, b):
     if b >= 4:
         lam = backward_eigenvalues(act, b, method="sphere").lambda_G
         assert abs(e.grad_explosion_rate / lam - 1.0) <= 1e-4
+
+
+def test_a_batch_beyond_the_quadratures_reach_is_refused():
+    """Past B = 1e8 the ε quadrature drifted silently (relu, ε = 0.1: 3e-7 at 1e9, 26 % at 1e14, q* = 0 from
+    1e15, an IndexError from 1e40); up to it λ_G↓ converges like 1/B (1e7 → 1e8 moves it 2.7e-8, the next
+    step of a 1/B sequence is a tenth of that), so 1e8 is within 1e-8 of the B → ∞ value (Thm 3.10's limit
+    at ε = 0 is π/(π−1); at ε > 0 the large-B map is the ε-regularized one)."""
+    from bnlab.theory import analyze
+    from bnlab.theory.epsilon import MAX_EPSILON_BATCH_SIZE
+
+    relu = get_activation("relu")
+    at_max = epsilon_analysis(relu, MAX_EPSILON_BATCH_SIZE, 0.1).grad_explosion_rate
+    tenth = epsilon_analysis(relu, MAX_EPSILON_BATCH_SIZE // 10, 0.1).grad_explosion_rate
+    assert abs(at_max - tenth) < 1e-7 * at_max
+    for call in (lambda: epsilon_analysis(relu, MAX_EPSILON_BATCH_SIZE + 1, 0.1),
+                 lambda: analyze("relu", 10**14, eps=0.1)):
+        with pytest.raises(ValueError, match="batch_size=.* is not allowed for the ε analysis: expected batch_size <= 1e"):
+            call()
