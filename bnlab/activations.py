@@ -613,14 +613,15 @@ def _wrap_callable(fn, probe: np.ndarray):
         (g,) = t.autograd.grad(y.sum(), xt, allow_unused=True)
         return np.zeros(xt.shape) if g is None else g.detach().numpy()
 
-    torch_fn = fn
-    if not (out_t.is_floating_point() or out_t.is_complex()):
-        # an integer or boolean φ (a step, a rounding) is real-valued: the simulator gets it in the input's dtype,
-        # with its derivative, 0 almost everywhere, in the graph (as torch.sign has), so gradients flow as zeros
-        def torch_fn(x):
-            return fn(x).to(x.dtype) + 0.0 * x
+    if out_t.is_floating_point():
+        return base, deriv, fn, True
 
-    return base, deriv, torch_fn, True
+    # an integer or boolean φ (a step, a rounding) is real-valued: the simulator gets it in the input's dtype,
+    # with its derivative, 0 almost everywhere, in the graph (as torch.sign has), so gradients flow as zeros
+    def as_real(x):
+        return fn(x).to(x.dtype) + 0.0 * x
+
+    return base, deriv, as_real, True
 
 
 class _ComplexPhi(ValueError):
