@@ -79,15 +79,20 @@ Numerical method and accuracy
 * μ*: bracketing on a log grid, then Brent's method to rtol 1e−12.
 * Kinks off 0 (relu(x + β), leaky_relu, abs, elu, selu of the registry with β ≠ 0): the
   lines x_i = −β/(γA) cut the disk; the rule is then aligned with them per amplitude A
-  (radial split at T = k², crossing angles as arc ends; :func:`bnlab.theory._quadrature.sphere.kinked_pair_nodes`).
+  (radial cuts at T = k², where the lines enter the disk, and at T* = 2k²(B−1)/(B−2) < 1, where they
+  cross; crossing angles as arc ends; at B = 3 the circle's arcs end at the crossing angles;
+  :func:`bnlab.theory._quadrature.sphere.kinked_pair_nodes`).
 Overall relative accuracy ≈ 1e−12 for smooth φ and for positive-homogeneous φ
-(measured against Thms 3.5/3.10: ≤ 1e−13 for B up to 5000).  Shifted kinks (relu(x + β)): the aligned
-rule is not cut at T* = 2k²(B−1)/(B−2), where the kink lines x_1 = k and x_2 = k cross; where T* < 1 the
-radial integrand has a corner there and the rule converges algebraically.  Measured at ε = 1e−12 against
-the ε = 0 sphere routes (≤ 1e−12), β ∈ {−0.5, 0.5, 1, 2}, 3 ≤ B ≤ 32: λ_G↓ ≤ 6e−5 relative, q*, c* ≤ 1e−6
-(B ≥ 4) and ≤ 1e−4 at B = 3 (unaligned there); ≤ 1e−12 where the crossing is outside the disk (relu(x + 2)
-at B ≤ 8).  The ≤ 1e−11 (B = 8) / 2e−6 (B = 32) stated before came from a finer rule with the same missing
-cut (the unaligned rule gave 4e−4).  Kinks the registry does not know
+(measured against Thms 3.5/3.10: ≤ 1e−13 for B up to 5000).  Shifted kinks, relu(x + β),
+β ∈ {0.5, 1, −0.5, 2}, B ∈ {3, 4, 5, 8, 16, 32}, against the ε = 0 sphere routes
+(bsb1_fixed_point / backward_eigenvalues, method="sphere"): at ε = 0 (the pair rule alone) q*, c*
+≤ 1e−14 for B ≤ 16, ≤ 5e−11 at B = 32, λ_G↓ ≤ 3e−13 for 5 ≤ B ≤ 16, 3e−11 at B = 32 and 3e−10 at B = 4
+(the sphere route's own error: relu(x + 2) at B = 4 is affine, λ_G↓ = 2, which this route gives to 2e−15).
+At ε = 1e−12: q*, c* ≤ 5e−11 for B ≥ 4 and ≤ 6.2e−10 at B = 3 (ε's own effect, ∝ ε log(1/ε): 4.5e−12
+at ε = 1e−14); λ_G↓ ≤ 3e−11 for B ≥ 8, while at B = 5 (2.4e−9) and B = 4 (7e−6) the ε → 0 limit of the
+log-Q rule for E 1/(Q + s) dominates (relu, kinked at 0, is 2.2e−9 and 4e−6 off there too).  20 × 16 vs
+40 × 40 nodes per piece at ε ∈ {0.01, 0.1, 0.5}: ≤ 4.3e−11.  Before the cut at T* (and at B = 3, where the
+rule was not aligned) it converged algebraically: λ_G↓ up to 6e−5, c* 6e−6, 1.7e−3 at B = 3.  Kinks the registry does not know
 (user expressions/callables) converge algebraically (O(1/n) for a jump of φ'), ≈ 1e−4.
 For B > 400 the unaligned rule is used.
 

@@ -596,46 +596,70 @@ def pair_rule(batch_size: int, n_radial: int = 32, n_angular: int = 32):
 
 
 @lru_cache(maxsize=32)
-def _kink_base_rules(batch_size: int, n_radial: int, n_angular: int):
-    a = (batch_size - 5) / 2.0
+def _kink_base_rules(n_radial: int, n_angular: int):
     gx, gw = special.roots_legendre(n_radial)
-    y, wy = special.roots_jacobi(n_radial, a, 0.0)
     ax, aw = special.roots_legendre(n_angular)
-    return a, gx, gw, y, wy, ax, aw
+    return gx, gw, ax, aw
 
 
 def kinked_pair_nodes(batch_size: int, k: np.ndarray, n_radial: int = 20, n_angular: int = 16):
     """Pair rule aligned with a kink of φ(A x) at x_1 = k and x_2 = k, one rule per entry of k.
 
-    T = r² is split at k² (the lines x_i = k enter the disk there): Gauss–Legendre with the
-    weight (1 − T)^a on [0, k²] and, on [k², 1], T = k² + (1 − k²)τ² with Gauss–Jacobi in τ
-    (the crossing angles arccos(k/r) are analytic in τ).  The θ-arcs are cut at the crossing
-    angles ±arccos(k/r), θ_0 ± arccos(k/r) and at the zeros of x_1, x_2.  For |k| ≥ 1 the
-    split is at T = 1/2 and no crossing cuts are added (duplicated cuts give empty arcs).
+    Radial variable T = r² ~ Beta(1, (B−3)/2), density ∝ (1 − T)^a, a = (B−5)/2, cut at k² (the lines
+    x_i = k enter the disk there) and at T* = 2k²(B−1)/(B−2) (where the two lines cross, at θ = θ_0/2 or
+    θ_0/2 + π: the arcs between the crossing angles change order, so the θ-integral has a corner in T there)
+    when T* < 1.  Each piece uses a variable in which its integrand, weight included, is analytic, and
+    Gauss–Legendre (n_radial nodes per piece):
+
+    * [0, k²]: 1 − T = v², weight (1 − T)^a dT = 2 v^{B−4} dv (an integer power: no √ of the weight at T = 1
+      for even B, even when k² is close to 1);
+    * [k², 1]: T = k² + (1 − k²) sin²φ, weight 2 (1 − k²)^{a+1} sin φ cos^{B−4} φ dφ (the crossing angles
+      arccos(k/√T) ~ √(T − k²) and the weight's √(1 − T) are both analytic in φ), split at φ* (T = T*) into
+      two Gauss–Legendre pieces; where T* ≥ 1 (no crossing in the disk) or |k| ≥ 1 the split is at φ = π/4
+      (harmless: the integrand is analytic there).
+
+    For |k| ≥ 1 the first cut is at T = 1/2 and no crossing cuts are added (duplicated cuts give empty arcs).
+    The θ-arcs are cut at the crossing angles ±arccos(k/r), θ_0 ± arccos(k/r) and at the zeros of x_1, x_2,
+    Gauss–Legendre (n_angular nodes) on each of the 8 arcs.  B = 3 (T ≡ 1): only the angular rule.
     Returns x1, x2, w of shape (len(k), N).
     """
     b = batch_size
-    a, gx, gw, y, wy, ax, aw = _kink_base_rules(b, n_radial, n_angular)
+    gx, gw, ax, aw = _kink_base_rules(n_radial, n_angular)
     k = np.asarray(k, dtype=np.float64)[:, None]
     inside = np.abs(k) < 1.0
-    k2 = np.where(inside, k * k, 0.5)
-    t_in = k2 * (gx + 1.0) / 2.0
-    w_in = (k2 / 2.0) * gw * (1.0 - t_in) ** a
-    tau = (1.0 + y) / 2.0
-    t_out = k2 + (1.0 - k2) * tau**2
-    w_out = wy * 0.5 ** (a + 1) * 2.0 * tau * (1.0 + tau) ** a * (1.0 - k2) ** (a + 1)
-    t = np.concatenate([t_in, t_out], axis=1)  # (n_k, 2 n_r)
-    wt = np.concatenate([w_in, w_out], axis=1) * (a + 1.0)  # ∫_0^1 (1 − T)^a dT = 1/(a + 1)
+    if b == 3:
+        t = np.ones_like(k)
+        wt = np.ones_like(k)
+    else:
+        p = b - 4  # integer power of the weight in v = √(1 − T) and in cos φ
+        k2 = np.where(inside, k * k, 0.5)
+        # [0, k²]: v ∈ [√(1 − k²), 1]
+        v_lo = np.sqrt(1.0 - k2)
+        v = v_lo + (1.0 - v_lo) * (gx + 1.0) / 2.0
+        t_in = 1.0 - v * v
+        w_in = (1.0 - v_lo) / 2.0 * gw * 2.0 * v**p
+        # [k², 1]: φ ∈ [0, π/2], split at φ*
+        t_star = 2.0 * k2 * (b - 1) / (b - 2)
+        split = inside & (t_star < 1.0)
+        phi_star = np.where(split, np.arcsin(np.sqrt(np.clip((t_star - k2) / (1.0 - k2), 0.0, 1.0))), math.pi / 4)
+        pieces_t, pieces_w = [t_in], [w_in]
+        for lo, hi in ((np.zeros_like(phi_star), phi_star), (phi_star, np.full_like(phi_star, math.pi / 2))):
+            ph = lo + (hi - lo) * (gx + 1.0) / 2.0
+            s, c = np.sin(ph), np.cos(ph)
+            pieces_t.append(k2 + (1.0 - k2) * s * s)
+            pieces_w.append((hi - lo) / 2.0 * gw * 2.0 * (1.0 - k2) ** ((b - 3) / 2.0) * s * c**p)
+        t = np.concatenate(pieces_t, axis=1)  # (n_k, 3 n_r)
+        wt = np.concatenate(pieces_w, axis=1) * ((b - 3) / 2.0)  # ∫_0^1 (1 − T)^a dT = 1/(a + 1)
     r = np.sqrt(t)
     theta0 = math.acos(-1.0 / (b - 1))
-    cross = np.abs(k) < r  # (n_k, 2 n_r)
+    cross = np.abs(k) < r  # (n_k, n_T)
     c = np.where(cross, np.arccos(np.clip(k / np.where(cross, r, 1.0), -1.0, 1.0)), math.pi / 2)
     half = np.full_like(c, math.pi / 2)
     cuts = np.stack([half, 3 * half, theta0 + half, theta0 - half, c, -c, theta0 + c, theta0 - c], axis=-1)
     cuts = np.sort(np.mod(cuts, 2 * math.pi), axis=-1)
     edges = np.concatenate([cuts, cuts[..., :1] + 2 * math.pi], axis=-1)
-    lo, length = edges[..., :-1], np.diff(edges, axis=-1)  # (n_k, 2 n_r, 8)
-    th = lo[..., None] + length[..., None] * (ax + 1.0) / 2.0  # (n_k, 2 n_r, 8, n_a)
+    lo, length = edges[..., :-1], np.diff(edges, axis=-1)  # (n_k, n_T, 8)
+    th = lo[..., None] + length[..., None] * (ax + 1.0) / 2.0  # (n_k, n_T, 8, n_a)
     wth = length[..., None] * aw / 2.0 / (2 * math.pi)
     x1 = r[..., None, None] * np.cos(th)
     x2 = r[..., None, None] * np.cos(th - theta0)
@@ -651,7 +675,7 @@ def pair_nodes(act, batch_size: int, amp: np.ndarray):
     off 0 and B ≤ 400, else the fixed rule :func:`pair_rule`.
     """
     k0 = single_kink_off_zero(act)
-    if k0 is None or batch_size == 3 or batch_size > _JACOBI_MAX_B:
+    if k0 is None or batch_size > _JACOBI_MAX_B:
         x1, x2, w = pair_rule(batch_size)
         return x1[None, :], x2[None, :], w[None, :]
     amp = np.atleast_1d(np.asarray(amp, dtype=np.float64)).ravel()
