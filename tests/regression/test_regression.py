@@ -69,6 +69,17 @@ CORRECTED_BY_ISSUE_13 = {
     },
 }
 
+# The ε > 0 pair rule cut at the crossing of its kink lines (18f4dd1) moved relu(x + 2), B = 32, ε = 0.5 by
+# 1.1e-12 (c*) and 1.0e-10 (λ_G↓; depth_scale = 1/log λ_G↓ amplifies it near λ_G↓ = 1).  The new values are the
+# converged ones: the same rule with 40 and 60 nodes per direction instead of the default gives c* within 1e-15
+# and λ_G↓ within 1e-14 of them (measured 2026-11-29), while the record is 1.1e-12 and 1.0e-10 away.
+CORRECTED_BY_EPSILON_SPLIT = {
+    ("relu", 32, "auto", '{"beta": 2.0, "eps": 0.5, "sigma_w2": 1.0}'): {
+        "c_star": 0.8890063109320181, "grad_explosion_rate": 1.0087224436240017,
+        "depth_scale": 115.14604765822564, "max_trainable_depth": 1842.3367625316102,
+    },
+}
+
 
 # Issue 13's performance target changed the routes ``auto`` takes for two classes of φ (not their numbers: every
 # value of these cases still matches the record to 1e-12, which is what this test checks):
@@ -109,7 +120,7 @@ def test_theory_outputs_unchanged():
     assert len(now) == len(BASELINE["theory"])
     for new, old in zip(now, BASELINE["theory"]):
         case = (old["phi"], old["batch_size"], old["method"], json.dumps(old["kwargs"], sort_keys=True))
-        corrected = dict(CORRECTED_BY_ISSUE_13.get(case, {}))
+        corrected = dict(CORRECTED_BY_ISSUE_13.get(case, {}), **CORRECTED_BY_EPSILON_SPLIT.get(case, {}))
         if case in ROUTES_CHANGED_BY_ISSUE_13:
             corrected["methods_used"] = ROUTES_CHANGED_BY_ISSUE_13[case]
         if case in ROUTES_CHANGED_BY_ISSUE_25:
