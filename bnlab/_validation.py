@@ -261,8 +261,14 @@ def check_writable_ancestor(name: str, text: str, start: Any) -> None:
     """``ValueError`` naming ``name`` (given as ``text``) unless the nearest existing folder at or above
     ``start`` is a directory this process may write to — so what is to be created under it can be.
     A symbolic link to nothing on the way up is refused too (creating the folders below it would fail
-    or land where it points)."""
+    or land where it points).
+
+    Permission bits do not tell for root, whom ``os.access`` lets write to /sys and /proc and to read-only
+    mounts that refuse every new file: where they allow it, an empty folder is created there and removed at
+    once, so an output that cannot be written is refused before the work that produces it (minutes), not
+    after."""
     import os
+    import tempfile
     from pathlib import Path
 
     parent = Path(os.path.abspath(start))
@@ -275,6 +281,11 @@ def check_writable_ancestor(name: str, text: str, start: Any) -> None:
         raise ValueError(f"{name}={text!r} is not allowed: {str(parent)!r} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{name}={text!r} is not allowed: the folder {str(parent)!r} is not writable")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".bnlab-write-probe."))
+    except OSError as exc:
+        raise ValueError(f"{name}={text!r} is not allowed: the folder {str(parent)!r} is not writable "
+                         f"({exc.strerror or type(exc).__name__})") from None
 
 
 #: Longest path accepted (Linux PATH_MAX is 4096 bytes including the terminating NUL); 255 per part.

@@ -76,6 +76,18 @@ def test_readonly_paths_must_exist(tmp_path):
     assert check_path("store", f, readonly=True) == f
 
 
+@pytest.mark.parametrize("where", ["/sys", "/proc"])
+def test_a_folder_that_refuses_new_files_is_refused_also_where_the_permission_bits_allow(where, tmp_path):
+    """os.access lets root write to /sys and /proc (and to read-only mounts), whose file systems refuse every new
+    file: the output failed after the work that produced it.  The probe (a folder created and removed) refuses
+    it up front, for any user; a writable folder is left as it was."""
+    if not os.path.isdir(where):
+        pytest.skip(f"no {where} here")
+    _bad("not writable", "out", f"{where}/x.csv")
+    _bad("not writable", "out", f"{where}/no/such/folder/x.csv")
+    assert check_path("out", tmp_path / "x.csv") == tmp_path / "x.csv" and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
 def test_unwritable_files_and_folders_are_refused(tmp_path):
     f = tmp_path / "ro.csv"

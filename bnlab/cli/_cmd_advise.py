@@ -71,32 +71,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _check_html_writable(text: str) -> None:
-    """``ValueError`` naming --html unless a file can be created where the page goes — checked before the advice
-    runs (minutes), not after.  Permission bits do not tell (root passes ``os.access`` on /sys and /proc, whose
-    file systems still refuse new files), so this creates a temporary file in the page's folder — or, where that
-    folder does not exist yet, a temporary folder in its nearest existing ancestor — and removes it at once:
-    nothing is left behind and no folder of the path is created here."""
-    import os
-    import tempfile
-    from pathlib import Path
-
-    folder = Path(os.path.abspath(text)).parent
-    probe_in = folder
-    while not probe_in.exists() and probe_in != probe_in.parent:
-        probe_in = probe_in.parent
-    try:
-        if probe_in == folder:
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".bnlab-advise-probe.")
-            os.close(fd)
-            os.unlink(tmp)
-        else:
-            os.rmdir(tempfile.mkdtemp(dir=probe_in, prefix=".bnlab-advise-probe."))
-    except OSError as exc:
-        raise ValueError(f"--html={text!r} is not allowed: cannot create a file in {str(probe_in)!r} "
-                         f"({exc.strerror or type(exc).__name__}); give a writable path") from None
-
-
 def run(args: argparse.Namespace) -> int:
     from bnlab._validation import atomic_output_path, check_path
     from bnlab.advice import DEFAULT_MAX_MEMORY_GB, advise, batch_for, load_model
@@ -104,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     apply_data_dir(args)
     if args.html is not None:
-        check_path("--html", args.html)
-        _check_html_writable(args.html)
+        check_path("--html", args.html)  # before the advice runs (minutes): a page that cannot be written
     max_gb = DEFAULT_MAX_MEMORY_GB if args.max_memory_gb is None else args.max_memory_gb
     if args.classes is not None and args.dataset is not None:
         raise ValueError(f"--classes={args.classes} is not allowed with --dataset={args.dataset!r}: the dataset's "

@@ -118,10 +118,11 @@ def test_an_unwritable_html_path_is_refused_before_the_advice_runs(capsys, monke
 
 
 def test_the_html_check_leaves_nothing_behind(tmp_path):
-    from bnlab.cli._cmd_advise import _check_html_writable
+    # the writability probe of check_path (which --html goes through) creates and removes a folder
+    from bnlab._validation import check_path
 
-    _check_html_writable(str(tmp_path / "page.html"))
-    _check_html_writable(str(tmp_path / "not" / "yet" / "page.html"))  # its folders are made only when written
+    check_path("--html", str(tmp_path / "page.html"))
+    check_path("--html", str(tmp_path / "not" / "yet" / "page.html"))  # its folders are made only when written
     assert list(tmp_path.iterdir()) == []
 
 
