@@ -31,6 +31,8 @@ _API = {
     "LOSSES": "spectrum",
     "curvature_spectrum": "spectrum",
     "curvature_operator": "spectrum",
+    "CurvatureOverflowError": "spectrum",
+    "LanczosNotConvergedError": "spectrum",
 }
 
 __all__ = sorted(_API)

@@ -52,7 +52,8 @@ import numpy as np
 
 from bnlab._validation import DEFAULT_MAX_MEMORY_BYTES, check_choice, check_int, check_memory, check_real, check_seed
 
-__all__ = ["CURVATURES", "BN_MODES", "LOSSES", "SpectrumResult", "curvature_operator", "curvature_spectrum"]
+__all__ = ["CURVATURES", "BN_MODES", "LOSSES", "SpectrumResult", "curvature_operator", "curvature_spectrum",
+           "CurvatureOverflowError", "LanczosNotConvergedError"]
 
 CURVATURES = ("fisher", "ggn", "hessian", "empirical_fisher")
 BN_MODES = ("train", "eval")
@@ -61,6 +62,17 @@ STOPS = ("residual", "change", "gap", "maxiter")
 STARTS = ("random", "gradient")
 # weight of the seeded random direction added to the normalized gradient start (see _start_vector)
 _GRADIENT_START_NOISE = 0.3
+
+
+class CurvatureOverflowError(ValueError):
+    """The measurement overflows its dtype: a curvature product, a BN batch variance or the model's output on
+    the batch is not finite.  A ``ValueError`` (the inputs or parameters are too large for the dtype); measuring
+    in float64 (``dtype=torch.float64``) may succeed where float32 does not."""
+
+
+class LanczosNotConvergedError(RuntimeError):
+    """Lanczos did not reach ``tol`` within its products (``maxiter``, else min(P, 300)): a tol below what the
+    dtype's rounding lets the residual reach, or a spectrum whose top is not separated."""
 
 
 @dataclass(frozen=True)
@@ -256,7 +268,7 @@ class _CurvatureOperator:
         # 1e30 square to inf) would reach Lanczos/ARPACK as NaN, and LAPACK's "Eigenvalues did not converge"
         # would be all the caller saw.  One reduction per product, beside a forward and a backward pass.
         if not bool(_torch().isfinite(out).all()):
-            raise ValueError(
+            raise CurvatureOverflowError(
                 f"the {self.curvature} matrix-vector product is not finite in {self.dtype}: it overflows (inputs, "
                 "targets or parameters too large for this dtype); rescale the inputs, or measure in float64 "
                 "(curvature_spectrum's dtype=torch.float64, or a float64 model)")
@@ -318,7 +330,7 @@ class _CurvatureOperator:
             for h in handles:
                 h.remove()
         if problems:
-            raise ValueError(
+            raise CurvatureOverflowError(
                 f"the batch variance of BatchNorm layer(s) {', '.join(map(repr, problems))} overflows {self.dtype} "
                 "on these inputs (the pre-activations are too large: reduce sigma_w2 or the inputs' scale, or use "
                 "dtype=torch.float64)"
@@ -333,8 +345,10 @@ class _CurvatureOperator:
                 f"model is not allowed: its output has shape {tuple(out.shape)}; expected a leading batch "
                 f"dimension of {batch}"
             )
-        if not out.is_floating_point() or not bool(torch.isfinite(out).all()):
-            raise ValueError(
+        if not out.is_floating_point():
+            raise ValueError(f"model is not allowed: its output has dtype {out.dtype}; expected a floating tensor")
+        if not bool(torch.isfinite(out).all()):
+            raise CurvatureOverflowError(
                 "model is not allowed: its output on these inputs is not finite (an overflow: reduce the inputs' "
                 "or the weights' scale, or use dtype=torch.float64)"
             )
@@ -761,7 +775,7 @@ def _top_eigenvalues(
             device=device, stop=stop, vec_dtype=vec_dtype, start=start,
         )
         if not converged:
-            raise RuntimeError(
+            raise LanczosNotConvergedError(
                 f"Lanczos did not reach tol={tol:g} in {maxiter or min(n, 300)} products; raise maxiter or tol, "
                 "or use method='arpack'"
             )

@@ -39,7 +39,8 @@ def test_a_part_that_overflows_even_in_float64_is_reported_not_evaluated_and_the
 
     def overflowing(*args, dtype=None, **kwargs):
         dtypes.append(dtype)
-        raise ValueError(f"the hessian matrix-vector product is not finite in {dtype}: it overflows (...)")
+        raise bnlab.fisher.CurvatureOverflowError(f"the hessian matrix-vector product is not finite in {dtype}: it "
+                                                  "overflows (...)")
 
     monkeypatch.setattr(bnlab.fisher, "curvature_spectrum", overflowing)
     x, y = _xy()
@@ -75,8 +76,8 @@ def test_a_tol_lanczos_cannot_reach_reports_the_part_not_evaluated(capsys, monke
     from bnlab.cli import main
 
     def unreached(*args, tol, **kwargs):
-        raise RuntimeError(f"Lanczos did not reach tol={tol:g} in 300 products; raise maxiter or tol, or use "
-                           "method='arpack'")
+        raise bnlab.fisher.LanczosNotConvergedError(f"Lanczos did not reach tol={tol:g} in 300 products; raise "
+                                                    "maxiter or tol, or use method='arpack'")
 
     monkeypatch.setattr(bnlab.fisher, "curvature_spectrum", unreached)
     code = main(["advise", "--model", "mlp", "--depth", "3", "--width", "32", "--input-shape", "64", "-B", "8",

@@ -185,7 +185,10 @@ def test_an_overflowing_product_is_a_value_error(curvature, method):
     y = torch.arange(10) % 10
     assert bool(torch.isfinite(model(x)).all())
     kw = dict(curvature=curvature, loss="cross_entropy", method=method, k=1)
-    with pytest.raises(ValueError, match=f"{curvature} matrix-vector product is not finite in torch.float32"):
+    from bnlab.fisher import CurvatureOverflowError  # a ValueError, typed so callers (advise) can retry in float64
+
+    with pytest.raises(CurvatureOverflowError,
+                       match=f"{curvature} matrix-vector product is not finite in torch.float32"):
         curvature_spectrum(model, x, y, **kw)
     r = curvature_spectrum(model.double(), x.double(), y, dtype=torch.float64, **kw)
     assert np.isfinite(r.lambda_max) and r.lambda_max > 0
@@ -246,7 +249,9 @@ def test_lanczos_and_arpack_agree_with_dense_and_return_eigenvectors(method):
 
 def test_lanczos_reports_non_convergence():
     model, x = _small_models()["mlp"]
-    with pytest.raises(RuntimeError, match="did not reach"):
+    from bnlab.fisher import LanczosNotConvergedError  # a RuntimeError, typed so callers can tell it from others
+
+    with pytest.raises(LanczosNotConvergedError, match="did not reach"):
         curvature_spectrum(model, x, bn_mode="train", tol=1e-14, maxiter=3, method="lanczos", dtype=torch.float64)
 
 
